@@ -1,0 +1,114 @@
+"""The whole ckptkit exception hierarchy.
+
+Every error carries the file it concerns, a stable finding code (the same codes
+`ckptkit verify` reports, see docs/verify-codes.md) and a hint saying how to fix
+it. Leaves also subclass a built-in so existing ``except ValueError`` or
+``except FileNotFoundError`` clauses keep working, as orbax does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DOCS_URL = "docs/verify-codes.md"
+
+
+class CkptkitError(Exception):
+    """Root of every error ckptkit raises on purpose.
+
+    Args:
+        what: what is wrong, in one sentence.
+        path: the file or directory concerned.
+        code: the stable finding code (``CK-F003`` ...), when one applies.
+        hint: how to fix it.
+
+    Example:
+        >>> err = CkptkitError("digest mismatch", path=Path("model.safetensors"),
+        ...                    code="CK-F003", hint="restore the file")
+        >>> str(err).startswith("CK-F003 model.safetensors: digest mismatch")
+        True
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        path: Path | str | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.what = what
+        self.path = Path(path) if path is not None else None
+        self.code = code
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts: list[str] = []
+        head = ""
+        if self.code:
+            head = self.code + " "
+        if self.path is not None:
+            head += f"{self.path}: "
+        parts.append(head + self.what)
+        if self.hint:
+            parts.append(f"Fix: {self.hint}")
+        if self.code:
+            parts.append(f"See {DOCS_URL}#{self.code.lower()}")
+        text = ". ".join(p.rstrip(".") for p in parts)
+        return text + "."
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Keep errors picklable across multiprocessing boundaries (kwargs-only init).
+        return (_rebuild, (type(self), self.what, self.path, self.code, self.hint))
+
+
+def _rebuild(
+    cls: type[CkptkitError], what: str, path: Path | None, code: str | None, hint: str | None
+) -> CkptkitError:
+    return cls(what, path=path, code=code, hint=hint)
+
+
+class ManifestError(CkptkitError, ValueError):
+    """The manifest is missing fields, malformed, or fails its schema."""
+
+
+class UnsafeInputError(ManifestError):
+    """Hostile or absurd input: a path escaping the checkpoint, an absurd size, a zstd bomb."""
+
+
+class IntegrityError(CkptkitError):
+    """Bytes on disk differ from what the manifest recorded (size, digest, header)."""
+
+
+class IncompleteCheckpointError(CkptkitError, FileNotFoundError):
+    """No committed checkpoint here: the manifest (commit marker) or a listed file is missing."""
+
+
+class CheckpointExistsError(CkptkitError, FileExistsError):
+    """The destination already holds a checkpoint and overwriting was not asked for."""
+
+
+class LockHeldError(CkptkitError):
+    """Another live writer holds the checkpoint directory's lock."""
+
+
+class StateError(CkptkitError, ValueError):
+    """Training state cannot be captured or restored safely (unsupported object, mismatch)."""
+
+
+class DrillError(CkptkitError):
+    """A resume drill could not run (the script crashed, no checkpoint appeared)."""
+
+
+__all__ = [
+    "CheckpointExistsError",
+    "CkptkitError",
+    "DrillError",
+    "IncompleteCheckpointError",
+    "IntegrityError",
+    "LockHeldError",
+    "ManifestError",
+    "StateError",
+    "UnsafeInputError",
+]

@@ -1,0 +1,140 @@
+"""Atomic commit of a checkpoint directory (spec §2).
+
+Files are written into a temporary sibling directory and fsynced; the manifest
+(the commit marker) is written and fsynced last; the directory is renamed into
+place and the parent fsynced. A crash at any instant leaves either the previous
+state or the complete new checkpoint; leftovers carry :data:`TMP_SUFFIX` so they
+are recognised, reported and cleaned, never loaded.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> final = pathlib.Path(tempfile.mkdtemp()) / "ckpt"
+    >>> p = PendingCheckpoint.create(final)
+    >>> p.tmp.exists(), final.exists()
+    (True, False)
+    >>> _ = (p.tmp / "manifest.json").write_text("{}"); p.finalize()
+    >>> p.tmp.exists(), final.exists()
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptkit.errors import CheckpointExistsError
+
+TMP_SUFFIX = ".ckptkit-tmp"
+"""Marks a directory being written; never a committed checkpoint."""
+OLD_SUFFIX = ".ckptkit-old"
+"""Marks a replaced checkpoint during an overwrite, removed right after the swap."""
+MANIFEST_NAME = "manifest.json"
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (a rename or create inside it) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """Flush one file's data and metadata to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_temporary(path: Path) -> bool:
+    """Return whether ``path`` is a leftover of an unfinished save or overwrite."""
+    return TMP_SUFFIX in path.name or OLD_SUFFIX in path.name
+
+
+def is_committed(path: Path) -> bool:
+    """Return whether ``path`` is a directory holding a manifest (the commit marker).
+
+    Whether that manifest is *valid* is verify's business; without one, a directory is
+    an incomplete save and is never loaded.
+    """
+    return path.is_dir() and not is_temporary(path) and (path / MANIFEST_NAME).is_file()
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint being written: a temporary sibling directory, then a rename.
+
+    Use :meth:`create`, write files into :attr:`tmp`, write the manifest last, then
+    :meth:`finalize`; :meth:`abort` removes the temporary directory on failure.
+    """
+
+    final: Path
+    """Where the checkpoint will live once committed."""
+    tmp: Path
+    """The temporary directory being written."""
+    overwrite: bool = False
+    """Replace an existing committed checkpoint at :attr:`final`."""
+
+    @classmethod
+    def create(cls, final: Path | str, *, overwrite: bool = False) -> PendingCheckpoint:
+        """Make the temporary sibling directory of ``final``.
+
+        Raises:
+            CheckpointExistsError: ``final`` exists and is not a checkpoint this call may
+                replace (never delete data ckptkit did not write).
+        """
+        final = Path(final).absolute()
+        if final.exists() or final.is_symlink():
+            replaceable = is_committed(final) or (final.is_dir() and not any(final.iterdir()))
+            if not replaceable:
+                raise CheckpointExistsError(
+                    "destination exists and is not a ckptkit checkpoint",
+                    path=final,
+                    hint="choose a new path, or move the existing data away; ckptkit never "
+                    "deletes data it did not write",
+                )
+            if not overwrite and is_committed(final):
+                raise CheckpointExistsError(
+                    "a checkpoint already exists here",
+                    path=final,
+                    hint="pass overwrite=True to replace it, or save under a new step",
+                )
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f"{final.name}{TMP_SUFFIX}.{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return cls(final=final, tmp=tmp, overwrite=overwrite)
+
+    def finalize(self) -> None:
+        """Commit: fsync the temporary directory, rename it into place, fsync the parent.
+
+        The manifest must already be written and fsynced inside :attr:`tmp`.
+        """
+        fsync_dir(self.tmp)
+        old: Path | None = None
+        if self.final.exists():
+            # Keep the old checkpoint whole until the new one is in place.
+            old = self.final.parent / f"{self.final.name}{OLD_SUFFIX}.{uuid.uuid4().hex[:8]}"
+            os.rename(self.final, old)
+        os.rename(self.tmp, self.final)
+        fsync_dir(self.final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Remove the temporary directory (after a failed write); never touches :attr:`final`."""
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.tmp)
+
+
+def leftovers(parent: Path) -> list[Path]:
+    """List temporary directories of unfinished saves directly under ``parent``."""
+    if not parent.is_dir():
+        return []
+    return sorted(p for p in parent.iterdir() if p.is_dir() and is_temporary(p))

@@ -1,0 +1,562 @@
+"""Safetensors shard files, written and read in one streaming pass with digests.
+
+The files are standard safetensors (the ``safetensors`` library reads them and we
+read its files), but ckptkit writes and reads the bytes itself: that is what lets
+the xxh3-128 digest be computed while writing (no second pass), verified while
+reading, and lets a restore read straight into existing tensors (no extra copy of
+the state in RAM), which ``safetensors.torch.load_file`` cannot do.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from ckptkit.errors import IncompleteCheckpointError, IntegrityError, UnsafeInputError
+from ckptkit.storage import codec, digest
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "C64": torch.complex64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+MAX_HEADER = 100 << 20
+"""Largest safetensors header accepted (the safetensors library uses the same bound)."""
+
+OnBytes = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class HeaderEntry:
+    """One tensor as a safetensors header describes it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_file` wrote: sizes, digest and the header it produced."""
+
+    size: int
+    digest: str
+    raw_size: int
+    header: dict[str, HeaderEntry]
+
+
+def dtype_name(dt: torch.dtype, *, key: str) -> str:
+    """Return the safetensors name of a torch dtype, or raise naming the tensor."""
+    try:
+        return DTYPE_NAMES[dt]
+    except KeyError:
+        from ckptkit.errors import StateError
+
+        raise StateError(
+            f"tensor '{key}' has dtype {dt}, which safetensors cannot hold",
+            hint="convert it (e.g. complex128 -> two float64 tensors) before saving",
+        ) from None
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """Return a zero-copy byte view of a CPU contiguous tensor (any dtype, any rank)."""
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+def build_header(
+    items: Sequence[tuple[str, torch.Tensor]], metadata: dict[str, str] | None
+) -> tuple[bytes, dict[str, HeaderEntry]]:
+    """Return the encoded safetensors header (length prefix included) and its entries."""
+    hdr: dict[str, Any] = {}
+    entries: dict[str, HeaderEntry] = {}
+    if metadata:
+        hdr["__metadata__"] = metadata
+    off = 0
+    for key, t in items:
+        n = t.numel() * t.element_size()
+        e = HeaderEntry(dtype_name(t.dtype, key=key), tuple(t.shape), (off, off + n))
+        entries[key] = e
+        hdr[key] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": list(e.offsets)}
+        off += n
+    raw = json.dumps(hdr, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8-byte alignment
+    return struct.pack("<Q", len(raw)) + raw, entries
+
+
+class _FdSink:
+    """A write target that hashes and writes every byte, for zstd's stream writer."""
+
+    def __init__(self, fd: int, hasher: digest.PipelinedHasher) -> None:
+        self.fd = fd
+        self.hasher = hasher
+        self.size = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        mv = memoryview(data).cast("B")
+        self.hasher.update(bytes(mv) if len(mv) >= (1 << 20) else mv)
+        _write_all(self.fd, mv)
+        self.size += len(mv)
+        return len(mv)
+
+
+def _write_all(fd: int, mv: memoryview) -> None:
+    while len(mv):
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def write_file(
+    path: Path,
+    items: Sequence[tuple[str, torch.Tensor]],
+    *,
+    compress: codec.Compression | None = None,
+    metadata: dict[str, str] | None = None,
+    on_bytes: OnBytes | None = None,
+    fsync: bool = True,
+) -> Written:
+    """Write ``items`` to a new safetensors file at ``path``, hashing as it writes.
+
+    The file must not exist (it lives in a fresh temporary directory). Tensors on an
+    accelerator are copied to the host one at a time; non-contiguous ones are made
+    contiguous one at a time; others are written straight from their memory.
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
+        >>> w = write_file(p, [("x", torch.arange(4))])
+        >>> w.size == p.stat().st_size
+        True
+    """
+    head, entries = build_header(items, metadata)
+    raw_size = len(head) + sum(e.offsets[1] - e.offsets[0] for e in entries.values())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with digest.PipelinedHasher() as hasher:
+            if compress is None:
+                hasher.update(head)
+                _write_all(fd, memoryview(head))
+                size = len(head)
+                for _, t in items:
+                    host = _host(t)
+                    mv = tensor_bytes(host)
+                    for i in range(0, len(mv), digest.CHUNK):
+                        chunk = mv[i : i + digest.CHUNK]
+                        hasher.update(chunk)
+                        _write_all(fd, chunk)
+                        if on_bytes:
+                            on_bytes(len(chunk))
+                    size += len(mv)
+                    # host may be a temporary copy: the hash must finish before it is freed.
+                    hasher.barrier()
+            else:
+                sink = _FdSink(fd, hasher)
+                cctx = codec.compressor()
+                with cctx.stream_writer(sink, size=raw_size, closefd=False) as zw:
+                    zw.write(head)
+                    for _, t in items:
+                        mv = tensor_bytes(_host(t))
+                        for i in range(0, len(mv), digest.CHUNK):
+                            zw.write(mv[i : i + digest.CHUNK])
+                            if on_bytes:
+                                on_bytes(min(digest.CHUNK, len(mv) - i))
+                size = sink.size
+            hexd = hasher.hexdigest()
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return Written(size=size, digest=hexd, raw_size=raw_size, header=entries)
+
+
+class _HashingReader(io.RawIOBase):
+    """Wrap a raw file: every byte read is hashed (used under the zstd reader)."""
+
+    def __init__(self, f: BinaryIO, hasher: digest.PipelinedHasher) -> None:
+        super().__init__()
+        self.f = f
+        self.hasher = hasher
+        self.nread = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self.f.readinto(b)  # type: ignore[attr-defined]
+        if n:
+            self.hasher.update(bytes(memoryview(b)[:n]))
+            self.nread += n
+        return n or 0
+
+
+def parse_header(raw: bytes, *, path: str, data_len: int | None) -> dict[str, HeaderEntry]:
+    """Parse and validate a safetensors header (JSON part, no length prefix).
+
+    Raises:
+        IntegrityError: ``CK-F004`` when the header is not valid safetensors, or the
+            offsets overlap, leave gaps, or run past the data section.
+    """
+
+    def bad(why: str) -> IntegrityError:
+        return IntegrityError(
+            f"safetensors header is invalid: {why}",
+            path=path,
+            code="CK-F004",
+            hint="the file is damaged or not a safetensors file; restore it from a replica "
+            "or roll back to the previous verified checkpoint",
+        )
+
+    try:
+        hdr = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"not UTF-8 JSON ({e.__class__.__name__})") from None
+    if not isinstance(hdr, dict):
+        raise bad("not a JSON object")
+    out: dict[str, HeaderEntry] = {}
+    spans: list[tuple[int, int]] = []
+    for key, v in hdr.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(v, dict):
+            raise bad(f"entry {key!r} is not an object")
+        dt, shape, offs = v.get("dtype"), v.get("shape"), v.get("data_offsets")
+        if dt not in DTYPES:
+            raise bad(f"entry {key!r} has unknown dtype {dt!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise bad(f"entry {key!r} has an invalid shape {shape!r}")
+        if not (
+            isinstance(offs, list)
+            and len(offs) == 2
+            and all(isinstance(o, int) and o >= 0 for o in offs)
+            and offs[0] <= offs[1]
+        ):
+            raise bad(f"entry {key!r} has invalid data_offsets {offs!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * torch.empty((), dtype=DTYPES[dt]).element_size() != offs[1] - offs[0]:
+            raise bad(f"entry {key!r}: shape {shape} x {dt} does not fill offsets {offs}")
+        out[key] = HeaderEntry(dt, tuple(shape), (offs[0], offs[1]))
+        spans.append((offs[0], offs[1]))
+    spans.sort()
+    pos = 0
+    for b, e in spans:
+        if b != pos:
+            raise bad(f"tensor data is not contiguous at byte {pos} (next tensor starts at {b})")
+        pos = e
+    if data_len is not None and pos != data_len:
+        raise bad(f"tensors cover {pos} bytes but the data section holds {data_len}")
+    return out
+
+
+def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[int, bytes]:
+    """Read the 8-byte length and the header bytes; return ``(header length, bytes)``."""
+    pre = _read_exact(f, 8)
+    if len(pre) < 8:
+        raise IntegrityError(
+            "file is shorter than a safetensors header (truncated)",
+            path=path,
+            code="CK-F004",
+            hint="the file was truncated; restore it or roll back to the previous checkpoint",
+        )
+    (n,) = struct.unpack("<Q", pre)
+    limit = MAX_HEADER if file_size is None else min(MAX_HEADER, max(file_size - 8, 0))
+    if n > limit:
+        raise IntegrityError(
+            f"safetensors header length {n} is absurd (file holds at most {limit})",
+            path=path,
+            code="CK-F004",
+            hint="the file is damaged or not a safetensors file; restore it from a replica",
+        )
+    raw = _read_exact(f, n)
+    if len(raw) < n:
+        raise IntegrityError(
+            "file ends inside the safetensors header (truncated)",
+            path=path,
+            code="CK-F004",
+            hint="the file was truncated; restore it or roll back",
+        )
+    return n, raw
+
+
+def _read_exact(f: Any, n: int) -> bytes:
+    buf = bytearray(n)
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        k = f.readinto(mv[got:])
+        if not k:
+            break
+        got += k
+    return bytes(buf[:got])
+
+
+def _readinto_exact(f: Any, mv: memoryview) -> int:
+    got = 0
+    while got < len(mv):
+        k = f.readinto(mv[got:])
+        if not k:
+            break
+        got += k
+    return got
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the manifest says about one file, to check against while reading."""
+
+    rel: str
+    size: int
+    digest: str
+    compression: codec.Compression | None = None
+    raw_size: int | None = None
+
+
+def read_file(
+    path: Path,
+    expected: Expected,
+    wanted: dict[str, HeaderEntry],
+    *,
+    targets: dict[str, torch.Tensor] | None = None,
+    on_bytes: OnBytes | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read every tensor of one file, verifying size, header and digest as it streams.
+
+    ``wanted`` is what the manifest records for the file's tensors: the header must
+    agree with it exactly. A tensor whose key is in ``targets`` with the same dtype
+    and shape (CPU, contiguous) is read straight into that tensor's memory.
+
+    Raises:
+        IncompleteCheckpointError: ``CK-F001``, the file is missing.
+        IntegrityError: ``CK-F002`` wrong size, ``CK-F004`` bad header, ``CK-F005``
+            header disagrees with the manifest, ``CK-F003`` digest mismatch.
+        UnsafeInputError: ``CK-F008`` a compressed file expands past its declared size.
+
+    If a digest fails, tensors in ``targets`` hold bytes of the damaged file: the
+    caller must not use them (the manager restores another checkpoint into them).
+    """
+    rel = expected.rel
+    try:
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in finally
+    except FileNotFoundError:
+        raise IncompleteCheckpointError(
+            "file listed in the manifest is missing",
+            path=rel,
+            code="CK-F001",
+            hint="restore the file from a replica or roll back to the previous verified "
+            "checkpoint ('ckptkit ls RUN')",
+        ) from None
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if size != expected.size:
+            raise IntegrityError(
+                f"size is {size} bytes, the manifest records {expected.size} "
+                f"({'truncated' if size < expected.size else 'grown'})",
+                path=rel,
+                code="CK-F002",
+                hint="the file was truncated or rewritten; restore it from a replica or roll "
+                "back to the previous verified checkpoint",
+            )
+        with digest.PipelinedHasher() as hasher:
+            if expected.compression is None:
+                src: Any = _HashingReaderPlain(f, hasher)
+                data_limit = size
+            else:
+                hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
+                buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
+                src = codec.LimitedReader(
+                    buffered,  # type: ignore[arg-type]
+                    limit=expected.raw_size if expected.raw_size is not None else size,
+                    path=rel,
+                )
+                data_limit = expected.raw_size if expected.raw_size is not None else None
+            n, raw = read_header_from(src, path=rel, file_size=data_limit)
+            data_len = None if data_limit is None else data_limit - 8 - n
+            header = parse_header(raw, path=rel, data_len=data_len)
+            _match(header, wanted, rel)
+            out = _read_tensors(src, header, rel, targets or {}, on_bytes)
+            if expected.compression is not None:
+                src.check_exhausted()
+                while buffered.read(digest.CHUNK):  # trailing bytes count in the digest
+                    pass
+            hexd = hasher.hexdigest()
+        if hexd != expected.digest:
+            raise IntegrityError(
+                f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
+                path=rel,
+                code="CK-F003",
+                hint="the bytes changed after the save (bit flip, partial overwrite); restore "
+                "the file from a replica or roll back with 'ckptkit ls RUN' to the previous "
+                "verified step",
+            )
+        return out
+    finally:
+        f.close()
+
+
+class _HashingReaderPlain:
+    """Direct reads for uncompressed files: hash each chunk after it lands in memory."""
+
+    def __init__(self, f: Any, hasher: digest.PipelinedHasher) -> None:
+        self.f = f
+        self.hasher = hasher
+
+    def readinto(self, mv: Any) -> int:
+        n = int(self.f.readinto(mv) or 0)
+        if n:
+            self.hasher.update(memoryview(mv)[:n])
+        return n
+
+
+def _match(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: str) -> None:
+    for key, want in wanted.items():
+        got = header.get(key)
+        if got != want:
+            what = "is missing from the file header" if got is None else (
+                f"is {got.dtype}{list(got.shape)} at {list(got.offsets)} in the file header but "
+                f"{want.dtype}{list(want.shape)} at {list(want.offsets)} in the manifest"
+            )
+            raise IntegrityError(
+                f"tensor '{key}' {what}",
+                path=rel,
+                code="CK-F005",
+                hint="the file and manifest disagree (file replaced or manifest edited); roll "
+                "back to the previous verified checkpoint",
+            )
+    extra = sorted(set(header) - set(wanted))
+    if extra:
+        raise IntegrityError(
+            f"file header holds tensors the manifest does not list: {extra[:5]}",
+            path=rel,
+            code="CK-F005",
+            hint="the file was replaced; roll back to the previous verified checkpoint",
+        )
+
+
+def _read_tensors(
+    src: Any,
+    header: dict[str, HeaderEntry],
+    rel: str,
+    targets: dict[str, torch.Tensor],
+    on_bytes: OnBytes | None,
+) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
+        dt = DTYPES[e.dtype]
+        tgt = targets.get(key)
+        in_place = (
+            tgt is not None
+            and tgt.dtype == dt
+            and tuple(tgt.shape) == e.shape
+            and tgt.device.type == "cpu"
+            and tgt.is_contiguous()
+        )
+        t = tgt.detach() if in_place and tgt is not None else torch.empty(e.shape, dtype=dt)
+        mv = tensor_bytes(t)
+        for i in range(0, len(mv), digest.CHUNK):
+            chunk = mv[i : i + digest.CHUNK]
+            got = _readinto_exact(src, chunk)
+            if got < len(chunk):
+                raise IntegrityError(
+                    f"file ends inside tensor '{key}' (truncated)",
+                    path=rel,
+                    code="CK-F002",
+                    hint="restore the file or roll back to the previous verified checkpoint",
+                )
+            if on_bytes:
+                on_bytes(got)
+        out[key] = tgt if in_place and tgt is not None else t
+    return out
+
+
+def scan_file(
+    path: Path,
+    *,
+    compression: codec.Compression | None,
+    raw_size: int | None,
+    rel: str,
+    on_bytes: OnBytes | None = None,
+) -> tuple[str, int, dict[str, HeaderEntry] | None, str | None]:
+    """Hash a whole file and parse its header without keeping tensors (for verify).
+
+    Returns ``(digest, size, header or None, header error or None)``. Errors about the
+    header are returned, not raised, so a verify can report the digest too.
+    """
+    if compression is None:
+        hexd, size = digest.hash_file(path, on_bytes=on_bytes)
+        try:
+            with open(path, "rb") as f:
+                n, raw = read_header_from(f, path=rel, file_size=size)
+            return hexd, size, parse_header(raw, path=rel, data_len=size - 8 - n), None
+        except (IntegrityError, UnsafeInputError) as e:
+            return hexd, size, None, e.what
+    with open(path, "rb", buffering=0) as f, digest.PipelinedHasher() as hasher:
+        hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
+        buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
+        size = os.fstat(f.fileno()).st_size
+        err: str | None = None
+        header = None
+        try:
+            src = codec.LimitedReader(
+                buffered,  # type: ignore[arg-type]
+                limit=raw_size if raw_size is not None else 0,
+                path=rel,
+            )
+            n, raw = read_header_from(src, path=rel, file_size=raw_size)
+            data_len = None if raw_size is None else raw_size - 8 - n
+            header = parse_header(raw, path=rel, data_len=data_len)
+            sink = bytearray(digest.CHUNK)
+            while True:
+                k = src.readinto(sink)
+                if not k:
+                    break
+                if on_bytes:
+                    on_bytes(k)
+            src.check_exhausted()
+            if raw_size is not None and src.produced != raw_size:
+                err = f"decompresses to {src.produced} bytes, manifest says {raw_size}"
+        except (IntegrityError, UnsafeInputError) as e:
+            err = e.what
+        while buffered.read(digest.CHUNK):
+            pass
+        return hasher.hexdigest(), size, header, err
+
+
+def iter_items(tensors: dict[str, torch.Tensor], keys: Iterable[str]) -> list[tuple[str, torch.Tensor]]:
+    """Return ``(key, tensor)`` pairs for ``keys`` in order (helper for sharding)."""
+    return [(k, tensors[k]) for k in keys]

@@ -1,0 +1,217 @@
+"""Run the registered checks over one checkpoint, or every checkpoint under a run directory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptkit import _progress
+from ckptkit import manifest as mf
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import atomic
+from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
+from ckptkit.verify.context import CheckContext
+from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+
+DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
+
+
+@dataclass
+class Report:
+    """Findings for one checkpoint directory."""
+
+    path: Path
+    findings: list[Finding]
+    components: dict[str, mf.Component]
+    manifest: mf.Manifest | None = None
+    strict: bool = False
+    files_checked: int = 0
+    bytes_checked: int = 0
+    seconds: float = 0.0
+    format: str = "ckptkit"
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def ok(self) -> bool:
+        """No error findings (``strict``: no warnings either)."""
+        bad = {Severity.ERROR, Severity.WARNING} if self.strict else {Severity.ERROR}
+        return not any(f.severity in bad for f in self.findings)
+
+    @property
+    def step(self) -> int | None:
+        return self.manifest.step if self.manifest is not None else None
+
+    def raise_first(self) -> None:
+        """Raise the exception matching the first error finding (what ``load`` would)."""
+        errs = self.errors
+        if errs:
+            raise errs[0].to_error(base=str(self.path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (schemas/verify-report.schema.json, ``$defs/report``)."""
+        return {
+            "path": str(self.path),
+            "ok": self.ok,
+            "format": self.format,
+            "step": self.step,
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+            "seconds": round(self.seconds, 4),
+            "findings": [f.to_dict() for f in self.findings],
+            "components": {
+                name: {"present": c.present, "required": c.required, "where": list(c.where)}
+                for name, c in self.components.items()
+            },
+        }
+
+
+@dataclass
+class VerifyResult:
+    """What :func:`verify` returns: one report per checkpoint found."""
+
+    path: Path
+    reports: list[Report] = field(default_factory=list)
+    strict: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.reports) and all(r.ok for r in self.reports)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for r in self.reports for f in r.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "path": str(self.path),
+            "strict": self.strict,
+            "reports": [r.to_dict() for r in self.reports],
+        }
+
+
+def _empty_components() -> dict[str, mf.Component]:
+    return {n: mf.Component(name=n, present=False, required=False) for n in mf.COMPONENTS}
+
+
+def verify_one(
+    path: Path | str,
+    *,
+    families: Iterable[str] = DEFAULT_FAMILIES,
+    strict: bool = False,
+    options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Run the checks of ``families`` on one checkpoint directory and return its report."""
+    root = Path(path)
+    t0 = time.perf_counter()
+    m: mf.Manifest | None = None
+    err: CkptkitError | None = None
+    try:
+        m = mf.read(root)
+    except CkptkitError as e:
+        err = e
+    ctx = CheckContext(root=root, manifest=m, manifest_error=err, options=dict(options or {}))
+    fams = set(families)
+    findings: list[Finding] = []
+    total = m.total_bytes if m is not None else 0
+    with _progress.bar(f"verifying {root.name}", total, progress) as on_bytes:
+        ctx.on_bytes = on_bytes
+        for fam in FAMILY_ORDER:
+            if fam not in fams:
+                continue
+            for chk in CHECKS:
+                if chk.family == fam and chk.needs <= ctx.has:
+                    findings.extend(chk.run(ctx))
+    comps = _empty_components()
+    if m is not None:
+        comps.update(m.components)
+    order = {code: i for i, code in enumerate(CODES)}
+    findings.sort(key=lambda f: (_SEV_ORDER[f.severity], order.get(f.code, 0)))
+    return Report(
+        path=root,
+        findings=findings,
+        components=comps,
+        manifest=m,
+        strict=strict,
+        files_checked=len(ctx._scans),
+        bytes_checked=sum(s.size or 0 for s in ctx._scans.values()),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+_SEV_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def find_checkpoints(path: Path) -> list[Path]:
+    """Return the checkpoint directories at ``path``: itself, or its children.
+
+    A directory with a manifest is a checkpoint. Otherwise every child directory that
+    has a manifest, or looks like an interrupted save (a leftover temporary directory,
+    or a step directory without manifest), is included so that verify reports it.
+    """
+    if (path / atomic.MANIFEST_NAME).exists() or not path.is_dir():
+        return [path]
+    out = []
+    for child in sorted(path.iterdir()):
+        if not child.is_dir() or child.is_symlink() or atomic.is_temporary(child):
+            continue
+        if (child / atomic.MANIFEST_NAME).exists() or child.name.startswith("step-"):
+            out.append(child)
+    return out or [path]
+
+
+def verify(
+    path: Path | str,
+    *,
+    strict: bool = False,
+    against_env: bool = False,
+    families: Iterable[str] | None = None,
+    progress: bool | None = None,
+) -> VerifyResult:
+    """Verify one checkpoint, or every checkpoint under a run directory.
+
+    Args:
+        path: a checkpoint directory or a run directory holding several.
+        strict: count warnings as failures.
+        against_env: add the resume-compatibility family (this machine vs the save).
+        families: override which check families run.
+        progress: show a progress bar (default: on a terminal, for big checkpoints).
+
+    Returns:
+        A :class:`VerifyResult`; ``.ok`` is False when any error finding (``strict``:
+        warning) was made.
+
+    Raises:
+        IncompleteCheckpointError: ``path`` does not exist.
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> d = tempfile.mkdtemp() + "/ckpt"
+        >>> _ = ckptkit.save({"model": {"w": torch.ones(2)}}, d)
+        >>> ckptkit.verify(d).ok
+        True
+    """
+    root = Path(path)
+    if not root.exists():
+        from ckptkit.errors import IncompleteCheckpointError
+
+        raise IncompleteCheckpointError(
+            "no such file or directory", path=root, hint="check the path"
+        )
+    fams = list(families) if families is not None else list(DEFAULT_FAMILIES)
+    if against_env and "compat" not in fams:
+        fams.append("compat")
+    result = VerifyResult(path=root, strict=strict)
+    for ck in find_checkpoints(root):
+        result.reports.append(
+            verify_one(ck, families=fams, strict=strict, progress=progress,
+                       options={"against_env": against_env})
+        )
+    return result

@@ -305,7 +305,7 @@ def read_checkpoint(
 
         def read_one(fe: mf.FileEntry) -> dict[str, torch.Tensor]:
             exp = tensors.Expected(
-                rel=fe.path,
+                rel=str(root / fe.path),
                 size=fe.size,
                 digest=fe.xxh3_128,
                 compression=fe.compression,  # type: ignore[arg-type]

@@ -1,0 +1,5 @@
+"""``python -m ckptkit`` runs the CLI."""
+
+from ckptkit.cli import main
+
+main()

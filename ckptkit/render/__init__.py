@@ -1,0 +1,20 @@
+"""Renderers for verify reports: rich text, JSON, JUnit XML; chosen by name from a registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from ckptkit.render import json as json_render
+from ckptkit.render import junit, text
+
+Renderer = Callable[[Any, TextIO], None]
+
+RENDERERS: dict[str, Renderer] = {
+    "text": text.render_verify,
+    "json": json_render.render_verify,
+    "junit": junit.render_verify,
+}
+"""Verify report renderers by name (``ckptkit verify --format NAME``)."""
+
+__all__ = ["RENDERERS", "Renderer"]

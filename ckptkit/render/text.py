@@ -1,0 +1,92 @@
+"""Rich terminal output for verify and inspect."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count (``1536`` -> ``1.5 KiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, soft_wrap=False, width=None if out.isatty() else 120)
+
+
+def render_verify(result: Any, out: TextIO) -> None:
+    """Print each report: a verdict line, the components table, then the findings."""
+    con = _console(out)
+    for rep in result.reports:
+        verdict = "[bold green]OK[/]" if rep.ok else "[bold red]FAILED[/]"
+        step = f" step {rep.step}" if rep.step is not None else ""
+        con.print(
+            f"{verdict} {rep.path}{step} — {rep.files_checked} files, "
+            f"{human_bytes(rep.bytes_checked)} checked in {rep.seconds:.2f}s"
+        )
+        if rep.manifest is not None:
+            comps = Table(title=None, show_header=True, header_style="bold", box=None)
+            for col in ("component", "present", "required", "where"):
+                comps.add_column(col)
+            for name, c in rep.components.items():
+                if not (c.present or c.required):
+                    continue
+                mark = "[green]yes[/]" if c.present else "[red]MISSING[/]"
+                where = ", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else "")
+                comps.add_row(name, mark, "yes" if c.required else "", where)
+            con.print(comps)
+        if rep.findings:
+            t = Table(show_header=True, header_style="bold")
+            for col in ("code", "severity", "component", "file", "what", "fix"):
+                t.add_column(col, overflow="fold")
+            for f in rep.findings:
+                sev = str(f.severity)
+                t.add_row(f.code, f"[{_STYLE[sev]}]{sev}[/]", f.component, f.path or "", f.message, f.hint)
+            con.print(t)
+    if len(result.reports) > 1:
+        bad = sum(not r.ok for r in result.reports)
+        con.print(f"{len(result.reports)} checkpoints, {bad} failed")
+
+
+def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -> None:
+    """Print what a checkpoint holds: step, components, files and tensors."""
+    con = _console(out)
+    con.print(
+        f"[bold]{info['path']}[/]  step={info['step']}  written {info['created_at']} by ckptkit "
+        f"{info['ckptkit_version']}  total {human_bytes(info['total_bytes'])}"
+    )
+    comps = Table(show_header=True, header_style="bold", box=None, title="components")
+    for col in ("component", "present", "required", "where", "summary"):
+        comps.add_column(col, overflow="fold")
+    for name, c in info["components"].items():
+        summary = ", ".join(f"{k}={v}" for k, v in list(c.get("summary", {}).items())[:4])
+        comps.add_row(
+            name,
+            "yes" if c["present"] else "-",
+            "yes" if c["required"] else "",
+            ", ".join(c.get("where", [])[:3]),
+            summary,
+        )
+    con.print(comps)
+    files = Table(show_header=True, header_style="bold", box=None, title="files")
+    for col in ("file", "size", "compression", "xxh3_128"):
+        files.add_column(col)
+    for f in info["files"]:
+        files.add_row(f["path"], human_bytes(f["size"]), f.get("compression") or "", f["xxh3_128"][:16] + "…")
+    con.print(files)
+    if tensors:
+        tt = Table(show_header=True, header_style="bold", box=None, title=f"tensors ({len(info['tensors'])})")
+        for col in ("key", "dtype", "shape", "size", "file"):
+            tt.add_column(col, overflow="fold")
+        for t in info["tensors"]:
+            tt.add_row(t["key"], t["dtype"], str(t["shape"]), human_bytes(t["nbytes"]), t["file"])
+        con.print(tt)

@@ -1,0 +1,1 @@
+"""Storage: atomic commits, digests, codecs, safetensors shards, locks."""

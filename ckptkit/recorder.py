@@ -1,0 +1,403 @@
+"""Per-step training metrics: a JSONL log plus the rolling pre-save window.
+
+A :class:`Recorder` is the one thing a training script calls every step besides
+``CheckpointManager``. It does two jobs:
+
+* appends one JSON object per step to a JSONL file, which resume drills read back
+  (reference vs resumed run) with :func:`read_jsonl`;
+* keeps the last ``window`` records in memory; ``snapshot()`` is what the
+  checkpoint manager stores in the manifest's ``metrics`` component, so a later
+  resume can be compared with the steps just before the save.
+
+File contract (used by ``ckptkit drill``): when ``path`` is None and the
+environment variable ``CKPTKIT_METRICS`` is set, records go to that file, so the
+drill can point each run at its own file without any code change. JSON has no NaN
+or infinity, so non-finite floats are written as the strings ``"nan"``, ``"inf"``
+and ``"-inf"``; :func:`read_jsonl` turns them back into floats.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from ckptkit.errors import CkptkitError
+
+ENV_METRICS = "CKPTKIT_METRICS"
+"""Environment variable naming the metrics file when ``Recorder(path=None)``."""
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+# Keys written by the recorder itself; user scalars may not shadow them.
+_RESERVED = frozenset({"step", "time"})
+# Per-record fields that are lists, not scalars: no per-metric stats for them.
+_LIST_FIELDS = frozenset({"seq_lens", "sample_ids"})
+
+
+class Recorder:
+    """Log per-step metrics to JSONL and keep a rolling window for checkpoints.
+
+    Converting values calls ``.tolist()`` on tensors and numpy values, which for a
+    CUDA tensor waits for the GPU (a device sync, like ``loss.item()``). Log values
+    you already synced for, or log every few steps, if that matters.
+
+    The file is opened in append mode, so a resumed run continues the same file;
+    records are flushed to the OS every ``flush_every`` steps (not fsynced: a killed
+    process loses nothing flushed, a power cut may lose the tail). Use one Recorder
+    per file (typically on rank 0 only).
+
+    Args:
+        path: JSONL file to append to; None uses ``$CKPTKIT_METRICS`` if set,
+            else keeps records in memory only.
+        window: how many recent records ``snapshot()`` and ``window_stats()`` cover.
+        flush_every: flush the file every this many records (1: every line).
+
+    Example:
+        >>> rec = Recorder(None, window=4)
+        >>> rec.log(1, loss=2.5, lr=1e-3)
+        >>> rec.window_stats()["metrics"]["loss"]["last"]
+        2.5
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        window: int = 512,
+        flush_every: int = 1,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"Recorder: window must be >= 1, got {window}")
+        if flush_every < 1:
+            raise ValueError(f"Recorder: flush_every must be >= 1, got {flush_every}")
+        if path is None and os.environ.get(ENV_METRICS):
+            path = os.environ[ENV_METRICS]
+        self.path: Path | None = Path(path) if path is not None else None
+        self.window = window
+        self.flush_every = flush_every
+        self.records: deque[dict[str, Any]] = deque(maxlen=window)
+        self._pending = 0
+        self._file: IO[str] | None = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Line buffering flushes each line; with flush_every > 1 we batch instead.
+            self._file = open(  # noqa: SIM115 - closed in close()
+                self.path, "a", encoding="utf-8", buffering=1 if flush_every == 1 else -1
+            )
+
+    def __del__(self) -> None:
+        # A training script rarely closes its recorder; close quietly at collection
+        # (like logging's handlers at exit) rather than emit a ResourceWarning.
+        file = getattr(self, "_file", None)
+        if file is not None and not file.closed:
+            file.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def log(
+        self,
+        step: int,
+        *,
+        loss: Any = None,
+        grad_norm: Any = None,
+        lr: Any = None,
+        loss_scale: Any = None,
+        tokens: Any = None,
+        seq_lens: Any = None,
+        sample_ids: Any = None,
+        **scalars: Any,
+    ) -> None:
+        """Record one training step; None values are left out of the record.
+
+        Args:
+            step: the global step this record describes (after the optimizer step).
+            loss: training loss (tensor, numpy or Python number).
+            grad_norm: total gradient norm before clipping.
+            lr: learning rate used for this step.
+            loss_scale: AMP loss scale (a decrease marks an fp16 skipped step).
+            tokens: tokens processed this step (for throughput).
+            seq_lens: sequence lengths of the batch (for length-bucket counts).
+            sample_ids: ids of the samples in the batch (for the drill's exposure check).
+            **scalars: any other JSON-able values (numbers, strings, bools, lists).
+
+        Raises:
+            TypeError: a value cannot be written as JSON.
+            ValueError: a scalar uses a reserved name (``step``, ``time``).
+
+        Example:
+            >>> rec = Recorder(None)
+            >>> rec.log(7, loss=float("nan"), seq_lens=[3, 100])
+            >>> rec.records[-1]["loss"], rec.records[-1]["seq_lens"]
+            ('nan', [3, 100])
+        """
+        clash = _RESERVED & scalars.keys()
+        if clash:
+            raise ValueError(f"Recorder.log: {sorted(clash)} are reserved record keys")
+        rec: dict[str, Any] = {"step": int(step), "time": time.time()}
+        named = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "loss_scale": loss_scale,
+            "tokens": tokens,
+            "seq_lens": seq_lens,
+            "sample_ids": sample_ids,
+        }
+        for key, value in (*named.items(), *scalars.items()):
+            if value is not None:
+                rec[key] = _jsonable(value, key)
+        self.records.append(rec)
+        if self._file is not None:
+            self._file.write(json.dumps(rec, allow_nan=False, separators=(",", ":")) + "\n")
+            self._pending += 1
+            if self._pending >= self.flush_every:
+                self.flush()
+
+    def flush(self) -> None:
+        """Flush buffered lines to the OS.
+
+        Example:
+            >>> Recorder(None).flush()
+        """
+        if self._file is not None:
+            self._file.flush()
+        self._pending = 0
+
+    def close(self) -> None:
+        """Flush and close the file; the in-memory window stays readable. Idempotent.
+
+        Example:
+            >>> Recorder(None).close()
+        """
+        if self._file is not None:
+            self._file.flush()
+            self._file.close()
+            self._file = None
+
+    def window_stats(self) -> dict[str, Any]:
+        """Summarize the rolling window.
+
+        Returns:
+            ``{"count", "first_step", "last_step", "metrics", "length_buckets",
+            "fp16_skipped_steps", "throughput"}``. ``metrics`` maps each numeric
+            metric to ``{count, nonfinite, last, median, mad, mean, min, max}`` over its
+            finite values (``mad`` is the unscaled median absolute deviation; x1.4826
+            estimates a normal sigma). ``length_buckets`` maps a power of two ``b`` (as
+            a string) to how many sequences had length in ``[b, 2b)`` (``"0"``: empty).
+            ``fp16_skipped_steps`` counts records whose ``loss_scale`` fell below the
+            previous one (GradScaler backs off exactly when it skips a step).
+            ``throughput`` is tokens per second between consecutive records, or None.
+            Non-finite numbers appear as ``"nan"``/``"inf"`` strings, as in the file.
+
+        Example:
+            >>> rec = Recorder(None)
+            >>> for s, scale in enumerate([8.0, 4.0, 4.0]):
+            ...     rec.log(s, loss_scale=scale, seq_lens=[5, 6, 64])
+            >>> st = rec.window_stats()
+            >>> st["fp16_skipped_steps"], st["length_buckets"]
+            (1, {'4': 6, '64': 3})
+        """
+        recs = list(self.records)
+        values: dict[str, list[float]] = {}
+        for r in recs:
+            for key, v in r.items():
+                if key in _RESERVED or key in _LIST_FIELDS:
+                    continue
+                f = _as_float(v)
+                if f is not None:
+                    values.setdefault(key, []).append(f)
+        metrics = {key: _summary(vs) for key, vs in sorted(values.items())}
+
+        buckets: dict[int, int] = {}
+        for r in recs:
+            for n in _flat(r.get("seq_lens", ())):
+                if isinstance(n, int | float) and not isinstance(n, bool) and n >= 0:
+                    b = 0 if n < 1 else 1 << (int(n).bit_length() - 1)
+                    buckets[b] = buckets.get(b, 0) + 1
+
+        skipped = 0
+        prev_scale: float | None = None
+        for r in recs:
+            scale = _as_float(r.get("loss_scale"))
+            if scale is None or math.isnan(scale):
+                continue
+            if prev_scale is not None and scale < prev_scale:
+                skipped += 1
+            prev_scale = scale
+
+        rates: list[float] = []
+        for before, cur in itertools.pairwise(recs):
+            tok = _as_float(cur.get("tokens"))
+            dt = cur["time"] - before["time"]
+            if tok is not None and math.isfinite(tok) and dt > 0:
+                rates.append(tok / dt)
+
+        return _sanitize(
+            {
+                "count": len(recs),
+                "first_step": recs[0]["step"] if recs else None,
+                "last_step": recs[-1]["step"] if recs else None,
+                "metrics": metrics,
+                "length_buckets": {str(b): n for b, n in sorted(buckets.items())},
+                "fp16_skipped_steps": skipped,
+                "throughput": _summary(rates) if rates else None,
+            }
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the JSON-able pre-save window for the manifest's ``metrics`` component.
+
+        Example:
+            >>> rec = Recorder(None, window=2)
+            >>> for s in range(5):
+            ...     rec.log(s, loss=1.0 / (s + 1))
+            >>> snap = rec.snapshot()
+            >>> [r["step"] for r in snap["records"]], snap["window"]
+            ([3, 4], 2)
+        """
+        return {
+            "window": self.window,
+            "records": copy.deepcopy(list(self.records)),  # the manifest must not alias the window
+            "stats": self.window_stats(),
+        }
+
+
+def read_jsonl(
+    path: str | os.PathLike[str], *, decode_nonfinite: bool = True
+) -> list[dict[str, Any]]:
+    """Read a Recorder JSONL file, tolerating a truncated last line.
+
+    A process killed mid-write leaves at most one partial line, at the end; it is
+    dropped. A bad line anywhere else means the file is damaged and raises.
+
+    Args:
+        path: the JSONL file.
+        decode_nonfinite: turn the strings ``"nan"``, ``"inf"``, ``"-inf"`` back into floats.
+
+    Returns:
+        One dict per complete record, in file order.
+
+    Raises:
+        CkptkitError: a line other than the last is not a JSON object.
+        FileNotFoundError: the file does not exist.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "m.jsonl"
+        >>> _ = p.write_text('{"step":1,"loss":"nan"}\\n{"step":2,"lo')
+        >>> read_jsonl(p)
+        [{'step': 1, 'loss': nan}]
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                break  # truncated tail of a killed writer (no trailing newline)
+            raise CkptkitError(
+                f"line {i + 1} is not a JSON record ({e})",
+                path=path,
+                hint="the metrics file is damaged in the middle; truncate it before this line",
+            ) from e
+        out.append(_decode(rec) if decode_nonfinite else rec)
+    return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _jsonable(value: Any, key: str) -> Any:
+    """Convert tensors/numpy to Python, non-finite floats to strings; reject the rest."""
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        value = value.tolist()  # torch.Tensor, np.ndarray, np.generic; syncs a CUDA tensor
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, key) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, key) for k, v in value.items()}
+    raise TypeError(
+        f"Recorder.log: {key}={value!r} ({type(value).__name__}) cannot be written as JSON; "
+        "pass a number, string, list, tensor or numpy value"
+    )
+
+
+def _sanitize(obj: Any) -> Any:
+    return _jsonable(obj, "stats")
+
+
+def _as_float(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str) and v in _NONFINITE:
+        return _NONFINITE[v]
+    return None
+
+
+def _summary(vs: list[float]) -> dict[str, Any]:
+    finite = [v for v in vs if math.isfinite(v)]
+    out: dict[str, Any] = {"count": len(vs), "nonfinite": len(vs) - len(finite), "last": vs[-1]}
+    if finite:
+        med = statistics.median(finite)
+        out |= {
+            "median": med,
+            "mad": statistics.median(abs(v - med) for v in finite),
+            "mean": math.fsum(finite) / len(finite),
+            "min": min(finite),
+            "max": max(finite),
+        }
+    else:
+        out |= dict.fromkeys(("median", "mad", "mean", "min", "max"))
+    return out
+
+
+def _flat(v: Any) -> Iterable[Any]:
+    if isinstance(v, list | tuple):
+        for x in v:
+            yield from _flat(x)
+    else:
+        yield v
+
+
+def _decode(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return _NONFINITE.get(obj, obj)
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _decode(v) for k, v in obj.items()}
+    return obj
+
+
+__all__ = ["ENV_METRICS", "Recorder", "read_jsonl"]

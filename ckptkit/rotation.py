@@ -1,0 +1,464 @@
+"""Retention policies: which checkpoints to keep, which to delete, and why.
+
+Pure functions over :class:`CkptInfo` records, no I/O, in the shape of orbax's
+``preservation_policy.py``: every policy answers ``should_preserve(ckpts)`` with one
+bool per checkpoint, in input order, plus a human reason for each keep. Policies
+combine with :class:`AnyOf` (a checkpoint survives if any policy keeps it).
+:func:`plan` adds the safety rules the manager and ``ckptkit prune`` rely on and
+returns a :class:`RetentionPlan` that says, for every checkpoint, keep or delete
+*and why*. The caller (``CheckpointManager``, the CLI) does the deleting.
+
+Conventions shared by every policy:
+
+* "newest" means highest ``step``; ``time`` is informational and never used for
+  ordering, so a clock jump cannot change what is kept.
+* A *good* checkpoint is ``verified and not corrupt``. ``corrupt`` also stands for
+  incomplete (no valid manifest): neither is a resume target.
+* Results never depend on the order of the input sequence.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+Health = Literal["ok", "warn", "critical"]
+_BAD_HEALTH = frozenset({"warn", "critical"})
+
+
+@dataclass(frozen=True)
+class CkptInfo:
+    """What rotation needs to know about one checkpoint (no paths, no I/O).
+
+    Example:
+        >>> CkptInfo(step=1000, size=2_000_000, verified=True, pinned=frozenset({"best"}))
+        CkptInfo(step=1000, size=2000000, verified=True, corrupt=False, pinned=frozenset({'best'}), health=None, time=0.0)
+    """
+
+    step: int
+    """Global step the checkpoint was saved at; unique within a run directory."""
+    size: int
+    """Bytes on disk (all files of the checkpoint directory)."""
+    verified: bool
+    """True once verify found no error (digests, completeness, consistency)."""
+    corrupt: bool = False
+    """True if verify found an error, or the directory has no valid manifest (incomplete)."""
+    pinned: frozenset[str] = frozenset()
+    """Pin labels (``"emergency"``, ``"best"``...). Pinned checkpoints are never deleted."""
+    health: str | None = None
+    """Training health at save time: ``"ok"``, ``"warn"``, ``"critical"`` or unknown (None)."""
+    time: float = 0.0
+    """Save time (Unix seconds). Informational only: ordering always uses ``step``."""
+
+    @property
+    def good(self) -> bool:
+        """True for a verified, non-corrupt checkpoint: a valid resume target."""
+        return self.verified and not self.corrupt
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A retention policy: one keep-reason (or None) per checkpoint, in input order."""
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return why each checkpoint is kept by this policy, None where it is not."""
+        ...
+
+    def should_preserve(self, ckpts: Sequence[CkptInfo]) -> list[bool]:
+        """Return one bool per checkpoint: True where this policy keeps it."""
+        ...
+
+
+class _Base:
+    """Derives ``should_preserve`` from ``reasons`` so the two never disagree."""
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:  # pragma: no cover
+        raise NotImplementedError
+
+    def should_preserve(self, ckpts: Sequence[CkptInfo]) -> list[bool]:
+        """Return one bool per checkpoint, True where this policy keeps it.
+
+        Example:
+            >>> KeepLast(1).should_preserve([CkptInfo(1, 10, True), CkptInfo(2, 10, True)])
+            [False, True]
+        """
+        return [r is not None for r in self.reasons(ckpts)]
+
+
+@dataclass(frozen=True)
+class KeepLast(_Base):
+    """Keep the ``k`` newest good (verified, non-corrupt) checkpoints.
+
+    Unverified and corrupt checkpoints do not count toward ``k``: a run whose last
+    three saves are corrupt still keeps its three newest good ones.
+
+    Example:
+        >>> cks = [CkptInfo(s, 1, True) for s in (1, 2, 3)] + [CkptInfo(4, 1, True, corrupt=True)]
+        >>> KeepLast(2).should_preserve(cks)
+        [False, True, True, False]
+    """
+
+    k: int
+    """How many good checkpoints to keep; 0 keeps none (the newest verified survives anyway in :func:`plan`)."""
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"KeepLast: k must be >= 0, got {self.k}")
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"last k"`` for the k newest good checkpoints, None elsewhere."""
+        good = sorted((c.step for c in ckpts if c.good), reverse=True)
+        kept = set(good[: self.k])
+        return [f"last {self.k}" if c.good and c.step in kept else None for c in ckpts]
+
+
+@dataclass(frozen=True)
+class KeepEvery(_Base):
+    """Keep every non-corrupt checkpoint whose step is a multiple of ``n`` (step 0 included).
+
+    Example:
+        >>> KeepEvery(10).should_preserve([CkptInfo(10, 1, True), CkptInfo(15, 1, True)])
+        [True, False]
+    """
+
+    n: int
+    """The period in steps; must be positive."""
+
+    def __post_init__(self) -> None:
+        if self.n <= 0:
+            raise ValueError(f"KeepEvery: n must be > 0, got {self.n}")
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"multiple of n"`` where the step divides by n, None elsewhere."""
+        # A corrupt milestone is no milestone: it cannot be resumed from.
+        return [
+            f"multiple of {self.n}" if c.step % self.n == 0 and not c.corrupt else None
+            for c in ckpts
+        ]
+
+
+@dataclass(frozen=True)
+class Pinned(_Base):
+    """Keep every checkpoint with at least one pin, corrupt or not.
+
+    Example:
+        >>> Pinned().reasons([CkptInfo(5, 1, True, pinned=frozenset({"emergency"})), CkptInfo(6, 1, True)])
+        ['pinned emergency', None]
+    """
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"pinned <labels>"`` for pinned checkpoints, None elsewhere."""
+        return [f"pinned {','.join(sorted(c.pinned))}" if c.pinned else None for c in ckpts]
+
+
+@dataclass(frozen=True)
+class KeepHealthy(_Base):
+    """Keep the newest ``"ok"`` checkpoint when any later one is ``"warn"``/``"critical"``.
+
+    This is the rollback target after a loss spike or divergence: keep-last alone
+    would rotate it out while the unhealthy saves pile up. Corrupt checkpoints are
+    never a rollback target and are skipped.
+
+    Example:
+        >>> cks = [CkptInfo(1, 1, True, health="ok"), CkptInfo(2, 1, True, health="critical")]
+        >>> KeepHealthy().should_preserve(cks)
+        [True, False]
+    """
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"newest healthy ..."`` for the rollback target, None elsewhere."""
+        healthy = [c.step for c in ckpts if c.health == "ok" and not c.corrupt]
+        if not healthy:
+            return [None] * len(ckpts)
+        target = max(healthy)
+        later_bad = sorted(c.step for c in ckpts if c.step > target and c.health in _BAD_HEALTH)
+        if not later_bad:
+            return [None] * len(ckpts)
+        why = f"newest healthy (step {later_bad[0]} and later not ok)"
+        return [why if c.step == target else None for c in ckpts]
+
+
+@dataclass(frozen=True)
+class KeepNewestGood(_Base):
+    """Keep the newest good checkpoint: the one a restore would pick.
+
+    Example:
+        >>> KeepNewestGood().should_preserve([CkptInfo(1, 1, True), CkptInfo(2, 1, False)])
+        [True, False]
+    """
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"newest verified"`` for the newest good checkpoint, None elsewhere."""
+        newest = _newest_good(ckpts)
+        return ["newest verified" if c.step == newest else None for c in ckpts]
+
+
+@dataclass(frozen=True)
+class KeepPending(_Base):
+    """Keep unverified, non-corrupt checkpoints newer than the newest good one.
+
+    Such a checkpoint was committed but not verified yet (a save in flight, or a
+    ``prune`` run before ``verify``); it may become the newest good one, so
+    deleting it could throw away the only copy of the latest state.
+
+    Example:
+        >>> KeepPending().should_preserve([CkptInfo(1, 1, True), CkptInfo(2, 1, False)])
+        [False, True]
+    """
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return ``"not yet verified, newer than newest verified"`` where it applies."""
+        newest = _newest_good(ckpts)
+        floor = -1 if newest is None else newest
+        return [
+            "not yet verified, newer than newest verified"
+            if not c.verified and not c.corrupt and c.step > floor
+            else None
+            for c in ckpts
+        ]
+
+
+@dataclass(frozen=True, init=False)
+class AnyOf(_Base):
+    """Keep a checkpoint if any of the policies keeps it; the reasons are joined.
+
+    Example:
+        >>> cks = [CkptInfo(s, 1, True) for s in (10, 15, 20)]
+        >>> AnyOf(KeepLast(1), KeepEvery(10)).reasons(cks)
+        ['multiple of 10', None, 'last 1; multiple of 10']
+    """
+
+    policies: tuple[Policy, ...] = field(default=())
+    """The combined policies, in the order their reasons are listed."""
+
+    def __init__(self, *policies: Policy) -> None:
+        object.__setattr__(self, "policies", tuple(policies))
+
+    def reasons(self, ckpts: Sequence[CkptInfo]) -> list[str | None]:
+        """Return the joined reasons of every policy that keeps each checkpoint."""
+        per_policy = [p.reasons(ckpts) for p in self.policies]
+        out: list[str | None] = []
+        for i in range(len(ckpts)):
+            why = [r[i] for r in per_policy if r[i] is not None]
+            out.append("; ".join(w for w in why if w is not None) or None)
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Keep or delete one checkpoint, and why."""
+
+    ckpt: CkptInfo
+    """The checkpoint decided on."""
+    keep: bool
+    """True to keep, False to delete."""
+    reason: str
+    """``"keep: last 3"``, ``"delete: beyond keep_last=3"``, ... (always starts with keep/delete)."""
+
+    @property
+    def flagged(self) -> bool:
+        """True for a corrupt or incomplete checkpoint kept for inspection."""
+        return self.keep and self.ckpt.corrupt
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    """The outcome of :func:`plan`: one :class:`Decision` per checkpoint, in input order."""
+
+    decisions: tuple[Decision, ...]
+    """One decision per input checkpoint, same order as the input."""
+    max_bytes: int | None = None
+    """The budget asked for, if any."""
+    budget_note: str | None = None
+    """Set when ``max_bytes`` cannot be met, saying what blocks it."""
+
+    @property
+    def keep(self) -> list[CkptInfo]:
+        """Checkpoints to keep, oldest first."""
+        return sorted((d.ckpt for d in self.decisions if d.keep), key=lambda c: c.step)
+
+    @property
+    def delete(self) -> list[CkptInfo]:
+        """Checkpoints to delete, oldest first."""
+        return sorted((d.ckpt for d in self.decisions if not d.keep), key=lambda c: c.step)
+
+    @property
+    def flagged(self) -> list[CkptInfo]:
+        """Corrupt or incomplete checkpoints kept for inspection, oldest first."""
+        return sorted((d.ckpt for d in self.decisions if d.flagged), key=lambda c: c.step)
+
+    @property
+    def bytes_kept(self) -> int:
+        """Total size of the checkpoints kept."""
+        return sum(d.ckpt.size for d in self.decisions if d.keep)
+
+    @property
+    def over_budget(self) -> bool:
+        """True when ``max_bytes`` was given and the kept set still exceeds it."""
+        return self.max_bytes is not None and self.bytes_kept > self.max_bytes
+
+    def by_step(self) -> dict[int, Decision]:
+        """Return the decisions keyed by step.
+
+        Example:
+            >>> p = plan([CkptInfo(1, 1, True)], keep_last=1)
+            >>> p.by_step()[1].reason
+            'keep: newest verified; last 1'
+        """
+        return {d.ckpt.step: d for d in self.decisions}
+
+
+def plan(
+    ckpts: Sequence[CkptInfo],
+    *,
+    keep_last: int,
+    keep_every: int | None = None,
+    max_bytes: int | None = None,
+    keep_healthy: bool = True,
+    delete_corrupt: bool = False,
+) -> RetentionPlan:
+    """Decide, for every checkpoint, keep or delete, with the reason.
+
+    Rules, in order of precedence:
+
+    1. Pinned checkpoints are always kept (even corrupt, even over budget): unpin to delete.
+    2. The newest good (verified, non-corrupt) checkpoint is always kept, whatever
+       the policy or budget: it is what a restore falls back to.
+    3. Corrupt or incomplete checkpoints are kept and flagged unless
+       ``delete_corrupt=True``: they are evidence, and deleting them must be asked
+       for. They never count toward ``keep_last`` and ``max_bytes`` never drops them
+       (it does count their bytes).
+    4. Otherwise a checkpoint is kept if any policy keeps it: :class:`KeepLast`
+       (``keep_last``), :class:`KeepEvery` (``keep_every``), :class:`KeepHealthy`
+       (``keep_healthy``) and :class:`KeepPending` (unverified ones newer than the
+       newest good one, which may be a save still being verified).
+    5. ``max_bytes``: while the kept set is over budget, the oldest kept checkpoint
+       not protected by rules 1-3 is deleted. If the budget still cannot be met the
+       plan's ``budget_note`` says which checkpoints block it.
+
+    Args:
+        ckpts: the checkpoints of one run directory, in any order; steps must be unique.
+        keep_last: how many of the newest good checkpoints to keep (>= 0).
+        keep_every: also keep every checkpoint whose step is a multiple of this.
+        max_bytes: total size budget for the kept checkpoints, in bytes.
+        keep_healthy: keep the newest ``"ok"`` checkpoint when later ones are warn/critical.
+        delete_corrupt: delete corrupt and incomplete checkpoints (not pinned ones).
+
+    Returns:
+        A :class:`RetentionPlan` with one decision per input checkpoint, in input order.
+
+    Raises:
+        ValueError: on duplicate steps or negative/zero arguments.
+
+    Example:
+        >>> cks = [CkptInfo(s, 10, True) for s in (1000, 2000, 3000, 4000)]
+        >>> [d.reason for d in plan(cks, keep_last=2, keep_every=2000).decisions]
+        ['delete: beyond keep_last=2', 'keep: multiple of 2000', 'keep: last 2', 'keep: newest verified; last 2; multiple of 2000']
+    """
+    steps = [c.step for c in ckpts]
+    if len(set(steps)) != len(steps):
+        dupes = sorted(s for s, n in Counter(steps).items() if n > 1)
+        raise ValueError(f"plan: duplicate checkpoint steps {dupes}; each step is one directory")
+    if max_bytes is not None and max_bytes < 0:
+        raise ValueError(f"plan: max_bytes must be >= 0, got {max_bytes}")
+
+    policies: list[Policy] = [Pinned(), KeepNewestGood(), KeepLast(keep_last)]
+    if keep_every is not None:
+        policies.append(KeepEvery(keep_every))
+    if keep_healthy:
+        policies.append(KeepHealthy())
+    policies.append(KeepPending())
+    reasons = AnyOf(*policies).reasons(ckpts)
+    newest = _newest_good(ckpts)
+
+    keep: list[bool] = []
+    why: list[str] = []
+    protected: list[bool] = []  # never dropped by max_bytes
+    for c, r in zip(ckpts, reasons, strict=True):
+        if c.pinned or c.step == newest:
+            keep.append(True)
+            why.append(f"keep: {r}" + ("; corrupt, flagged" if c.corrupt else ""))
+            protected.append(True)
+        elif c.corrupt:
+            keep.append(not delete_corrupt)
+            why.append(
+                "delete: corrupt or incomplete (delete_corrupt=True)"
+                if delete_corrupt
+                else "keep: corrupt or incomplete, flagged (pass delete_corrupt=True to remove)"
+            )
+            protected.append(True)
+        elif r is not None:
+            keep.append(True)
+            why.append(f"keep: {r}")
+            protected.append(False)
+        else:
+            keep.append(False)
+            why.append(
+                f"delete: beyond keep_last={keep_last}"
+                if c.verified
+                else f"delete: not verified, older than the newest verified step {newest}"
+            )
+            protected.append(True)
+
+    note: str | None = None
+    if max_bytes is not None:
+        total = sum(c.size for c, k in zip(ckpts, keep, strict=True) if k)
+        droppable = sorted(
+            (i for i in range(len(ckpts)) if keep[i] and not protected[i]),
+            key=lambda i: ckpts[i].step,
+        )
+        for i in droppable:
+            if total <= max_bytes:
+                break
+            keep[i] = False
+            # Say what the checkpoint was kept for: dropping a milestone should be visible.
+            why[i] = (
+                f"delete: over max_bytes budget ({_fmt_bytes(total)} > {_fmt_bytes(max_bytes)}); "
+                f"was {why[i].removeprefix('keep: ')}"
+            )
+            total -= ckpts[i].size
+        if total > max_bytes:
+            blockers = [
+                f"step {ckpts[i].step} ({why[i].removeprefix('keep: ')}, {_fmt_bytes(ckpts[i].size)})"
+                for i in sorted(range(len(ckpts)), key=lambda i: ckpts[i].step)
+                if keep[i]
+            ]
+            note = (
+                f"max_bytes budget cannot be met: {_fmt_bytes(total)} > {_fmt_bytes(max_bytes)} "
+                f"in checkpoints that are never deleted: {', '.join(blockers)}. "
+                "Unpin checkpoints, pass delete_corrupt=True, or raise max_bytes."
+            )
+
+    decisions = tuple(Decision(c, k, w) for c, k, w in zip(ckpts, keep, why, strict=True))
+    return RetentionPlan(decisions=decisions, max_bytes=max_bytes, budget_note=note)
+
+
+def _newest_good(ckpts: Sequence[CkptInfo]) -> int | None:
+    good = [c.step for c in ckpts if c.good]
+    return max(good) if good else None
+
+
+def _fmt_bytes(n: int) -> str:
+    """Format a byte count with decimal units (GB = 1e9), as disks are sold and ``df -H`` shows."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+__all__ = [
+    "AnyOf",
+    "CkptInfo",
+    "Decision",
+    "KeepEvery",
+    "KeepHealthy",
+    "KeepLast",
+    "KeepNewestGood",
+    "KeepPending",
+    "Pinned",
+    "Policy",
+    "RetentionPlan",
+    "plan",
+]

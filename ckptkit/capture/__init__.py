@@ -1,0 +1,154 @@
+"""Capture and restore the resume-critical state of a training run, one component per module.
+
+Every module pairs ``capture(obj, ...) -> dict`` with ``restore(obj, state, ...) -> None`` and
+``summary(state) -> dict``. A capture returns a *snapshot tree* made only of dicts (str or int
+keys), lists, tuples, None, bool, int, float, str and dense ``torch.Tensor`` leaves; the storage
+engine writes the tensors to safetensors and the rest as JSON and hands the same tree back.
+``summary`` returns small JSON facts that go into the manifest so ``ckptkit verify`` can check
+consistency without loading tensors.
+
+This package module holds the two helpers every component shares: :func:`check_tree`, which
+enforces the snapshot-tree contract, and :func:`tree_fingerprint`, a stable digest of a tree.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import torch
+import xxhash
+
+from ckptkit.errors import StateError
+
+# The leaf types the storage engine round-trips exactly (JSON scalars plus tensors).
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def check_tree(tree: Any, *, what: str, hint: str | None = None) -> None:
+    """Raise if ``tree`` holds anything the storage engine cannot round-trip.
+
+    Args:
+        tree: the snapshot tree to check.
+        what: the component name used in the error (``"scheduler"``, ``"optimizer"``...).
+        hint: how to fix an unsupported value; a generic hint is used when None.
+
+    Raises:
+        StateError: naming the key path of the first unsupported value.
+
+    Example:
+        >>> check_tree({"lr": [0.1, 0.01], "step": torch.zeros(())}, what="optimizer")
+        >>> check_tree({"fn": print}, what="scheduler")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.StateError: scheduler state at 'fn' holds an unsupported builtin_function_or_method ...
+    """
+    _check(tree, what, "", hint)
+
+
+def _check(node: Any, what: str, path: str, hint: str | None) -> None:
+    if isinstance(node, _SCALARS):
+        return
+    if isinstance(node, torch.Tensor):
+        _check_tensor(node, what, path)
+        return
+    if isinstance(node, dict):
+        for key, value in node.items():
+            # bool is an int subclass but JSON would turn True into "true": refuse it.
+            if isinstance(key, bool) or not isinstance(key, str | int):
+                raise StateError(
+                    f"{what} state at {_show(path)} has a key of type {type(key).__name__} ({key!r})",
+                    hint="use str or int keys",
+                )
+            _check(value, what, f"{path}.{key}" if path else str(key), hint)
+        return
+    if isinstance(node, list | tuple):
+        for i, value in enumerate(node):
+            _check(value, what, f"{path}[{i}]", hint)
+        return
+    raise StateError(
+        f"{what} state at {_show(path)} holds an unsupported {type(node).__name__} ({_short(node)})",
+        hint=hint
+        or "make it a plain value (number, string, list, dict or tensor) or recreate it in code",
+    )
+
+
+def _check_tensor(t: torch.Tensor, what: str, path: str) -> None:
+    # Tensor subclasses (DTensor, FSDP flat params...) carry sharding metadata safetensors drops.
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        raise StateError(
+            f"{what} state at {_show(path)} is a {type(t).__name__}, not a plain tensor",
+            hint="gather it to a local tensor first (DTensor.full_tensor() or .to_local())",
+        )
+    if t.layout != torch.strided or t.is_meta:
+        raise StateError(
+            f"{what} state at {_show(path)} is a {t.layout} tensor on {t.device}",
+            hint="materialize it as a dense tensor (.to_dense(), or load real weights)",
+        )
+
+
+def _show(path: str) -> str:
+    return repr(path) if path else "the top level"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def tree_fingerprint(tree: Any) -> str:
+    """Return a stable xxh3-64 hex digest of a snapshot tree.
+
+    Lists and tuples hash alike and dict order does not matter, so the digest survives the
+    storage round trip. Tensors hash by dtype, shape and bytes (device-independent).
+
+    Args:
+        tree: a snapshot tree as returned by a ``capture`` function.
+
+    Returns:
+        16 hex characters.
+
+    Example:
+        >>> tree_fingerprint({"a": [1, 2]}) == tree_fingerprint({"a": (1, 2)})
+        True
+    """
+    h = xxhash.xxh3_64()
+    _feed(h, tree)
+    return h.hexdigest()
+
+
+def _feed(h: xxhash.xxh3_64, node: Any) -> None:
+    # One tag byte per node keeps e.g. "1" and 1 and [1] apart.
+    if node is None:
+        h.update(b"N")
+    elif isinstance(node, bool):
+        h.update(b"T" if node else b"F")
+    elif isinstance(node, int):
+        h.update(b"i" + str(node).encode() + b";")
+    elif isinstance(node, float):
+        h.update(b"f" + (repr(node) if not math.isnan(node) else "nan").encode() + b";")
+    elif isinstance(node, str):
+        data = node.encode()
+        h.update(b"s" + struct.pack("<Q", len(data)) + data)
+    elif isinstance(node, torch.Tensor):
+        t = node.detach().to("cpu").contiguous()
+        h.update(b"t" + str(t.dtype).encode() + str(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(node, dict):
+        h.update(b"d" + struct.pack("<Q", len(node)))
+        for key in sorted(node, key=lambda k: (isinstance(k, str), str(k))):
+            _feed(h, key)
+            _feed(h, node[key])
+    elif isinstance(node, list | tuple):
+        h.update(b"l" + struct.pack("<Q", len(node)))
+        for value in node:
+            _feed(h, value)
+    else:
+        raise StateError(
+            f"cannot fingerprint a {type(node).__name__}",
+            hint="pass a snapshot tree as returned by a capture function",
+        )
+
+
+__all__ = ["check_tree", "tree_fingerprint"]

@@ -1,0 +1,346 @@
+"""A distributed sampler with a cursor, so a resume continues mid-epoch exactly.
+
+:class:`ResumableSampler` is a drop-in for ``DistributedSampler`` that also remembers how far
+into the epoch it is, can be resumed at a different world size without replaying or skipping a
+sample, and can bucket samples by length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from typing import Any
+
+import torch
+import xxhash
+
+from ckptkit.errors import StateError
+
+STATE_VERSION = 1
+
+
+class ResumableSampler(torch.utils.data.Sampler[int]):
+    """Yield this rank's share of a deterministic per-epoch order, and remember the position.
+
+    **Epoch order.** Each epoch has one global order of all ``n`` indices that depends only on
+    ``(seed, epoch, shuffle, lengths, bucket_size, batch_size)``, never on the world size. It
+    is a permutation drawn from a ``torch.Generator`` seeded with an xxh3 hash of
+    ``(seed, epoch)`` (unlike ``seed + epoch``, distinct pairs never share a stream).
+
+    **Bucketing.** With ``lengths`` and ``bucket_size``, the shuffled order is cut into chunks
+    of ``bucket_size`` and each chunk is sorted by length. With ``batch_size`` too, each sorted
+    chunk is cut into groups of ``batch_size`` and the groups are shuffled, so consecutive
+    ``batch_size`` indices of the global order have similar lengths. Set ``batch_size`` to the
+    *global* batch (per-rank batch × world size) and make ``bucket_size`` a multiple of it.
+
+    **Rank split.** Like ``DistributedSampler``: the order is padded by repeating its first
+    indices (or, with ``drop_last``, its tail is dropped) to a multiple of the world size, and
+    rank ``r`` yields positions ``r, r + W, r + 2W...``. So one epoch yields every index
+    exactly once across ranks when ``n`` is divisible by ``W``; otherwise, without
+    ``drop_last``, up to ``W - 1`` indices twice, with ``drop_last`` up to ``W - 1`` never.
+
+    **Cursor.** ``position`` counts indices already yielded by this rank in the current segment
+    of the epoch (counted when handed out, so with a prefetching ``DataLoader`` it runs ahead
+    of the training loop by the prefetched batches). Iterating past the end does not advance
+    the epoch (as ``DistributedSampler``): a new ``iter()`` on an exhausted epoch starts it
+    again (unless nothing was left for this rank after a resume at another world size, then
+    it yields nothing); call :meth:`set_epoch` each epoch.
+
+    **Resuming at another world size.** Ranks advance in lockstep, so ``offset + position ×
+    world_size`` indices of the epoch order are consumed globally. Loading a state saved at
+    world size ``W`` into a sampler at ``W' != W`` makes that count the new ``offset`` and
+    splits the *rest* of the epoch order (padded or trimmed for ``W'``) across the new ranks
+    from position 0. No index is replayed or skipped globally, apart from the padding or
+    drop_last remainder the new split needs. At the same world size the cursor is restored
+    as is, so the sequence is identical to an uninterrupted run.
+
+    Args:
+        data_source_len_or_dataset: the number of samples, or a sized dataset.
+        seed: shuffle seed, the same on every rank.
+        shuffle: shuffle each epoch; False keeps ``0..n-1`` (then bucketed, if asked).
+        rank: this process's rank.
+        world_size: number of ranks.
+        drop_last: drop the tail instead of padding when ``n`` is not divisible.
+        lengths: per-sample lengths for bucketing.
+        bucket_size: sort by length within chunks of this many samples.
+        batch_size: shuffle groups of this many samples after bucketing (global batch).
+
+    Example:
+        >>> s = ResumableSampler(10, seed=1, world_size=2, rank=0)
+        >>> it = iter(s)
+        >>> first = [next(it), next(it)]
+        >>> state = s.state_dict()
+        >>> resumed = ResumableSampler(10, seed=1, world_size=2, rank=0)
+        >>> resumed.load_state_dict(state)
+        >>> first + list(resumed) == list(ResumableSampler(10, seed=1, world_size=2, rank=0))
+        True
+    """
+
+    def __init__(
+        self,
+        data_source_len_or_dataset: int | Sized,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        lengths: Sequence[int] | torch.Tensor | None = None,
+        bucket_size: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        n = (
+            data_source_len_or_dataset
+            if isinstance(data_source_len_or_dataset, int)
+            else len(data_source_len_or_dataset)
+        )
+        if n < 0:
+            raise ValueError(f"dataset length must be >= 0, got {n}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
+        if bucket_size is not None and bucket_size < 1:
+            raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if bucket_size is not None and lengths is None:
+            raise ValueError("bucket_size needs lengths")
+        self.data_len = n
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = bool(drop_last)
+        self.bucket_size = bucket_size
+        self.batch_size = batch_size
+        self.lengths: torch.Tensor | None = None
+        if lengths is not None:
+            self.lengths = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1).clone()
+            if self.lengths.numel() != n:
+                raise ValueError(f"lengths has {self.lengths.numel()} entries for {n} samples")
+            if n and int(self.lengths.min()) < 0:
+                raise ValueError("lengths must be >= 0")
+        self.epoch = 0
+        # offset: indices of the epoch order consumed globally before the current world size
+        # took over (non-zero only after a resume at another world size).
+        self.offset = 0
+        self.position = 0
+        self._order_cache: tuple[int, torch.Tensor] | None = None
+
+    # ----- order -----------------------------------------------------------------------------
+
+    def _epoch_order(self) -> torch.Tensor:
+        """Return the global order of the current epoch (cached per epoch)."""
+        if self._order_cache is not None and self._order_cache[0] == self.epoch:
+            return self._order_cache[1]
+        gen = torch.Generator()
+        gen.manual_seed(
+            xxhash.xxh3_64_intdigest(f"ckptkit.sampler:{self.seed}:{self.epoch}".encode())
+        )
+        n = self.data_len
+        order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
+        if self.lengths is not None and self.bucket_size is not None and n:
+            order = self._bucket(order, gen)
+        self._order_cache = (self.epoch, order)
+        return order
+
+    def _bucket(self, order: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Sort ``order`` by length within chunks, then shuffle ``batch_size`` groups."""
+        assert self.lengths is not None and self.bucket_size is not None
+        pos = torch.arange(order.numel())
+        chunk = pos // self.bucket_size
+        # Two stable sorts make a lexicographic (chunk, length) sort without a combined key
+        # that could overflow; equal lengths keep their shuffled order, so ties stay random.
+        by_len = torch.sort(self.lengths[order], stable=True).indices
+        by_chunk = torch.sort(chunk[by_len], stable=True).indices
+        order = order[by_len[by_chunk]]
+        if self.batch_size and self.shuffle:
+            per_chunk = math.ceil(self.bucket_size / self.batch_size)
+            group = chunk * per_chunk + (pos % self.bucket_size) // self.batch_size
+            _, group = torch.unique_consecutive(group, return_inverse=True)
+            num_groups = int(group[-1]) + 1
+            new_place = torch.empty(num_groups, dtype=torch.int64)
+            new_place[torch.randperm(num_groups, generator=gen)] = torch.arange(num_groups)
+            order = order[torch.sort(new_place[group], stable=True).indices]
+        return order
+
+    def _rank_indices(self, offset: int) -> torch.Tensor:
+        """Return this rank's share of the epoch order after ``offset``."""
+        rest = self._epoch_order()[offset:]
+        m, w = rest.numel(), self.world_size
+        if self.drop_last:
+            rest = rest[: (m // w) * w]
+        elif m % w:
+            # Pad by repeating the segment's first indices, as DistributedSampler does.
+            total = math.ceil(m / w) * w
+            rest = torch.cat([rest] * math.ceil(total / m))[:total]
+        return rest[self.rank :: w]
+
+    def _num_samples(self, offset: int) -> int:
+        m, w = self.data_len - offset, self.world_size
+        return m // w if self.drop_last else math.ceil(m / w)
+
+    @property
+    def num_samples(self) -> int:
+        """Indices this rank yields in the current segment of the epoch."""
+        return self._num_samples(self.offset)
+
+    def _cursor(self) -> tuple[int, int]:
+        """Return the (offset, position) the next ``iter()`` starts from."""
+        if self.position >= self.num_samples > 0:
+            # Exhausted: the next iter() starts the same epoch again, as DistributedSampler does.
+            # An empty segment (a resume at a larger world size with fewer indices left than
+            # ranks, under drop_last) is not restarted: that would replay the epoch.
+            return 0, 0
+        return self.offset, self.position
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        self.offset, self.position = self._cursor()
+        indices = self._rank_indices(self.offset).tolist()
+        while self.position < len(indices):
+            index = indices[self.position]
+            # Count before yielding: once the consumer holds the index, it is consumed.
+            self.position += 1
+            yield index
+
+    # ----- cursor ----------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning.
+
+        Example:
+            >>> s = ResumableSampler(4)
+            >>> s.set_epoch(3)
+            >>> s.state_dict()["epoch"], s.state_dict()["position"]
+            (3, 0)
+        """
+        self.epoch = int(epoch)
+        self.offset = 0
+        self.position = 0
+
+    def next_indices(self, k: int) -> list[int]:
+        """Return the next ``k`` indices this rank will yield, without advancing.
+
+        Fewer are returned near the end of the epoch. Used by resume guards to check that a
+        restored sampler continues where the saved run would have.
+
+        Example:
+            >>> s = ResumableSampler(6, shuffle=False)
+            >>> s.next_indices(2), list(s)[:2]
+            ([0, 1], [0, 1])
+        """
+        offset, position = self._cursor()
+        return self._rank_indices(offset)[position : position + max(k, 0)].tolist()
+
+    def fingerprint_next(self, k: int) -> str:
+        """Return an xxh3-64 hex digest of :meth:`next_indices` ``(k)``.
+
+        Example:
+            >>> a, b = ResumableSampler(8, seed=1), ResumableSampler(8, seed=1)
+            >>> a.fingerprint_next(4) == b.fingerprint_next(4)
+            True
+        """
+        data = torch.tensor(self.next_indices(k), dtype=torch.int64).numpy().tobytes()
+        return xxhash.xxh3_64_hexdigest(data)
+
+    def _bucket_state(self) -> dict[str, Any] | None:
+        if self.lengths is None:
+            return None
+        return {
+            "bucket_size": self.bucket_size,
+            "batch_size": self.batch_size,
+            "lengths_fingerprint": xxhash.xxh3_64_hexdigest(self.lengths.numpy().tobytes()),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the cursor and the settings that define the order.
+
+        Returns:
+            ``version``, ``epoch``, ``position``, ``offset``, ``consumed`` (global count
+            ``offset + position × world_size``, capped at ``data_len``), ``seed``, ``rank``,
+            ``world_size``, ``num_samples``, ``shuffle``, ``drop_last``, ``bucket`` (None or
+            ``{bucket_size, batch_size, lengths_fingerprint}``) and ``data_len``.
+
+        Example:
+            >>> ResumableSampler(10).state_dict()["position"]
+            0
+        """
+        consumed = min(self.offset + self.position * self.world_size, self.data_len)
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "position": self.position,
+            "offset": self.offset,
+            "consumed": consumed,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_samples": self.num_samples,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "bucket": self._bucket_state(),
+            "data_len": self.data_len,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved cursor (see the class docstring for world-size changes).
+
+        Args:
+            state: a dict from :meth:`state_dict`, from any rank of the saved run.
+
+        Raises:
+            StateError: the dataset length, seed, shuffle, drop_last or bucketing differ, so
+                the saved position would point into a different order.
+
+        Example:
+            >>> a = ResumableSampler(10, world_size=2)
+            >>> _ = next(iter(a))
+            >>> b = ResumableSampler(10, world_size=1)
+            >>> b.load_state_dict(a.state_dict())
+            >>> len(list(b))
+            8
+        """
+        if int(state.get("version", 0)) != STATE_VERSION:
+            raise StateError(
+                f"sampler state version {state.get('version')!r} is not {STATE_VERSION}",
+                hint="resume with the ckptkit version that wrote the checkpoint",
+            )
+        for key, mine in (
+            ("data_len", self.data_len),
+            ("seed", self.seed),
+            ("shuffle", self.shuffle),
+            ("drop_last", self.drop_last),
+            ("bucket", self._bucket_state()),
+        ):
+            saved = state[key]
+            if saved != mine:
+                raise StateError(
+                    f"sampler {key} was {saved!r} in the saved run, it is {mine!r} now",
+                    hint=f"construct the ResumableSampler with the saved {key} (a different "
+                    "value changes the epoch order, so the saved position would replay or "
+                    "skip samples)",
+                )
+        epoch, offset, position = int(state["epoch"]), int(state["offset"]), int(state["position"])
+        saved_w = int(state["world_size"])
+        if offset < 0 or position < 0 or offset > self.data_len:
+            raise StateError(f"sampler cursor offset={offset}, position={position} is invalid")
+        self.epoch = epoch
+        if saved_w == self.world_size:
+            self.offset, self.position = offset, position
+            if position > self.num_samples:
+                raise StateError(
+                    f"sampler position {position} is past the {self.num_samples} samples of "
+                    "this rank's epoch",
+                    hint="the state is corrupt or from another dataset",
+                )
+        else:
+            self.offset = min(offset + position * saved_w, self.data_len)
+            self.position = 0
+
+
+__all__ = ["ResumableSampler"]

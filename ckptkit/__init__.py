@@ -12,12 +12,19 @@ from ckptkit.errors import (
     StateError,
     UnsafeInputError,
 )
+from ckptkit.capture.parallel import ParallelConfig
+from ckptkit.capture.progress import Progress
+from ckptkit.capture.state import TrainState
 from ckptkit.io import load, save
+from ckptkit.manager import CheckpointManager
+from ckptkit.recorder import Recorder
+from ckptkit.sampler import ResumableSampler
 from ckptkit.manifest import Manifest
 from ckptkit.verify import verify
 
 __all__ = [
     "CheckpointExistsError",
+    "CheckpointManager",
     "CkptkitError",
     "DrillError",
     "IncompleteCheckpointError",
@@ -25,7 +32,12 @@ __all__ = [
     "LockHeldError",
     "Manifest",
     "ManifestError",
+    "ParallelConfig",
+    "Progress",
+    "Recorder",
+    "ResumableSampler",
     "StateError",
+    "TrainState",
     "UnsafeInputError",
     "__version__",
     "load",

@@ -79,6 +79,7 @@ def write_checkpoint(
     obj: Any,
     path: Path | str,
     *,
+    encoded: tree.Encoded | None = None,
     compress: codec.Compression | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     grouper: tree.Grouper = tree.default_group,
@@ -96,6 +97,8 @@ def write_checkpoint(
     Args:
         obj: nested state (dicts, lists, tuples, tensors, plain scalars).
         path: the checkpoint directory to create.
+        encoded: ``obj`` already split by :func:`ckptkit.storage.tree.encode` (async saves
+            encode the live state, then write a staged copy of its tensors).
         compress: ``"zstd"`` to compress each file (streaming, multithreaded).
         shard_bytes: split a group into several files past this size.
         grouper: tensor key -> file group (default: the top-level key).
@@ -114,7 +117,8 @@ def write_checkpoint(
     """
     if compress is not None and compress not in codec.SUFFIX:
         raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
-    encoded = tree.encode(obj)
+    if encoded is None:
+        encoded = tree.encode(obj)
     plan = plan_shards(encoded, grouper=grouper, shard_bytes=shard_bytes, compress=compress)
     pending = atomic.PendingCheckpoint.create(path, overwrite=overwrite)
     total = sum(t.numel() * t.element_size() for t in encoded.tensors.values())
@@ -239,6 +243,23 @@ def infer_components(encoded: tree.Encoded, plan: ShardPlan) -> dict[str, mf.Com
         for name in mf.COMPONENTS
     }
     out["env"] = replace(out["env"], present=True, where=("manifest:env",))
+    return out
+
+
+def fill_where(
+    comps: Mapping[str, mf.Component], encoded: tree.Encoded, plan: ShardPlan
+) -> dict[str, mf.Component]:
+    """Fill each present component's ``where``: its files, else its JSON place in the tree."""
+    files_of: dict[str, list[str]] = {}
+    for name, keys in plan.files.items():
+        for head in {k.split("/", 1)[0] for k in keys}:
+            files_of.setdefault(head, []).append(name)
+    out: dict[str, mf.Component] = {}
+    for name, c in comps.items():
+        if c.present and not c.where:
+            where = tuple(files_of.get(name, ())) or (f"manifest:tree/{name}",)
+            c = replace(c, where=where)
+        out[name] = c
     return out
 
 

@@ -1,0 +1,321 @@
+"""``TrainState``: everything a resume needs, captured and restored in one call each.
+
+What the run *requires* is derived from what was passed: a scaler makes the scaler
+required, an fp8 object the fp8 state, a world size W means W RNG states. The
+manifest records it, so ``ckptkit verify`` can say "your GradScaler state is missing"
+before anyone spends GPU hours on a resume.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckptkit import manifest as mf
+from ckptkit.capture import env as env_capture
+from ckptkit.capture import fp8 as fp8_capture
+from ckptkit.capture import optim as optim_capture
+from ckptkit.capture import parallel as parallel_capture
+from ckptkit.capture import progress as progress_capture
+from ckptkit.capture import rng as rng_capture
+from ckptkit.capture import sampler as sampler_capture
+from ckptkit.capture import scaler as scaler_capture
+from ckptkit.capture import scheduler as scheduler_capture
+from ckptkit.capture.parallel import ParallelConfig
+from ckptkit.capture.progress import Progress
+from ckptkit.errors import StateError
+from ckptkit.storage import tree as tree_mod
+
+log = logging.getLogger("ckptkit")
+
+
+def rank_key(rank: int) -> str:
+    """Key of one rank's state inside per-rank components (``rank00003``)."""
+    return f"rank{rank:05d}"
+
+
+def grouper(key: str) -> str:
+    """File group of a tensor key: per-rank RNG gets its own file (``rng-rank00000``)."""
+    parts = key.split("/")
+    if parts[0] == "rng" and len(parts) > 2:
+        return f"rng-{parts[1]}"
+    return tree_mod.default_group(key)
+
+
+@dataclass
+class RestoreResult:
+    """What :meth:`TrainState.restore_tree` did: the step reached and compatibility notes."""
+
+    step: int
+    restored: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+    manifest: mf.Manifest | None = None
+    path: Path | None = None
+
+
+class TrainState:
+    """The whole training state of one rank, for :class:`~ckptkit.CheckpointManager`.
+
+    Args:
+        model: the module (parameters and buffers); required.
+        optimizer: any ``torch.optim.Optimizer``.
+        scheduler: any LR scheduler.
+        scaler: an AMP ``GradScaler`` (fp16).
+        fp8: FP8 scaling state: an object with ``state_dict``/``load_state_dict`` or a dict
+            of tensors; ``fp8_recipe`` records margin, history length and format.
+        sampler: a :class:`~ckptkit.sampler.ResumableSampler`, a torchdata
+            ``StatefulDataLoader`` or any object with ``state_dict``/``load_state_dict``.
+        step: the global step (an int) or a full :class:`Progress`.
+        parallel: the parallel layout (default: world size and rank from
+            torch.distributed, else 1).
+        data: data identity compared on resume (``{"snapshot": ..., "tokenizer": ...}``).
+        numpy_generators: named ``np.random.Generator`` objects to capture with the RNG.
+        recorder: a :class:`~ckptkit.Recorder` whose pre-save window goes into the manifest.
+        extra: any other state (plain values and tensors) saved and restored as is.
+
+    Example:
+        >>> import torch, ckptkit
+        >>> model = torch.nn.Linear(2, 2)
+        >>> ts = ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), 0.1), step=5)
+        >>> tree, comps = ts.capture()
+        >>> comps["optimizer"].required, comps["scaler"].required
+        (True, False)
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        fp8: Any = None,
+        fp8_recipe: Mapping[str, Any] | None = None,
+        sampler: Any = None,
+        step: int | Progress = 0,
+        parallel: ParallelConfig | None = None,
+        data: Mapping[str, Any] | None = None,
+        numpy_generators: Mapping[str, np.random.Generator] | None = None,
+        recorder: Any = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise StateError(
+                f"model must be a torch.nn.Module, not {type(model).__name__}",
+                hint="pass model=your_module",
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.fp8 = fp8
+        self.fp8_recipe = fp8_recipe
+        self.sampler = sampler
+        self.progress = step if isinstance(step, Progress) else Progress(step=int(step))
+        self.parallel = parallel or ParallelConfig.from_env()
+        self.data = dict(data) if data is not None else None
+        self.numpy_generators = dict(numpy_generators or {})
+        self.recorder = recorder
+        self.extra = dict(extra) if extra is not None else None
+
+    @property
+    def step(self) -> int:
+        """The global step (``progress.step``)."""
+        return self.progress.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.progress.step = int(value)
+
+    # --- capture ---------------------------------------------------------------------------
+
+    def capture(self) -> tuple[dict[str, Any], dict[str, mf.Component]]:
+        """Snapshot everything; return ``(state tree, component table)``.
+
+        Tensors in the tree are the live ones (model parameters, optimizer moments):
+        write them before the next optimizer step, or copy them (async save does).
+        """
+        rank, world = self.parallel.rank, self.parallel.world_size
+        tree: dict[str, Any] = {"model": self.model.state_dict()}
+        comps: dict[str, mf.Component] = {}
+
+        def add(name: str, state: Any, summary: Mapping[str, Any], *, required: bool,
+                reason: str | None = None) -> None:
+            tree[name] = state
+            comps[name] = mf.Component(name=name, present=True, required=required,
+                                       summary=dict(summary), reason=reason)
+
+        comps["model"] = mf.Component(
+            name="model", present=True, required=True,
+            summary=_model_summary(self.model), reason="always",
+        )
+        if self.optimizer is not None:
+            st = optim_capture.capture(self.optimizer, model=self.model)
+            add("optimizer", st, optim_capture.summary(st), required=True,
+                reason="an optimizer was passed")
+        if self.scheduler is not None:
+            st = scheduler_capture.capture(self.scheduler)
+            add("scheduler", st, scheduler_capture.summary(st), required=True,
+                reason="a scheduler was passed")
+        if self.scaler is not None:
+            st = scaler_capture.capture(self.scaler)
+            summ = scaler_capture.summary(st)
+            add("scaler", st, summ, required=bool(summ.get("enabled")),
+                reason="an enabled GradScaler was passed" if summ.get("enabled")
+                else "the GradScaler is disabled")
+        if self.fp8 is not None:
+            st = fp8_capture.capture(self.fp8, recipe=self.fp8_recipe)
+            add("fp8", st, fp8_capture.summary(st), required=True, reason="fp8 state was passed")
+        rng_state = rng_capture.capture(rank=rank, world_size=world,
+                                        numpy_generators=self.numpy_generators)
+        rng_summary = {
+            "world_size": world,
+            "ranks": [rank],
+            "fingerprints": {rank_key(rank): rng_capture.fingerprint(rng_state)},
+            **{k: v for k, v in rng_capture.summary(rng_state).items() if k == "generators"},
+        }
+        add("rng", {rank_key(rank): rng_state}, rng_summary, required=True,
+            reason=f"always: one state per rank ({world} rank(s))")
+        if self.sampler is not None:
+            st = sampler_capture.capture(self.sampler)
+            add("sampler", st, sampler_capture.summary(st), required=True,
+                reason="a sampler was passed")
+        elif self.optimizer is not None:
+            comps["sampler"] = mf.Component(
+                name="sampler", present=False, required=False,
+                reason="training state without a resumable sampler: the data order restarts "
+                "on resume unless the loader is stateless",
+            )
+        st = progress_capture.capture(self.progress)
+        add("progress", st, progress_capture.summary(st), required=True, reason="always")
+        st = parallel_capture.capture(self.parallel)
+        add("parallel", st, parallel_capture.summary(st), required=True, reason="always")
+        if self.data is not None:
+            add("data", dict(self.data), {k: v for k, v in self.data.items()
+                                          if isinstance(v, (str, int, float, bool))},
+                required=True, reason="data identity was declared")
+        if self.recorder is not None:
+            snap = self.recorder.snapshot()
+            add("metrics", snap, snap.get("stats", {}) if isinstance(snap, dict) else {},
+                required=False, reason="a Recorder is attached")
+        if self.extra is not None:
+            tree["extra"] = self.extra
+        for name in mf.COMPONENTS:
+            comps.setdefault(name, mf.Component(name=name, present=False, required=False))
+        comps["env"] = mf.Component(name="env", present=True, required=True,
+                                    where=("manifest:env",), reason="always (automatic)")
+        return tree, comps
+
+    # --- restore ---------------------------------------------------------------------------
+
+    def restore_tree(self, tree: Mapping[str, Any], manifest: mf.Manifest | None = None, *,
+                     strict: bool = True) -> RestoreResult:
+        """Put a loaded state tree back into the live objects.
+
+        Args:
+            tree: the object read from a checkpoint written from a TrainState.
+            manifest: its manifest (for compatibility notes).
+            strict: raise when the checkpoint lacks state this TrainState has (e.g. a
+                scaler passed here but none saved); otherwise note and continue.
+
+        Raises:
+            StateError: a component cannot be restored, naming it and the fix.
+        """
+        restored: list[str] = []
+        notes: list[str] = []
+
+        def missing(name: str) -> None:
+            msg = f"the checkpoint has no {name} state but this run passes one"
+            if strict:
+                raise StateError(msg, hint=f"save with {name}= passed, or restore with "
+                                 "strict=False to start it fresh (the resume is then not exact)")
+            notes.append(msg + "; it starts fresh")
+
+        if "model" not in tree:
+            raise StateError("the checkpoint holds no model state",
+                             hint="is this a TrainState checkpoint? use ckptkit.load for others")
+        try:
+            self.model.load_state_dict(tree["model"])
+        except RuntimeError as e:
+            raise StateError(f"model state does not fit the model: {e}",
+                             hint="build the same architecture as at save time") from None
+        restored.append("model")
+        pairs = [
+            ("optimizer", self.optimizer, optim_capture.restore),
+            ("scheduler", self.scheduler, scheduler_capture.restore),
+            ("scaler", self.scaler, scaler_capture.restore),
+            ("fp8", self.fp8, None),
+            ("sampler", self.sampler, sampler_capture.restore),
+        ]
+        for name, obj, fn in pairs:
+            if obj is None:
+                if name in tree:
+                    notes.append(f"the checkpoint holds {name} state but this run passes none")
+                continue
+            if name not in tree:
+                missing(name)
+                continue
+            if name == "fp8":
+                fp8_capture.restore(obj, tree[name], recipe=self.fp8_recipe)
+            else:
+                assert fn is not None
+                fn(obj, tree[name])
+            restored.append(name)
+        if "progress" in tree:
+            progress_capture.restore(self.progress, tree["progress"])
+            restored.append("progress")
+        if "parallel" in tree:
+            notes += parallel_capture.diff(tree["parallel"], self.parallel)
+        if self.data is not None and "data" in tree:
+            for k, v in self.data.items():
+                old = tree["data"].get(k)
+                if old != v:
+                    notes.append(f"data '{k}' changed since the save: {old!r} -> {v!r}")
+        if "extra" in tree and self.extra is not None:
+            self.extra.clear()
+            self.extra.update(tree["extra"])
+            restored.append("extra")
+        # RNG last: nothing after it may draw random numbers before training resumes.
+        rng_all = tree.get("rng") or {}
+        key = rank_key(self.parallel.rank)
+        if key in rng_all:
+            rng_capture.restore(rng_all[key], rank=self.parallel.rank,
+                                numpy_generators=self.numpy_generators)
+            restored.append("rng")
+        elif rng_all:
+            raise StateError(
+                f"the checkpoint holds RNG state for {sorted(rng_all)} but not for rank "
+                f"{self.parallel.rank}",
+                hint="restore with the world size of the save, or accept fresh RNG streams "
+                "per rank (the resume is then not bitwise exact)",
+            )
+        else:
+            missing("rng")
+        for n in notes:
+            log.warning("ckptkit restore: %s", n)
+        return RestoreResult(step=self.progress.step, restored=tuple(restored), notes=notes,
+                             manifest=manifest)
+
+    def targets(self) -> dict[str, Any]:
+        """Tensors to read into in place (model parameters and buffers)."""
+        return {"model": self.model.state_dict()}
+
+    def env(self) -> dict[str, Any]:
+        """The environment record for the manifest."""
+        return env_capture.capture()
+
+
+def _model_summary(model: torch.nn.Module) -> dict[str, Any]:
+    params = list(model.named_parameters())
+    return {
+        "type": type(model).__name__,
+        "num_params": sum(p.numel() for _, p in params),
+        "num_tensors": len(model.state_dict()),
+        "trainable": [n for n, p in params if p.requires_grad],
+    }

@@ -1,0 +1,103 @@
+"""`ckptkit verify` and `ckptkit inspect` through click, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+from click.testing import CliRunner
+
+from ckptkit import manifest as mf
+from ckptkit.cli import main
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_verify_clean_exit_0(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    code, out, _ = _run("verify", str(d))
+    assert code == 0 and "OK" in out and "model" in out
+
+
+def test_verify_json_conforms_to_schema(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    (d / "model.safetensors").write_bytes(b"garbage")
+    code, out, _ = _run("verify", str(d), "--json")
+    assert code == 1
+    report = json.loads(out)
+    jsonschema.Draft202012Validator(mf.schema("verify-report.schema.json")).validate(report)
+    rep = report["reports"][0]
+    assert not report["ok"] and rep["findings"][0]["code"] == "CK-F002"
+    assert set(rep["components"]) == set(mf.COMPONENTS)
+    assert rep["components"]["model"] == {"present": True, "required": False,
+                                          "where": ["model.safetensors"]}
+    f = rep["findings"][0]
+    assert f["path"] == "model.safetensors" and f["hint"] and f["severity"] == "error"
+
+
+def test_verify_run_dir_checks_each(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    saved_ckpt("step-00000001")
+    bad = saved_ckpt("step-00000002")
+    (bad / "manifest.json").unlink()
+    code, out, _ = _run("verify", str(tmp_path), "--json")
+    report = json.loads(out)
+    assert code == 1 and len(report["reports"]) == 2
+    by = {Path(r["path"]).name: r for r in report["reports"]}
+    assert by["step-00000001"]["ok"] and not by["step-00000002"]["ok"]
+    assert by["step-00000002"]["findings"][0]["code"] == "CK-M001"
+
+
+def test_verify_strict_fails_on_warning(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    (d / "stray.bin").write_bytes(b"x")
+    assert _run("verify", str(d))[0] == 0
+    assert _run("verify", str(d), "--strict")[0] == 1
+
+
+def test_verify_junit(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import xml.etree.ElementTree as ET
+
+    d = saved_ckpt()
+    (d / "optimizer.safetensors").unlink()
+    code, _, _ = _run("verify", str(d), "--junit", str(tmp_path / "v.xml"))
+    assert code == 1
+    root = ET.parse(tmp_path / "v.xml").getroot()
+    fails = root.findall(".//failure")
+    assert fails and fails[0].get("type") == "CK-F001"
+
+
+def test_verify_missing_path_exit_2_no_traceback(tmp_path: Path) -> None:
+    code, out, err = _run("verify", str(tmp_path / "nope"))
+    assert code == 2 and "Traceback" not in err and "no such file" in err
+
+
+def test_verify_hostile_manifest_exit_1_names_code(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    obj = json.loads((d / "manifest.json").read_text())
+    obj["files"][0]["path"] = "../../etc/passwd"
+    obj["manifest_digest"] = mf.content_digest(obj)
+    (d / "manifest.json").write_text(json.dumps(obj))
+    code, out, _ = _run("verify", str(d), "--json")
+    assert code == 1 and json.loads(out)["reports"][0]["findings"][0]["code"] == "CK-M005"
+
+
+def test_inspect_lists_tensors_and_components(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    code, out, _ = _run("inspect", str(d))
+    assert code == 0 and "model/emb.weight" in out and "step=3" in out
+    code, out, _ = _run("inspect", str(d), "--json")
+    info = json.loads(out)
+    assert info["step"] == 3
+    t = next(t for t in info["tensors"] if t["key"] == "model/emb.weight")
+    assert t["shape"] == [32, 16] and t["dtype"] == "F32" and t["nbytes"] == 32 * 16 * 4
+
+
+def test_inspect_incomplete_exit_2(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    (d / "manifest.json").unlink()
+    code, _, err = _run("inspect", str(d))
+    assert code == 2 and "CK-M001" in err and "Fix:" in err

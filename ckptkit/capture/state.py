@@ -9,7 +9,7 @@ before anyone spends GPU hours on a resume.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,7 +246,7 @@ class TrainState:
             raise StateError(f"model state does not fit the model: {e}",
                              hint="build the same architecture as at save time") from None
         restored.append("model")
-        pairs = [
+        pairs: list[tuple[str, Any, Callable[[Any, Any], None] | None]] = [
             ("optimizer", self.optimizer, optim_capture.restore),
             ("scheduler", self.scheduler, scheduler_capture.restore),
             ("scaler", self.scaler, scaler_capture.restore),

@@ -87,7 +87,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -187,7 +187,7 @@ def write_file(
             else:
                 sink = _FdSink(fd, hasher)
                 cctx = codec.compressor()
-                with cctx.stream_writer(sink, size=raw_size, closefd=False) as zw:
+                with cctx.stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
                     zw.write(head)
                     for _, t in items:
                         mv = tensor_bytes(_host(t))
@@ -275,10 +275,10 @@ def parse_header(raw: bytes, *, path: str, data_len: int | None) -> dict[str, He
         spans.append((offs[0], offs[1]))
     spans.sort()
     pos = 0
-    for b, e in spans:
-        if b != pos:
-            raise bad(f"tensor data is not contiguous at byte {pos} (next tensor starts at {b})")
-        pos = e
+    for start, end in spans:
+        if start != pos:
+            raise bad(f"tensor data is not contiguous at byte {pos} (next tensor starts at {start})")
+        pos = end
     if data_len is not None and pos != data_len:
         raise bad(f"tensors cover {pos} bytes but the data section holds {data_len}")
     return out
@@ -393,6 +393,7 @@ def read_file(
                 "back to the previous verified checkpoint",
             )
         with digest.PipelinedHasher() as hasher:
+            data_limit: int | None
             if expected.compression is None:
                 src: Any = _HashingReaderPlain(f, hasher)
                 data_limit = size
@@ -404,7 +405,7 @@ def read_file(
                     limit=expected.raw_size if expected.raw_size is not None else size,
                     path=rel,
                 )
-                data_limit = expected.raw_size if expected.raw_size is not None else None
+                data_limit = expected.raw_size
             n, raw = read_header_from(src, path=rel, file_size=data_limit)
             data_len = None if data_limit is None else data_limit - 8 - n
             header = parse_header(raw, path=rel, data_len=data_len)
@@ -537,7 +538,7 @@ def scan_file(
                 limit=raw_size if raw_size is not None else 0,
                 path=rel,
             )
-            n, raw = read_header_from(src, path=rel, file_size=raw_size)
+            n, raw = read_header_from(src, path=rel, file_size=raw_size)  # type: ignore[arg-type]
             data_len = None if raw_size is None else raw_size - 8 - n
             header = parse_header(raw, path=rel, data_len=data_len)
             sink = bytearray(digest.CHUNK)

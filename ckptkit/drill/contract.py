@@ -1,0 +1,174 @@
+"""The drill contract: environment variables through which ``ckptkit drill`` drives a script.
+
+A training script that uses :class:`~ckptkit.CheckpointManager` and
+:class:`~ckptkit.Recorder` becomes drillable by reading these variables once at start:
+
+``CKPTKIT_DRILL_SAVE_AT=W``
+    save a checkpoint exactly after step ``W`` (in addition to the script's own saves);
+``CKPTKIT_DRILL_STOP_AT=S``
+    stop after step ``S`` (overrides the script's own step budget);
+``CKPTKIT_DRILL_RESUME_FROM=PATH``
+    restore from this checkpoint (a ``step-NNNNNNNN`` directory, or a run directory whose
+    newest checkpoint is meant) instead of the newest one of the script's own directory;
+``CKPTKIT_METRICS=PATH``
+    the JSONL file the :class:`~ckptkit.Recorder` writes (read by the Recorder itself).
+
+Steps are counted as optimizer steps *completed*: "after step W" means once the global
+step counter reads W, which is also the label of the checkpoint and of the last record
+logged before it.
+
+Example:
+    >>> env = DrillEnv.from_env({"CKPTKIT_DRILL_SAVE_AT": "15", "CKPTKIT_DRILL_STOP_AT": "30"})
+    >>> env.should_save(15), env.should_save(16), env.should_stop(29), env.should_stop(30)
+    (True, False, False, True)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckptkit.errors import DrillError
+from ckptkit.recorder import ENV_METRICS
+
+if TYPE_CHECKING:
+    from ckptkit.capture.state import RestoreResult, TrainState
+    from ckptkit.manager import CheckpointManager
+
+ENV_SAVE_AT = "CKPTKIT_DRILL_SAVE_AT"
+"""Save a checkpoint exactly after this step."""
+ENV_STOP_AT = "CKPTKIT_DRILL_STOP_AT"
+"""Stop after this step."""
+ENV_RESUME_FROM = "CKPTKIT_DRILL_RESUME_FROM"
+"""Restore from this checkpoint directory instead of the newest one."""
+
+ENV_VARS = (ENV_SAVE_AT, ENV_STOP_AT, ENV_RESUME_FROM, ENV_METRICS)
+"""Every variable of the contract, for runners that clear or forward them."""
+
+
+@dataclass(frozen=True)
+class DrillEnv:
+    """The drill settings of this process (all None outside a drill)."""
+
+    save_at: int | None = None
+    """Save a checkpoint exactly after this step."""
+    stop_at: int | None = None
+    """Stop after this step (overrides the script's step budget)."""
+    resume_from: Path | None = None
+    """Restore from this checkpoint (or run) directory instead of the newest."""
+    metrics: Path | None = None
+    """The Recorder's JSONL file."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DrillEnv:
+        """Read the contract from the environment (``os.environ`` by default).
+
+        Empty values count as unset.
+
+        Raises:
+            DrillError: a step variable is not a non-negative integer.
+
+        Example:
+            >>> DrillEnv.from_env({}).save_at is None
+            True
+        """
+        env = os.environ if environ is None else environ
+        resume = env.get(ENV_RESUME_FROM) or None
+        metrics = env.get(ENV_METRICS) or None
+        return cls(
+            save_at=_step(env, ENV_SAVE_AT),
+            stop_at=_step(env, ENV_STOP_AT),
+            resume_from=Path(resume) if resume else None,
+            metrics=Path(metrics) if metrics else None,
+        )
+
+    @property
+    def active(self) -> bool:
+        """Whether any drill variable is set."""
+        return any(v is not None for v in (self.save_at, self.stop_at, self.resume_from))
+
+    def should_save(self, step: int) -> bool:
+        """Whether the drill wants a checkpoint right after ``step``.
+
+        Example:
+            >>> DrillEnv(save_at=3).should_save(3)
+            True
+        """
+        return self.save_at is not None and step == self.save_at
+
+    def should_stop(self, step: int) -> bool:
+        """Whether the drill wants the run to end after ``step``.
+
+        Example:
+            >>> DrillEnv(stop_at=3).should_stop(2)
+            False
+        """
+        return self.stop_at is not None and step >= self.stop_at
+
+    def total_steps(self, default: int) -> int:
+        """The step to stop after: ``stop_at`` when set, else the script's ``default``.
+
+        Example:
+            >>> DrillEnv(stop_at=30).total_steps(200), DrillEnv().total_steps(200)
+            (30, 200)
+        """
+        return self.stop_at if self.stop_at is not None else default
+
+    def restore(
+        self, state: TrainState, manager: CheckpointManager, *, strict: bool = True
+    ) -> RestoreResult | None:
+        """Restore ``state`` the way the drill asks.
+
+        With ``resume_from`` set, restore that checkpoint (read-only: the script keeps
+        saving into its own ``manager``); otherwise ``manager.restore(state)``.
+
+        Returns:
+            The restore result, or None for a fresh start (no checkpoint, no ``resume_from``).
+
+        Raises:
+            DrillError: ``resume_from`` does not exist.
+            CkptkitError: the checkpoint cannot be restored.
+
+        Example:
+            >>> import tempfile, torch, ckptkit
+            >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2))
+            >>> DrillEnv().restore(ts, ckptkit.CheckpointManager(tempfile.mkdtemp())) is None
+            True
+        """
+        from ckptkit.manager import STEP_RE, CheckpointManager
+
+        if self.resume_from is None:
+            return manager.restore(state, strict=strict)
+        path = self.resume_from
+        if not path.is_dir():
+            raise DrillError(
+                f"{ENV_RESUME_FROM} points at {path}, which is not a directory",
+                path=path,
+                hint="pass a step-NNNNNNNN checkpoint directory or a run directory",
+            )
+        m = STEP_RE.match(path.name)
+        if m:
+            return CheckpointManager(path.parent).restore(state, int(m.group(1)), strict=strict)
+        return CheckpointManager(path).restore(state, strict=strict)
+
+
+def _step(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise DrillError(
+            f"{name}={raw!r} is not a step number",
+            hint=f"set {name} to a non-negative integer (an optimizer step count)",
+        )
+    return value
+
+
+__all__ = ["ENV_RESUME_FROM", "ENV_SAVE_AT", "ENV_STOP_AT", "ENV_VARS", "DrillEnv"]

@@ -1,0 +1,563 @@
+"""Train a tiny causal transformer LM with ckptkit: resumable bitwise, drillable, fault-injectable.
+
+A real (small) training script written the way a user writes one: a 2-layer causal
+transformer (dropout, tied embeddings) on a synthetic, shuffled, variable-length corpus,
+AdamW, linear warmup + cosine decay, gradient clipping, optional fp16 autocast with a
+``GradScaler``. Everything a resume needs goes into one :class:`~ckptkit.TrainState`; the
+:class:`~ckptkit.CheckpointManager` restores the newest checkpoint at start and saves every
+``--save-every`` steps; a :class:`~ckptkit.Recorder` logs one JSONL record per step.
+
+Run::
+
+    python -m ckptkit.examples.tiny_lm --steps 200 --ckpt-dir runs/tiny/ckpt \\
+        --metrics runs/tiny/metrics.jsonl
+
+Run it again with the same ``--ckpt-dir`` and it continues from the newest checkpoint; on CPU
+with the same ``--threads`` the continuation is bitwise identical to an uninterrupted run.
+
+**Drill contract** (environment variables, read by :mod:`ckptkit.drill.contract`; ``ckptkit
+drill`` sets them, nothing else in the script changes):
+
+``CKPTKIT_DRILL_SAVE_AT=W``
+    also save a checkpoint exactly after step ``W``;
+``CKPTKIT_DRILL_STOP_AT=S``
+    stop after step ``S`` (overrides ``--steps`` as the stopping point; the LR schedule still
+    spans ``--steps``, so a truncated run follows the same schedule);
+``CKPTKIT_DRILL_RESUME_FROM=PATH``
+    restore that checkpoint (a ``step-N`` directory, or a run directory for its newest) instead
+    of the newest one in ``--ckpt-dir``; new saves still go to ``--ckpt-dir``;
+``CKPTKIT_METRICS=PATH``
+    the metrics file when ``--metrics`` is not given.
+
+**Step records.** Step ``s`` is the ``s``-th optimizer step (1-based, the label of the record
+logged after it and of a checkpoint saved after it). Each record holds ``loss``,
+``grad_norm`` (before clipping), ``lr`` (used for this step), ``loss_scale`` (with
+``--amp fp16``), ``tokens``, ``seq_lens``, ``sample_ids``, ``epoch``, ``sample_hashes``
+(xxh3-64 of each sample's tokens, 8 hex), ``batch_hash`` (xxh3-64 of the input tensor fed to
+the model), ``rng`` (fingerprint of the torch RNG state before the step) and ``opt_step``
+(AdamW's step count after the step). Every checkpoint also records a ``lookahead`` in its
+manifest: what the next step will use (``next_step``, ``lr``, ``loss_scale``, ``opt_step``,
+``rng``, ``sample_ids``, ``epoch``), in the same units as the records, for the resume guard.
+
+**Faults** (``--fault NAME``, applied right after the restore, only when one happened): the
+classic resume bugs, written the way a user writes them:
+
+=====================  ================================================================
+``none``               a correct resume
+``no-rng``             re-seeds torch/numpy/random after the restore (``set_seed(seed)``)
+``no-sampler``         the sampler is left out of the TrainState: data restarts at epoch start
+``sampler-reshuffle``  cursor restored into a sampler built with another shuffle seed
+``no-scheduler``       the scheduler is left out of the TrainState: it restarts from step 0
+``sched-off-by-one``   the scheduler comes back one step behind (``last_epoch - 1``)
+``no-moments``         AdamW state (moments, step counts) dropped after the restore
+``no-scaler``          the GradScaler is left out of the TrainState (visible with fp16)
+``step-reset``         the global step counter reset to 0 while the weights are restored
+``data-version``       the corpus is regenerated with another ``--data-version``
+``lr-changed``         the learning rate (param groups and base LRs) ×1.1 after the restore
+=====================  ================================================================
+
+At the end the script prints one JSON line: ``final_step``, ``final_loss``, ``param_hash``
+(xxh3-64 over every parameter and buffer), ``resumed_from``, ``fault`` and ``seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import xxhash
+from torch import nn
+
+import ckptkit
+from ckptkit.capture.rng import fingerprint
+from ckptkit.drill.contract import DrillEnv
+
+PAD = 0
+"""Padding token id; real tokens are 1..vocab-1."""
+
+FAULTS = (
+    "none",
+    "no-rng",
+    "no-sampler",
+    "sampler-reshuffle",
+    "no-scheduler",
+    "sched-off-by-one",
+    "no-moments",
+    "no-scaler",
+    "step-reset",
+    "data-version",
+    "lr-changed",
+)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def make_corpus(
+    num: int, *, seed: int, version: str, vocab: int = 256, min_len: int = 8, max_len: int = 64
+) -> list[torch.Tensor]:
+    """Generate ``num`` token sequences from a sparse first-order Markov chain.
+
+    The chain (each token has four likely successors) depends only on ``seed``, so the loss
+    falls well below ``log(vocab)``; the sampled sequences and their lengths depend on
+    ``(seed, version)``, so another data version is another snapshot of the same language.
+    """
+    chain = np.random.default_rng(xxhash.xxh3_64_intdigest(f"tiny_lm.chain:{seed}".encode()))
+    succ = chain.integers(1, vocab, size=(vocab, 4))
+    cum = np.cumsum(chain.dirichlet(np.ones(4), size=vocab), axis=1)
+    rng = np.random.default_rng(xxhash.xxh3_64_intdigest(f"tiny_lm.data:{seed}:{version}".encode()))
+    lengths = rng.integers(min_len, max_len + 1, size=num)
+    tokens = np.empty((num, max_len), dtype=np.int64)
+    tokens[:, 0] = rng.integers(1, vocab, size=num)
+    for t in range(1, max_len):
+        prev = tokens[:, t - 1]
+        k = (rng.random(num)[:, None] > cum[prev]).sum(axis=1).clip(max=3)
+        tokens[:, t] = succ[prev, k]
+    return [torch.from_numpy(tokens[i, : lengths[i]].copy()) for i in range(num)]
+
+
+def corpus_id(corpus: Sequence[torch.Tensor]) -> str:
+    """Content hash of a corpus (the data snapshot id recorded in checkpoints)."""
+    h = xxhash.xxh3_64()
+    for seq in corpus:
+        h.update(len(seq).to_bytes(4, "little"))
+        h.update(seq.numpy().tobytes())
+    return h.hexdigest()
+
+
+def collate(seqs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a batch; return (inputs, targets) with padded targets set to -100."""
+    width = max(len(s) for s in seqs)
+    batch = torch.full((len(seqs), width), PAD, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        batch[i, : len(s)] = s
+    targets = batch[:, 1:].clone()
+    targets[targets == PAD] = -100
+    return batch[:, :-1].contiguous(), targets
+
+
+def next_batch(sampler: ckptkit.ResumableSampler, batch_size: int) -> list[int]:
+    """Take the next batch of indices, starting the next epoch when this one is done.
+
+    The last batch of an epoch may be short; the epoch rolls over *before* a batch is
+    drawn, so a checkpoint taken at the end of an epoch resumes into the next one.
+    """
+    if sampler.position >= len(sampler):
+        sampler.set_epoch(sampler.epoch + 1)
+    return list(itertools.islice(iter(sampler), batch_size))
+
+
+def peek_batch(sampler: ckptkit.ResumableSampler, batch_size: int) -> tuple[int, list[int]]:
+    """The (epoch, indices) :func:`next_batch` will return next, without advancing."""
+    if sampler.position >= len(sampler):
+        probe = copy.deepcopy(sampler)
+        probe.set_epoch(sampler.epoch + 1)
+        return probe.epoch, probe.next_indices(batch_size)
+    return sampler.epoch, sampler.next_indices(batch_size)
+
+
+# --- model -----------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP, with dropout."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        att = self.drop(att.masked_fill(causal, float("-inf")).softmax(-1))
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TinyLM(nn.Module):
+    """A small GPT-style causal LM with learned positions and tied input/output embeddings."""
+
+    def __init__(
+        self,
+        *,
+        vocab: int = 256,
+        dim: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        max_len: int = 64,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        # GPT-2 style: small weights keep tied-embedding logits near uniform at step 0.
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.tok(idx) + self.pos(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def param_hash(model: nn.Module) -> str:
+    """xxh3-64 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    h = xxhash.xxh3_64()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+# --- schedule --------------------------------------------------------------------------------
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float = 0.1) -> Callable[[int], float]:
+    """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+# --- the script ------------------------------------------------------------------------------
+
+
+def set_seed(seed: int) -> None:
+    """Seed every generator the script draws from."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_fingerprint(device: torch.device) -> str:
+    """Fingerprint of the torch generators dropout draws from (CPU, plus the CUDA device)."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return fingerprint(state)
+
+
+def opt_step_count(opt: torch.optim.Optimizer) -> int:
+    """AdamW's step counter (0 before the first step or after its state was dropped)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st and "step" in st:
+                return int(st["step"])
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m ckptkit.examples.tiny_lm",
+        description="Train a tiny causal LM with ckptkit checkpoints (resumes automatically).",
+        epilog="Drill contract: CKPTKIT_DRILL_SAVE_AT, CKPTKIT_DRILL_STOP_AT, "
+        "CKPTKIT_DRILL_RESUME_FROM, CKPTKIT_METRICS (see the module docstring).",
+    )
+    p.add_argument("--steps", type=int, default=200, help="total optimizer steps (LR horizon)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: steps/10)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping threshold")
+    p.add_argument("--seed", type=int, default=0, help="model init, dropout and shuffle seed")
+    p.add_argument("--data-seed", type=int, default=1234, help="synthetic corpus seed")
+    p.add_argument("--data-version", default="v1", help="corpus snapshot (changes content)")
+    p.add_argument("--num-seqs", type=int, default=2000, help="corpus size")
+    p.add_argument(
+        "--bucket",
+        type=int,
+        default=0,
+        help="length-bucket size for the sampler (0: plain shuffle)",
+    )
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--max-len", type=int, default=64, help="longest sequence (>= 8)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument(
+        "--amp",
+        choices=("none", "fp16", "bf16"),
+        default="none",
+        help="autocast dtype; fp16 adds a GradScaler",
+    )
+    p.add_argument("--init-scale", type=float, default=2.0**16, help="GradScaler initial scale")
+    p.add_argument("--growth-interval", type=int, default=2000, help="GradScaler growth interval")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (fixed for bitwise reproducibility)",
+    )
+    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: off)")
+    p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--ckpt-dir", default="runs/tiny_lm/ckpt")
+    p.add_argument(
+        "--metrics", default=None, help="JSONL metrics file (default: $CKPTKIT_METRICS, else none)"
+    )
+    p.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default="none",
+        help="inject a classic resume bug at restore (for drills and tests)",
+    )
+    args = p.parse_args(argv)
+    if args.max_len < 8:
+        p.error("--max-len must be >= 8")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Train (resuming if a checkpoint exists); return and print the summary."""
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    drill = DrillEnv.from_env()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        # Deterministic cuBLAS needs a fixed workspace, set before the first CUDA call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    set_seed(args.seed)
+
+    corpus = make_corpus(
+        args.num_seqs,
+        seed=args.data_seed,
+        version=args.data_version,
+        vocab=args.vocab,
+        max_len=args.max_len,
+    )
+    lengths = [len(s) for s in corpus]
+    bucket = args.bucket or None
+    sampler = ckptkit.ResumableSampler(
+        len(corpus),
+        seed=args.seed,
+        shuffle=True,
+        lengths=lengths if bucket else None,
+        bucket_size=bucket,
+        batch_size=args.batch_size if bucket else None,
+    )
+    model = TinyLM(
+        vocab=args.vocab,
+        dim=args.dim,
+        heads=args.heads,
+        layers=args.layers,
+        max_len=args.max_len,
+        dropout=args.dropout,
+    ).to(device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
+    )
+    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, args.steps))
+    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.amp)
+    scaler = torch.amp.GradScaler(
+        device.type,
+        init_scale=args.init_scale,
+        growth_interval=args.growth_interval,
+        enabled=args.amp == "fp16",
+    )
+    rec = ckptkit.Recorder(args.metrics)  # None: $CKPTKIT_METRICS, else memory only
+    mgr = ckptkit.CheckpointManager(args.ckpt_dir, keep_last=args.keep_last)
+
+    fault = args.fault
+    ts = ckptkit.TrainState(
+        model=model,
+        optimizer=opt,
+        scheduler=None if fault == "no-scheduler" else sched,
+        scaler=scaler if args.amp == "fp16" and fault != "no-scaler" else None,
+        sampler=None if fault == "no-sampler" else sampler,
+        data={"snapshot": corpus_id(corpus), "version": args.data_version},
+        recorder=rec,
+    )
+    restored = drill.restore(ts, mgr)
+    if restored is not None:
+        print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
+        corpus, sampler = inject_fault(
+            fault, args, ts, corpus=corpus, sampler=sampler, opt=opt, sched=sched
+        )
+
+    stop = drill.total_steps(args.steps)
+    loss_value = float("nan")
+    autocast = (
+        torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    )
+    model.train()
+    while ts.step < stop:
+        ids = next_batch(sampler, args.batch_size)
+        seqs = [corpus[i] for i in ids]
+        x, y = collate(seqs)
+        batch_hash = xxhash.xxh3_64_hexdigest(x.numpy().tobytes())
+        x, y = x.to(device), y.to(device)
+        rng = rng_fingerprint(device)
+        lr = opt.param_groups[0]["lr"]
+
+        with autocast:
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+
+        ts.step += 1
+        tokens = int((y != -100).sum())
+        ts.progress.epoch = sampler.epoch
+        ts.progress.consumed_samples += len(ids)
+        ts.progress.consumed_tokens += tokens
+        loss_value = float(loss.detach())
+        rec.log(
+            ts.step,
+            loss=loss_value,
+            grad_norm=float(grad_norm),
+            lr=lr,
+            loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
+            tokens=tokens,
+            seq_lens=[len(s) for s in seqs],
+            sample_ids=ids,
+            epoch=sampler.epoch,
+            sample_hashes=[xxhash.xxh3_64_hexdigest(s.numpy().tobytes())[:8] for s in seqs],
+            batch_hash=batch_hash,
+            rng=rng,
+            opt_step=opt_step_count(opt),
+        )
+        if (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step):
+            mgr.save(ts, lookahead=lookahead(ts.step, opt, scaler, sampler, args, device))
+        if drill.should_stop(ts.step):
+            break
+    mgr.close()
+    rec.close()
+    summary = {
+        "final_step": ts.step,
+        "final_loss": loss_value,
+        "param_hash": param_hash(model),
+        "resumed_from": restored.step if restored is not None else None,
+        "fault": fault,
+        "seconds": round(time.perf_counter() - t_start, 3),
+    }
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def lookahead(
+    step: int,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    sampler: ckptkit.ResumableSampler,
+    args: argparse.Namespace,
+    device: torch.device,
+) -> dict[str, Any]:
+    """What step ``step + 1`` will use, in the units of the step records (resume guard)."""
+    epoch, ids = peek_batch(sampler, args.batch_size)
+    return {
+        "step": step,
+        "next_step": step + 1,
+        "lr": opt.param_groups[0]["lr"],
+        "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
+        "opt_step": opt_step_count(opt),
+        "rng": rng_fingerprint(device),
+        "sample_ids": ids,
+        "epoch": epoch,
+    }
+
+
+def inject_fault(
+    fault: str,
+    args: argparse.Namespace,
+    ts: ckptkit.TrainState,
+    *,
+    corpus: list[torch.Tensor],
+    sampler: ckptkit.ResumableSampler,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LambdaLR,
+) -> tuple[list[torch.Tensor], ckptkit.ResumableSampler]:
+    """Apply one classic resume bug after a restore; return the (corpus, sampler) to use.
+
+    Faults that leave a component out of the TrainState (``no-sampler``, ``no-scheduler``,
+    ``no-scaler``) already happened at construction; the others are done here.
+    """
+    if fault == "no-rng":
+        set_seed(args.seed)  # the classic: seeding after loading the checkpoint
+    elif fault == "sampler-reshuffle":
+        other = ckptkit.ResumableSampler(
+            sampler.data_len,
+            seed=sampler.seed + 1,
+            shuffle=True,
+            lengths=sampler.lengths,
+            bucket_size=sampler.bucket_size,
+            batch_size=sampler.batch_size,
+        )
+        other.load_state_dict({**sampler.state_dict(), "seed": other.seed})
+        sampler = other
+    elif fault == "sched-off-by-one":
+        sched.last_epoch -= 1
+    elif fault == "no-moments":
+        opt.state.clear()
+    elif fault == "step-reset":
+        ts.step = 0
+    elif fault == "data-version":
+        corpus = make_corpus(
+            args.num_seqs,
+            seed=args.data_seed,
+            version=f"{args.data_version}+changed",
+            vocab=args.vocab,
+            max_len=args.max_len,
+        )
+    elif fault == "lr-changed":
+        for group in opt.param_groups:
+            group["lr"] *= 1.1
+            group["initial_lr"] *= 1.1
+        sched.base_lrs = [lr * 1.1 for lr in sched.base_lrs]
+    return corpus, sampler
+
+
+if __name__ == "__main__":
+    main()

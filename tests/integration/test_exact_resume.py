@@ -1,0 +1,296 @@
+"""Exact resume in a fresh process, and one test per dropped component proving it matters.
+
+The training script is the bundled tiny LM (``python -m ckptkit.examples.tiny_lm``): dropout,
+AdamW, warmup + cosine LambdaLR, shuffled variable-length data, gradient clipping. The
+reference trains W steps, saves at W and continues to W+N in one process; a resumed run
+restores the step-W checkpoint in a new process and trains to W+N. On CPU with one thread the
+two are bitwise equal, record by record. Each fault (``--fault``) is the classic bug of
+leaving one component out; its test names the signal that exposes it.
+
+Every run is a subprocess (~4 s, mostly imports), so the runs are started together on a small
+thread pool the first time the module's fixture is used, and each test waits for its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptkit import manifest as mf
+from ckptkit.manager import step_dir_name
+
+W, N = 15, 15
+"""Save after step W, compare steps W+1..W+N."""
+
+ARGS = (
+    f"--steps {W + N} --warmup 5 --batch-size 8 --num-seqs 100 --dim 32 --max-len 32 "
+    "--threads 1 --save-every 0"
+).split()
+# fp16: a short growth interval makes the scale grow and back off within W steps, so a
+# fresh GradScaler (scale 2**16, tracker 0) differs from the saved one.
+FP16 = ["--amp", "fp16", "--growth-interval", "4"]
+
+FAULTS = (
+    "no-rng",
+    "no-sampler",
+    "sampler-reshuffle",
+    "no-scheduler",
+    "sched-off-by-one",
+    "no-moments",
+    "no-scaler",
+    "step-reset",
+    "data-version",
+    "lr-changed",
+)
+"""Every fault of ``tiny_lm --fault`` but ``none``."""
+
+ENV_KEYS = (
+    "CKPTKIT_DRILL_SAVE_AT",
+    "CKPTKIT_DRILL_STOP_AT",
+    "CKPTKIT_DRILL_RESUME_FROM",
+    "CKPTKIT_METRICS",
+)
+
+
+@dataclass
+class Run:
+    """One finished tiny_lm run: its step records and final summary."""
+
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    ckpt_dir: Path
+
+    def first_diff(self, other: Run, key: str) -> int | None:
+        """The first step label (of ``self``, 1-based within the compared window) where
+        ``key`` differs between the two runs' aligned records, or None."""
+        for i, (a, b) in enumerate(zip(self.records, other.records, strict=False)):
+            if _bits(a.get(key)) != _bits(b.get(key)):
+                return i + 1
+        return None
+
+
+def _bits(v: Any) -> Any:
+    """Floats as their IEEE bytes, so equality is bitwise (and -0.0 != 0.0)."""
+    if isinstance(v, float):
+        return struct.pack("<d", v)
+    if isinstance(v, list):
+        return [_bits(x) for x in v]
+    return v
+
+
+def tiny_lm(args: list[str], *, ckpt_dir: Path, metrics: Path, **env: str) -> Run:
+    """Run the tiny LM in a fresh interpreter with the drill env vars given."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    full_env.update(env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckptkit.examples.tiny_lm",
+            *ARGS,
+            *args,
+            "--ckpt-dir",
+            str(ckpt_dir),
+            "--metrics",
+            str(metrics),
+        ],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"tiny_lm {args} failed:\n{proc.stderr[-4000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return Run(records=records, summary=summary, ckpt_dir=ckpt_dir)
+
+
+class Runs:
+    """Futures of every run this module needs, started together on a small pool."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)))
+        self.futures: dict[str, Future[Run]] = {}
+        self.reference("fp32", [])
+        self.reference("fp16", FP16)
+        self._submit("restart", self._restart)
+        self.resume("none")
+        self.resume("none", amp=True)
+        self.resume("no-scaler", amp=True)
+        for fault in FAULTS:
+            self.resume(fault)
+
+    def _submit(self, key: str, fn: Callable[[], Run]) -> Future[Run]:
+        if key not in self.futures:
+            self.futures[key] = self.pool.submit(fn)
+        return self.futures[key]
+
+    def get(self, key: str) -> Run:
+        return self.futures[key].result()
+
+    def reference(self, name: str, extra: list[str]) -> Future[Run]:
+        def go() -> Run:
+            d = self.root / f"ref-{name}"
+            return tiny_lm(
+                extra,
+                ckpt_dir=d / "ckpt",
+                metrics=d / "metrics.jsonl",
+                CKPTKIT_DRILL_SAVE_AT=str(W),
+                CKPTKIT_DRILL_STOP_AT=str(W + N),
+            )
+
+        return self._submit(f"ref-{name}", go)
+
+    def resume(self, fault: str, *, amp: bool = False) -> Future[Run]:
+        name = "fp16" if amp else "fp32"
+
+        def go() -> Run:
+            ref = self.futures[f"ref-{name}"].result()
+            d = self.root / f"resume-{name}-{fault}"
+            return tiny_lm(
+                [*(FP16 if amp else []), "--fault", fault],
+                ckpt_dir=d / "ckpt",
+                metrics=d / "metrics.jsonl",
+                CKPTKIT_DRILL_RESUME_FROM=str(ref.ckpt_dir / step_dir_name(W)),
+                CKPTKIT_DRILL_STOP_AT=str(W + N),
+            )
+
+        return self._submit(f"resume-{name}-{fault}", go)
+
+    def _restart(self) -> Run:
+        """The everyday path: stop after W, run the same command again (newest checkpoint)."""
+        d = self.root / "restart"
+        tiny_lm(
+            [],
+            ckpt_dir=d / "ckpt",
+            metrics=d / "first.jsonl",
+            CKPTKIT_DRILL_SAVE_AT=str(W),
+            CKPTKIT_DRILL_STOP_AT=str(W),
+        )
+        return tiny_lm([], ckpt_dir=d / "ckpt", metrics=d / "second.jsonl")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    r = Runs(tmp_path_factory.mktemp("tiny_lm"))
+    yield r
+    r.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def after_save(run: Run) -> list[dict[str, Any]]:
+    """The reference's records for steps W+1..W+N."""
+    return [r for r in run.records if r["step"] > W]
+
+
+def assert_twins(ref: Run, resumed: Run) -> None:
+    want = after_save(ref)
+    assert [r["step"] for r in resumed.records] == list(range(W + 1, W + N + 1))
+    for a, b in zip(want, resumed.records, strict=True):
+        for key in a.keys() - {"time"}:
+            assert _bits(a[key]) == _bits(b.get(key)), f"step {a['step']}: {key} differs"
+        assert b.keys() == a.keys()
+    assert resumed.summary["final_step"] == ref.summary["final_step"] == W + N
+    assert _bits(resumed.summary["final_loss"]) == _bits(ref.summary["final_loss"])
+    assert resumed.summary["param_hash"] == ref.summary["param_hash"]
+
+
+def test_fresh_process_resume_is_bitwise_exact(runs: Runs) -> None:
+    ref = runs.get("ref-fp32")
+    resumed = runs.get("resume-fp32-none")
+    assert resumed.summary["resumed_from"] == W
+    losses = [r["loss"] for r in ref.records]
+    assert losses[-1] < losses[0] - 0.2, "the tiny LM should be learning"
+    assert len({r["epoch"] for r in ref.records}) > 1, "the window should cross an epoch"
+    assert_twins(ref, resumed)
+
+
+def test_restart_from_newest_checkpoint_is_bitwise_exact(runs: Runs) -> None:
+    """Stop after W, then the same command again: ``mgr.restore`` picks step W."""
+    assert_twins(runs.get("ref-fp32"), runs.get("restart"))
+
+
+def test_fp16_resume_with_scaler_is_bitwise_exact(runs: Runs) -> None:
+    ref = runs.get("ref-fp16")
+    scales = [r["loss_scale"] for r in ref.records[:W]]
+    assert len(set(scales)) > 1, "the scale should have moved before the save"
+    assert_twins(ref, runs.get("resume-fp16-none"))
+
+
+def test_lookahead_in_manifest_matches_the_resumed_first_step(runs: Runs) -> None:
+    """The checkpoint says what step W+1 will do; the resumed run does exactly that."""
+    ref = runs.get("ref-fp16")
+    first = runs.get("resume-fp16-none").records[0]
+    look = mf.read(ref.ckpt_dir / step_dir_name(W)).lookahead
+    assert look is not None
+    assert look["next_step"] == first["step"] == W + 1
+    for key in ("lr", "loss_scale", "rng", "sample_ids", "epoch"):
+        assert _bits(look[key]) == _bits(first[key]), key
+    assert look["opt_step"] + 1 == first["opt_step"]
+
+
+# --- each component matters --------------------------------------------------------------
+# Expected first differing resumed step (1 = step W+1) per signal, and signals that must stay
+# equal over the whole window: they tell *which* component broke.
+EXPECT: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
+    # RNG re-seeded: dropout masks differ at once, data and LR do not.
+    "no-rng": ({"rng": 1, "loss": 1}, ("sample_ids", "lr", "batch_hash")),
+    # Sampler restarts its epoch: other samples from the first resumed step.
+    "no-sampler": ({"sample_ids": 1, "batch_hash": 1, "loss": 1}, ("lr",)),
+    # Cursor right, permutation wrong: other samples, same epoch.
+    "sampler-reshuffle": ({"sample_ids": 1, "loss": 1}, ("lr", "epoch")),
+    # Fresh scheduler: the optimizer still carries the saved LR for one step, then the
+    # schedule restarts from warmup.
+    "no-scheduler": ({"lr": 2, "loss": 3}, ("sample_ids", "opt_step")),
+    "sched-off-by-one": ({"lr": 2, "loss": 3}, ("sample_ids", "opt_step")),
+    # Moments dropped: same weights, data and RNG, so step W+1's loss is equal; the update
+    # differs, so from W+2 the loss does; AdamW's step count restarts.
+    "no-moments": ({"opt_step": 1, "loss": 2}, ("sample_ids", "lr", "rng")),
+    # Progress lost: every step is mislabelled (and the run trains W+N more steps).
+    "step-reset": ({"step": 1}, ("loss", "sample_ids", "lr")),
+    # Same sample ids, other content.
+    "data-version": ({"batch_hash": 1, "loss": 1}, ("sample_ids", "lr")),
+    # Hyper-parameter changed on resume.
+    "lr-changed": ({"lr": 1, "loss": 2}, ("sample_ids",)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECT))
+def test_dropping_a_component_breaks_the_resume(runs: Runs, fault: str) -> None:
+    ref = runs.get("ref-fp32")
+    bad = runs.get(f"resume-fp32-{fault}")
+    want = Run(after_save(ref), ref.summary, ref.ckpt_dir)
+    differs, equal = EXPECT[fault]
+    for key, step in differs.items():
+        assert want.first_diff(bad, key) == step, f"{fault}: {key}"
+    for key in equal:
+        assert want.first_diff(bad, key) is None, f"{fault}: {key} should be unaffected"
+    assert bad.summary["param_hash"] != ref.summary["param_hash"]
+    if fault == "step-reset":
+        assert [r["step"] for r in bad.records] == list(range(1, W + N + 1))
+
+
+def test_fresh_grad_scaler_breaks_an_fp16_resume(runs: Runs) -> None:
+    ref = runs.get("ref-fp16")
+    bad = runs.get("resume-fp16-no-scaler")
+    want = Run(after_save(ref), ref.summary, ref.ckpt_dir)
+    assert bad.records[0]["loss_scale"] == 2.0**16  # a fresh scaler's default
+    assert want.first_diff(bad, "loss_scale") == 1
+    assert want.first_diff(bad, "sample_ids") is None
+    assert bad.summary["param_hash"] != ref.summary["param_hash"]
+
+
+def test_no_scaler_is_harmless_without_amp(runs: Runs) -> None:
+    """Without fp16 there is no scaler state, so leaving it out changes nothing."""
+    assert_twins(runs.get("ref-fp32"), runs.get("resume-fp32-no-scaler"))

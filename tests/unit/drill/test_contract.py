@@ -1,0 +1,51 @@
+"""The drill env-var contract: parsing and the save/stop predicates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptkit.drill.contract import ENV_VARS, DrillEnv
+from ckptkit.errors import DrillError
+
+
+def test_unset_is_inactive() -> None:
+    env = DrillEnv.from_env({"CKPTKIT_DRILL_SAVE_AT": "", "UNRELATED": "1"})
+    assert env == DrillEnv()
+    assert not env.active
+    assert not env.should_save(0) and not env.should_stop(10**9)
+    assert env.total_steps(200) == 200
+
+
+def test_all_variables() -> None:
+    env = DrillEnv.from_env(
+        {
+            "CKPTKIT_DRILL_SAVE_AT": "15",
+            "CKPTKIT_DRILL_STOP_AT": " 30 ",
+            "CKPTKIT_DRILL_RESUME_FROM": "runs/a/step-00000015",
+            "CKPTKIT_METRICS": "m.jsonl",
+        }
+    )
+    assert env == DrillEnv(15, 30, Path("runs/a/step-00000015"), Path("m.jsonl"))
+    assert env.active
+    assert [s for s in range(40) if env.should_save(s)] == [15]
+    assert [s for s in range(40) if env.should_stop(s)] == list(range(30, 40))
+    assert env.total_steps(200) == 30
+    assert set(ENV_VARS) == {
+        "CKPTKIT_DRILL_SAVE_AT",
+        "CKPTKIT_DRILL_STOP_AT",
+        "CKPTKIT_DRILL_RESUME_FROM",
+        "CKPTKIT_METRICS",
+    }
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5", "ten"])
+def test_bad_step_is_a_drill_error(raw: str) -> None:
+    with pytest.raises(DrillError, match="CKPTKIT_DRILL_STOP_AT"):
+        DrillEnv.from_env({"CKPTKIT_DRILL_STOP_AT": raw})
+
+
+def test_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTKIT_DRILL_SAVE_AT", "7")
+    assert DrillEnv.from_env().save_at == 7

@@ -1,6 +1,9 @@
 """ckptkit: trustworthy PyTorch training checkpoints."""
 
 from ckptkit._version import __version__
+from ckptkit.capture.parallel import ParallelConfig
+from ckptkit.capture.progress import Progress
+from ckptkit.capture.state import TrainState
 from ckptkit.errors import (
     CheckpointExistsError,
     CkptkitError,
@@ -12,14 +15,11 @@ from ckptkit.errors import (
     StateError,
     UnsafeInputError,
 )
-from ckptkit.capture.parallel import ParallelConfig
-from ckptkit.capture.progress import Progress
-from ckptkit.capture.state import TrainState
 from ckptkit.io import load, save
 from ckptkit.manager import CheckpointManager
+from ckptkit.manifest import Manifest
 from ckptkit.recorder import Recorder
 from ckptkit.sampler import ResumableSampler
-from ckptkit.manifest import Manifest
 from ckptkit.verify import verify
 
 __all__ = [

@@ -10,6 +10,10 @@ A training script that uses :class:`~ckptkit.CheckpointManager` and
 ``CKPTKIT_DRILL_RESUME_FROM=PATH``
     restore from this checkpoint (a ``step-NNNNNNNN`` directory, or a run directory whose
     newest checkpoint is meant) instead of the newest one of the script's own directory;
+``CKPTKIT_CKPT_DIR=PATH`` (this run's own checkpoint directory), ``CKPTKIT_DEVICE``,
+``CKPTKIT_THREADS`` and ``CKPTKIT_DRILL_ROLE`` (``reference`` / ``resumed``) are set by
+``ckptkit drill`` too; a drill-ready script prefers them over its own flags.
+
 ``CKPTKIT_METRICS=PATH``
     the JSONL file the :class:`~ckptkit.Recorder` writes (read by the Recorder itself).
 
@@ -44,8 +48,25 @@ ENV_STOP_AT = "CKPTKIT_DRILL_STOP_AT"
 """Stop after this step."""
 ENV_RESUME_FROM = "CKPTKIT_DRILL_RESUME_FROM"
 """Restore from this checkpoint directory instead of the newest one."""
+ENV_CKPT_DIR = "CKPTKIT_CKPT_DIR"
+"""This run's own checkpoint directory; a drill-ready script prefers it over its own flag."""
+ENV_DEVICE = "CKPTKIT_DEVICE"
+"""The device the drill asks for (``cpu``, ``cuda``)."""
+ENV_THREADS = "CKPTKIT_THREADS"
+"""The pinned intra-op thread count (also set as OMP_NUM_THREADS and MKL_NUM_THREADS)."""
+ENV_ROLE = "CKPTKIT_DRILL_ROLE"
+"""``reference`` or ``resumed``: which run of the drill this process is (informational)."""
 
-ENV_VARS = (ENV_SAVE_AT, ENV_STOP_AT, ENV_RESUME_FROM, ENV_METRICS)
+ENV_VARS = (
+    ENV_SAVE_AT,
+    ENV_STOP_AT,
+    ENV_RESUME_FROM,
+    ENV_METRICS,
+    ENV_CKPT_DIR,
+    ENV_DEVICE,
+    ENV_THREADS,
+    ENV_ROLE,
+)
 """Every variable of the contract, for runners that clear or forward them."""
 
 
@@ -61,6 +82,14 @@ class DrillEnv:
     """Restore from this checkpoint (or run) directory instead of the newest."""
     metrics: Path | None = None
     """The Recorder's JSONL file."""
+    ckpt_dir: Path | None = None
+    """This run's own checkpoint directory (prefer it over the script's flag)."""
+    device: str | None = None
+    """The device the drill asks for."""
+    threads: int | None = None
+    """The intra-op thread count every run of the drill uses."""
+    role: str | None = None
+    """``reference`` or ``resumed``."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DrillEnv:
@@ -78,11 +107,17 @@ class DrillEnv:
         env = os.environ if environ is None else environ
         resume = env.get(ENV_RESUME_FROM) or None
         metrics = env.get(ENV_METRICS) or None
+        ckpt_dir = env.get(ENV_CKPT_DIR) or None
+        threads = _step(env, ENV_THREADS)
         return cls(
             save_at=_step(env, ENV_SAVE_AT),
             stop_at=_step(env, ENV_STOP_AT),
             resume_from=Path(resume) if resume else None,
             metrics=Path(metrics) if metrics else None,
+            ckpt_dir=Path(ckpt_dir) if ckpt_dir else None,
+            device=env.get(ENV_DEVICE) or None,
+            threads=threads if threads else None,
+            role=env.get(ENV_ROLE) or None,
         )
 
     @property
@@ -171,4 +206,14 @@ def _step(env: Mapping[str, str], name: str) -> int | None:
     return value
 
 
-__all__ = ["ENV_RESUME_FROM", "ENV_SAVE_AT", "ENV_STOP_AT", "ENV_VARS", "DrillEnv"]
+__all__ = [
+    "ENV_CKPT_DIR",
+    "ENV_DEVICE",
+    "ENV_RESUME_FROM",
+    "ENV_ROLE",
+    "ENV_SAVE_AT",
+    "ENV_STOP_AT",
+    "ENV_THREADS",
+    "ENV_VARS",
+    "DrillEnv",
+]

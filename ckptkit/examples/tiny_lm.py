@@ -356,8 +356,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     args = parse_args(argv)
     drill = DrillEnv.from_env()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    # A drill pins threads and device for every run it starts; its values win.
+    torch.set_num_threads(drill.threads or args.threads)
+    device = torch.device(drill.device or args.device)
     if device.type == "cuda":
         # Deterministic cuBLAS needs a fixed workspace, set before the first CUDA call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -403,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         enabled=args.amp == "fp16",
     )
     rec = ckptkit.Recorder(args.metrics)  # None: $CKPTKIT_METRICS, else memory only
-    mgr = ckptkit.CheckpointManager(args.ckpt_dir, keep_last=args.keep_last)
+    mgr = ckptkit.CheckpointManager(drill.ckpt_dir or args.ckpt_dir, keep_last=args.keep_last)
 
     fault = args.fault
     ts = ckptkit.TrainState(

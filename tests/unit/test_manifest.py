@@ -14,7 +14,7 @@ from ckptkit import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "manifests"
-SCHEMAS = ["manifest.schema.json", "verify-report.schema.json"]
+SCHEMAS = ["manifest.schema.json", "verify-report.schema.json", "drill-report.schema.json"]
 
 
 @pytest.mark.parametrize("name", SCHEMAS)

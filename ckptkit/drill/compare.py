@@ -1,0 +1,755 @@
+"""The drill's checks: twin, exposure and continuity, as pure functions over step records.
+
+Records are the Recorder's JSONL dicts (``step``, ``loss``, ``grad_norm``, ``lr``,
+``loss_scale``, ``opt_step``, ``rng``, ``batch_hash``, ``sample_ids`` ...). Each check returns
+a :class:`CheckResult`: a verdict, a statistic, the threshold it was held to, and a detail
+dict saying what differed first and where.
+
+* **twin**: resumed vs reference step by step over ``W+1..W+N``: bitwise equal where the run
+  is deterministic; numeric fields within ``noise_factor`` x the measured run-to-run noise
+  where it is not (``--repeat``), fields that are noisy and not numeric are not judged.
+* **exposure**: the (epoch, sample id, content hash) sequence after the resume equals the
+  reference's: replayed, skipped, unexpected and changed samples are counted.
+* **continuity**: what the checkpoint recorded for the next step (its manifest's
+  ``lookahead``, else the component summaries) is what the resumed run's first step does;
+  no (epoch, id) of the pre-save window is seen again. Needs no reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptkit import manifest as mf
+
+Record = Mapping[str, Any]
+
+NUMERIC_FIELDS = ("loss", "grad_norm")
+"""Fields compared within a tolerance when the run is not deterministic."""
+EXACT_FIELDS = ("lr", "loss_scale", "opt_step", "rng", "batch_hash")
+"""Fields compared bitwise (inputs to a step: a difference is a resume bug, not noise)."""
+TWIN_FIELDS = NUMERIC_FIELDS + EXACT_FIELDS
+DEFAULT_NOISE_FACTOR = 4.0
+"""Tolerance = this x the largest difference measured between reference runs."""
+
+
+@dataclass
+class CheckResult:
+    """One named check and its verdict.
+
+    Example:
+        >>> CheckResult("twin", True, 0, 0).to_dict()["name"]
+        'twin'
+    """
+
+    name: str
+    ok: bool
+    statistic: float | int | None
+    threshold: float | int | None
+    informational: bool = False
+    """Reported, never fails the drill."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False
+    """Nothing to compare (the script records none of the fields this check needs)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "name": self.name,
+                "ok": self.ok,
+                "statistic": self.statistic,
+                "threshold": self.threshold,
+                "informational": self.informational,
+                "skipped": self.skipped,
+                "detail": self.detail,
+            }
+        )
+
+
+@dataclass
+class NoiseFloor:
+    """Run-to-run differences between reference runs over the compared steps.
+
+    Example:
+        >>> NoiseFloor(runs=1).deterministic
+        True
+    """
+
+    runs: int
+    numeric: dict[str, float] = field(default_factory=dict)
+    """Largest absolute difference per numeric field (0.0: bitwise equal)."""
+    noisy: list[str] = field(default_factory=list)
+    """Fields that differ between reference runs."""
+
+    @property
+    def measured(self) -> bool:
+        return self.runs >= 2
+
+    @property
+    def deterministic(self) -> bool:
+        return not self.noisy
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "runs": self.runs,
+                "measured": self.measured,
+                "deterministic": self.deterministic,
+                "max_abs_diff": self.numeric,
+                "noisy_fields": self.noisy,
+            }
+        )
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def jsonable(obj: Any) -> Any:
+    """Return ``obj`` as strict JSON values: non-finite floats become ``"nan"``/``"inf"``.
+
+    Example:
+        >>> jsonable({"a": float("inf"), "b": (1, Path("x"))})
+        {'a': 'inf', 'b': [1, 'x']}
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and not isinstance(obj, str | bytes):
+        return jsonable(obj.item())
+    return obj
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    return None
+
+
+def same(a: Any, b: Any, tol: float = 0.0) -> bool:
+    """Whether two record values agree: bitwise (``tol == 0``) or within ``tol``; NaN == NaN.
+
+    Example:
+        >>> same(float("nan"), float("nan")), same(1.0, 1.0 + 1e-12), same(1.0, 1.1, 0.2)
+        (True, False, True)
+    """
+    fa, fb = _num(a), _num(b)
+    if fa is not None and fb is not None:
+        if math.isnan(fa) or math.isnan(fb):
+            return math.isnan(fa) and math.isnan(fb)
+        if fa == fb:
+            return True
+        return tol > 0 and abs(fa - fb) <= tol
+    return a == b
+
+
+def _absdiff(a: Any, b: Any) -> float | None:
+    fa, fb = _num(a), _num(b)
+    if fa is None or fb is None:
+        return None
+    if math.isnan(fa) and math.isnan(fb):
+        return 0.0
+    d = abs(fa - fb)
+    return math.inf if math.isnan(d) else d
+
+
+def window(records: Sequence[Record], lo: int, hi: int) -> list[Record]:
+    """Records with ``lo < step <= hi``, in file order.
+
+    Example:
+        >>> [r["step"] for r in window([{"step": s} for s in range(6)], 2, 4)]
+        [3, 4]
+    """
+    return [r for r in records if isinstance(r.get("step"), int) and lo < r["step"] <= hi]
+
+
+def samples(records: Sequence[Record]) -> list[tuple[Any, Any, Any]]:
+    """The (epoch, sample id, content hash) sequence the records saw, in order.
+
+    ``sample_ids`` entries may be ``[epoch, id, hash]`` triples, ``[epoch, id]`` pairs or
+    bare ids; a bare id takes the record's ``epoch`` and its ``sample_hashes`` entry.
+
+    Example:
+        >>> samples([{"epoch": 1, "sample_ids": [4, 5], "sample_hashes": ["a", "b"]}])
+        [(1, 4, 'a'), (1, 5, 'b')]
+    """
+    out: list[tuple[Any, Any, Any]] = []
+    for rec in records:
+        ids = rec.get("sample_ids")
+        if not isinstance(ids, list):
+            continue
+        epoch = rec.get("epoch")
+        hashes = rec.get("sample_hashes")
+        for j, s in enumerate(ids):
+            h = hashes[j] if isinstance(hashes, list) and j < len(hashes) else None
+            if isinstance(s, list | tuple):
+                if len(s) >= 3:
+                    out.append((_key(s[0]), _key(s[1]), _key(s[2])))
+                elif len(s) == 2:
+                    out.append((_key(s[0]), _key(s[1]), h))
+                elif len(s) == 1:
+                    out.append((epoch, _key(s[0]), h))
+            else:
+                out.append((epoch, _key(s), h))
+    return out
+
+
+def _key(v: Any) -> Any:
+    return tuple(_key(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+# -------------------------------------------------------------------------- noise floor
+
+
+def noise_floor(
+    references: Sequence[Sequence[Record]],
+    *,
+    start: int,
+    stop: int,
+    finals: Sequence[str | None] = (),
+) -> NoiseFloor:
+    """Measure how much reference runs of the same command differ over ``start < step <= stop``.
+
+    Args:
+        references: the records of each reference run (run 0 is the one compared with).
+        start: the save step ``W``.
+        stop: the last step ``W + N``.
+        finals: each run's final parameter hash, if known.
+
+    Example:
+        >>> a = [{"step": 1, "loss": 1.0, "lr": 0.1}]
+        >>> b = [{"step": 1, "loss": 1.5, "lr": 0.1}]
+        >>> nf = noise_floor([a, b], start=0, stop=1)
+        >>> nf.numeric["loss"], nf.noisy
+        (0.5, ['loss'])
+    """
+    nf = NoiseFloor(runs=len(references))
+    if len(references) < 2:
+        return nf
+    base = window(references[0], start, stop)
+    noisy: set[str] = set()
+    for other in references[1:]:
+        rows = window(other, start, stop)
+        if [r.get("step") for r in rows] != [r.get("step") for r in base]:
+            noisy.add("step")
+        for a, b in zip(base, rows, strict=False):
+            for f in TWIN_FIELDS:
+                if f not in a and f not in b:
+                    continue
+                if not same(a.get(f), b.get(f)):
+                    noisy.add(f)
+                d = _absdiff(a.get(f), b.get(f))
+                if f in NUMERIC_FIELDS and d is not None:
+                    nf.numeric[f] = max(nf.numeric.get(f, 0.0), d)
+    known = [h for h in finals if h is not None]
+    if len(set(known)) > 1:
+        noisy.add("param_hash")
+    for f in NUMERIC_FIELDS:
+        if any(f in r for r in base):
+            nf.numeric.setdefault(f, 0.0)
+    nf.noisy = sorted(noisy)
+    return nf
+
+
+# -------------------------------------------------------------------------------- twin
+
+
+def twin(
+    reference: Sequence[Record],
+    resumed: Sequence[Record],
+    *,
+    start: int,
+    stop: int,
+    noise: NoiseFloor | None = None,
+    thresholds: Mapping[str, float] | None = None,
+    final: tuple[str | None, str | None] = (None, None),
+) -> CheckResult:
+    """Compare the resumed run with the reference step by step over ``start < step <= stop``.
+
+    Steps are aligned by position (the i-th resumed record with the i-th reference record
+    after the save), so a wrong step label is itself a difference, not a misalignment.
+
+    Args:
+        reference: the reference run's records (all of them).
+        resumed: the resumed run's records.
+        start: the save step ``W``.
+        stop: the last step ``W + N``.
+        noise: the measured noise floor (None: assume a deterministic run).
+        thresholds: ``noise_factor`` and per-field absolute tolerances (``loss``,
+            ``grad_norm``) overriding the measured ones.
+        final: the final parameter hashes (reference, resumed), when the script reports one.
+
+    Returns:
+        ``statistic`` = number of (field, step) mismatches, ``threshold`` = 0; ``detail``
+        holds ``first_divergence`` (step, fields, values), per-field ``fields`` facts, the
+        tolerances and which fields were compared.
+
+    Example:
+        >>> ref = [{"step": s, "loss": 1.0 / s} for s in range(1, 5)]
+        >>> res = [{"step": 3, "loss": 1 / 3}, {"step": 4, "loss": 0.3}]
+        >>> r = twin(ref, res, start=2, stop=4)
+        >>> r.ok, r.detail["first_divergence"]["step"], r.detail["first_divergence"]["fields"]
+        (False, 4, ['loss'])
+    """
+    noise = noise or NoiseFloor(runs=1)
+    th = dict(thresholds or {})
+    factor = float(th.get("noise_factor", DEFAULT_NOISE_FACTOR))
+    ref = window(reference, start, stop)
+    res = list(resumed)
+    n = max(len(ref), len(res))
+    labels_ref = [r.get("step") for r in ref]
+    labels_res = [r.get("step") for r in res]
+
+    tolerances: dict[str, float] = {}
+    modes: dict[str, str] = {}
+    for f in TWIN_FIELDS:
+        if f in th and f in NUMERIC_FIELDS:
+            tolerances[f] = float(th[f])
+        elif f in NUMERIC_FIELDS:
+            tolerances[f] = factor * noise.numeric.get(f, 0.0)
+        else:
+            tolerances[f] = 0.0
+        if f in noise.noisy and f not in NUMERIC_FIELDS:
+            modes[f] = "not judged (differs between reference runs)"
+        else:
+            modes[f] = "bitwise" if tolerances[f] == 0 else f"within {tolerances[f]:.3g}"
+
+    facts: dict[str, dict[str, Any]] = {}
+
+    def note(f: str, i: int, a: Any, b: Any, diff: float | None = None) -> None:
+        fact = facts.setdefault(
+            f,
+            {
+                "mismatches": 0,
+                "first_index": i,
+                "first_step": _label(labels_ref, labels_res, i),
+                "reference": a,
+                "resumed": b,
+                "max_abs_diff": None,
+            },
+        )
+        fact["mismatches"] += 1
+        if diff is not None:
+            fact["max_abs_diff"] = max(fact["max_abs_diff"] or 0.0, diff)
+
+    for i in range(n):
+        a = labels_ref[i] if i < len(ref) else None
+        b = labels_res[i] if i < len(res) else None
+        if a != b:
+            note("step", i, a, b)
+    if len(ref) != len(res):
+        facts.setdefault(
+            "length",
+            {
+                "mismatches": 1,
+                "first_index": min(len(ref), len(res)),
+                "first_step": _label(labels_ref, labels_res, min(len(ref), len(res))),
+                "reference": len(ref),
+                "resumed": len(res),
+                "max_abs_diff": None,
+            },
+        )
+
+    compared: list[str] = []
+    missing: list[str] = []
+    for f in TWIN_FIELDS:
+        in_ref = any(f in r for r in ref)
+        in_res = any(f in r for r in res)
+        if not in_ref and not in_res:
+            missing.append(f)
+            continue
+        compared.append(f)
+        if modes[f].startswith("not judged"):
+            continue
+        for i in range(min(len(ref), len(res))):
+            a, b = ref[i].get(f), res[i].get(f)
+            if f not in ref[i] and f not in res[i]:
+                continue
+            if not same(a, b, tolerances[f]):
+                note(f, i, a, b, _absdiff(a, b))
+            elif (d := _absdiff(a, b)) is not None and d > 0:
+                m = facts.setdefault(f"{f}_within_tolerance", {"max_abs_diff": 0.0})
+                m["max_abs_diff"] = max(m["max_abs_diff"], d)
+    fa, fb = final
+    if fa is not None or fb is not None:
+        compared.append("param_hash")
+        if "param_hash" in noise.noisy:
+            modes["param_hash"] = "not judged (differs between reference runs)"
+        elif fa != fb:
+            last = max(0, min(len(ref), len(res)) - 1)
+            note("param_hash", last, fa, fb)
+    else:
+        missing.append("param_hash")
+
+    within = {
+        k[: -len("_within_tolerance")]: v["max_abs_diff"]
+        for k, v in facts.items()
+        if k.endswith("_within_tolerance")
+    }
+    fields = {k: v for k, v in facts.items() if not k.endswith("_within_tolerance")}
+    mismatches = sum(v["mismatches"] for v in fields.values())
+    first: dict[str, Any] | None = None
+    if fields:
+        i0 = min(v["first_index"] for v in fields.values())
+        names = sorted(k for k, v in fields.items() if v["first_index"] == i0)
+        first = {
+            "index": i0,
+            "step": _label(labels_ref, labels_res, i0),
+            "fields": names,
+            "values": {
+                k: {"reference": fields[k]["reference"], "resumed": fields[k]["resumed"]}
+                for k in names
+            },
+        }
+    return CheckResult(
+        name="twin",
+        ok=mismatches == 0,
+        statistic=mismatches,
+        threshold=0,
+        detail={
+            "first_divergence": first,
+            "fields": fields,
+            "compared": compared,
+            "not_recorded": missing,
+            "modes": {k: v for k, v in modes.items() if k in compared},
+            "tolerances": {k: v for k, v in tolerances.items() if k in compared and v > 0},
+            "within_tolerance_max_abs_diff": within,
+            "steps": {"reference": _span(labels_ref), "resumed": _span(labels_res)},
+        },
+    )
+
+
+def _label(ref: Sequence[Any], res: Sequence[Any], i: int) -> Any:
+    """The step a position stands for: the reference's label (it is the expected one)."""
+    if i < len(ref):
+        return ref[i]
+    if i < len(res):
+        return res[i]
+    return None
+
+
+def _span(labels: Sequence[Any]) -> dict[str, Any]:
+    return {
+        "first": labels[0] if labels else None,
+        "last": labels[-1] if labels else None,
+        "count": len(labels),
+    }
+
+
+# ----------------------------------------------------------------------------- exposure
+
+
+def exposure(
+    reference: Sequence[Record],
+    resumed: Sequence[Record],
+    *,
+    start: int,
+    stop: int,
+) -> CheckResult:
+    """Check that the resumed run saw exactly the samples the reference saw after the save.
+
+    Returns:
+        ``statistic`` = positions where the (epoch, id, hash) sequences differ (plus the
+        length difference), ``threshold`` = 0; ``detail`` counts ``replayed`` (seen again
+        although the reference saw them before the save), ``skipped`` (the reference saw
+        them after the save, the resumed run never did), ``unexpected`` (other extras),
+        ``content_changed`` (same epoch and id, another content hash) and ``reordered``.
+
+    Example:
+        >>> ref = [{"step": s, "sample_ids": [[0, s, "h"]]} for s in range(1, 5)]
+        >>> res = [{"step": 3, "sample_ids": [[0, 1, "h"]]}, {"step": 4, "sample_ids": [[0, 2, "h"]]}]
+        >>> r = exposure(ref, res, start=2, stop=4)
+        >>> r.ok, r.detail["replayed"], r.detail["skipped"]
+        (False, 2, 2)
+    """
+    pre = samples([r for r in reference if isinstance(r.get("step"), int) and r["step"] <= start])
+    want = samples(window(reference, start, stop))
+    got = samples(resumed)
+    if not want and not got:
+        return CheckResult(
+            "exposure", True, None, 0, skipped=True, detail={"reason": "no sample_ids recorded"}
+        )
+    pre_seen = Counter((e, i) for e, i, _ in pre)
+    want_c = Counter((e, i) for e, i, _ in want)
+    got_c = Counter((e, i) for e, i, _ in got)
+    extra = got_c - want_c
+    replayed = sum(n for k, n in extra.items() if k in pre_seen)
+    unexpected = sum(extra.values()) - replayed
+    skipped = sum((want_c - got_c).values())
+    differ = sum(1 for a, b in zip(want, got, strict=False) if a != b) + abs(len(want) - len(got))
+    changed = sum(1 for a, b in zip(want, got, strict=False) if a[:2] == b[:2] and a[2] != b[2])
+    first = None
+    for j, (a, b) in enumerate(zip(want, got, strict=False)):
+        if a != b:
+            first = {"position": j, "reference": list(a), "resumed": list(b)}
+            break
+    if first is None and len(want) != len(got):
+        first = {"position": min(len(want), len(got)), "reference": len(want), "resumed": len(got)}
+    return CheckResult(
+        name="exposure",
+        ok=differ == 0,
+        statistic=differ,
+        threshold=0,
+        detail={
+            "samples": {"reference": len(want), "resumed": len(got)},
+            "replayed": replayed,
+            "skipped": skipped,
+            "unexpected": unexpected,
+            "content_changed": changed,
+            "reordered": differ > 0 and not extra and skipped == 0 and changed == 0,
+            "first_difference": first,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- continuity
+
+
+def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
+    """Read what a checkpoint recorded about the next step, from its manifest only.
+
+    Returns:
+        ``step``, ``lookahead`` (the manifest's, or None), ``lr`` (optimizer LR of group 0,
+        the LR of the next step), ``loss_scale``, ``growth_factor``, ``backoff_factor``,
+        ``opt_step``, ``rng`` (rank 0 fingerprint), ``sampler`` (summary) and
+        ``window_records`` (the Recorder's pre-save window, if attached).
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> d = Path(tempfile.mkdtemp()) / "c"
+        >>> _ = ckptkit.CheckpointManager(d).save(ckptkit.TrainState(model=torch.nn.Linear(1, 1), step=3))
+        >>> checkpoint_facts(d / "step-00000003")["step"]
+        3
+    """
+    m = mf.read(ckpt)
+    comps = m.components
+
+    def summ(name: str) -> Mapping[str, Any]:
+        c = comps.get(name)
+        return c.summary if c is not None and c.present else {}
+
+    opt, sched, scaler, rng = summ("optimizer"), summ("scheduler"), summ("scaler"), summ("rng")
+    lrs = opt.get("lrs") or sched.get("last_lr") or []
+    fps = rng.get("fingerprints") or {}
+    window_records: list[dict[str, Any]] = []
+    tree = m.tree if isinstance(m.tree, Mapping) else {}
+    metrics = tree.get("metrics")
+    if isinstance(metrics, Mapping) and isinstance(metrics.get("records"), list):
+        window_records = [r for r in metrics["records"] if isinstance(r, dict)]
+    step = m.step if m.step is not None else summ("progress").get("step")
+    return {
+        "step": step,
+        "lookahead": dict(m.lookahead) if m.lookahead else None,
+        "lr": lrs[0] if lrs else None,
+        "loss_scale": scaler.get("scale") if scaler.get("enabled") else None,
+        "growth_factor": scaler.get("growth_factor") or 2.0,
+        "backoff_factor": scaler.get("backoff_factor") or 0.5,
+        "opt_step": opt.get("step_max"),
+        "rng": fps.get("rank00000") or (next(iter(fps.values())) if fps else None),
+        "sampler": dict(summ("sampler")),
+        "window_records": window_records,
+    }
+
+
+def continuity(
+    facts: Mapping[str, Any],
+    resumed: Sequence[Record],
+    *,
+    reference: Sequence[Record] | None = None,
+    save_step: int | None = None,
+) -> CheckResult:
+    """Check the resumed run's first step against what the checkpoint recorded.
+
+    Uses the manifest's ``lookahead`` (what the saving run was about to do) when present,
+    else the component summaries. With a ``reference``, a fact the reference's own next
+    step does not match either is recorded in other units by the script and is skipped
+    ("not comparable") instead of failing.
+
+    Returns:
+        ``statistic`` = failed items, ``threshold`` = 0; ``detail.items`` lists each
+        ``{what, checkpoint, resumed, ok}``.
+
+    Example:
+        >>> facts = {"step": 4, "lookahead": {"next_step": 5, "lr": 0.1}}
+        >>> r = continuity(facts, [{"step": 5, "lr": 0.2}])
+        >>> r.ok, [i["what"] for i in r.detail["items"] if not i["ok"]]
+        (False, ['lr'])
+    """
+    if not resumed:
+        return CheckResult("continuity", False, 1, 0, detail={"reason": "no resumed records"})
+    first = resumed[0]
+    la = facts.get("lookahead") or {}
+    step = facts.get("step") if save_step is None else save_step
+    ref_next: Record | None = None
+    if reference is not None and step is not None:
+        nxt = [r for r in reference if r.get("step") == step + 1]
+        ref_next = nxt[0] if nxt else None
+    items: list[dict[str, Any]] = []
+
+    def item(
+        what: str,
+        expected: Any,
+        got: Any,
+        ok: bool | None,
+        *,
+        unit_check: bool = True,
+        ref_ok: bool | None = None,
+    ) -> None:
+        if expected is None or got is None:
+            return
+        entry: dict[str, Any] = {"what": what, "checkpoint": expected, "resumed": got}
+        if not ok and unit_check and ref_next is not None and ref_ok is False:
+            entry |= {
+                "ok": True,
+                "skipped": True,
+                "reason": "not comparable: the reference's next step does not match "
+                "the checkpoint either (the script records it in other units)",
+            }
+        else:
+            entry["ok"] = bool(ok)
+        items.append(entry)
+
+    def ref_val(key: str) -> Any:
+        return ref_next.get(key) if ref_next is not None else None
+
+    # step label
+    nxt_step = la.get("next_step", (step + 1) if isinstance(step, int) else None)
+    item("step", nxt_step, first.get("step"), first.get("step") == nxt_step, unit_check=False)
+    # learning rate of the next step
+    lr = la.get("lr", facts.get("lr"))
+    item(
+        "lr",
+        lr,
+        first.get("lr"),
+        same(lr, first.get("lr")),
+        ref_ok=same(lr, ref_val("lr")) if "lr" in (ref_next or {}) else None,
+    )
+    # loss scale: the first record's scale is after its own update (may grow or back off once)
+    scale = la.get("loss_scale", facts.get("loss_scale"))
+    g, bo = float(facts.get("growth_factor") or 2.0), float(facts.get("backoff_factor") or 0.5)
+
+    def scale_ok(v: Any) -> bool:
+        s = _num(scale)
+        return s is not None and any(same(v, s * k) for k in (1.0, g, bo))
+
+    item(
+        "loss_scale",
+        scale,
+        first.get("loss_scale"),
+        scale_ok(first.get("loss_scale")),
+        ref_ok=scale_ok(ref_val("loss_scale")) if "loss_scale" in (ref_next or {}) else None,
+    )
+    # optimizer step count: one more (or the same, when fp16 skipped the step)
+    opt_step = la.get("opt_step", facts.get("opt_step"))
+
+    def opt_ok(v: Any, rec: Record | None) -> bool:
+        o = _num(opt_step)
+        if o is None or _num(v) is None:
+            return False
+        now = _num(rec.get("loss_scale")) if rec is not None else None
+        before = _num(scale)
+        skipped = now is not None and before is not None and now < before
+        return _num(v) == o + 1 or (skipped and _num(v) == o)
+
+    item(
+        "opt_step",
+        opt_step,
+        first.get("opt_step"),
+        opt_ok(first.get("opt_step"), first),
+        ref_ok=opt_ok(ref_val("opt_step"), ref_next) if "opt_step" in (ref_next or {}) else None,
+    )
+    # RNG state at the start of the next step
+    rng = la.get("rng", facts.get("rng"))
+    item(
+        "rng",
+        rng,
+        first.get("rng"),
+        rng == first.get("rng"),
+        ref_ok=(rng == ref_val("rng")) if "rng" in (ref_next or {}) else None,
+    )
+    # the next samples
+    if la.get("sample_ids") is not None and first.get("sample_ids") is not None:
+        want = [_key(x) for x in la["sample_ids"]]
+        got = [_key(x) for x in first["sample_ids"]]
+        ref_ids = ref_val("sample_ids")
+        item(
+            "next_sample_ids",
+            want,
+            got,
+            want == got,
+            ref_ok=([_key(x) for x in ref_ids] == want) if isinstance(ref_ids, list) else None,
+        )
+    if la.get("epoch") is not None and first.get("epoch") is not None:
+        item(
+            "epoch",
+            la["epoch"],
+            first["epoch"],
+            la["epoch"] == first["epoch"],
+            ref_ok=(la["epoch"] == ref_val("epoch")) if "epoch" in (ref_next or {}) else None,
+        )
+    # no (epoch, id) of the pre-save window seen again
+    pre = facts.get("window_records") or []
+    if not pre and reference is not None and isinstance(step, int):
+        pre = [r for r in reference if isinstance(r.get("step"), int) and r["step"] <= step]
+    seen = {(e, i) for e, i, _ in samples(pre)}
+    got_samples = samples(resumed)
+    if seen and got_samples:
+        again = [(e, i) for e, i, _ in got_samples if (e, i) in seen]
+        items.append(
+            {
+                "what": "no_replay",
+                "checkpoint": f"{len(seen)} samples before the save",
+                "resumed": f"{len(again)} of them seen again",
+                "ok": not again,
+                **({"first_replayed": list(again[0])} if again else {}),
+            }
+        )
+    failed = [i for i in items if not i["ok"]]
+    if not items:
+        return CheckResult(
+            "continuity",
+            True,
+            None,
+            0,
+            skipped=True,
+            detail={"reason": "the checkpoint records nothing comparable"},
+        )
+    return CheckResult(
+        name="continuity",
+        ok=not failed,
+        statistic=len(failed),
+        threshold=0,
+        detail={
+            "source": "lookahead" if la else "component summaries",
+            "items": items,
+            "failed": [i["what"] for i in failed],
+        },
+    )
+
+
+__all__ = [
+    "DEFAULT_NOISE_FACTOR",
+    "EXACT_FIELDS",
+    "NUMERIC_FIELDS",
+    "TWIN_FIELDS",
+    "CheckResult",
+    "NoiseFloor",
+    "checkpoint_facts",
+    "continuity",
+    "exposure",
+    "jsonable",
+    "noise_floor",
+    "same",
+    "samples",
+    "twin",
+]

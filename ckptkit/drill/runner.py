@@ -1,0 +1,725 @@
+"""Run a resume drill: the reference and resumed processes, then the checks and the verdict.
+
+The drill drives the user's own training command through environment variables (the
+contract of :mod:`ckptkit.drill.contract`, plus the variables below that only the runner
+sets), so no code change is needed beyond using ``CheckpointManager`` and ``Recorder``:
+
+1. **reference** (``--repeat R`` times): a fresh start (or ``--from CKPT``), save after step
+   ``W = start + steps_before``, continue uninterrupted to ``W + steps_after`` in one process;
+2. **resumed**: a new process restores the step-``W`` checkpoint of reference 0 and runs to
+   ``W + steps_after``;
+3. the checks of :mod:`ckptkit.drill.compare` (and the informational window check of
+   :mod:`ckptkit.drill.stats`), then :func:`ckptkit.drill.diagnose.diagnose`.
+
+Every run gets its own checkpoint directory (``CKPTKIT_CKPT_DIR``) and metrics file
+(``CKPTKIT_METRICS``); the thread count is pinned identically in all of them
+(``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, default 1): a 1→2 thread change alone changes the
+order of floating-point reductions and so gives last-bit differences.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ckptkit import manifest as mf
+from ckptkit.drill import compare, diagnose
+from ckptkit.drill.contract import (
+    ENV_CKPT_DIR,
+    ENV_DEVICE,
+    ENV_RESUME_FROM,
+    ENV_ROLE,
+    ENV_SAVE_AT,
+    ENV_STOP_AT,
+    ENV_THREADS,
+)
+from ckptkit.errors import CkptkitError, DrillError
+from ckptkit.recorder import ENV_METRICS, read_jsonl
+
+TAIL_LINES = 20
+"""How many last lines of each run's stdout/stderr the report keeps."""
+
+Role = Literal["reference", "resumed"]
+
+
+@dataclass
+class DrillConfig:
+    """What to drill and how.
+
+    Example:
+        >>> cfg = DrillConfig(command=["python", "train.py"], steps_before=5, steps_after=5)
+        >>> cfg.repeat, cfg.threads
+        (1, 1)
+    """
+
+    command: Sequence[str]
+    """The training command (argv list)."""
+    steps_before: int = 10
+    """``W``: steps from the start (or from ``from_ckpt``) to the save."""
+    steps_after: int = 10
+    """``N``: steps after the save, run by both the reference and the resumed run."""
+    from_ckpt: Path | None = None
+    """Start the reference from this checkpoint instead of from scratch."""
+    repeat: int = 1
+    """Reference runs; with 2 or more the run-to-run noise floor is measured."""
+    threads: int = 1
+    """Intra-op threads, pinned identically in every run."""
+    device: str = "cpu"
+    """Passed to the script as ``CKPTKIT_DEVICE``."""
+    pass_device: bool = False
+    """Also append ``--device DEVICE`` to the command."""
+    workdir: Path | None = None
+    """Where the runs write (default: a temporary directory)."""
+    keep: bool = False
+    """Keep the workdir even when the drill passes (it is always kept on failure)."""
+    isolate: bool = False
+    """Run each process in its own directory (for scripts that write relative paths)."""
+    timeout: float | None = None
+    """Seconds each process may run."""
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    """Overrides: ``noise_factor``, per-field absolute tolerances, window thresholds."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables for every run."""
+
+
+@dataclass
+class RunResult:
+    """One process of the drill."""
+
+    role: Role
+    index: int
+    argv: list[str]
+    returncode: int
+    wall_s: float
+    records: list[dict[str, Any]]
+    run_dir: Path
+    ckpt_dir: Path
+    metrics_path: Path
+    stdout_tail: list[str]
+    stderr_tail: list[str]
+    launched_at: float
+    ended_at: float
+    summary: dict[str, Any] | None = None
+    """The last JSON object the script printed on stdout (e.g. ``param_hash``), if any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        steps = [r.get("step") for r in self.records]
+        return {
+            "role": self.role,
+            "index": self.index,
+            "argv": list(self.argv),
+            "returncode": self.returncode,
+            "wall_s": round(self.wall_s, 3),
+            "records": len(self.records),
+            "first_step": steps[0] if steps else None,
+            "last_step": steps[-1] if steps else None,
+            "ckpt_dir": str(self.ckpt_dir),
+            "metrics": str(self.metrics_path),
+            "summary": self.summary,
+            "stdout_tail": self.stdout_tail,
+            "stderr_tail": self.stderr_tail,
+        }
+
+
+@dataclass
+class DrillReport:
+    """Everything the drill found; renderers in :mod:`ckptkit.render.drill` print it."""
+
+    ok: bool
+    command: list[str]
+    config: dict[str, Any]
+    checks: list[compare.CheckResult]
+    diagnosis: diagnose.Diagnosis
+    runs: list[RunResult]
+    overhead: dict[str, Any]
+    noise: compare.NoiseFloor
+    checkpoint: Path
+    workdir: Path
+    workdir_kept: bool = True
+    plot: Path | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every non-informational check passed, else 1."""
+        return 0 if self.ok else 1
+
+    @property
+    def reference(self) -> RunResult:
+        return next(r for r in self.runs if r.role == "reference")
+
+    @property
+    def resumed(self) -> RunResult:
+        return next(r for r in self.runs if r.role == "resumed")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report (``schemas/drill-report.schema.json``)."""
+        return compare.jsonable(
+            {
+                "schema_version": 1,
+                "ok": self.ok,
+                "command": self.command,
+                "config": self.config,
+                "checkpoint": str(self.checkpoint),
+                "workdir": str(self.workdir) if self.workdir_kept else None,
+                "checks": [c.to_dict() for c in self.checks],
+                "diagnosis": self.diagnosis.to_dict(),
+                "noise_floor": self.noise.to_dict(),
+                "runs": [r.to_dict() for r in self.runs],
+                "overhead": self.overhead,
+                "plot": str(self.plot) if self.plot else None,
+            }
+        )
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = None) -> DrillReport:
+    """Run the reference and resumed processes, compare them, diagnose, measure overhead.
+
+    Args:
+        config: what to run.
+        on_event: called with a one-line progress message as each run starts.
+
+    Returns:
+        The report; ``report.ok`` is False when any check failed.
+
+    Raises:
+        DrillError: a run crashed, wrote no metrics, or no checkpoint appeared at the save
+            step; the message holds the script's last output lines.
+
+    Example:
+        >>> cfg = DrillConfig(command=[sys.executable, "-m", "ckptkit.examples.tiny_lm"],
+        ...                   steps_before=10, steps_after=10)
+        >>> report = run_drill(cfg)  # doctest: +SKIP
+        >>> report.ok  # doctest: +SKIP
+        True
+    """
+    if not config.command:
+        raise DrillError("no training command given", hint="ckptkit drill [OPTIONS] -- CMD ...")
+    if config.steps_before < 1 or config.steps_after < 1:
+        raise DrillError(
+            "steps_before and steps_after must be >= 1",
+            hint="e.g. --steps-before 10 --steps-after 10",
+        )
+    if config.repeat < 1:
+        raise DrillError("repeat must be >= 1", hint="--repeat 2 measures the noise floor")
+    say = on_event or (lambda _msg: None)
+    t0 = time.time()
+    own_tmp = config.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="ckptkit-drill-")) if own_tmp else Path(config.workdir)  # type: ignore[arg-type]
+    workdir.mkdir(parents=True, exist_ok=True)
+    start = _start_step(config.from_ckpt)
+    save_at = start + config.steps_before
+    stop_at = save_at + config.steps_after
+
+    refs: list[RunResult] = []
+    for i in range(config.repeat):
+        say(
+            f"reference {i + 1}/{config.repeat}: steps {start + 1}..{stop_at}, save after {save_at}"
+        )
+        env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at)}
+        if config.from_ckpt is not None:
+            env[ENV_RESUME_FROM] = str(Path(config.from_ckpt).resolve())
+        run = _run_one(config, "reference", i, env, workdir)
+        _expect_steps(run, first=start + 1, last=stop_at)
+        refs.append(run)
+    ckpt = find_checkpoint(refs[0].ckpt_dir, save_at)
+    if ckpt is None and config.isolate:
+        # A script that ignores $CKPTKIT_CKPT_DIR wrote under its own run directory.
+        from ckptkit.manager import step_dir_name
+
+        found = sorted(
+            p
+            for p in refs[0].run_dir.rglob(step_dir_name(save_at))
+            if (p / mf.MANIFEST_NAME).is_file()
+        )
+        ckpt = found[0] if found else None
+    if ckpt is None:
+        raise DrillError(
+            f"no checkpoint for step {save_at} appeared in {refs[0].ckpt_dir}"
+            + _tail_text(refs[0]),
+            path=refs[0].ckpt_dir,
+            hint=f"make the script save after step ${ENV_SAVE_AT} into ${ENV_CKPT_DIR} "
+            "(see docs/drills.md)",
+        )
+    say(f"resumed: restore {ckpt.name}, steps {save_at + 1}..{stop_at}")
+    resumed = _run_one(
+        config,
+        "resumed",
+        0,
+        {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at)},
+        workdir,
+    )
+    if not resumed.records:
+        raise DrillError(
+            "the resumed run wrote no metrics records" + _tail_text(resumed),
+            path=resumed.metrics_path,
+            hint=f"log every step with ckptkit.Recorder (it writes to ${ENV_METRICS})",
+        )
+
+    t_stats = time.time()
+    facts = compare.checkpoint_facts(ckpt)
+    noise = compare.noise_floor(
+        [r.records for r in refs],
+        start=save_at,
+        stop=stop_at,
+        finals=[_final_hash(r) for r in refs],
+    )
+    ref = refs[0]
+    twin = compare.twin(
+        ref.records,
+        resumed.records,
+        start=save_at,
+        stop=stop_at,
+        noise=noise,
+        thresholds=config.thresholds,
+        final=(_final_hash(ref), _final_hash(resumed)),
+    )
+    exposure = compare.exposure(ref.records, resumed.records, start=save_at, stop=stop_at)
+    continuity = compare.continuity(
+        facts, resumed.records, reference=ref.records, save_step=save_at
+    )
+    checks = [twin, exposure, continuity]
+    window = _window(ref.records, resumed.records, save_at, stop_at, config.thresholds)
+    if window is not None:
+        checks.append(window)
+    diag = diagnose.diagnose(ref.records, resumed.records, checks, start=save_at, stop=stop_at)
+    stats_s = time.time() - t_stats
+    ok = all(c.ok for c in checks if not c.informational)
+
+    runs = [*refs, resumed]
+    overhead = _overhead(refs, resumed, save_at=save_at, stats_s=stats_s, total_s=time.time() - t0)
+    keep = config.keep or not ok or not own_tmp
+    cfg = {
+        "steps_before": config.steps_before,
+        "steps_after": config.steps_after,
+        "start_step": start,
+        "save_step": save_at,
+        "stop_step": stop_at,
+        "from_checkpoint": str(config.from_ckpt) if config.from_ckpt else None,
+        "repeat": config.repeat,
+        "threads": config.threads,
+        "device": config.device,
+        "thresholds": dict(config.thresholds),
+    }
+    report = DrillReport(
+        ok=ok,
+        command=list(config.command),
+        config=cfg,
+        checks=checks,
+        diagnosis=diag,
+        runs=runs,
+        overhead=overhead,
+        noise=noise,
+        checkpoint=ckpt,
+        workdir=workdir,
+        workdir_kept=keep,
+    )
+    return report
+
+
+def cleanup(report: DrillReport) -> None:
+    """Remove the drill's temporary workdir unless the report says to keep it.
+
+    Call it after rendering (the plot reads the records, which are in memory).
+
+    Example:
+        >>> cleanup(report)  # doctest: +SKIP
+    """
+    if not report.workdir_kept:
+        shutil.rmtree(report.workdir, ignore_errors=True)
+
+
+def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
+    """Return the committed checkpoint of ``step`` under ``ckpt_dir`` (or None).
+
+    Looks for the manager's ``step-NNNNNNNN`` directory first, then any directory (up to
+    two levels down, or ``ckpt_dir`` itself) whose manifest records ``step``.
+
+    Example:
+        >>> find_checkpoint(Path("/nonexistent"), 10) is None
+        True
+    """
+    from ckptkit.manager import step_dir_name
+
+    if not ckpt_dir.is_dir():
+        return None
+    direct = ckpt_dir / step_dir_name(step)
+    if (direct / mf.MANIFEST_NAME).is_file():
+        return direct
+    candidates = [ckpt_dir, *ckpt_dir.glob("*"), *ckpt_dir.glob("*/*")]
+    for c in candidates:
+        if c.is_dir() and not c.is_symlink() and (c / mf.MANIFEST_NAME).is_file():
+            try:
+                if mf.read(c).step == step:
+                    return c
+            except CkptkitError:
+                continue
+    return None
+
+
+def _start_step(from_ckpt: Path | None) -> int:
+    if from_ckpt is None:
+        return 0
+    path = Path(from_ckpt)
+    m = mf.read(path)
+    if m.step is not None:
+        return int(m.step)
+    prog = m.components.get("progress")
+    if prog is not None and isinstance(prog.summary.get("step"), int):
+        return int(prog.summary["step"])
+    raise DrillError(
+        "the --from checkpoint records no step",
+        path=path,
+        hint="save it with CheckpointManager (which records the step)",
+    )
+
+
+def _run_one(
+    config: DrillConfig, role: Role, index: int, contract: Mapping[str, str], workdir: Path
+) -> RunResult:
+    name = f"{role}-{index}" if role == "reference" else role
+    run_dir = workdir / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    ckpt_dir = run_dir / "ckpt"
+    metrics = run_dir / "metrics.jsonl"
+    argv = [str(a) for a in config.command]
+    if argv and argv[0] in ("python", "python3"):
+        # "python" in a drill definition means the interpreter running the drill (the one
+        # ckptkit is installed in), not whatever PATH finds first.
+        argv[0] = sys.executable
+    if config.pass_device:
+        argv += ["--device", config.device]
+    env = dict(os.environ)
+    for var in (ENV_SAVE_AT, ENV_STOP_AT, ENV_RESUME_FROM):
+        env.pop(var, None)
+    threads = str(config.threads)
+    env.update(
+        {
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            ENV_THREADS: threads,
+            ENV_DEVICE: config.device,
+            ENV_ROLE: role,
+            ENV_CKPT_DIR: str(ckpt_dir.resolve()),
+            ENV_METRICS: str(metrics.resolve()),
+        }
+    )
+    env.setdefault("PYTHONHASHSEED", "0")
+    if config.device.startswith("cuda"):
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env.update(contract)
+    env.update(config.env)
+    cwd: Path | None = None
+    if config.isolate:
+        here = Path.cwd()
+        cwd = run_dir
+        argv = [argv[0], *(_absolutize(a, here) for a in argv[1:])]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here), env.get("PYTHONPATH")) if p)
+    out_path, err_path = run_dir / "stdout.txt", run_dir / "stderr.txt"
+    launched = time.time()
+    try:
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, env=env, cwd=cwd, stdin=subprocess.DEVNULL
+            )
+            try:
+                rc = proc.wait(timeout=config.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = -9
+    except OSError as e:
+        raise DrillError(
+            f"cannot start {argv[0]!r}: {e.strerror or e}", hint="check the command after '--'"
+        ) from None
+    ended = time.time()
+    stdout = out_path.read_text(errors="replace").splitlines()
+    stderr = err_path.read_text(errors="replace").splitlines()
+    records = read_jsonl(metrics) if metrics.exists() else []
+    result = RunResult(
+        role=role,
+        index=index,
+        argv=argv,
+        returncode=rc,
+        wall_s=ended - launched,
+        records=records,
+        run_dir=run_dir,
+        ckpt_dir=ckpt_dir,
+        metrics_path=metrics,
+        stdout_tail=stdout[-TAIL_LINES:],
+        stderr_tail=stderr[-TAIL_LINES:],
+        launched_at=launched,
+        ended_at=ended,
+        summary=_last_json(stdout),
+    )
+    if rc != 0:
+        why = "timed out" if rc == -9 and config.timeout else f"exited with status {rc}"
+        raise DrillError(
+            f"the {name} run {why}" + _tail_text(result),
+            path=run_dir,
+            hint="fix the script so it runs to the stop step, then drill again",
+        )
+    return result
+
+
+def _expect_steps(run: RunResult, *, first: int, last: int) -> None:
+    if not run.records:
+        raise DrillError(
+            f"the {run.role} run wrote no metrics records" + _tail_text(run),
+            path=run.metrics_path,
+            hint=f"log every step with ckptkit.Recorder (it writes to ${ENV_METRICS})",
+        )
+    got = run.records[0].get("step")
+    if got != first:
+        raise DrillError(
+            f"the {run.role} run started at step {got}, expected {first}: it did not start "
+            "where the drill asked (did it restore a checkpoint from its own directory?)",
+            path=run.run_dir,
+            hint=f"make the script save into ${ENV_CKPT_DIR} (each run gets an empty one) or "
+            "run the drill with --isolate",
+        )
+    if run.records[-1].get("step") != last:
+        raise DrillError(
+            f"the {run.role} run stopped at step {run.records[-1].get('step')}, expected {last}",
+            path=run.run_dir,
+            hint=f"make the script stop after step ${ENV_STOP_AT}",
+        )
+
+
+def _absolutize(arg: str, here: Path) -> str:
+    if arg.startswith("-") or os.path.isabs(arg):
+        return arg
+    p = here / arg
+    return str(p) if p.exists() else arg
+
+
+def _last_json(lines: Sequence[str]) -> dict[str, Any] | None:
+    for line in reversed(lines):
+        s = line.strip()
+        if s.startswith("{") and s.endswith("}"):
+            try:
+                obj = json.loads(s)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
+
+
+def _final_hash(run: RunResult) -> str | None:
+    for rec in reversed(run.records):
+        if "param_hash" in rec:
+            return str(rec["param_hash"])
+    if run.summary and "param_hash" in run.summary:
+        return str(run.summary["param_hash"])
+    return None
+
+
+def _tail_text(run: RunResult) -> str:
+    lines = (run.stderr_tail or run.stdout_tail)[-8:]
+    if not lines:
+        return ""
+    return "; last output:\n  " + "\n  ".join(lines) + "\n"
+
+
+def _window(
+    ref: list[dict[str, Any]],
+    resumed: list[dict[str, Any]],
+    save_at: int,
+    stop_at: int,
+    thresholds: Mapping[str, float],
+) -> compare.CheckResult | None:
+    try:
+        from ckptkit.drill.stats import window_check
+    except ImportError:  # the window monitor is optional
+        return None
+    pre = [r for r in ref if isinstance(r.get("step"), int) and r["step"] <= save_at]
+    post_ref = [r for r in ref if isinstance(r.get("step"), int) and save_at < r["step"] <= stop_at]
+    out = window_check(pre, resumed, thresholds=dict(thresholds), reference_records=post_ref)
+    known = {"name", "ok", "statistic", "threshold", "informational"}
+    detail = {k: v for k, v in out.items() if k not in known}
+    if isinstance(detail.get("detail"), str):
+        detail["summary"] = detail.pop("detail")
+    return compare.CheckResult(
+        name=str(out.get("name", "window")),
+        ok=bool(out.get("ok", True)),
+        statistic=out.get("statistic"),
+        threshold=out.get("threshold"),
+        informational=bool(out.get("informational", True)),
+        detail=detail,
+    )
+
+
+# ------------------------------------------------------------------------------- overhead
+
+
+def _timing(run: RunResult, *, save_at: int | None) -> dict[str, float]:
+    """Split one run's wall time into start-up, training, save and tear-down.
+
+    From the record timestamps: the median gap between consecutive records is one step;
+    the time before the first record beyond one step is start-up (imports, setup,
+    restore); the excess of the gap after the save step is the save.
+    """
+    times = [float(r["time"]) for r in run.records if isinstance(r.get("time"), int | float)]
+    steps = [r.get("step") for r in run.records]
+    if not times:
+        return {"startup_s": run.wall_s, "train_s": 0.0, "save_s": 0.0, "teardown_s": 0.0}
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    step_s = statistics.median(gaps) if gaps else 0.0
+    save_s = 0.0
+    if save_at is not None and save_at in steps:
+        i = steps.index(save_at)
+        if i + 1 < len(times):
+            save_s = max(0.0, times[i + 1] - times[i] - step_s)
+    startup = max(0.0, times[0] - run.launched_at - step_s)
+    train = max(0.0, times[-1] - times[0] + step_s - save_s)
+    return {
+        "startup_s": startup,
+        "train_s": train,
+        "save_s": save_s,
+        "teardown_s": max(0.0, run.ended_at - times[-1]),
+        "step_s": step_s,
+    }
+
+
+def _overhead(
+    refs: list[RunResult], resumed: RunResult, *, save_at: int, stats_s: float, total_s: float
+) -> dict[str, Any]:
+    ref_t = [_timing(r, save_at=save_at) for r in refs]
+    res_t = _timing(resumed, save_at=None)
+    train = sum(t["train_s"] for t in ref_t) + res_t["train_s"]
+    startup = sum(t["startup_s"] for t in ref_t) + res_t["startup_s"]
+    save = sum(t["save_s"] for t in ref_t)
+    # The resumed start-up minus a fresh start-up is the restore (same imports and setup).
+    restore = max(0.0, res_t["startup_s"] - ref_t[0]["startup_s"])
+    teardown = sum(t["teardown_s"] for t in ref_t) + res_t["teardown_s"]
+    overhead = max(0.0, total_s - train)
+    return {
+        "total_s": _r(total_s),
+        "training_s": _r(train),
+        "process_start_s": _r(startup - restore),
+        "save_s": _r(save),
+        "restore_s": _r(restore),
+        "teardown_s": _r(teardown),
+        "statistics_s": _r(stats_s),
+        "overhead_s": _r(overhead),
+        "overhead_fraction": _r(overhead / total_s) if total_s > 0 else None,
+        "step_s": _r(ref_t[0].get("step_s", 0.0)),
+        "method": "estimated from record timestamps: start-up is the time to the first "
+        "record less one step; restore is the resumed start-up less the fresh one; save is "
+        "the excess of the gap after the save step",
+    }
+
+
+def _r(x: float) -> float:
+    return round(x, 4) if math.isfinite(x) else x
+
+
+CONFIG_KEYS = frozenset(
+    {
+        "command",
+        "steps_before",
+        "steps_after",
+        "device",
+        "threads",
+        "repeat",
+        "thresholds",
+        "pass_device",
+        "isolate",
+        "timeout",
+        "env",
+        "from_ckpt",
+    }
+)
+"""Keys a drill TOML file may set (at top level or under ``[drill]``)."""
+
+
+def load_config(path: str | Path, **overrides: Any) -> DrillConfig:
+    """Read a drill TOML file (e.g. ``drills/tiny_lm.toml``); non-None overrides win.
+
+    Raises:
+        DrillError: the file is not valid TOML, has unknown keys or no command.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "d.toml"
+        >>> _ = p.write_text('command = ["python", "train.py"]\\nsteps_before = 4\\n')
+        >>> cfg = load_config(p, steps_after=3)
+        >>> cfg.command, cfg.steps_before, cfg.steps_after
+        (['python', 'train.py'], 4, 3)
+    """
+    import tomllib
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise DrillError(f"not valid TOML: {e}", path=path, hint="fix the drill file") from None
+    if isinstance(data.get("drill"), dict):
+        data = data["drill"]
+    unknown = sorted(set(data) - CONFIG_KEYS)
+    if unknown:
+        raise DrillError(
+            f"unknown keys {unknown}", path=path, hint=f"use only {sorted(CONFIG_KEYS)}"
+        )
+    values: dict[str, Any] = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    command = values.get("command")
+    if isinstance(command, str):
+        import shlex
+
+        command = shlex.split(command)
+    if not command or not all(isinstance(a, str) for a in command):
+        raise DrillError(
+            "no command (a list of strings) given",
+            path=path,
+            hint='command = ["python", "-m", "my.train"]',
+        )
+    values["command"] = command
+    if values.get("from_ckpt") is not None:
+        values["from_ckpt"] = Path(values["from_ckpt"])
+    try:
+        return DrillConfig(**values)
+    except TypeError as e:
+        raise DrillError(str(e), path=path, hint="check the drill file's keys") from None
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """Return ``[sys.executable, "-m", module, *args]`` (the bundled drill's command).
+
+    Example:
+        >>> python_command("ckptkit.examples.tiny_lm")[1:]
+        ['-m', 'ckptkit.examples.tiny_lm']
+    """
+    return [sys.executable, "-m", module, *args]
+
+
+__all__ = [
+    "ENV_CKPT_DIR",
+    "ENV_DEVICE",
+    "ENV_ROLE",
+    "ENV_THREADS",
+    "DrillConfig",
+    "DrillReport",
+    "RunResult",
+    "cleanup",
+    "find_checkpoint",
+    "load_config",
+    "python_command",
+    "run_drill",
+]

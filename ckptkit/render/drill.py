@@ -1,0 +1,237 @@
+"""Drill report output: a rich terminal summary, JSON, JUnit XML and a loss/grad-norm plot.
+
+Each renderer takes a :class:`~ckptkit.drill.runner.DrillReport`; the JSON conforms to
+``schemas/drill-report.schema.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from ckptkit.drill.runner import DrillReport
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, soft_wrap=False, width=None if out.isatty() else 120, highlight=False)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _check_summary(c: dict[str, Any]) -> str:
+    d = c["detail"]
+    if c.get("skipped"):
+        return str(d.get("reason", "skipped"))
+    if c["name"] == "twin":
+        fd = d.get("first_divergence")
+        if not fd:
+            modes = set((d.get("modes") or {}).values())
+            how = "bitwise" if modes <= {"bitwise"} else "within the noise floor"
+            return f"{len(d.get('compared', []))} fields equal ({how}) at every step"
+        vals = "; ".join(
+            f"{k}: {_fmt(v['reference'])} → {_fmt(v['resumed'])}" for k, v in fd["values"].items()
+        )
+        return f"first divergence at step {fd['step']}: {vals}"
+    if c["name"] == "exposure":
+        return (
+            f"{d['samples']['resumed']}/{d['samples']['reference']} samples; replayed "
+            f"{d['replayed']}, skipped {d['skipped']}, unexpected {d['unexpected']}, "
+            f"content changed {d['content_changed']}"
+        )
+    if c["name"] == "continuity":
+        bad = [i for i in d.get("items", []) if not i["ok"]]
+        if not bad:
+            return f"{len(d.get('items', []))} items match ({d.get('source')})"
+        return "; ".join(
+            f"{i['what']}: recorded {_fmt(i['checkpoint'])}, resumed {_fmt(i['resumed'])}"
+            for i in bad
+        )
+    return str(d.get("summary", ""))
+
+
+def render_text(report: DrillReport, out: TextIO) -> None:
+    """Print the verdict, the checks table, the diagnosis and the overhead.
+
+    Example:
+        >>> render_text(report, sys.stdout)  # doctest: +SKIP
+    """
+    con = _console(out)
+    d = report.to_dict()
+    cfg = d["config"]
+    verdict = "[bold green]PASSED[/]" if d["ok"] else "[bold red]FAILED[/]"
+    con.print(
+        f"{verdict} resume drill: save after step {cfg['save_step']}, compare steps "
+        f"{cfg['save_step'] + 1}..{cfg['stop_step']} ({cfg['repeat']} reference run(s), "
+        f"{cfg['threads']} thread(s), {cfg['device']})"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    for col in ("check", "verdict", "statistic", "threshold", "detail"):
+        table.add_column(col, overflow="fold")
+    for c in d["checks"]:
+        if c.get("skipped"):
+            mark = "[dim]skipped[/]"
+        elif c["ok"]:
+            mark = "[green]pass[/]"
+        else:
+            mark = "[yellow]drift[/]" if c["informational"] else "[red]FAIL[/]"
+        name = c["name"] + (" (info)" if c["informational"] else "")
+        table.add_row(name, mark, _fmt(c["statistic"]), _fmt(c["threshold"]), _check_summary(c))
+    con.print(table)
+    diag = d["diagnosis"]
+    if diag["component"] != "none":
+        con.print(
+            f"[bold]diagnosis:[/] [bold red]{diag['component']}[/] "
+            f"({diag['confidence']} confidence)"
+        )
+        for e in diag["evidence"]:
+            con.print(f"  - {e}")
+        con.print(f"  [bold]fix:[/] {diag['hint']}")
+    noise = d["noise_floor"]
+    if noise["measured"]:
+        state = (
+            "bitwise reproducible"
+            if noise["deterministic"]
+            else "not bitwise reproducible: " + ", ".join(noise["noisy_fields"])
+        )
+        con.print(f"noise floor over {noise['runs']} reference runs: {state}")
+    o = d["overhead"]
+    con.print(
+        f"time: {o['total_s']:.1f}s total, training {o['training_s']:.1f}s; drill overhead "
+        f"{o['overhead_s']:.1f}s ({100 * (o['overhead_fraction'] or 0):.0f}%): process start "
+        f"{o['process_start_s']:.1f}s, save {o['save_s']:.2f}s, restore {o['restore_s']:.2f}s, "
+        f"statistics {o['statistics_s']:.2f}s"
+    )
+    if d["workdir"]:
+        con.print(f"runs kept in {d['workdir']}")
+
+
+def render_json(report: DrillReport, out: TextIO) -> None:
+    """Write the report as JSON (``schemas/drill-report.schema.json``).
+
+    Example:
+        >>> render_json(report, sys.stdout)  # doctest: +SKIP
+    """
+    json.dump(report.to_dict(), out, indent=2, allow_nan=False)
+    out.write("\n")
+
+
+def render_junit(report: DrillReport, out: TextIO) -> None:
+    """Write JUnit XML: one testcase per check (informational ones never fail).
+
+    Example:
+        >>> render_junit(report, sys.stdout)  # doctest: +SKIP
+    """
+    d = report.to_dict()
+    checks = d["checks"]
+    failures = [c for c in checks if not c["ok"] and not c["informational"]]
+    suites = ET.Element("testsuites", name="ckptkit drill")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="resume drill",
+        tests=str(len(checks)),
+        failures=str(len(failures)),
+        skipped=str(sum(1 for c in checks if c.get("skipped"))),
+        time=f"{d['overhead']['total_s']:.3f}",
+    )
+    diag = d["diagnosis"]
+    for c in checks:
+        case = ET.SubElement(suite, "testcase", classname="ckptkit.drill", name=c["name"])
+        text = json.dumps(c["detail"], indent=1)
+        if c.get("skipped"):
+            ET.SubElement(case, "skipped", message=_check_summary(c))
+        elif not c["ok"] and not c["informational"]:
+            msg = (
+                f"{c['name']}: statistic {_fmt(c['statistic'])} > threshold "
+                f"{_fmt(c['threshold'])}; {_check_summary(c)}"
+            )
+            fail = ET.SubElement(case, "failure", message=msg, type=f"drill.{c['name']}")
+            fail.text = (
+                f"diagnosis: {diag['component']} ({diag['confidence']})\n"
+                + "\n".join(diag["evidence"])
+                + f"\nFix: {diag['hint']}\n\n{text}"
+            )
+        else:
+            ET.SubElement(case, "system-out").text = f"{_check_summary(c)}\n{text}"
+    out.write(ET.tostring(suites, encoding="unicode"))
+    out.write("\n")
+
+
+def render_plot(report: DrillReport, path: Path) -> str | None:
+    """Plot loss and grad norm vs step: pre-save window, reference, resumed; save marked.
+
+    Returns:
+        None when written, else why not (matplotlib is optional: ``pip install matplotlib``).
+
+    Example:
+        >>> render_plot(report, Path("drill.png"))  # doctest: +SKIP
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib); no plot written"
+    save = report.config["save_step"]
+    stop = report.config["stop_step"]
+    ref = report.reference.records
+    series = {
+        "pre-save window": [r for r in ref if _step(r) is not None and _step(r) <= save],  # type: ignore[operator]
+        "reference": [r for r in ref if _step(r) is not None and save <= _step(r) <= stop],  # type: ignore[operator]
+        "resumed": list(report.resumed.records),
+    }
+    # Start the resumed line at the saved step so both continuations visibly branch there.
+    series["resumed"][:0] = [r for r in series["pre-save window"] if _step(r) == save][:1]
+    styles = {
+        "pre-save window": ("tab:gray", "-"),
+        "reference": ("tab:blue", "-"),
+        "resumed": ("tab:orange", "--"),
+    }
+    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
+    for ax, key in zip(axes, ("loss", "grad_norm"), strict=True):
+        for label, recs in series.items():
+            pts = [
+                (_step(r), r[key])
+                for r in recs
+                if isinstance(r.get(key), int | float) and _step(r) is not None
+            ]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                color, ls = styles[label]
+                ax.plot(xs, ys, color=color, linestyle=ls, label=label, linewidth=1.2)
+        ax.axvline(save, color="tab:red", linestyle=":", label=f"save (step {save})")
+        ax.set_ylabel(key.replace("_", " "))
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize=8)
+    axes[-1].set_xlabel("step")
+    verdict = "PASSED" if report.ok else f"FAILED ({report.diagnosis.component})"
+    fig.suptitle(f"ckptkit resume drill: {verdict}")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def _step(r: dict[str, Any]) -> int | None:
+    s = r.get("step")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+
+DRILL_RENDERERS = {"text": render_text, "json": render_json, "junit": render_junit}
+"""Drill report renderers by name."""
+
+__all__ = ["DRILL_RENDERERS", "render_json", "render_junit", "render_plot", "render_text"]

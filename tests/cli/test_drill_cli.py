@@ -1,0 +1,121 @@
+"""``ckptkit drill``: options, outputs (text, JSON, JUnit, plot) and exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from ckptkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "integration" / "drill_script.py"
+
+
+def invoke(*args: str) -> object:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_failing_drill_exits_1_and_writes_every_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = invoke(
+        "drill",
+        "-W",
+        "4",
+        "-N",
+        "4",
+        "-q",
+        "--workdir",
+        str(tmp_path / "runs"),
+        "--json",
+        str(out / "r.json"),
+        "--junit",
+        str(tmp_path / "r.xml"),
+        "--plot",
+        str(out / "p.png"),
+        "--",
+        sys.executable,
+        str(SCRIPT),
+        "--fault",
+        "lr-changed",
+    )
+    assert res.exit_code == 1, res.output  # type: ignore[attr-defined]
+    assert "FAILED" in res.output and "hyperparameters" in res.output  # type: ignore[attr-defined]
+    report = json.loads((out / "r.json").read_text())
+    schema = json.loads((ROOT / "schemas" / "drill-report.schema.json").read_text())
+    jsonschema.validate(report, schema)
+    assert report["ok"] is False
+    assert report["diagnosis"]["component"] == "hyperparameters"
+    assert report["config"]["save_step"] == 4 and report["config"]["stop_step"] == 8
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite is not None
+    names = [c.get("name") for c in suite.iter("testcase")]
+    assert names[:3] == ["twin", "exposure", "continuity"]
+    assert int(suite.get("failures", "0")) >= 1
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib" in res.output  # type: ignore[attr-defined]
+    else:
+        assert (out / "p.png").read_bytes()[:4] == b"\x89PNG"
+        assert report["plot"] == str(out / "p.png")
+
+
+def test_crash_exits_2_with_the_script_output(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main,
+        [
+            "drill",
+            "-W",
+            "3",
+            "-N",
+            "3",
+            "-q",
+            "--json",
+            "-",
+            "--",
+            sys.executable,
+            str(SCRIPT),
+            "--fault",
+            "no-save",
+        ],
+        catch_exceptions=False,
+    )
+    assert res.exit_code == 2
+    assert "no checkpoint for step 3" in res.output
+
+
+def test_no_command_is_a_usage_error() -> None:
+    res = invoke("drill", "-W", "3")
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    assert "training command" in res.output  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("body", ['command = "x"\nbogus = 1\n', "command = [\n"])
+def test_bad_config_exits_2(tmp_path: Path, body: str) -> None:
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(body)
+    res = invoke("drill", "--config", str(cfg))
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    assert str(cfg) in res.output  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_config_file_drill_passes_with_json_on_stdout(tmp_path: Path) -> None:
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(
+        "[drill]\n"
+        f"command = {json.dumps([sys.executable, str(SCRIPT)])}\n"
+        "steps_before = 3\nsteps_after = 3\nthreads = 1\n"
+        "[drill.thresholds]\nnoise_factor = 4.0\n"
+    )
+    res = invoke("drill", "--config", str(cfg), "-q", "--json", "-")
+    assert res.exit_code == 0, res.output  # type: ignore[attr-defined]
+    report = json.loads(res.output)  # type: ignore[attr-defined]
+    assert report["ok"] and report["diagnosis"]["component"] == "none"
+    assert report["workdir"] is None  # a passing drill cleans up its temporary runs

@@ -144,7 +144,7 @@ class Component:
             "where": list(self.where),
         }
         if self.summary:
-            out["summary"] = dict(self.summary)
+            out["summary"] = json_safe(dict(self.summary))
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -273,6 +273,22 @@ class Manifest:
     def from_json(cls, text: str | bytes, *, path: str = MANIFEST_NAME) -> Manifest:
         """Parse and fully validate manifest text (see :func:`parse`)."""
         return cls.from_dict(parse(text, path=path))
+
+
+def json_safe(x: Any) -> Any:
+    """Return ``x`` with non-finite floats tagged as in the state tree (strict JSON has none).
+
+    Example:
+        >>> json_safe({"scale": float("nan"), "ok": [1.0]})
+        {'scale': {'$t': 'float', 'v': 'nan'}, 'ok': [1.0]}
+    """
+    if isinstance(x, float) and not math.isfinite(x):
+        return {"$t": "float", "v": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+    if isinstance(x, Mapping):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def content_digest(obj: Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from ckptkit import _progress
 from ckptkit import manifest as mf
-from ckptkit.errors import UnsafeInputError
+from ckptkit.errors import ManifestError, UnsafeInputError
 from ckptkit.storage import atomic, codec, tensors, tree
 
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -347,7 +347,10 @@ def read_checkpoint(
             if id(t) not in moved:
                 moved[id(t)] = t.to(dev)
             out[k] = moved[id(t)]
-    return tree.decode(m.tree, out), m
+    try:
+        return tree.decode(m.tree, out), m
+    except ManifestError as e:
+        raise ManifestError(e.what, path=root / atomic.MANIFEST_NAME, code=e.code, hint=e.hint) from None
 
 
 _TENSOR_SUFFIXES = (".safetensors", ".safetensors.zst")

@@ -221,7 +221,19 @@ def decode(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
             hint="written by a newer ckptkit? upgrade ckptkit to read it",
         )
 
-    return dec(tree)
+    try:
+        return dec(tree)
+    except ManifestError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+        # A schema-valid manifest can still carry a malformed tagged value (hand-edited or
+        # hostile): report it as a manifest problem, never a traceback.
+        raise ManifestError(
+            f"the state tree is malformed ({type(e).__name__}: {e})",
+            code="CK-M003",
+            hint="the manifest was damaged or edited; roll back to the previous verified "
+            "checkpoint",
+        ) from None
 
 
 def _hashable(k: Any) -> Any:

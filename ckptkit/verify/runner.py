@@ -11,6 +11,7 @@ from typing import Any
 from ckptkit import _progress
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
+from ckptkit.foreign import codes as _foreign_codes  # noqa: F401  (registers CK-F1xx, CK-C1xx)
 from ckptkit.storage import atomic
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
@@ -174,8 +175,13 @@ def verify(
     against_env: bool = False,
     families: Iterable[str] | None = None,
     progress: bool | None = None,
+    format: str | None = None,
 ) -> VerifyResult:
     """Verify one checkpoint, or every checkpoint under a run directory.
+
+    A path without ``manifest.json`` holding a foreign layout (Trainer, Accelerate,
+    Lightning, DCP, torch.save; see :mod:`ckptkit.foreign`) is verified as that format,
+    and so is each foreign child of a run directory (``checkpoint-N/``, ``*.ckpt``).
 
     Args:
         path: a checkpoint directory or a run directory holding several.
@@ -183,6 +189,7 @@ def verify(
         against_env: add the resume-compatibility family (this machine vs the save).
         families: override which check families run.
         progress: show a progress bar (default: on a terminal, for big checkpoints).
+        format: a foreign format name (``ckptkit.foreign.FORMATS``) overriding detection.
 
     Returns:
         A :class:`VerifyResult`; ``.ok`` is False when any error finding (``strict``:
@@ -209,9 +216,40 @@ def verify(
     if against_env and "compat" not in fams:
         fams.append("compat")
     result = VerifyResult(path=root, strict=strict)
+    foreign = _foreign_targets(root, format)
+    if foreign is not None:
+        from ckptkit.foreign.report import verify_foreign
+
+        result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
+        return result
     for ck in find_checkpoints(root):
         result.reports.append(
             verify_one(ck, families=fams, strict=strict, progress=progress,
                        options={"against_env": against_env})
         )
     return result
+
+
+def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None]] | None:
+    """Foreign checkpoints at ``root`` (itself, or its children in a run directory), or None.
+
+    None means: verify natively (a manifest is there, or nothing foreign was found).
+    """
+    from ckptkit.foreign.detect import detect
+
+    if fmt is not None:
+        return [(root, fmt)]
+    if (root / atomic.MANIFEST_NAME).exists():
+        return None
+    found = detect(root)
+    if found is not None:
+        return [(root, found)]
+    if not root.is_dir():
+        from ckptkit.foreign.report import resolve_format
+
+        resolve_format(root, None)  # raises: not a recognised layout
+    if find_checkpoints(root) != [root]:
+        return None
+    children = [(c, detect(c)) for c in sorted(root.iterdir()) if not c.is_symlink()]
+    out: list[tuple[Path, str | None]] = [(c, f) for c, f in children if f is not None]
+    return out or None

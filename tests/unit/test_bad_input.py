@@ -220,3 +220,23 @@ def test_leftover_tmp_dir_reported(saved_ckpt) -> None:  # type: ignore[no-untyp
     (d.parent / f"{d.name}.ckptkit-tmp.deadbeef").mkdir()
     res = ckptkit.verify(d)
     assert [f.code for f in res.findings] == ["CK-F007"] and res.ok
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"$t": "dict", "items": [[]]},
+        {"$t": "dict", "items": None},
+        {"$t": "tuple"},
+        {"$t": "tensor", "key": "nope"},
+        {"$t": "dtype", "v": "not_a_dtype"},
+        {"$t": "npscalar", "dtype": "zzz", "v": 1},
+        {"$t": "from-the-future"},
+    ],
+)
+def test_malformed_tree_tags(saved_ckpt, tree: dict) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    _rewrite_manifest(d, lambda o: o.update(tree={"model": o["tree"]["model"], "x": tree}))
+    err = _load_error(d)
+    assert isinstance(err, ckptkit.ManifestError) and err.code == "CK-M003"
+    assert "manifest.json" in str(err)

@@ -1,0 +1,369 @@
+"""Read the recorded training state for the state checks, defensively.
+
+The manifest passed its schema, but component summaries and the state tree are free-form
+JSON: a damaged or hostile manifest can put any value anywhere. Every accessor here returns
+None (or an empty container) for a value of the wrong type instead of raising, so a check
+skips what it cannot read and never tracebacks; the integrity family reports the damage.
+
+Tensor *values* are read only for the NaN/Inf scan (:func:`nonfinite`), one file at a time,
+through the same verifying reader ``load`` uses, and only files whose tensors belong to the
+model or the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptkit import manifest as mf
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import tensors as tensors_mod
+from ckptkit.storage import tree as tree_mod
+from ckptkit.storage.checkpoint import COMPONENT_ALIASES
+from ckptkit.verify.context import CheckContext
+
+TAG = tree_mod.TAG
+
+
+# --- plain values ----------------------------------------------------------------------------
+
+
+def num(x: Any) -> float | None:
+    """A number (tagged non-finite floats and 0-d tensors' JSON forms included), else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int | float):
+        return float(x)
+    if isinstance(x, Mapping) and x.get(TAG) == "float":
+        v = x.get("v")
+        if v in ("nan", "inf", "-inf"):
+            return float(v)
+    return None
+
+
+def integer(x: Any) -> int | None:
+    """A non-negative integer (an integral float counts), else None."""
+    v = num(x)
+    if v is None or not math.isfinite(v) or not v.is_integer() or v < 0:
+        return None
+    return int(v)
+
+
+def mapping(x: Any) -> Mapping[str, Any]:
+    """``x`` when it is a plain (untagged) JSON object, else an empty mapping."""
+    if isinstance(x, Mapping) and TAG not in x:
+        return x
+    return {}
+
+
+def items(x: Any) -> list[tuple[Any, Any]]:
+    """Key/value pairs of a JSON object or of a tagged dict (``{"$t": "dict", "items": ...}``)."""
+    if isinstance(x, Mapping):
+        if x.get(TAG) == "dict":
+            raw = x.get("items")
+            if not isinstance(raw, list):
+                return []
+            return [(kv[0], kv[1]) for kv in raw if isinstance(kv, list) and len(kv) == 2]
+        if TAG not in x:
+            return list(x.items())
+    return []
+
+
+def seq(x: Any) -> list[Any]:
+    """Items of a JSON array or of a tagged tuple, else an empty list."""
+    if isinstance(x, list):
+        return x
+    if isinstance(x, Mapping) and x.get(TAG) in ("tuple", "size"):
+        raw = x.get("items")
+        return raw if isinstance(raw, list) else []
+    return []
+
+
+def tensor_key(x: Any) -> str | None:
+    """The tensor key of a tensor reference in the tree, else None."""
+    if isinstance(x, Mapping) and x.get(TAG) == "tensor" and isinstance(x.get("key"), str):
+        return str(x["key"])
+    return None
+
+
+# --- manifest views --------------------------------------------------------------------------
+
+
+def manifest(ctx: CheckContext) -> mf.Manifest:
+    assert ctx.manifest is not None  # checks needing ("manifest",) only run with one
+    return ctx.manifest
+
+
+def component(ctx: CheckContext, name: str) -> mf.Component | None:
+    c = manifest(ctx).components.get(name)
+    return c if isinstance(c, mf.Component) else None
+
+
+def present(ctx: CheckContext, name: str) -> bool:
+    c = component(ctx, name)
+    return c is not None and c.present is True
+
+
+def summary(ctx: CheckContext, name: str) -> Mapping[str, Any]:
+    """The component's summary when it is present and has one (TrainState saves), else {}."""
+    c = component(ctx, name)
+    if c is None or c.present is not True:
+        return {}
+    return mapping(c.summary)
+
+
+def tree_part(ctx: CheckContext, name: str) -> Any:
+    """``tree[name]`` of a TrainState-shaped tree (a plain JSON object at the top), else None."""
+    return mapping(manifest(ctx).tree).get(name)
+
+
+def shapes(ctx: CheckContext) -> dict[str, tuple[int, ...]]:
+    """Shape of every tensor the manifest lists, by key."""
+    return {t.key: tuple(t.shape) for t in manifest(ctx).tensors}
+
+
+# --- optimizer view --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptParam:
+    """One parameter the optimizer optimizes, as the checkpoint records it."""
+
+    index: int
+    """Key of its entry in ``state_dict["state"]``."""
+    name: str
+    """Parameter name (``'block.0.weight'``), or ``#i of group g`` when names were not recorded."""
+    shape: tuple[int, ...] | None
+    state: Mapping[str, Any] | None
+    """Its per-parameter state (tree form), None when it has none."""
+
+
+def optimizer_params(ctx: CheckContext) -> list[OptParam] | None:
+    """Every optimized parameter of a TrainState optimizer snapshot, or None if unreadable."""
+    opt = mapping(tree_part(ctx, "optimizer"))
+    sd = mapping(opt.get("state_dict"))
+    groups = sd.get("param_groups")
+    if not isinstance(groups, list) or "state" not in sd:
+        return None
+    state: dict[int, Mapping[str, Any]] = {}
+    for k, v in items(sd.get("state")):
+        idx = integer(k) if not isinstance(k, str) else (int(k) if k.isdigit() else None)
+        if idx is not None and isinstance(v, Mapping):
+            state[idx] = v
+    names = opt.get("param_names")
+    all_shapes = opt.get("param_shapes")
+    out: list[OptParam] = []
+    for gi, g in enumerate(groups):
+        params = seq(mapping(g).get("params"))
+        for pi, raw in enumerate(params):
+            idx = integer(raw)
+            if idx is None:
+                return None
+            name = _nested(names, gi, pi)
+            shape = _nested(all_shapes, gi, pi)
+            out.append(
+                OptParam(
+                    index=idx,
+                    name=name if isinstance(name, str) else f"#{pi} of group {gi}",
+                    shape=_shape(shape),
+                    state=state.get(idx) or None,
+                )
+            )
+    return out
+
+
+def _nested(x: Any, i: int, j: int) -> Any:
+    if isinstance(x, list) and i < len(x) and isinstance(x[i], list) and j < len(x[i]):
+        return x[i][j]
+    return None
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    dims = seq(x)
+    if not isinstance(x, list | Mapping):
+        return None
+    out = [integer(d) for d in dims]
+    return None if any(d is None for d in out) else tuple(d for d in out if d is not None)
+
+
+def model_names_by_key(ctx: CheckContext) -> dict[str, list[str]]:
+    """Tensor key -> state-dict names holding it (tied weights share one key)."""
+    out: dict[str, list[str]] = {}
+    for name, ref in items(tree_part(ctx, "model")):
+        key = tensor_key(ref)
+        if key is not None and isinstance(name, str):
+            out.setdefault(key, []).append(name)
+    return out
+
+
+# --- tensor values: the NaN/Inf scan ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Non-finite values found in one tensor."""
+
+    key: str
+    nan: int
+    posinf: int
+    neginf: int
+
+    @property
+    def total(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+    def describe(self) -> str:
+        parts = [
+            f"{n} {what}"
+            for n, what in ((self.nan, "NaN"), (self.posinf, "+Inf"), (self.neginf, "-Inf"))
+            if n
+        ]
+        return f"'{self.key}' ({', '.join(parts)})"
+
+
+SCANNED = ("model", "optimizer")
+"""Components whose tensors the NaN/Inf scan reads."""
+
+_CACHE: dict[int, dict[str, list[NonFinite]]] = {}
+
+
+def tensor_component(key: str) -> str | None:
+    """Component of a tensor key: its top-level segment, through the plain-save aliases."""
+    head = key.split("/", 1)[0]
+    return COMPONENT_ALIASES.get(head.lower())
+
+
+def nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
+    """Non-finite tensors of the model and the optimizer, by component; computed once per context.
+
+    Files are read one at a time with full verification (size, header, digest); a file
+    that fails is skipped (the integrity family reports it), as is one that is a symlink or
+    resolves outside the checkpoint. ``ctx.options["scan_values"] = False`` skips the scan
+    (a caller that has just scanned the same bytes, or wants a manifest-only verify).
+    """
+    cached = _CACHE.get(id(ctx))
+    if cached is not None:
+        return cached
+    out: dict[str, list[NonFinite]] = {c: [] for c in SCANNED}
+    if ctx.options.get("scan_values", True) is False:
+        return out
+    m = manifest(ctx)
+    wanted: dict[str, dict[str, tensors_mod.HeaderEntry]] = {}
+    for te in m.tensors:
+        if tensor_component(te.key) in SCANNED and _floating(te.dtype):
+            wanted.setdefault(te.file, {})
+    # The reader checks the header against *every* tensor of the file, so pass them all.
+    for te in m.tensors:
+        if te.file in wanted:
+            wanted[te.file][te.key] = te.header_entry()
+    scans = ctx.scan_all()
+    for fe in m.files:
+        if fe.path not in wanted:
+            continue
+        scan = scans.get(fe.path)
+        if scan is None or scan.digest != fe.xxh3_128:
+            continue  # missing or damaged: the integrity family reports it; never scan it
+        reader = _mapped if fe.compression is None else _read
+        for key, nf in reader(ctx.root, fe, wanted[fe.path]):
+            comp = tensor_component(key)
+            if comp in out and nf is not None:
+                out[comp].append(nf)
+    _CACHE[id(ctx)] = out
+    weakref.finalize(ctx, _CACHE.pop, id(ctx), None)
+    return out
+
+
+def _floating(dtype: str) -> bool:
+    return dtype.startswith(("F", "BF", "C"))
+
+
+def _mapped(
+    root: Path, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+) -> Iterator[tuple[str, NonFinite | None]]:
+    """Scan an uncompressed file whose digest just matched, tensor by tensor, via mmap.
+
+    The integrity pass has just read (and page-cached) these bytes; mapping them costs
+    no second copy in RAM, and one fused ``aminmax`` per tensor runs at memory speed.
+    """
+    p = root / fe.path
+    if p.is_symlink() or not p.resolve().is_relative_to(root.resolve()):
+        return
+    try:
+        with open(p, "rb") as f:
+            n, _ = tensors_mod.read_header_from(f, path=fe.path, file_size=fe.size)
+            if fe.size <= 8 + n:
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                base = 8 + n
+                for key, e in wanted.items():
+                    if not _floating(e.dtype) or e.offsets[1] == e.offsets[0]:
+                        continue
+                    dt = tensors_mod.DTYPES[e.dtype]
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # read-only buffer: we never write
+                        t = torch.frombuffer(
+                            mm,
+                            dtype=dt,
+                            count=(e.offsets[1] - e.offsets[0]) // t_itemsize(dt),
+                            offset=base + e.offsets[0],
+                        )
+                    try:
+                        yield key, _count(key, t)
+                    finally:
+                        del t  # release the view before the map closes
+    except (CkptkitError, OSError, ValueError, BufferError):
+        return
+
+
+def t_itemsize(dt: torch.dtype) -> int:
+    """Bytes per element of ``dt``."""
+    return torch.empty((), dtype=dt).element_size()
+
+
+def _read(
+    root: Path, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+) -> Iterator[tuple[str, NonFinite | None]]:
+    """Scan a compressed file: decompress it once, fully verified, then count per tensor."""
+    p = root / fe.path
+    try:
+        if p.is_symlink() or not p.resolve().is_relative_to(root.resolve()):
+            return
+        exp = tensors_mod.Expected(
+            rel=fe.path,
+            size=fe.size,
+            digest=fe.xxh3_128,
+            compression=fe.compression,  # type: ignore[arg-type]
+            raw_size=fe.raw_size,
+        )
+        got = tensors_mod.read_file(p, exp, wanted)
+    except (CkptkitError, OSError, ValueError):
+        return  # damaged or unreadable: integrity checks say so
+    for key, t in got.items():
+        yield key, (_count(key, t) if (t.is_floating_point() or t.is_complex()) else None)
+
+
+def _count(key: str, t: torch.Tensor) -> NonFinite | None:
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        t = t.float()  # float8 and friends lack CPU kernels; widening is exact
+    if t.numel() == 0:
+        return None
+    # One fused reduction first: NaN propagates into both, ±Inf shows up in min or max.
+    lo, hi = torch.aminmax(t)
+    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        return None
+    return NonFinite(
+        key=key,
+        nan=int(torch.isnan(t).sum()),
+        posinf=int(torch.isposinf(t).sum()),
+        neginf=int(torch.isneginf(t).sum()),
+    )

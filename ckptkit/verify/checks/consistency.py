@@ -1,0 +1,471 @@
+"""Consistency family: the recorded pieces of state agree with each other (spec §4).
+
+Most checks read only the manifest: the component summaries written at capture time and
+the tensor shapes. Only the NaN/Inf scans (CK-S010, CK-S011) read tensor values, one file
+at a time. Every check needs the summaries a ``TrainState`` save records, so a plain
+``ckptkit.save`` of an arbitrary dict is checked for NaN/Inf only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ckptkit.verify.checks import _state as st
+from ckptkit.verify.context import CheckContext
+from ckptkit.verify.findings import CODES, ERROR, INFO, WARNING, Finding, check
+
+ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
+
+STATEFUL_OPTIMIZERS = frozenset(
+    {
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "SparseAdam",
+        "Adagrad",
+        "Adadelta",
+        "RMSprop",
+        "Rprop",
+        "ASGD",
+        "Adafactor",
+        "Lion",
+        "Muon",
+    }
+)
+"""Optimizers that hold per-parameter state once they have stepped (SGD: with momentum)."""
+
+SCALER_SKIP_FRACTION = 0.10
+SCALER_SKIP_MIN = 50
+"""With an enabled GradScaler, up to this many optimizer steps (the larger of the two: a
+fraction of the global step, or a fixed count) may have been skipped on inf/NaN gradients."""
+
+PREFETCH_BATCHES = 16
+"""Global batches a sampler may run ahead of the training loop (prefetching workers)."""
+
+COLLAPSED_SCALE = 1.0
+"""A loss scale below this has been halved on overflow far below any healthy value:
+fp16 gradients then underflow to zero and the run silently stops learning."""
+
+MAX_NAMED = 5
+
+
+def _names(xs: list[str], n: int = MAX_NAMED) -> str:
+    head = ", ".join(xs[:n])
+    return head + (f" and {len(xs) - n} more" if len(xs) > n else "")
+
+
+def _optimizer_view(ctx: CheckContext) -> tuple[Mapping[str, Any], list[st.OptParam]] | None:
+    summ = st.summary(ctx, "optimizer")
+    if not summ:
+        return None
+    params = st.optimizer_params(ctx)
+    return (summ, params) if params is not None else None
+
+
+def _stateful(ctx: CheckContext, kind: Any) -> bool:
+    if kind in STATEFUL_OPTIMIZERS:
+        return True
+    if kind == "SGD":
+        groups = st.mapping(st.mapping(st.tree_part(ctx, "optimizer")).get("state_dict"))
+        for g in st.seq(groups.get("param_groups")):
+            momentum = st.num(st.mapping(g).get("momentum"))
+            if momentum is not None and momentum != 0:
+                return True
+    return False
+
+
+# --- optimizer -------------------------------------------------------------------------------
+
+
+@check(
+    "CK-S001",
+    family="consistency",
+    severity=ERROR,
+    title="optimizer moments missing",
+    component="optimizer",
+    hint="a resume would restart these parameters' moments from zero (a loss spike and a "
+    "different trajectory); save the optimizer after it has stepped, or " + ROLLBACK,
+)
+def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
+    view = _optimizer_view(ctx)
+    if view is None:
+        return
+    summ, params = view
+    kind = summ.get("type")
+    if not params or not _stateful(ctx, kind):
+        return
+    without = [p.name for p in params if p.state is None]
+    if not without:
+        return
+    step = st.integer(st.summary(ctx, "progress").get("step"))
+    if len(without) == len(params):
+        if step:
+            yield CODES["CK-S001"].finding(
+                f"{kind} holds no state for any of its {len(params)} parameters, but the "
+                f"global step is {step}"
+            )
+        return
+    yield CODES["CK-S001"].finding(
+        f"{kind} holds no state for {len(without)} of {len(params)} parameters: {_names(without)}",
+        severity=WARNING,
+        hint="expected only for parameters that never received a gradient (unused or "
+        "frozen by hand); otherwise their moments restart from zero on resume",
+    )
+
+
+# Per-parameter state that is legitimately not shaped like the parameter (factored
+# second moments of Adafactor and friends).
+_FACTORED = ("row", "col", "factored")
+
+
+@check(
+    "CK-S002",
+    family="consistency",
+    severity=ERROR,
+    title="optimizer state shape differs from its parameter",
+    component="optimizer",
+    hint="the optimizer state belongs to another model configuration or is corrupt; "
+    "resuming would fail in load_state_dict or apply wrong moments; " + ROLLBACK,
+)
+def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
+    view = _optimizer_view(ctx)
+    if view is None:
+        return
+    _, params = view
+    shapes = st.shapes(ctx)
+    bad: list[str] = []
+    for p in params:
+        if p.shape is None or p.state is None:
+            continue
+        for key, ref in st.items(p.state):
+            tk = st.tensor_key(ref)
+            if tk is None or tk not in shapes or not isinstance(key, str):
+                continue
+            got = shapes[tk]
+            if got and got != p.shape and not any(f in key.lower() for f in _FACTORED):
+                bad.append(f"{key!r} of {p.name!r} is {list(got)}, the parameter {list(p.shape)}")
+    # The recorded parameter shapes must also match the model's tensors (same names),
+    # unless parameters are flattened by FSDP/ZeRO (the optimizer then sees flat shards).
+    par = st.summary(ctx, "parallel")
+    if par.get("fsdp") is not True and not st.integer(par.get("zero_stage")):
+        model_shape: dict[str, tuple[int, ...]] = {}
+        for key, names in st.model_names_by_key(ctx).items():
+            if key in shapes:
+                for n in names:
+                    model_shape[n] = shapes[key]
+        for p in params:
+            ms = model_shape.get(p.name)
+            if p.shape is not None and ms is not None and ms != p.shape:
+                bad.append(
+                    f"parameter {p.name!r} is {list(p.shape)} in the optimizer, "
+                    f"{list(ms)} in the model"
+                )
+    if bad:
+        yield CODES["CK-S002"].finding(
+            f"{len(bad)} shape mismatch(es): "
+            + "; ".join(bad[:MAX_NAMED])
+            + (f"; and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else "")
+        )
+
+
+# --- counters --------------------------------------------------------------------------------
+
+
+@check(
+    "CK-S003",
+    family="consistency",
+    severity=WARNING,
+    title="optimizer step and global step disagree",
+    component="optimizer",
+    hint="one of them came back from another checkpoint or was not saved with the rest: "
+    "Adam's bias correction, the LR schedule and the data position then disagree on "
+    "resume; make sure progress (step=) and the optimizer are captured together",
+)
+def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
+    osumm = st.summary(ctx, "optimizer")
+    prog = st.summary(ctx, "progress")
+    o = st.integer(osumm.get("step_max"))
+    g = st.integer(prog.get("step"))
+    if o is None or g is None:
+        return
+    accum = st.integer(prog.get("accum_steps")) or 1
+    scaler = st.summary(ctx, "scaler").get("enabled") is True
+    skip = max(SCALER_SKIP_MIN, int(g * SCALER_SKIP_FRACTION)) if scaler else 0
+    # The global step counts optimizer steps; some loops count micro-batches instead.
+    for ref in {g, g // accum} if accum > 1 and g % accum == 0 else {g}:
+        if ref - skip <= o <= ref:
+            return
+    msg = f"optimizer step is {o} but the global step is {g}"
+    if accum > 1:
+        msg += f" (accum_steps {accum})"
+    if scaler and o < g:
+        msg += f"; more than the {skip} steps an fp16 GradScaler may skip"
+    yield CODES["CK-S003"].finding(msg)
+
+
+_PER_STEP_EXEMPT = ("ReduceLROnPlateau", "ChainedScheduler")
+
+
+@check(
+    "CK-S004",
+    family="consistency",
+    severity=WARNING,
+    title="scheduler position and global step disagree",
+    component="scheduler",
+    hint="the learning rate after resume follows another point of the schedule (warmup "
+    "again, or a jump ahead); save the scheduler and progress together, and step the "
+    "scheduler once per optimizer step (or per epoch)",
+)
+def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
+    ssumm = st.summary(ctx, "scheduler")
+    prog = st.summary(ctx, "progress")
+    if ssumm.get("type") in _PER_STEP_EXEMPT:
+        return
+    last = st.integer(ssumm.get("last_epoch"))
+    g = st.integer(prog.get("step"))
+    if last is None or g is None:
+        return
+    accum = st.integer(prog.get("accum_steps")) or 1
+    epoch = st.integer(prog.get("epoch"))
+    o = st.integer(st.summary(ctx, "optimizer").get("step_max"))
+    # Per optimizer step, per micro-batch, per epoch, or per actual optimizer step;
+    # one off either way is the usual "stepped before/after the save" ordering.
+    candidates = {g, g * accum} | ({epoch} if epoch is not None else set())
+    if o is not None:
+        candidates.add(o)
+    if any(abs(last - c) <= 1 for c in candidates):
+        return
+    yield CODES["CK-S004"].finding(
+        f"scheduler {ssumm.get('type')} is at last_epoch {last} but the global step is {g}"
+        + (f" (epoch {epoch})" if epoch else "")
+    )
+
+
+@check(
+    "CK-S005",
+    family="consistency",
+    severity=WARNING,
+    title="sampler position and global step × global batch disagree",
+    component="sampler",
+    hint="on resume the data cursor replays samples already trained on (behind) or skips "
+    "unseen ones (ahead); capture the sampler and progress in the same save, and count "
+    "consumed samples per optimizer step. Runs with a batch-size ramp-up can ignore this",
+)
+def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
+    gbs = st.integer(st.summary(ctx, "parallel").get("global_batch_size"))
+    prog = st.summary(ctx, "progress")
+    g = st.integer(prog.get("step"))
+    if not gbs or g is None:
+        return
+    expected = g * gbs
+    consumed = st.integer(prog.get("consumed_samples"))
+    if consumed and not expected <= consumed <= expected + gbs:
+        yield CODES["CK-S005"].finding(
+            f"progress counts {consumed} consumed samples, but step {g} × global batch "
+            f"{gbs} = {expected}",
+            component="progress",
+        )
+    samp = st.summary(ctx, "sampler")
+    pos = st.integer(samp.get("consumed"))
+    if pos is None:
+        return
+    epoch = st.integer(samp.get("epoch")) or 0
+    per_rank = st.integer(samp.get("num_samples"))
+    world = st.integer(samp.get("world_size")) or 1
+    epoch_len = per_rank * world if per_rank else st.integer(samp.get("data_len"))
+    if epoch and not epoch_len:
+        return
+    drawn = epoch * (epoch_len or 0) + pos
+    data_len = st.integer(samp.get("data_len"))
+    if epoch_len and data_len is not None and pos >= data_len:
+        return  # end of an epoch: consumed is capped, the count is not exact here
+    ahead = PREFETCH_BATCHES * gbs
+    if expected - gbs <= drawn <= expected + ahead:
+        return
+    where = "behind" if drawn < expected else "ahead of"
+    yield CODES["CK-S005"].finding(
+        f"sampler has drawn {drawn} samples (epoch {epoch}, {pos} into it), {where} step "
+        f"{g} × global batch {gbs} = {expected}"
+    )
+
+
+# --- per-rank and layout ---------------------------------------------------------------------
+
+
+@check(
+    "CK-S006",
+    family="consistency",
+    severity=WARNING,
+    title="identical RNG states on several ranks",
+    component="rng",
+    hint="ranks that should draw different dropout masks and augmentations resume on the "
+    "same stream; seed each data-parallel rank differently (seed + rank), and make sure "
+    "each rank saves its own state rather than a copy of rank 0's. Ignore if every rank "
+    "is seeded identically on purpose",
+)
+def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
+    prints = st.mapping(st.summary(ctx, "rng").get("fingerprints"))
+    by_print: dict[str, list[str]] = {}
+    for rank, fp in prints.items():
+        if isinstance(fp, str):
+            by_print.setdefault(fp, []).append(rank)
+    for fp, ranks in sorted(by_print.items()):
+        if len(ranks) > 1:
+            yield CODES["CK-S006"].finding(
+                f"{len(ranks)} ranks hold the same RNG state ({fp}): {_names(sorted(ranks), 8)}"
+            )
+
+
+@check(
+    "CK-S007",
+    family="consistency",
+    severity=ERROR,
+    title="parallel layout inconsistent",
+    component="parallel",
+    hint="the recorded degrees do not describe a valid layout (dp×tp×pp×cp must equal the "
+    "world size), so shards and RNG streams cannot be mapped back to ranks on resume; "
+    "pass the real ParallelConfig to TrainState(parallel=...)",
+)
+def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
+    summ = st.summary(ctx, "parallel")
+    problems = summ.get("problems")
+    if not isinstance(problems, list):
+        return
+    # The saving process's own rank is not part of the layout (rank 0 writes the manifest).
+    real = [p for p in problems if isinstance(p, str) and not p.startswith("rank ")]
+    if real:
+        yield CODES["CK-S007"].finding("; ".join(real))
+
+
+# --- scaling state ---------------------------------------------------------------------------
+
+
+@check(
+    "CK-S008",
+    family="consistency",
+    severity=ERROR,
+    title="loss scale unusable",
+    component="scaler",
+    hint="a resumed fp16 run with this scale skips every step (non-finite or zero scale) or "
+    "underflows gradients to zero; " + ROLLBACK + ", or restore with a fresh GradScaler",
+)
+def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
+    summ = st.summary(ctx, "scaler")
+    if summ.get("enabled") is not True:
+        return
+    # The tree holds the exact value (non-finite floats tagged); the summary is a copy.
+    scale = st.num(
+        st.mapping(st.mapping(st.tree_part(ctx, "scaler")).get("state_dict")).get("scale")
+    )
+    if scale is None:
+        scale = st.num(summ.get("scale"))
+    if scale is None:
+        return
+    if not math.isfinite(scale) or scale <= 0:
+        yield CODES["CK-S008"].finding(f"loss scale is {scale}")
+    elif scale < COLLAPSED_SCALE:
+        yield CODES["CK-S008"].finding(
+            f"loss scale collapsed to {scale:g} (below {COLLAPSED_SCALE:g}): gradients have "
+            "been overflowing step after step",
+            severity=WARNING,
+            hint="the run was diverging when this was saved (check the loss and grad norm "
+            "before this step); roll back to an earlier checkpoint, or lower the LR",
+        )
+
+
+@check(
+    "CK-S009",
+    family="consistency",
+    severity=ERROR,
+    title="FP8 scaling state unusable",
+    component="fp8",
+    hint="FP8 casts with a non-finite or zero scale turn activations into NaN or zero after "
+    "resume; " + ROLLBACK,
+)
+def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
+    summ = st.summary(ctx, "fp8")
+    if not summ:
+        return
+    n_tensors = st.integer(summ.get("num_tensors"))
+    if n_tensors == 0 and not st.items(st.mapping(st.tree_part(ctx, "fp8")).get("state")):
+        yield CODES["CK-S009"].finding("fp8 state is empty: no scale or amax tensors")
+        return
+    for key, what in (
+        ("nonfinite_scale", "non-finite scale"),
+        ("zero_scale", "zero scale"),
+        ("nonfinite_amax", "non-finite amax"),
+    ):
+        n = st.integer(summ.get(key))
+        if n:
+            yield CODES["CK-S009"].finding(f"{n} {what} value(s)")
+    if summ.get("amax_history_empty") is True:
+        yield CODES["CK-S009"].finding("amax history is empty (length 0)")
+    elif summ.get("amax_history_all_zero") is True:
+        yield CODES["CK-S009"].finding(
+            "amax history is all zeros: FP8 scaling state was never updated",
+            severity=WARNING,
+            hint="expected only before the first FP8 step; otherwise the state was reset or "
+            "not captured from the live modules, and the resumed run recalibrates its scales",
+        )
+
+
+# --- tensor values ---------------------------------------------------------------------------
+
+
+@check(
+    "CK-S010",
+    family="consistency",
+    severity=ERROR,
+    title="NaN/Inf in model tensors",
+    component="model",
+    hint="the model diverged before this save; resuming continues from NaN weights. "
+    + ROLLBACK
+    + " (an earlier one: check the loss curve for the first spike)",
+)
+def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
+    found = st.nonfinite(ctx)["model"]
+    if not found:
+        return
+    trainable = {n for n in st.seq(st.summary(ctx, "model").get("trainable")) if isinstance(n, str)}
+    names = st.model_names_by_key(ctx)
+    hard = [nf for nf in found if nf.nan or any(n in trainable for n in names.get(nf.key, ()))]
+    soft = [nf for nf in found if nf not in hard]
+    if hard:
+        yield CODES["CK-S010"].finding(
+            f"{len(hard)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in hard]),
+            component="model",
+        )
+    if soft:
+        # Known buffers (not trainable parameters) may hold -inf on purpose (attention
+        # masks): info. Without a model summary (plain save) nothing is known: warning.
+        known = bool(trainable)
+        yield CODES["CK-S010"].finding(
+            f"{len(soft)} {'buffer' if known else 'tensor'}(s) hold ±Inf (no NaN): "
+            + _names([nf.describe() for nf in soft]),
+            component="model",
+            severity=INFO if known else WARNING,
+            hint="attention masks legitimately hold -inf; otherwise the model diverged "
+            "before this save: " + ROLLBACK,
+        )
+
+
+@check(
+    "CK-S011",
+    family="consistency",
+    severity=ERROR,
+    title="NaN/Inf in optimizer tensors",
+    component="optimizer",
+    hint="the next optimizer step after resume writes NaN into the weights; "
+    + ROLLBACK
+    + " (an earlier one), or restart the optimizer state",
+)
+def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
+    found = st.nonfinite(ctx)["optimizer"]
+    if found:
+        yield CODES["CK-S011"].finding(
+            f"{len(found)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in found]),
+        )

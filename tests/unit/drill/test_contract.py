@@ -37,7 +37,21 @@ def test_all_variables() -> None:
         "CKPTKIT_DRILL_STOP_AT",
         "CKPTKIT_DRILL_RESUME_FROM",
         "CKPTKIT_METRICS",
+        "CKPTKIT_CKPT_DIR",
+        "CKPTKIT_DEVICE",
+        "CKPTKIT_THREADS",
+        "CKPTKIT_DRILL_ROLE",
     }
+
+
+def test_drill_run_settings() -> None:
+    env = DrillEnv.from_env(
+        {"CKPTKIT_CKPT_DIR": "/w/ref/ckpt", "CKPTKIT_DEVICE": "cuda", "CKPTKIT_THREADS": "2",
+         "CKPTKIT_DRILL_ROLE": "resumed"}
+    )
+    assert env.ckpt_dir == Path("/w/ref/ckpt") and env.device == "cuda"
+    assert env.threads == 2 and env.role == "resumed"
+    assert not env.active  # none of the save/stop/resume variables is set
 
 
 @pytest.mark.parametrize("raw", ["-1", "1.5", "ten"])

@@ -8,10 +8,12 @@ from typing import Any
 from ckptkit import manifest as mf
 
 
-def describe(path: Path | str) -> dict[str, Any]:
+def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
     """Return a JSON-able description of a checkpoint: step, components, files, tensors.
 
     Only the manifest is read (and validated); use :func:`ckptkit.verify` to check bytes.
+    A foreign checkpoint (no ``manifest.json``; detected, or named by ``format``) is
+    described by :func:`ckptkit.foreign.report.describe_foreign`.
 
     Raises:
         IncompleteCheckpointError / ManifestError: as :func:`ckptkit.manifest.read`.
@@ -23,6 +25,15 @@ def describe(path: Path | str) -> dict[str, Any]:
         >>> info = describe(d); info["step"], info["tensors"][0]["shape"]
         (5, [2, 3])
     """
+    from ckptkit.foreign.detect import detect
+    from ckptkit.storage.atomic import MANIFEST_NAME
+
+    if format is not None or (
+        not (Path(path) / MANIFEST_NAME).exists() and detect(path) is not None
+    ):
+        from ckptkit.foreign.report import describe_foreign
+
+        return describe_foreign(path, format)
     m = mf.read(path)
     return {
         "path": str(path),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -33,7 +35,7 @@ def render_verify(result: Any, out: TextIO) -> None:
             f"{verdict} {rep.path}{step} — {rep.files_checked} files, "
             f"{human_bytes(rep.bytes_checked)} checked in {rep.seconds:.2f}s"
         )
-        if rep.manifest is not None:
+        if rep.manifest is not None or rep.format != "ckptkit":
             comps = Table(title=None, show_header=True, header_style="bold", box=None)
             for col in ("component", "present", "required", "where"):
                 comps.add_column(col)
@@ -60,9 +62,11 @@ def render_verify(result: Any, out: TextIO) -> None:
 def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -> None:
     """Print what a checkpoint holds: step, components, files and tensors."""
     con = _console(out)
+    by = (f"ckptkit {info['ckptkit_version']}" if info.get("format", "ckptkit") == "ckptkit"
+          else f"{info['format']} (foreign)")
     con.print(
-        f"[bold]{info['path']}[/]  step={info['step']}  written {info['created_at']} by ckptkit "
-        f"{info['ckptkit_version']}  total {human_bytes(info['total_bytes'])}"
+        f"[bold]{info['path']}[/]  step={info['step']}  written {info['created_at']} by {by}"
+        f"  total {human_bytes(info['total_bytes'])}"
     )
     comps = Table(show_header=True, header_style="bold", box=None, title="components")
     for col in ("component", "present", "required", "where", "summary"):
@@ -90,3 +94,54 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
         for t in info["tensors"]:
             tt.add_row(t["key"], t["dtype"], str(t["shape"]), human_bytes(t["nbytes"]), t["file"])
         con.print(tt)
+
+
+_STATUS_STYLE = {"verified": "green", "committed": "yellow", "corrupt": "bold red", "incomplete": "red"}
+
+
+def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = ()) -> None:
+    """Print a run's checkpoints (``CheckpointInfo``), oldest first, and any leftovers."""
+    con = _console(out)
+    t = Table(show_header=True, header_style="bold", box=None)
+    for col in ("step", "time", "size", "status", "pinned", "health", "problem"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
+    for c in infos:
+        when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S")
+        t.add_row(
+            str(c.step),
+            when,
+            human_bytes(c.size),
+            f"[{_STATUS_STYLE.get(c.status, '')}]{c.status}[/]",
+            ",".join(c.pins),
+            c.health or "",
+            c.problem or "",
+        )
+    con.print(t)
+    total = sum(c.size for c in infos)
+    good = sum(c.status == "verified" for c in infos)
+    con.print(f"{len(infos)} checkpoints, {good} verified, {human_bytes(total)}")
+    for p in leftovers:
+        con.print(
+            f"[yellow]leftover of an interrupted save:[/] {p} (removed when a writer opens the run)"
+        )
+
+
+def render_prune(plan: Any, out: TextIO, *, dry_run: bool) -> None:
+    """Print a retention plan: every checkpoint, keep or delete, and why."""
+    con = _console(out)
+    t = Table(show_header=True, header_style="bold", box=None)
+    for col in ("step", "size", "action", "why"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
+    gone = "would delete" if dry_run else "deleted"
+    for d in sorted(plan.decisions, key=lambda d: d.ckpt.step):
+        action = "[green]keep[/]" if d.keep else f"[red]{gone}[/]"
+        why = d.reason.split(": ", 1)[1] if ": " in d.reason else d.reason
+        t.add_row(str(d.ckpt.step), human_bytes(d.ckpt.size), action, why)
+    con.print(t)
+    dropped = plan.delete
+    con.print(
+        f"{gone} {len(dropped)} ({human_bytes(sum(c.size for c in dropped))}), kept "
+        f"{len(plan.keep)} ({human_bytes(plan.bytes_kept)})"
+    )
+    if plan.budget_note:
+        con.print(f"[yellow]{plan.budget_note}[/]")

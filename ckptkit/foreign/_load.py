@@ -1,0 +1,356 @@
+"""Read foreign checkpoint files without executing code: zip CRCs, safe pickles, headers.
+
+Nothing here unpickles with the full :mod:`pickle` machinery. torch files go through
+``torch.load(weights_only=True)`` with a narrow allow-list (:data:`SAFE_GLOBALS`); the DCP
+``.metadata`` pickle goes through :class:`_DcpUnpickler`, whose ``find_class`` only hands
+out torch's own checkpoint-metadata dataclasses. A file that needs anything else is
+reported unreadable with the globals it asks for, and is never executed.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import pickletools
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ZIP_CHUNK = 1 << 20
+MAX_PICKLE_BYTES = 256 << 20
+"""A ``data.pkl`` (or DCP ``.metadata``) larger than this is not parsed (hostile input)."""
+
+
+def _numpy_globals() -> list[Any]:
+    core = getattr(np, "_core", None) or np.core
+    out: list[Any] = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
+    # numpy >= 1.25 pickles dtypes as numpy.dtypes.<Name>DType classes.
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        out += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType")]
+    else:  # pragma: no cover - old numpy
+        out.append(type(np.dtype(np.uint32)))
+    return out
+
+
+SAFE_GLOBALS: list[Any] = [
+    *_numpy_globals(),
+    torch.torch_version.TorchVersion,
+]
+"""What ``torch.load(weights_only=True)`` may build beyond its own defaults.
+
+numpy arrays, dtypes and scalars (NumPy RNG state in Trainer ``rng_state.pth`` and
+Accelerate ``random_states_*.pkl``) and ``torch.__version__`` (a ``str`` subclass). None of
+these runs user code; every other global stays refused and is reported.
+"""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a file could not be read: a finding code and the message."""
+
+    code: str
+    message: str
+
+
+# --- zip archives (torch.save's default format) -----------------------------------------
+
+
+def is_zip(path: Path) -> bool:
+    """Whether ``path`` starts like a zip archive (torch.save's format since 1.6)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def check_zip(path: Path) -> Problem | None:
+    """Read every member of a torch zip archive, checking its CRC-32.
+
+    ``torch.load`` never checks the CRCs (not even with ``weights_only=True``): a flipped
+    byte in a tensor loads silently. This reads the whole file once.
+
+    Returns:
+        None when intact; a ``CK-F102`` problem (truncated / not an archive) or a
+        ``CK-F101`` problem (a member fails its CRC) otherwise.
+    """
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        return Problem("CK-F102", f"not a readable zip archive ({e}): truncated or damaged")
+    with zf:
+        for info in zf.infolist():
+            try:
+                with zf.open(info) as m:
+                    while m.read(ZIP_CHUNK):
+                        pass
+            except zipfile.BadZipFile as e:
+                if "CRC" in str(e):
+                    return Problem("CK-F101", f"member {info.filename!r} fails its CRC-32 ({e})")
+                return Problem("CK-F102", f"member {info.filename!r} is damaged ({e})")
+            except (EOFError, OSError, ValueError, NotImplementedError) as e:
+                return Problem("CK-F102", f"member {info.filename!r} cannot be read ({e})")
+    return None
+
+
+def pickle_globals(data: bytes) -> list[str]:
+    """List the ``module.name`` globals a pickle would import, without running it."""
+    out: list[str] = []
+    strings: list[str] = []
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(str(arg))
+            elif op.name == "GLOBAL":
+                out.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                out.append(f"{strings[-2]}.{strings[-1]}")
+    except Exception:  # a damaged pickle: list what was seen so far
+        pass
+    # Protocol <= 2 names builtins "__builtin__" (Python 2 spelling).
+    return sorted({g.replace("__builtin__.", "builtins.", 1) for g in out})
+
+
+def _zip_pickle(path: Path) -> bytes | None:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if info.filename.endswith("/data.pkl") or info.filename == "data.pkl":
+                    if info.file_size > MAX_PICKLE_BYTES:
+                        return None
+                    return zf.read(info)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    return None
+
+
+def _allowed_names() -> set[str]:
+    names = set()
+    for g in SAFE_GLOBALS:
+        names.add(f"{g.__module__}.{g.__qualname__}")
+    return names
+
+
+def _refused_globals(path: Path) -> list[str]:
+    data = _zip_pickle(path)
+    if data is None:
+        return []
+    allowed = _allowed_names()
+    try:  # torch's own default allow-list (private API; absent: report every global)
+        default = set(torch._weights_only_unpickler._get_allowed_globals())
+    except AttributeError:  # pragma: no cover
+        default = set()
+    return [g for g in pickle_globals(data) if g not in allowed and g not in default]
+
+
+def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem | None]:
+    """Load a torch file with ``weights_only=True`` and the :data:`SAFE_GLOBALS` allow-list.
+
+    Returns:
+        ``(object, None)``, or ``(None, problem)``: ``CK-F101``/``CK-F102`` for a damaged
+        archive, ``CK-F103`` when the pickle needs code outside the allow-list (the
+        globals are named; nothing is executed), ``CK-F108`` for any other failure.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.pt"; torch.save({"a": 1}, p)
+        >>> safe_torch_load(p)
+        ({'a': 1}, None)
+    """
+    if check_crc and is_zip(path):
+        bad = check_zip(path)
+        if bad is not None:
+            return None, bad
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        refused = _refused_globals(path)
+        if refused or "weights_only" in str(e).lower() or "Weights only" in str(e):
+            names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
+            return None, Problem(
+                "CK-F103",
+                "needs code to unpickle, not on the allow-list"
+                + (f": {names}" if names else f" ({_first_line(e)})")
+                + "; not executed",
+            )
+        return None, Problem("CK-F108", f"cannot be unpickled: {_first_line(e)}")
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        TypeError,
+        IndexError,
+        zipfile.BadZipFile,
+    ) as e:
+        return None, Problem("CK-F108", f"torch.load failed: {type(e).__name__}: {_first_line(e)}")
+    return obj, None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+# --- tensors: NaN / Inf ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """A tensor holding NaN or ±Inf."""
+
+    key: str
+    nan: int
+    inf: int
+
+    def describe(self) -> str:
+        parts = []
+        if self.nan:
+            parts.append(f"{self.nan} NaN")
+        if self.inf:
+            parts.append(f"{self.inf} Inf")
+        return f"{self.key} ({', '.join(parts)})"
+
+
+def iter_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(dotted key, tensor)`` for every tensor in a nested dict/list/tuple."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix or "<root>", obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+
+
+def nonfinite(tensors: Iterator[tuple[str, torch.Tensor]]) -> list[NonFinite]:
+    """Return the floating-point tensors holding NaN or ±Inf, with counts."""
+    out = []
+    for key, t in tensors:
+        if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+            continue
+        try:
+            nan = int(torch.isnan(t).sum())
+            inf = int(torch.isinf(t).sum())
+        except (RuntimeError, TypeError):  # e.g. float8 without isnan support
+            continue
+        if nan or inf:
+            out.append(NonFinite(key, nan, inf))
+    return out
+
+
+# --- safetensors ------------------------------------------------------------------------------
+
+
+def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Problem | None]:
+    """Check a safetensors header and its offsets against the file length.
+
+    Returns:
+        ``(header entries, None)`` or ``(None, CK-F104 problem)``.
+    """
+    from ckptkit.errors import IntegrityError
+    from ckptkit.storage import tensors as st
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n, raw = st.read_header_from(f, path=rel, file_size=size)
+        return st.parse_header(raw, path=rel, data_len=size - 8 - n), None
+    except IntegrityError as e:
+        return None, Problem("CK-F104", e.what)
+    except OSError as e:
+        return None, Problem("CK-F104", f"cannot be read: {e.strerror or e}")
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load every tensor of a safetensors file (header already checked)."""
+    from safetensors.torch import load_file
+
+    return dict(load_file(str(path), device="cpu"))
+
+
+# --- DCP metadata -------------------------------------------------------------------------------
+
+_DCP_ALLOWED: dict[str, frozenset[str]] = {
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        }
+    ),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch.distributed.checkpoint._extension": frozenset(),
+    "torch.serialization": frozenset({"_get_layout"}),
+    "torch": frozenset({"Size"}),
+    "collections": frozenset({"OrderedDict"}),
+    "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"}),
+    "builtins": frozenset({"set", "frozenset", "slice", "complex"}),
+}
+
+
+class _DcpUnpickler(pickle.Unpickler):
+    """Unpickle a DCP ``.metadata``: torch's metadata dataclasses, dtypes, nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if name in _DCP_ALLOWED.get(module, frozenset()):
+            import importlib
+
+            return getattr(importlib.import_module(module), name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
+
+
+def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
+    """Read a DCP ``.metadata`` file with a restricted unpickler (never plain pickle.load)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return None, Problem("CK-F108", f"cannot be read: {e.strerror or e}")
+    if len(data) > MAX_PICKLE_BYTES:
+        return None, Problem("CK-F108", f"{len(data)} bytes: absurdly large metadata")
+    try:
+        return _DcpUnpickler(io.BytesIO(data)).load(), None
+    except pickle.UnpicklingError as e:
+        if "not allowed" in str(e):
+            return None, Problem("CK-F103", f"{e}; not executed")
+        return None, Problem("CK-F108", f"damaged or truncated pickle: {_first_line(e)}")
+    except (
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        ImportError,
+        RecursionError,
+        MemoryError,
+    ) as e:
+        return None, Problem(
+            "CK-F108", f"damaged or truncated pickle: {type(e).__name__}: {_first_line(e)}"
+        )
+
+
+def load_dcp_item(path: Path, offset: int, length: int) -> Any:
+    """Load one tensor item of a ``.distcp`` file (a torch.save blob) with weights_only."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        blob = f.read(length)
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)

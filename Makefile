@@ -11,7 +11,7 @@ $(BIN)/python:
 
 setup: $(BIN)/python
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e '.[test,plot]'
+	$(PIP) install -q -c constraints.txt -e '.[test,plot,interop]'
 
 # Main job on the bundled default: a resume drill of the bundled tiny LM (no downloads).
 demo: setup

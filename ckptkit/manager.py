@@ -13,7 +13,10 @@ save, each step only after the previous one succeeded:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import errno
+import glob
 import json
 import logging
 import os
@@ -22,7 +25,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +35,7 @@ import torch
 from ckptkit import manifest as mf
 from ckptkit import rotation
 from ckptkit.capture.state import RestoreResult, TrainState, grouper
-from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError, LockHeldError
 from ckptkit.storage import atomic, checkpoint, codec
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.lock import RunLock
@@ -111,6 +114,12 @@ class CheckpointManager:
         lock_timeout: seconds a save waits for another writer's lock before failing.
         verify_after_save: verify each new checkpoint before it becomes ``latest`` and
             before rotation (turn off only if you verify elsewhere).
+        readonly: open for listing and restoring only: create nothing, clean nothing,
+            refuse ``save``/``prune`` (what ``ckptkit ls`` uses).
+
+    On open, temporary directories left by an interrupted save are reported and, when
+    no live writer holds the run, removed under the writer lock; a committed checkpoint
+    is never touched (one caught mid-overwrite is put back in place).
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -133,6 +142,9 @@ class CheckpointManager:
         compress: codec.Compression | None = None,
         lock_timeout: float = 0.0,
         verify_after_save: bool = True,
+        readonly: bool = False,
+        watch: Any = None,
+        emergency: Any = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
@@ -143,19 +155,78 @@ class CheckpointManager:
         self.compress = compress
         self.lock_timeout = lock_timeout
         self.verify_after_save = verify_after_save
+        self.readonly = readonly
+        # Stability integration (ckptkit.stability): the watch's snapshot goes into every
+        # manifest's health field; observe() saves a pinned emergency checkpoint.
+        self.watch = watch
+        if emergency is None and watch is not None:
+            from ckptkit.stability import EmergencyPolicy
+
+            emergency = EmergencyPolicy()
+        self.emergency = emergency
         self._lock: RunLock | None = None
         self._pending: _Pending | None = None
         self._staging: dict[str, torch.Tensor] = {}
         self.last_save = SaveStats()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not readonly:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self._clean_on_open()
+
+    def _clean_on_open(self) -> None:
+        """Report leftovers of an interrupted save; remove them if no live writer runs."""
         left = atomic.leftovers(self.root)
-        if left:
+        if not left:
+            return
+        what = (
+            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
+            f"{self.root} from an interrupted save: {', '.join(p.name for p in left)}"
+        )
+        if self.readonly:
+            log.warning("ckptkit: %s (left in place: opened read-only)", what)
+            return
+        lock = RunLock(self.root, timeout=0.0)
+        try:
+            lock.acquire()
+        except LockHeldError as e:
+            # A live writer may be writing them right now: they are its business.
+            log.warning("ckptkit: %s (left in place: %s)", what, e.what)
+            return
+        try:
+            log.warning("ckptkit: %s; cleaning up", what)
+            self._clean_leftovers()
+        finally:
+            lock.release()
+
+    def _clean_leftovers(self) -> None:
+        """Remove leftovers of interrupted saves and deletions; call only under the lock.
+
+        ``X.ckptkit-old.*`` is a committed checkpoint moved aside by an overwrite; if the
+        crash came before the new ``X`` was renamed in, it is put back, never deleted.
+        """
+        for p in atomic.leftovers(self.root):
+            if atomic.OLD_SUFFIX in p.name:
+                final = self.root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
+                if not final.exists() and _whole(p):
+                    os.rename(p, final)
+                    atomic.fsync_dir(self.root)
+                    log.warning(
+                        "ckptkit: %s was moved aside by an overwrite that never committed; "
+                        "restored it as %s",
+                        p.name,
+                        final.name,
+                    )
+                    continue
             log.warning(
-                "ckptkit: %d leftover temporary director%s in %s from an interrupted save: %s "
-                "(removed when this manager first takes the writer lock)",
-                len(left), "y" if len(left) == 1 else "ies", self.root,
-                ", ".join(p.name for p in left),
+                "ckptkit: removing %s (left by an interrupted save or delete; "
+                "never a committed checkpoint)",
+                p.name,
             )
+            shutil.rmtree(p, ignore_errors=True)
+        # Half-written replacements of the run's small files (``latest``, the index).
+        for name in (LATEST, INDEX):
+            for f in self.root.glob(f"{glob.escape(name)}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -183,12 +254,40 @@ class CheckpointManager:
         """Become the run's single writer (once), then clean leftovers nobody else owns."""
         if self._lock is not None:
             return
+        if self.readonly:
+            raise CkptkitError(
+                "this CheckpointManager was opened read-only",
+                path=self.root,
+                hint="open it without readonly=True to save or prune",
+            )
         lock = RunLock(self.root, timeout=self.lock_timeout)
         lock.acquire()
         self._lock = lock
-        for p in atomic.leftovers(self.root):
-            log.warning("ckptkit: removing leftover %s of an interrupted save", p)
-            shutil.rmtree(p, ignore_errors=True)
+        self._clean_leftovers()
+
+    @contextlib.contextmanager
+    def _maybe_writer(self) -> Iterator[bool]:
+        """Yield True while this process may update the run's records (it holds the lock).
+
+        Readers (restore, ``ls --verify``) record what they found only when no other
+        writer runs; otherwise they report it and leave the records to the writer.
+        """
+        if self._lock is not None:
+            yield True
+            return
+        if self.readonly:
+            yield False
+            return
+        lock = RunLock(self.root, timeout=0.0)
+        try:
+            lock.acquire()
+        except LockHeldError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
 
     # --- listing -------------------------------------------------------------------------
 
@@ -200,25 +299,46 @@ class CheckpointManager:
             return {}
 
     def _write_index(self, data: Mapping[str, Any]) -> None:
-        tmp = self.root / f"{INDEX}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        atomic.fsync_file(tmp)
-        os.replace(tmp, self.root / INDEX)
+        _replace_text(self.root / INDEX, json.dumps(data, indent=1, sort_keys=True))
 
-    def _record(self, name: str, manifest_digest: str | None, ok: bool, why: str | None) -> None:
+    def _record(self, path: Path, man: mf.Manifest, ok: bool, why: str | None) -> None:
+        """Record a verify outcome for this exact manifest and these exact files."""
         idx = self._index()
         ver = idx.setdefault("verified", {})
-        ver[name] = {"digest": manifest_digest, "ok": ok, "at": time.time(), "problem": why}
+        ver[path.name] = {
+            "digest": man.to_dict()["manifest_digest"],
+            "ok": ok,
+            "at": time.time(),
+            "problem": why,
+            "files": _fingerprint(path, man),
+        }
         self._write_index(idx)
 
-    def list(self) -> list[CheckpointInfo]:
+    def list(self, *, verify: bool = False) -> list[CheckpointInfo]:
         """Every checkpoint directory of the run, oldest first, with its status.
 
-        ``verified``: verify passed for this exact manifest; ``committed``: has a valid
-        manifest, not verified yet; ``corrupt``: verify failed or the manifest is invalid;
-        ``incomplete``: a step directory without a manifest (an interrupted save).
+        ``verified``: verify passed for this exact manifest and its files have not changed
+        since (size and mtime); ``committed``: has a valid manifest, not verified yet (or
+        its files changed since); ``corrupt``: verify failed (at save, restore or
+        ``verify=True``) or the manifest is invalid; ``incomplete``: a step directory
+        without a manifest. Temporary directories of unfinished saves are not listed.
+
+        Args:
+            verify: re-verify every committed checkpoint now (reads every byte) and
+                record the outcome when no other writer holds the run.
+
+        Example:
+            >>> import tempfile, torch, ckptkit
+            >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp())
+            >>> _ = mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=3))
+            >>> [(c.step, c.status) for c in mgr.list()]
+            [(3, 'verified')]
         """
-        idx = self._index().get("verified", {})
+        if verify:
+            self.wait()
+        index = self._index()
+        idx = index.get("verified", {})
+        extra_pins = index.get("pins", {})
         out: list[CheckpointInfo] = []
         if not self.root.is_dir():
             return out
@@ -235,25 +355,51 @@ class CheckpointManager:
                 out.append(CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what))
                 continue
             except CkptkitError as e:
-                out.append(CheckpointInfo(step, p, "corrupt", size, mtime,
-                                          problem=f"{e.code}: {e.what}"))
+                out.append(
+                    CheckpointInfo(step, p, "corrupt", size, mtime, problem=f"{e.code}: {e.what}")
+                )
                 continue
             rec = idx.get(p.name)
             digest = man.to_dict()["manifest_digest"]
             status: Status = "committed"
             problem = None
-            if rec and rec.get("digest") == digest:
-                status = "verified" if rec.get("ok") else "corrupt"
-                problem = rec.get("problem")
-            pins = tuple(sorted(set(man.pins) | set(self._index().get("pins", {}).get(p.name, []))))
+            if verify:
+                from ckptkit.verify.runner import verify_one
+
+                bad = verify_one(p, progress=False).errors
+                status = "corrupt" if bad else "verified"
+                problem = _why(bad)
+                with self._maybe_writer() as can_record:
+                    if can_record:
+                        self._record(p, man, not bad, problem)
+            elif rec and rec.get("digest") == digest:
+                if rec.get("files") not in (None, _fingerprint(p, man)):
+                    problem = (
+                        "files changed since it was verified; 'ckptkit ls --verify' "
+                        "checks them again"
+                    )
+                else:
+                    status = "verified" if rec.get("ok") else "corrupt"
+                    problem = rec.get("problem")
+            pins = tuple(sorted(set(man.pins) | set(extra_pins.get(p.name, []))))
             health = (man.health or {}).get("level") if man.health else None
             out.append(CheckpointInfo(step, p, status, size, mtime, pins, health, problem))
         return sorted(out, key=lambda c: c.step)
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest verified checkpoint (None when there is none)."""
+        """The newest verified checkpoint (None when there is none).
+
+        Example:
+            >>> import tempfile, torch, ckptkit
+            >>> ckptkit.CheckpointManager(tempfile.mkdtemp()).latest() is None
+            True
+        """
         good = [c for c in self.list() if c.status == "verified"]
         return good[-1] if good else None
+
+    def leftovers(self) -> builtins.list[Path]:
+        """Temporary directories of unfinished saves or deletions (never checkpoints)."""
+        return atomic.leftovers(self.root)
 
     # --- save ----------------------------------------------------------------------------
 
@@ -300,6 +446,8 @@ class CheckpointManager:
         encoded = tree_mod.encode(tree)
         final = self.root / step_dir_name(step)
         fields: dict[str, Any] = {"pins": pins}
+        if health is None and self.watch is not None:
+            health = self.watch.snapshot()
         if health is not None:
             fields["health"] = dict(health)
         if lookahead is not None:
@@ -307,14 +455,20 @@ class CheckpointManager:
         env = state.env()
         stats = SaveStats(step=step, capture=t_cap - t0)
         if async_:
-            encoded = self._stage(encoded)
-            th = threading.Thread(
-                target=self._run_async,
-                args=(encoded, final, comps, env, step, fields, overwrite, stats, t0),
-                name=f"ckptkit-save-{step}",
-                daemon=False,
-            )
-            self._pending = _Pending(thread=th, step=step)
+            job = (self._stage(encoded), final, comps, env, step, fields, overwrite, stats, t0)
+
+            def run() -> None:
+                # The error goes on this save's own record (not self._pending, which
+                # wait() may have cleared already) so wait() always sees it.
+                try:
+                    self._commit(*job)
+                except BaseException as e:
+                    pending.error = e
+                    log.error("ckptkit: async save of step %d failed: %s", step, e)
+
+            th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
+            pending = _Pending(thread=th, step=step)
+            self._pending = pending
             stats.blocked = time.perf_counter() - t0
             th.start()
             self.last_save = stats
@@ -341,14 +495,6 @@ class CheckpointManager:
             del self._staging[k]  # keys gone from the state: free their buffers
         return tree_mod.Encoded(tree=encoded.tree, tensors=staged)
 
-    def _run_async(self, *args: Any) -> None:
-        assert self._pending is not None
-        try:
-            self._commit(*args)
-        except BaseException as e:  # surfaced by wait(); never silent
-            self._pending.error = e
-            log.error("ckptkit: async save of step %d failed: %s", self._pending.step, e)
-
     def _commit(
         self,
         encoded: tree_mod.Encoded,
@@ -362,40 +508,56 @@ class CheckpointManager:
         t0: float,
     ) -> None:
         tw = time.perf_counter()
-        man = checkpoint.write_checkpoint(
-            None,
-            final,
-            encoded=encoded,
-            compress=self.compress,
-            grouper=grouper,
-            components=lambda enc, plan: checkpoint.fill_where(comps, enc, plan),
-            env=env,
-            step=step,
-            overwrite=overwrite,
-            progress=False,
-            manifest_fields=fields,
-        )
+        try:
+            man = checkpoint.write_checkpoint(
+                None,
+                final,
+                encoded=encoded,
+                compress=self.compress,
+                grouper=grouper,
+                components=lambda enc, plan: checkpoint.fill_where(comps, enc, plan),
+                env=env,
+                step=step,
+                overwrite=overwrite,
+                progress=False,
+                manifest_fields=fields,
+            )
+        except OSError as e:
+            if isinstance(e, CkptkitError):
+                raise
+            raise _save_error(e, final) from e
         stats.write = time.perf_counter() - tw
         tv = time.perf_counter()
         if self.verify_after_save:
             from ckptkit.verify.runner import verify_one
 
-            rep = verify_one(final, progress=False)
-            bad = rep.errors
-            self._record(final.name, man.to_dict()["manifest_digest"], not bad,
-                         "; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None)
+            bad = verify_one(final, progress=False).errors
+            self._record(final, man, not bad, _why(bad))
             if bad:
                 raise bad[0].to_error(base=str(final))
         stats.verify = time.perf_counter() - tv
-        self._point_latest(final.name)
+        # Rotation only after the new checkpoint committed and verified (a failed
+        # verify raised above, so nothing is deleted on its account).
+        self._update_latest()
         stats.deleted = self._rotate()
         stats.total = time.perf_counter() - t0
 
-    def _point_latest(self, name: str) -> None:
-        tmp = self.root / f"{LATEST}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(name + "\n")
-        atomic.fsync_file(tmp)
-        os.replace(tmp, self.root / LATEST)
+    def _update_latest(self) -> None:
+        """Point ``latest`` at the newest verified checkpoint (atomic replace); under the lock."""
+        infos = self.list()
+        ok = ("verified",) if self.verify_after_save else ("verified", "committed")
+        good = [c for c in infos if c.status in ok]
+        target = self.root / LATEST
+        if not good:
+            # A pointer to a checkpoint that is not good would be worse than none.
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+            return
+        name = good[-1].path.name
+        with contextlib.suppress(OSError):
+            if target.read_text().strip() == name:
+                return
+        _replace_text(target, name + "\n")
         atomic.fsync_dir(self.root)
 
     def wait(self) -> None:
@@ -407,17 +569,69 @@ class CheckpointManager:
         if p.error is not None:
             raise p.error
 
+    def observe(self, state: TrainState, verdict: Any = None) -> Path | None:
+        """Act on a stability verdict: save and pin an emergency checkpoint when due.
+
+        Call once per step after feeding the watch (``verdict`` defaults to
+        ``self.watch.last``). On the first ``warn`` of an episode (see
+        :class:`ckptkit.stability.EmergencyPolicy`: level, rate limit, pin label) the
+        current state is saved synchronously and pinned, with the watch's snapshot as its
+        health. If a checkpoint of this step exists already, it is pinned instead.
+
+        Returns:
+            The emergency checkpoint's directory, or None when nothing was saved.
+
+        Example:
+            >>> import tempfile, torch, ckptkit
+            >>> from ckptkit.stability import StabilityWatch
+            >>> w = StabilityWatch()
+            >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=w)
+            >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=7)
+            >>> _ = w.update(7, loss=float("nan"))
+            >>> mgr.observe(ts).name, mgr.list()[0].pins
+            ('step-00000007', ('emergency',))
+        """
+        v = verdict if verdict is not None else (self.watch.last if self.watch else None)
+        policy = self.emergency
+        if v is None or policy is None or not policy.should_save(v):
+            return None
+        existing = self.root / step_dir_name(state.step)
+        if existing.exists():
+            self.wait()
+            self._writer()
+            idx = self._index()
+            pins = idx.setdefault("pins", {}).setdefault(existing.name, [])
+            if policy.pin not in pins:
+                pins.append(policy.pin)
+            self._write_index(idx)
+            path = existing
+        else:
+            path = self.save(state, pin=policy.pin)
+        policy.saved(v.step)
+        log.warning("ckptkit: emergency checkpoint %s (%s)", path.name, v.summary())
+        return path
+
     # --- rotation ------------------------------------------------------------------------
 
-    def plan(self, *, keep_last: int | None = None, keep_every: int | None = None,
-             max_bytes: int | None = None, delete_corrupt: bool = False) -> rotation.RetentionPlan:
+    def plan(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        max_bytes: int | None = None,
+        delete_corrupt: bool = False,
+    ) -> rotation.RetentionPlan:
         """The retention plan for the run as it is now (nothing is deleted)."""
         infos = self.list()
         ck = [
             rotation.CkptInfo(
-                step=c.step, size=c.size, verified=c.status == "verified",
-                corrupt=c.status in ("corrupt", "incomplete"), pinned=frozenset(c.pins),
-                health=c.health, time=c.time,
+                step=c.step,
+                size=c.size,
+                verified=c.status == "verified",
+                corrupt=c.status in ("corrupt", "incomplete"),
+                pinned=frozenset(c.pins),
+                health=c.health,
+                time=c.time,
             )
             for c in infos
         ]
@@ -430,45 +644,93 @@ class CheckpointManager:
         )
 
     def prune(self, *, dry_run: bool = False, **policy: Any) -> rotation.RetentionPlan:
-        """Apply the retention plan (or only return it with ``dry_run``)."""
+        """Apply the retention plan (or only return it with ``dry_run``).
+
+        Takes the writer lock first (``LockHeldError`` while a training run holds it),
+        so the plan is made and applied with no save in between.
+
+        Example:
+            >>> import tempfile, torch, ckptkit
+            >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), keep_last=5)
+            >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2))
+            >>> for s in (1, 2, 3):
+            ...     ts.step = s; _ = mgr.save(ts)
+            >>> [d.reason for d in mgr.prune(keep_last=1).decisions if not d.keep]
+            ['delete: beyond keep_last=1', 'delete: beyond keep_last=1']
+        """
+        if dry_run:
+            return self.plan(**policy)
+        self.wait()
+        self._writer()
         plan = self.plan(**policy)
-        if not dry_run:
-            self._writer()
-            self._delete(plan)
+        self._delete(plan)
         return plan
 
-    def _rotate(self) -> list[str]:
+    def _rotate(self) -> builtins.list[str]:
+        if self.verify_after_save:
+            # A checkpoint that committed but was never verified (its writer died in
+            # between) is verified now, so keep_last counts it instead of deleting it.
+            from ckptkit.verify.runner import verify_one
+
+            for c in self.list():
+                if c.status == "committed":
+                    bad = verify_one(c.path, progress=False).errors
+                    with contextlib.suppress(CkptkitError):
+                        self._record(c.path, mf.read(c.path), not bad, _why(bad))
         return self._delete(self.plan())
 
-    def _delete(self, plan: rotation.RetentionPlan) -> list[str]:
+    def _delete(self, plan: rotation.RetentionPlan) -> builtins.list[str]:
+        newest_good = max((c.step for c in plan.keep if c.good), default=None)
         deleted = []
         for d in plan.decisions:
             if d.keep:
+                continue
+            if d.ckpt.good and (newest_good is None or d.ckpt.step > newest_good):
+                # Belt and braces: the plan never releases the newest verified checkpoint.
+                log.error("ckptkit: refusing to delete step %d: newest verified", d.ckpt.step)
                 continue
             path = self.root / step_dir_name(d.ckpt.step)
             if not path.exists():
                 continue
             # Rename first: a crash mid-delete leaves a marked leftover, never a
-            # half-deleted directory that still looks committed.
-            doomed = path.with_name(f"{path.name}{atomic.OLD_SUFFIX}.{uuid.uuid4().hex[:8]}")
+            # half-deleted directory that still looks committed. The temporary suffix
+            # (not the overwrite one) tells cleanup to finish the delete, not undo it.
+            doomed = path.with_name(f"{path.name}{atomic.TMP_SUFFIX}.del-{uuid.uuid4().hex[:8]}")
             os.rename(path, doomed)
             atomic.fsync_dir(self.root)
             shutil.rmtree(doomed, ignore_errors=True)
-            log.info("ckptkit: deleted %s (%s)", path.name, d.reason)
-            deleted.append(f"{path.name}: {d.reason}")
+            why = d.reason.removeprefix("delete: ")
+            log.info("ckptkit: deleted %s: %s", path.name, why)
+            deleted.append(f"{path.name}: {why}")
         return deleted
 
     # --- restore -------------------------------------------------------------------------
 
     def restore(
-        self, state: TrainState, step: int | None = None, *, strict: bool = True
+        self,
+        state: TrainState,
+        step: int | None = None,
+        *,
+        strict: bool = True,
+        healthy: bool = False,
     ) -> RestoreResult | None:
         """Restore the newest checkpoint that verifies (or exactly ``step``).
 
         Candidates are tried newest first; one that fails verification while it is read
         (digest, size, header) or lacks a required component is skipped with a warning
-        saying why, and the next older one is tried. Returns None when the run has no
-        checkpoint at all (a fresh start).
+        saying why, and the next older one is tried. One that failed verification before
+        (status ``corrupt``) is skipped without reading it. A failure found here is
+        recorded (``ls`` then shows it corrupt, rotation no longer counts it as good) and
+        ``latest`` re-pointed, when no other writer holds the run. Returns None when the
+        run has no checkpoint at all (a fresh start).
+
+        With ``healthy=True`` only checkpoints whose recorded health level is ``ok`` are
+        candidates (the rollback after an instability; see :mod:`ckptkit.stability`): each
+        newer one passed over is logged with its health signals, and an attached watch is
+        reset.
+
+        Tensors are read into ``state``'s own tensors; if a candidate fails halfway, the
+        next one overwrites them, and if every candidate fails ``state`` must not be used.
 
         Raises:
             IncompleteCheckpointError: checkpoints exist but none could be restored
@@ -477,38 +739,89 @@ class CheckpointManager:
         """
         self.wait()
         infos = [c for c in self.list() if c.status in ("verified", "committed", "corrupt")]
+        unhealthy: list[str] = []
+        if healthy:
+            # healthy=True: only checkpoints whose recorded health is "ok" (the rollback
+            # target); each one passed over is logged with why (ckptkit.stability.rollback).
+            from ckptkit.stability import choose_healthy
+
+            pick = choose_healthy(infos)
+            for why in pick.reasons[:-1] if pick.checkpoint is not None else pick.reasons:
+                log.warning("ckptkit: restore(healthy=True): %s", why)
+            unhealthy = [f"{r} (healthy=True)" for r in pick.reasons if ": skipped" in r]
+            infos = [c for c in infos if c.health == "ok"]
+            if not infos:
+                raise IncompleteCheckpointError(
+                    "no checkpoint with health ok: " + " | ".join(pick.reasons or ["none saved"]),
+                    path=self.root,
+                    hint="restore without healthy=True to take the newest verified one anyway",
+                )
+            if self.watch is not None:
+                self.watch.reset()  # its windows describe the run we are rolling back from
         if step is not None:
             infos = [c for c in infos if c.step == step]
             if not infos:
                 raise IncompleteCheckpointError(
-                    f"no committed checkpoint for step {step}", path=self.root,
+                    f"no committed checkpoint for step {step}",
+                    path=self.root,
                     hint="'ckptkit ls RUN' lists the steps that exist",
                 )
         elif not infos:
             if any(True for _ in self.list()):
                 raise IncompleteCheckpointError(
                     "no committed checkpoint: every step directory is incomplete",
-                    path=self.root, hint="the saves were interrupted; start fresh",
+                    path=self.root,
+                    hint="the saves were interrupted; start fresh",
                 )
             return None
         skipped: list[str] = []
         for c in reversed(infos):
+            if c.status == "corrupt" and step is None:
+                msg = f"{c.path.name}: failed verification earlier ({c.problem})"
+                skipped.append(msg)
+                log.warning("ckptkit: skipping %s", msg)
+                continue
             try:
                 result = self._restore_one(state, c.path, strict=strict)
+            except _RunMismatch as m:
+                # The checkpoint is fine, the run differs from it (strict mismatch): not
+                # corruption, and an older checkpoint would not match either.
+                raise m.error from None
             except CkptkitError as e:
+                self._note(c.path, ok=False, why=f"{e.code or 'error'}: {e.what}")
                 if step is not None:
                     raise
                 msg = f"{c.path.name}: {e}"
                 skipped.append(msg)
                 log.warning("ckptkit: skipping %s", msg)
                 continue
-            result.notes[:0] = [f"skipped {s}" for s in skipped]
+            if c.status == "committed":
+                self._note(c.path, ok=True, why=None)  # every byte was verified while read
+            if skipped:
+                log.warning(
+                    "ckptkit: restored %s after skipping %d newer checkpoint%s",
+                    c.path.name,
+                    len(skipped),
+                    "" if len(skipped) == 1 else "s",
+                )
+            result.notes[:0] = [f"skipped {s}" for s in [*unhealthy, *skipped]]
             return result
         raise IncompleteCheckpointError(
             "no checkpoint could be restored: " + " | ".join(skipped),
             path=self.root,
             hint="restore files from a replica, or start fresh",
         )
+
+    def _note(self, path: Path, *, ok: bool, why: str | None) -> None:
+        """Record what a restore found and re-point ``latest``, if no other writer runs."""
+        try:
+            man = mf.read(path)
+        except CkptkitError:
+            return  # an invalid manifest is listed as corrupt without a record
+        with self._maybe_writer() as can_record:
+            if can_record:
+                self._record(path, man, ok, why)
+                self._update_latest()
 
     def _restore_one(self, state: TrainState, path: Path, *, strict: bool) -> RestoreResult:
         from ckptkit.verify.runner import verify_one
@@ -517,8 +830,92 @@ class CheckpointManager:
         if rep.errors:
             raise rep.errors[0].to_error(base=str(path))
         obj, man = checkpoint.read_checkpoint(path, targets_from=state.targets(), progress=False)
-        result = state.restore_tree(obj, man, strict=strict)
+        try:
+            result = state.restore_tree(obj, man, strict=strict)
+        except CkptkitError as e:
+            raise _RunMismatch(e) from e
         result.path = path
         for f in rep.findings:
             result.notes.append(f"{f.code} {f.message}")
         return result
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+class _RunMismatch(Exception):
+    """A good checkpoint that does not fit the run (``restore_tree`` refused it)."""
+
+    def __init__(self, error: CkptkitError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _why(bad: Iterable[Any]) -> str | None:
+    """Summarise error findings (at most three) for the run index and ``ls``."""
+    return "; ".join(f"{f.code} {f.message}" for f in list(bad)[:3]) or None
+
+
+def _fingerprint(path: Path, man: mf.Manifest) -> dict[str, list[int]]:
+    """Size and mtime of the manifest and every file it lists: a change means re-verify."""
+    out: dict[str, list[int]] = {}
+    for rel in [atomic.MANIFEST_NAME, *(f.path for f in man.files)]:
+        try:
+            st = (path / rel).stat()
+        except OSError:
+            out[rel] = [-1, -1]
+            continue
+        out[rel] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _whole(path: Path) -> bool:
+    """Return whether ``path`` holds a valid manifest and every file it lists, at full size."""
+    try:
+        man = mf.read(path)
+    except CkptkitError:
+        return False
+    for f in man.files:
+        try:
+            if (path / f.path).stat().st_size != f.size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _replace_text(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` atomically (temp file, fsync, replace); no temp left behind."""
+    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
+        atomic.fsync_file(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+_SAVE_ERRNO = {
+    errno.ENOSPC: ("disk full", "free space on that filesystem, or lower keep_last/max_bytes"),
+    errno.EDQUOT: ("disk quota exceeded", "free space or raise the quota"),
+    errno.EACCES: ("permission denied", "make the run directory writable by this user"),
+    errno.EPERM: ("operation not permitted", "make the run directory writable by this user"),
+    errno.EROFS: ("read-only filesystem", "save to a writable filesystem"),
+}
+
+
+def _save_error(e: OSError, final: Path) -> OSError:
+    """Restate an OS error of a save: what failed, that nothing was lost, and the fix.
+
+    Stays an ``OSError`` of the same errno (``PermissionError`` for EACCES), so
+    existing ``except OSError`` clauses keep working.
+    """
+    what, fix = _SAVE_ERRNO.get(e.errno or 0, (e.strerror or str(e), "see the OS error"))
+    where = f" ({e.filename})" if e.filename else ""
+    msg = (
+        f"{what} while saving {final.name}{where}; the partial save was removed and older "
+        f"checkpoints are intact. Fix: {fix}"
+    )
+    return OSError(e.errno if e.errno is not None else errno.EIO, msg, str(final))

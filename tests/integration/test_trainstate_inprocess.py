@@ -185,13 +185,6 @@ def test_strict_restore_raises_when_checkpoint_lacks_the_scaler(
     assert scaler.get_scale() == 8.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CheckpointManager.restore records a strict StateError (a run/checkpoint "
-    "mismatch) as a verification failure: the good checkpoint is then listed corrupt and "
-    "skipped by later restores, and without step= the error becomes "
-    "IncompleteCheckpointError ('restore files from a replica')",
-)
 def test_strict_mismatch_is_not_corruption(
     tiny_model: Callable[..., torch.nn.Module], tmp_path: Path
 ) -> None:

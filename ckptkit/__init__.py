@@ -20,6 +20,7 @@ from ckptkit.manager import CheckpointManager
 from ckptkit.manifest import Manifest
 from ckptkit.recorder import Recorder
 from ckptkit.sampler import ResumableSampler
+from ckptkit.stability import StabilityWatch
 from ckptkit.verify import verify
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Progress",
     "Recorder",
     "ResumableSampler",
+    "StabilityWatch",
     "StateError",
     "TrainState",
     "UnsafeInputError",

@@ -1,0 +1,903 @@
+"""Training-stability watch: classify a run as ``ok`` / ``warn`` / ``critical`` from its scalars.
+
+:class:`StabilityWatch` is fed the per-step scalars a training loop already reads (loss,
+gradient norm, loss scale, max |logit|, attention entropy, any named scalar), directly with
+:meth:`StabilityWatch.update` or through a :class:`~ckptkit.Recorder` with
+:meth:`StabilityWatch.attach`. It never touches tensors itself: pass Python floats you
+already synced for (a tensor is converted with ``float()``, which waits for the GPU).
+
+Per tracked metric it keeps a rolling window of the (by default log-transformed) values,
+split into a *recent* part (the last ``recent`` steps) and a *baseline* (the ``window``
+steps before that). The baseline lags on purpose: an instability that builds up over the
+recent steps does not contaminate the statistics it is compared against. The tests:
+
+``<metric>.nonfinite``
+    NaN or Inf: ``critical`` at once (checked for every numeric scalar passed in).
+``<metric>.zscore``
+    robust z-score of each value against the baseline median and MAD (x1.4826); ``warn``
+    when at least ``trigger_count`` of the last ``trigger_window`` steps reach ``z_warn``,
+    ``critical`` when as many reach ``z_critical``. Counting triggers in a short window
+    ignores the isolated spikes of heavy-tailed noise but catches a run of them.
+``<metric>.std_shift``
+    level-shift test on the rolling standard deviation: the robust scale of the recent
+    first differences over that of the baseline's (differences, so a smooth trend such
+    as a falling loss does not count as noise). ``warn`` at ``std_ratio_warn``.
+``<metric>.regression`` (loss only, by default)
+    the recent median against the best (lowest) baseline median seen so far: a run that
+    diverged and settled on a worse plateau is not "ok" again once the baseline has
+    absorbed the jump.
+``loss_scale.backoff``
+    monotone loss-scale backoff: ``backoff_warn`` decreases with no increase in between
+    (within ``backoff_window`` steps) is an overflow cascade, not the isolated backoff of
+    a healthy fp16 run; ``critical`` at ``backoff_critical`` or below ``min_loss_scale``.
+
+Levels latch: once a step is ``warn`` or ``critical`` the verdict stays at the worst level
+of the episode until ``clear_after`` consecutive steps trigger nothing, so a checkpoint
+saved between two spikes is not labelled healthy.
+
+Cost: O(1) amortised per update. Appending to the windows is O(1); the medians and MADs are
+recomputed every ``recompute_every`` steps (default ``window // 16``) with a linear-time
+selection over ``window + recent`` values, so the amortised cost is
+O((window + recent) / recompute_every), a constant that does not grow with the run. Between
+recomputes each value is scored against the last baseline (at most ``recompute_every``
+steps old).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Level = Literal["ok", "warn", "critical"]
+LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
+_RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
+_MAD_TO_SIGMA = 1.4826
+# Relative floor of a scale estimate (in log space: 0.1 %), so a constant series does not
+# give infinite z-scores for the first change in the last digit.
+_SCALE_FLOOR = 1e-3
+_LOG_FLOOR = 1e-30
+
+
+def worse(a: Level, b: Level) -> Level:
+    """Return the more severe of two levels.
+
+    Example:
+        >>> worse("ok", "warn")
+        'warn'
+    """
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """How one named scalar is watched."""
+
+    direction: Literal["up", "down", "both"] = "up"
+    """Which excursions are unhealthy: ``up`` (loss, grad norm), ``down`` (entropy), ``both``."""
+    log: bool = True
+    """Score ``log(value)``: scale-free, and multiplicative noise becomes additive."""
+    regression: bool = False
+    """Also compare the recent median with the best baseline median seen (loss-like metrics)."""
+
+
+DEFAULT_SIGNALS: dict[str, SignalSpec] = {
+    "loss": SignalSpec("up", log=True, regression=True),
+    "grad_norm": SignalSpec("up", log=True),
+    "max_logit": SignalSpec("up", log=True),
+    "attn_entropy": SignalSpec("down", log=False),
+}
+"""Metrics tracked by default. ``loss_scale`` is handled by the backoff test."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One test that fired, with the number it computed and the threshold it crossed."""
+
+    name: str
+    """``<metric>.<test>``, e.g. ``grad_norm.zscore``."""
+    level: Level
+    """The level this test alone gives."""
+    statistic: float
+    """The computed statistic (z-score, ratio, backoff count, ...)."""
+    threshold: float
+    """The threshold it reached."""
+    detail: str
+    """One sentence for humans."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (non-finite numbers as strings)."""
+        return {
+            "level": self.level,
+            "statistic": _num(self.statistic),
+            "threshold": _num(self.threshold),
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classification of one step."""
+
+    level: Level
+    """The run's level: the worst active signal, or the latched level of the episode."""
+    signals: list[Signal]
+    """The signals behind the level (empty when ``ok``)."""
+    step: int
+    """The step classified."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the level is ``ok``."""
+        return self.level == "ok"
+
+    def summary(self) -> str:
+        """One line: the level and the named signals.
+
+        Example:
+            >>> Verdict("ok", [], 3).summary()
+            'step 3: ok'
+        """
+        if not self.signals:
+            return f"step {self.step}: {self.level}"
+        why = "; ".join(f"{s.name} {s.level} ({s.detail})" for s in self.signals)
+        return f"step {self.step}: {self.level}: {why}"
+
+
+class _Track:
+    """Rolling windows and robust statistics of one metric."""
+
+    def __init__(self, name: str, spec: SignalSpec, watch: StabilityWatch) -> None:
+        self.name = name
+        self.spec = spec
+        n = watch.window + watch.recent
+        self.values: deque[float] = deque(maxlen=n)
+        self.diffs: deque[float] = deque(maxlen=n)
+        self.trig: deque[int] = deque(maxlen=watch.trigger_window)  # 0 none, 1 warn, 2 critical
+        self.n_warn = 0
+        self.n_crit = 0
+        self.since = 0  # updates since the last recompute
+        self.ready = False
+        self.med = self.sig = self.dsig_base = self.dsig_recent = self.med_recent = math.nan
+        self.best = math.inf
+        self.last = math.nan
+        self.z = 0.0
+        self.count = 0
+
+    def transform(self, x: float) -> float:
+        return math.log(max(x, _LOG_FLOOR)) if self.spec.log else x
+
+    def recompute(self, w: StabilityWatch) -> None:
+        """Recompute the baseline and recent statistics: O(window + recent)."""
+        w.recomputes += 1
+        self.since = 0
+        n_recent = min(w.recent, len(self.values))
+        vals = np.fromiter(self.values, dtype=np.float64, count=len(self.values))
+        base = vals[: len(vals) - n_recent]
+        if len(base) < w.min_history:
+            self.ready = False
+            return
+        diffs = np.fromiter(self.diffs, dtype=np.float64, count=len(self.diffs))
+        dbase, drecent = diffs[: len(diffs) - n_recent], diffs[len(diffs) - n_recent :]
+        self.med = float(np.median(base))
+        floor = _SCALE_FLOOR * (1.0 if self.spec.log else max(abs(self.med), 1e-12))
+        self.sig = max(_MAD_TO_SIGMA * float(np.median(np.abs(base - self.med))), floor)
+        self.dsig_base = max(_mad_sigma(dbase), floor)
+        self.dsig_recent = _mad_sigma(drecent) if len(drecent) >= 8 else math.nan
+        recent = vals[len(vals) - n_recent :]
+        self.med_recent = float(np.median(recent)) if len(recent) else math.nan
+        self.best = min(self.best, self.med)
+        self.ready = True
+
+    def push(self, x: float, w: StabilityWatch) -> list[Signal]:
+        """Score one finite value, then add it to the windows. Returns the signals it fires."""
+        self.count += 1
+        self.last = x
+        t = self.transform(x)
+        out: list[Signal] = []
+        trig = 0
+        armed = self.ready and w.updates > w.warmup
+        if self.ready:
+            z = (t - self.med) / self.sig
+            self.z = z
+            score = {"up": z, "down": -z, "both": abs(z)}[self.spec.direction]
+            trig = (2 if score >= w.z_critical else 1 if score >= w.z_warn else 0) if armed else 0
+        self._count_trigger(trig, w)
+        if armed and self.n_warn >= w.trigger_count:
+            crit = self.n_crit >= w.trigger_count
+            thr = w.z_critical if crit else w.z_warn
+            out.append(
+                Signal(
+                    f"{self.name}.zscore",
+                    "critical" if crit else "warn",
+                    self.z,
+                    thr,
+                    f"robust z {self.z:+.1f} (value {x:.4g}); {self.n_crit if crit else self.n_warn}"
+                    f" of the last {len(self.trig)} steps beyond {thr:g}",
+                )
+            )
+        if armed and math.isfinite(self.dsig_recent):
+            ratio = self.dsig_recent / self.dsig_base
+            if ratio >= w.std_ratio_warn:
+                crit = ratio >= w.std_ratio_critical
+                out.append(
+                    Signal(
+                        f"{self.name}.std_shift",
+                        "critical" if crit else "warn",
+                        ratio,
+                        w.std_ratio_critical if crit else w.std_ratio_warn,
+                        f"step-to-step spread of the last {w.recent} steps is {ratio:.1f}x "
+                        f"the baseline's",
+                    )
+                )
+        if armed and self.spec.regression and self.spec.log and math.isfinite(self.best):
+            ratio = math.exp(self.med_recent - self.best)
+            if w.regress_warn is not None and ratio >= w.regress_warn:
+                crit = w.regress_critical is not None and ratio >= w.regress_critical
+                out.append(
+                    Signal(
+                        f"{self.name}.regression",
+                        "critical" if crit else "warn",
+                        ratio,
+                        (w.regress_critical if crit else w.regress_warn) or math.nan,
+                        f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x "
+                        f"the best baseline median {math.exp(self.best):.4g}",
+                    )
+                )
+        if self.values:
+            self.diffs.append(t - self.values[-1])
+        self.values.append(t)
+        self.since += 1
+        if self.since >= w.recompute_every or (not self.ready and self.since >= 1):
+            # Before the baseline is ready, retry often (cheap: the windows are short);
+            # once ready, every recompute_every steps.
+            if self.ready or len(self.values) - min(w.recent, len(self.values)) >= w.min_history:
+                self.recompute(w)
+            else:
+                self.since = 0
+        return out
+
+    def _count_trigger(self, trig: int, w: StabilityWatch) -> None:
+        if len(self.trig) == self.trig.maxlen:
+            old = self.trig[0]
+            self.n_warn -= old >= 1
+            self.n_crit -= old >= 2
+        self.trig.append(trig)
+        self.n_warn += trig >= 1
+        self.n_crit += trig >= 2
+
+    def stats(self) -> dict[str, Any]:
+        back = (lambda v: math.exp(v)) if self.spec.log else (lambda v: v)
+        ready = self.ready
+        return {
+            "count": self.count,
+            "last": _num(self.last),
+            "baseline_median": _num(back(self.med)) if ready else None,
+            "baseline_sigma": _num(self.sig) if ready else None,
+            "recent_median": _num(back(self.med_recent)) if ready else None,
+            "z": _num(self.z) if ready else None,
+            "std_ratio": _num(self.dsig_recent / self.dsig_base)
+            if ready and math.isfinite(self.dsig_recent)
+            else None,
+            "triggers": self.n_warn,
+            "log": self.spec.log,
+        }
+
+
+class StabilityWatch:
+    """Classify a training run as ``ok`` / ``warn`` / ``critical`` from its per-step scalars.
+
+    Args:
+        signals: metrics to track and how (default :data:`DEFAULT_SIGNALS`: loss,
+            grad_norm, max_logit, attn_entropy). Untracked numeric scalars are still
+            checked for NaN/Inf.
+        extra: more metric names to track, each with ``SignalSpec("both", log=False)``.
+        window: baseline length in steps (default 256).
+        recent: recent-window length in steps (default 64); the baseline lags by this much.
+        recompute_every: steps between recomputing the medians/MADs (default
+            ``max(1, window // 16)``); the amortised cost per step is
+            O((window + recent) / recompute_every).
+        min_history: baseline values needed before a metric's statistical tests run
+            (default ``window // 2``).
+        warmup: updates before any test but NaN/Inf and the loss-scale floor fires
+            (default 500): early training changes its own noise level and a fresh
+            ``GradScaler`` backs off repeatedly on purpose.
+        z_warn: robust z-score that counts as a warn trigger (default 6).
+        z_critical: robust z-score that counts as a critical trigger (default 12).
+        trigger_count: triggers needed ... (default 3) ...
+        trigger_window: ... within this many most recent steps (default 16).
+        std_ratio_warn: recent/baseline step-to-step spread for ``warn`` (default 2.5).
+        std_ratio_critical: ... for ``critical`` (default 6).
+        regress_warn: recent median / best baseline median for ``warn`` (default 1.5;
+            None disables).
+        regress_critical: ... for ``critical`` (default 2.0; None: never critical).
+        loss_scale_key: the metric holding the AMP loss scale (default ``loss_scale``).
+        backoff_warn: loss-scale decreases with no increase between for ``warn`` (default 3).
+        backoff_critical: ... for ``critical`` (default 6).
+        backoff_window: only backoffs within this many steps count (default 1000).
+        min_loss_scale: a loss scale below this is ``critical`` (default 1.0).
+        clear_after: consecutive quiet steps that end a warn/critical episode (default 200).
+        check_nonfinite: NaN/Inf in any numeric scalar is ``critical`` (default True).
+        ignore: metric names never looked at (default: ``lr``, ``tokens``, ``epoch``,
+            ``opt_step``, ``time``).
+
+    Example:
+        >>> import random
+        >>> w = StabilityWatch(window=64, recent=16)
+        >>> rnd = random.Random(0)
+        >>> for s in range(300):
+        ...     v = w.update(s, loss=2.0 + 0.05 * rnd.random(), grad_norm=1.0 + 0.1 * rnd.random())
+        >>> v.level
+        'ok'
+        >>> w.update(300, loss=float("nan")).signals[0].name
+        'loss.nonfinite'
+    """
+
+    def __init__(
+        self,
+        signals: Mapping[str, SignalSpec] | None = None,
+        *,
+        extra: Iterable[str] = (),
+        window: int = 256,
+        recent: int = 64,
+        recompute_every: int | None = None,
+        min_history: int | None = None,
+        warmup: int = 500,
+        z_warn: float = 6.0,
+        z_critical: float = 12.0,
+        trigger_count: int = 3,
+        trigger_window: int = 16,
+        std_ratio_warn: float = 2.5,
+        std_ratio_critical: float = 6.0,
+        regress_warn: float | None = 1.5,
+        regress_critical: float | None = 2.0,
+        loss_scale_key: str = "loss_scale",
+        backoff_warn: int = 3,
+        backoff_critical: int = 6,
+        backoff_window: int = 1000,
+        min_loss_scale: float = 1.0,
+        clear_after: int = 200,
+        check_nonfinite: bool = True,
+        ignore: Iterable[str] = ("lr", "tokens", "epoch", "opt_step", "time"),
+    ) -> None:
+        if window < 8 or recent < 8:
+            raise ValueError(
+                f"StabilityWatch: window and recent must be >= 8, got {window}, {recent}"
+            )
+        if not 1 <= trigger_count <= trigger_window:
+            raise ValueError("StabilityWatch: need 1 <= trigger_count <= trigger_window")
+        if z_critical < z_warn or std_ratio_critical < std_ratio_warn:
+            raise ValueError("StabilityWatch: critical thresholds must not be below warn ones")
+        self.specs: dict[str, SignalSpec] = dict(DEFAULT_SIGNALS if signals is None else signals)
+        for name in extra:
+            self.specs.setdefault(name, SignalSpec("both", log=False))
+        self.window = window
+        self.recent = recent
+        self.recompute_every = recompute_every or max(1, window // 16)
+        self.min_history = window // 2 if min_history is None else max(8, min_history)
+        self.warmup = warmup
+        self.z_warn = z_warn
+        self.z_critical = z_critical
+        self.trigger_count = trigger_count
+        self.trigger_window = trigger_window
+        self.std_ratio_warn = std_ratio_warn
+        self.std_ratio_critical = std_ratio_critical
+        self.regress_warn = regress_warn
+        self.regress_critical = regress_critical
+        self.loss_scale_key = loss_scale_key
+        self.backoff_warn = backoff_warn
+        self.backoff_critical = backoff_critical
+        self.backoff_window = backoff_window
+        self.min_loss_scale = min_loss_scale
+        self.clear_after = clear_after
+        self.check_nonfinite = check_nonfinite
+        self.ignore = frozenset(ignore)
+        self.listeners: list[Callable[[Verdict], None]] = []
+        """Called with every verdict (e.g. ``CheckpointManager.observe``)."""
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every window and episode (after a rollback: the old windows describe another run).
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> _ = w.update(1, loss=float("inf"))
+            >>> w.reset(); w.level
+            'ok'
+        """
+        self.tracks: dict[str, _Track] = {}
+        self.recomputes = 0
+        """How many full window recomputations ran (the O(1) amortised check counts these)."""
+        self.updates = 0
+        self.last: Verdict | None = None
+        self.level: Level = "ok"
+        self.episode_level: Level = "ok"
+        self.episode_start: int | None = None
+        self.first_warn_step: int | None = None
+        self.episode_signals: dict[str, Signal] = {}
+        self.quiet = 0
+        self._scale_last: float | None = None
+        self._backoffs: deque[int] = deque()
+        self._scale_grew_at: int | None = None
+        self._nonfinite: dict[str, int] = {}
+
+    # --- feeding ---------------------------------------------------------------------------
+
+    def update(self, step: int, /, **metrics: Any) -> Verdict:
+        """Feed one step's scalars; return the verdict for that step.
+
+        Args:
+            step: the global step.
+            **metrics: named scalars (Python numbers, numpy or 0-d tensors; a CUDA tensor
+                is synced by ``float()``). Lists, strings and None are ignored.
+
+        Returns:
+            The :class:`Verdict` (also kept as :attr:`last`).
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> w.update(1, loss=2.3, grad_norm=0.7, lr=1e-3).level
+            'ok'
+        """
+        self.updates += 1
+        fired: list[Signal] = []
+        for name, raw in metrics.items():
+            if name in self.ignore:
+                continue
+            x = _scalar(raw)
+            if x is None:
+                continue
+            if not math.isfinite(x):
+                if self.check_nonfinite or name in self.specs or name == self.loss_scale_key:
+                    self._nonfinite[name] = self._nonfinite.get(name, 0) + 1
+                    fired.append(
+                        Signal(f"{name}.nonfinite", "critical", x, math.nan, f"{name} is {x}")
+                    )
+                continue
+            if name == self.loss_scale_key:
+                fired.extend(self._scale(step, x))
+                continue
+            spec = self.specs.get(name)
+            if spec is None:
+                continue
+            tr = self.tracks.get(name)
+            if tr is None:
+                tr = self.tracks[name] = _Track(name, spec, self)
+            fired.extend(tr.push(x, self))
+        return self._decide(step, fired)
+
+    def __call__(self, step: int, /, **metrics: Any) -> Verdict:
+        """Alias of :meth:`update`."""
+        return self.update(step, **metrics)
+
+    def _scale(self, step: int, x: float) -> list[Signal]:
+        prev, self._scale_last = self._scale_last, x
+        if prev is not None and x > prev:
+            self._backoffs.clear()  # growth: the cascade (if any) is over
+            self._scale_grew_at = step
+        elif prev is not None and x < prev and self.updates > self.warmup:
+            # A fresh GradScaler backs off many times in its first steps (the initial
+            # scale is deliberately too high): only backoffs after warm-up count.
+            self._backoffs.append(step)
+        while self._backoffs and self._backoffs[0] <= step - self.backoff_window:
+            self._backoffs.popleft()
+        out: list[Signal] = []
+        n = len(self._backoffs)
+        if x < self.min_loss_scale:
+            out.append(
+                Signal(
+                    f"{self.loss_scale_key}.floor",
+                    "critical",
+                    x,
+                    self.min_loss_scale,
+                    f"loss scale {x:g} below {self.min_loss_scale:g}",
+                )
+            )
+        if n >= self.backoff_warn:
+            crit = n >= self.backoff_critical
+            out.append(
+                Signal(
+                    f"{self.loss_scale_key}.backoff",
+                    "critical" if crit else "warn",
+                    n,
+                    self.backoff_critical if crit else self.backoff_warn,
+                    f"{n} backoffs since step {self._backoffs[0]} with no growth (scale {x:g})",
+                )
+            )
+        return out
+
+    def _decide(self, step: int, fired: list[Signal]) -> Verdict:
+        active: Level = "ok"
+        for s in fired:
+            active = worse(active, s.level)
+        if active != "ok":
+            if self.episode_level == "ok":
+                self.episode_start = step
+                self.episode_signals = {}
+            if self.first_warn_step is None:
+                self.first_warn_step = step
+            self.episode_level = worse(self.episode_level, active)
+            for s in fired:
+                old = self.episode_signals.get(s.name)
+                if old is None or _RANK[s.level] >= _RANK[old.level]:
+                    self.episode_signals[s.name] = s
+            self.quiet = 0
+        elif self.episode_level != "ok":
+            self.quiet += 1
+            if self.quiet >= self.clear_after:
+                self.episode_level = "ok"
+                self.episode_start = None
+                self.episode_signals = {}
+        signals = list(fired)
+        if not fired and self.episode_level != "ok":
+            signals.append(
+                Signal(
+                    "episode",
+                    self.episode_level,
+                    self.quiet,
+                    self.clear_after,
+                    f"{self.episode_level} since step {self.episode_start} "
+                    f"({', '.join(sorted(self.episode_signals))}); clears after "
+                    f"{self.clear_after - self.quiet} more quiet steps",
+                )
+            )
+        self.level = worse(active, self.episode_level)
+        verdict = Verdict(self.level, signals, int(step))
+        self.last = verdict
+        for fn in self.listeners:
+            fn(verdict)
+        return verdict
+
+    # --- Recorder hook ---------------------------------------------------------------------
+
+    def attach(self, recorder: Any) -> StabilityWatch:
+        """Feed every ``recorder.log(...)`` call to this watch (wraps the bound method).
+
+        The recorder writes first, then the watch scores the same scalars; the verdict
+        is :attr:`last`. Lists (``seq_lens``, ``sample_ids``) and strings are skipped.
+
+        Returns:
+            self, for chaining.
+
+        Example:
+            >>> from ckptkit.recorder import Recorder
+            >>> rec = Recorder(None)
+            >>> w = StabilityWatch().attach(rec)
+            >>> rec.log(1, loss=float("nan"))
+            >>> w.last.level
+            'critical'
+        """
+        if getattr(recorder, "_ckptkit_watch", None) is not None:
+            raise ValueError("this Recorder already feeds a StabilityWatch; detach() it first")
+        original = recorder.log
+
+        def log(step: int, /, **kwargs: Any) -> None:
+            original(step, **kwargs)
+            self.update(step, **kwargs)
+
+        recorder.log = log
+        recorder._ckptkit_watch = (self, original)
+        return self
+
+    @staticmethod
+    def detach(recorder: Any) -> None:
+        """Undo :meth:`attach` on ``recorder``.
+
+        Example:
+            >>> from ckptkit.recorder import Recorder
+            >>> rec = Recorder(None)
+            >>> _ = StabilityWatch().attach(rec)
+            >>> StabilityWatch.detach(rec)
+            >>> "log" in vars(rec)
+            False
+        """
+        if getattr(recorder, "_ckptkit_watch", None) is not None:
+            recorder._ckptkit_watch = None
+            del recorder.log  # the instance attribute: back to the class method
+
+    # --- reporting -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the JSON-able health record for a checkpoint manifest.
+
+        Returns:
+            ``{"level", "step", "episode_start", "first_warn_step", "signals", "window",
+            "params", "time"}``: ``signals`` maps each signal of the current episode to
+            ``{level, statistic, threshold, detail}``; ``window`` maps each tracked metric
+            to its rolling statistics (baseline median and sigma, recent median, last
+            z-score, std ratio), plus ``loss_scale``.
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> _ = w.update(5, loss=1.0)
+            >>> snap = w.snapshot(); snap["level"], snap["step"]
+            ('ok', 5)
+        """
+        sigs: dict[str, Signal] = dict(self.episode_signals)
+        if self.last is not None:
+            for s in self.last.signals:
+                if s.name != "episode":
+                    sigs[s.name] = s
+        window: dict[str, Any] = {name: tr.stats() for name, tr in sorted(self.tracks.items())}
+        if self._scale_last is not None:
+            window[self.loss_scale_key] = {
+                "last": _num(self._scale_last),
+                "backoffs_without_growth": len(self._backoffs),
+                "last_growth_step": self._scale_grew_at,
+            }
+        if self._nonfinite:
+            window["nonfinite_counts"] = dict(self._nonfinite)
+        return {
+            "level": self.level,
+            "step": self.last.step if self.last is not None else None,
+            "episode_start": self.episode_start,
+            "first_warn_step": self.first_warn_step,
+            "signals": {name: s.to_dict() for name, s in sorted(sigs.items())},
+            "window": window,
+            "params": self.params(),
+            "time": time.time(),
+        }
+
+    def params(self) -> dict[str, Any]:
+        """Return the thresholds in effect (recorded with every snapshot)."""
+        return {
+            "window": self.window,
+            "recent": self.recent,
+            "recompute_every": self.recompute_every,
+            "min_history": self.min_history,
+            "warmup": self.warmup,
+            "z_warn": self.z_warn,
+            "z_critical": self.z_critical,
+            "trigger_count": self.trigger_count,
+            "trigger_window": self.trigger_window,
+            "std_ratio_warn": self.std_ratio_warn,
+            "std_ratio_critical": self.std_ratio_critical,
+            "regress_warn": self.regress_warn,
+            "regress_critical": self.regress_critical,
+            "backoff_warn": self.backoff_warn,
+            "backoff_critical": self.backoff_critical,
+            "backoff_window": self.backoff_window,
+            "min_loss_scale": self.min_loss_scale,
+            "clear_after": self.clear_after,
+            "signals": {
+                k: {"direction": v.direction, "log": v.log, "regression": v.regression}
+                for k, v in sorted(self.specs.items())
+            },
+        }
+
+
+# --- emergency checkpoints --------------------------------------------------------------------
+
+
+@dataclass
+class EmergencyPolicy:
+    """When the checkpoint manager saves and pins an emergency checkpoint.
+
+    On the first step of an episode that reaches ``on`` (default ``warn``, so also
+    ``critical``), at most once per ``min_interval_steps``. Pure bookkeeping, no I/O:
+    :meth:`CheckpointManager.observe` asks :meth:`should_save` and calls :meth:`saved`.
+
+    Example:
+        >>> p = EmergencyPolicy(min_interval_steps=100)
+        >>> p.should_save(Verdict("warn", [], 10)), p.saved(10)
+        (True, None)
+        >>> p.should_save(Verdict("ok", [], 11)), p.should_save(Verdict("warn", [], 50))
+        (False, False)
+    """
+
+    enabled: bool = True
+    """False: never save an emergency checkpoint."""
+    min_interval_steps: int = 500
+    """Rate limit: steps between two emergency saves."""
+    pin: str = "emergency"
+    """Pin label of the emergency checkpoint (rotation never deletes a pinned one)."""
+    on: Level = "warn"
+    """The lowest level that triggers a save."""
+    last_saved_step: int | None = None
+    """Step of the last emergency save."""
+    _prev: Level = field(default="ok", repr=False)
+
+    def should_save(self, verdict: Verdict) -> bool:
+        """Return True when this verdict starts an episode that deserves an emergency save."""
+        prev, self._prev = self._prev, verdict.level
+        if not self.enabled or _RANK[verdict.level] < _RANK[self.on]:
+            return False
+        if _RANK[prev] >= _RANK[self.on]:
+            return False  # not the first step of the episode
+        return (
+            self.last_saved_step is None
+            or verdict.step - self.last_saved_step >= self.min_interval_steps
+        )
+
+    def saved(self, step: int) -> None:
+        """Record that an emergency checkpoint was saved at ``step``."""
+        self.last_saved_step = step
+
+
+# --- rollback ---------------------------------------------------------------------------------
+
+HINTS: dict[str, str] = {
+    "loss": "inspect the batch window before the first warning (sample ids in the metrics "
+    "file): a bad shard or a corrupted batch shows up as a loss spike",
+    "grad_norm": "tighten gradient clipping (e.g. halve the clip norm) or lower the peak LR",
+    "max_logit": "logits are growing: consider z-loss / QK-norm, lower LR, or more weight decay",
+    "attn_entropy": "attention entropy collapse: consider QK-norm or a lower LR",
+    "loss_scale": "fp16 overflow cascade: check for activations growing toward fp16 max; "
+    "consider bf16 or a lower LR",
+    "std_shift": "noise level rose before the failure: lower the LR (e.g. x0.5) from the "
+    "rollback point",
+    "nonfinite": "a NaN/Inf appeared: find the first non-finite step in the metrics file and "
+    "replay that batch with anomaly detection on",
+}
+
+
+@dataclass(frozen=True)
+class RollbackChoice:
+    """What :func:`rollback` picked and why."""
+
+    checkpoint: Any
+    """The :class:`~ckptkit.manager.CheckpointInfo` to resume from (None when none is healthy)."""
+    reasons: list[str]
+    """One line per newer checkpoint that was passed over, then why this one was picked."""
+    hints: list[str]
+    """Recovery suggestions; ckptkit never applies them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict."""
+        return {
+            "checkpoint": self.checkpoint.to_dict() if self.checkpoint is not None else None,
+            "reasons": list(self.reasons),
+            "hints": list(self.hints),
+        }
+
+
+def health_of(path: Any) -> dict[str, Any] | None:
+    """Read the ``health`` record of a checkpoint manifest (None when absent or unreadable)."""
+    from ckptkit import manifest as mf
+    from ckptkit.errors import CkptkitError
+
+    try:
+        man = mf.read(path)
+    except CkptkitError:
+        return None
+    return dict(man.health) if man.health else None
+
+
+def choose_healthy(infos: Iterable[Any]) -> RollbackChoice:
+    """Pick the newest committed/verified checkpoint whose health level is ``ok``.
+
+    Args:
+        infos: :class:`~ckptkit.manager.CheckpointInfo` objects (any order).
+
+    Returns:
+        A :class:`RollbackChoice`; ``checkpoint`` is None when no checkpoint is healthy.
+
+    Example:
+        >>> choose_healthy([]).checkpoint is None
+        True
+    """
+    reasons: list[str] = []
+    bad_signals: list[str] = []
+    for c in sorted(infos, key=lambda c: c.step, reverse=True):
+        if c.status not in ("verified", "committed"):
+            reasons.append(f"{c.path.name}: skipped, {c.status} ({c.problem or 'no detail'})")
+            continue
+        if c.health == "ok":
+            pins = f", pinned {','.join(c.pins)}" if c.pins else ""
+            reasons.append(
+                f"{c.path.name}: picked, the newest {c.status} checkpoint with health ok{pins}"
+            )
+            return RollbackChoice(c, reasons, _hints(bad_signals))
+        rec = health_of(c.path) or {}
+        sigs = rec.get("signals") or {}
+        bad_signals.extend(sigs)
+        if c.health is None:
+            why = "no health record (saved without a StabilityWatch): cannot vouch for it"
+        else:
+            named = (
+                "; ".join(f"{n}: {s.get('detail', '')}" for n, s in list(sigs.items())[:3])
+                or "no signal recorded"
+            )
+            first = rec.get("first_warn_step")
+            since = f", first warning at step {first}" if first is not None else ""
+            why = f"health {c.health}{since} ({named})"
+        reasons.append(f"{c.path.name}: skipped, {why}")
+    return RollbackChoice(None, reasons, _hints(bad_signals))
+
+
+def rollback(run_dir: Any) -> RollbackChoice:
+    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
+
+    Read-only: lists the run, reads manifests, changes nothing. Resume from the chosen
+    checkpoint with ``mgr.restore(ts, healthy=True)`` or by pointing the run at it.
+
+    Args:
+        run_dir: the run's checkpoint directory.
+
+    Returns:
+        A :class:`RollbackChoice` with the checkpoint, the reasons and recovery hints.
+
+    Raises:
+        CkptkitError: ``run_dir`` is not a directory.
+
+    Example:
+        >>> import tempfile
+        >>> rollback(tempfile.mkdtemp()).checkpoint is None
+        True
+    """
+    from pathlib import Path
+
+    from ckptkit.errors import CkptkitError
+    from ckptkit.manager import CheckpointManager
+
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise CkptkitError(
+            "not a run directory", path=root, hint="pass the run's checkpoint directory"
+        )
+    return choose_healthy(CheckpointManager(root, readonly=True).list())
+
+
+def _hints(signal_names: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    keys: list[str] = []
+    for name in signal_names:
+        metric, _, test = name.partition(".")
+        keys.extend(k for k in (test, metric) if k in HINTS)
+    for k in [*keys, "std_shift", "loss"]:  # always: lower LR, inspect the batch window
+        if HINTS[k] not in out:
+            out.append(HINTS[k])
+    out.append(
+        "ckptkit changes no hyper-parameter: apply a fix deliberately, and keep the run's "
+        "metrics file for the post-mortem"
+    )
+    return out
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _mad_sigma(a: np.ndarray) -> float:
+    if len(a) == 0:
+        return math.nan
+    return _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
+
+
+def _scalar(v: Any) -> float | None:
+    if v is None or isinstance(v, bool | str | bytes | list | tuple | dict):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    try:
+        return float(v)  # numpy scalar, 0-d tensor (syncs a CUDA tensor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _num(x: float) -> float | str:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "HINTS",
+    "LEVELS",
+    "EmergencyPolicy",
+    "Level",
+    "RollbackChoice",
+    "Signal",
+    "SignalSpec",
+    "StabilityWatch",
+    "Verdict",
+    "choose_healthy",
+    "health_of",
+    "rollback",
+    "worse",
+]

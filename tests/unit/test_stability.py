@@ -1,0 +1,287 @@
+"""StabilityWatch on synthetic series: false alarms, detection, cost, snapshot, hooks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ckptkit.recorder import Recorder
+from ckptkit.stability import (
+    EmergencyPolicy,
+    SignalSpec,
+    StabilityWatch,
+    Verdict,
+    choose_healthy,
+    worse,
+)
+
+
+def _heavy(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+    """Student-t (3 dof) log-noise: heavier tails than any healthy run we measured."""
+    return np.exp(scale * rng.standard_t(3, size=n))
+
+
+def _run(w: StabilityWatch, series: dict[str, np.ndarray], start: int = 0) -> list[Verdict]:
+    n = len(next(iter(series.values())))
+    return [w.update(start + i, **{k: float(v[i]) for k, v in series.items()}) for i in range(n)]
+
+
+def _first_alarm(verdicts: list[Verdict]) -> Verdict | None:
+    return next((v for v in verdicts if v.level != "ok"), None)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clean_heavy_tailed_noise_never_warns_over_10k_steps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 10_000
+    # A slowly decaying loss, as in training, plus heavy-tailed noise on every signal.
+    trend = 2.0 + 3.0 * np.exp(-np.arange(n) / 2000)
+    series = {
+        "loss": trend * _heavy(rng, n, 0.03),
+        "grad_norm": _heavy(rng, n, 0.25),
+        "max_logit": 10 * _heavy(rng, n, 0.05),
+        "attn_entropy": 3.0 + 0.05 * rng.standard_t(3, size=n),
+    }
+    w = StabilityWatch()
+    assert _first_alarm(_run(w, series)) is None
+
+
+def test_grad_norm_std_level_shift_warns_early() -> None:
+    rng = np.random.default_rng(0)
+    n, shift = 2000, 1500
+    g = rng.normal(0, 0.1, n)
+    g[shift:] *= 5  # the spread jumps, the level does not
+    w = StabilityWatch()
+    vs = _run(w, {"grad_norm": np.exp(g), "loss": 2.0 * np.exp(rng.normal(0, 0.01, n))})
+    first = _first_alarm(vs)
+    assert first is not None and shift <= first.step <= shift + 40
+    assert {s.name for s in first.signals} & {"grad_norm.zscore", "grad_norm.std_shift"}
+
+
+def test_std_shift_signal_alone() -> None:
+    rng = np.random.default_rng(3)
+    g = rng.normal(0, 0.1, 1500)
+    g[1000:] *= 4
+    # z-score off (huge thresholds): only the level-shift test on the rolling std can fire.
+    w = StabilityWatch(z_warn=1e9, z_critical=1e9)
+    first = _first_alarm(_run(w, {"grad_norm": np.exp(g)}))
+    assert first is not None and first.signals[0].name == "grad_norm.std_shift"
+    assert first.signals[0].statistic >= w.std_ratio_warn
+    assert first.step < 1000 + w.recent
+
+
+def test_monotone_loss_scale_backoff_warns_then_critical() -> None:
+    w = StabilityWatch()
+    scale, levels = 2.0**16, []
+    for s in range(1, 1000):
+        if s % 200 == 0:
+            scale *= 2  # healthy rhythm: grow, then one overflow backs off
+        if s % 200 == 1 and s > 1:
+            scale /= 2
+        levels.append(w.update(s, loss_scale=scale).level)
+    assert set(levels) == {"ok"}
+    for s in range(1000, 1200):
+        if s % 10 == 0:
+            scale /= 2  # an overflow cascade: backoff after backoff, no growth
+        v = w.update(s, loss_scale=scale)
+        if v.level != "ok":
+            break
+    assert v.level == "warn" and v.signals[0].name == "loss_scale.backoff"
+    assert v.step == 1010  # the third backoff since the last growth (801 was the first)
+    while v.level != "critical":
+        s += 1
+        scale = scale / 2 if s % 10 == 0 else scale
+        v = w.update(s, loss_scale=scale)
+    assert s == 1040  # the sixth
+
+
+def test_early_backoffs_of_a_fresh_scaler_do_not_count() -> None:
+    w = StabilityWatch()
+    levels = [w.update(s, loss_scale=2.0 ** (16 - s)).level for s in range(8)]
+    assert set(levels) == {"ok"}
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_is_critical_at_once(bad: float) -> None:
+    w = StabilityWatch()
+    v = w.update(1, loss=bad, grad_norm=1.0)
+    assert v.level == "critical"
+    assert [s.name for s in v.signals] == ["loss.nonfinite"]
+    # Any numeric scalar counts, tracked or not.
+    assert w.update(2, my_metric=math.nan).signals[0].name == "my_metric.nonfinite"
+
+
+def test_sustained_loss_spike_zscore_and_regression() -> None:
+    rng = np.random.default_rng(1)
+    loss = 2.0 * np.exp(rng.normal(0, 0.02, 1200))
+    loss[1000:] *= 1.3
+    w = StabilityWatch()
+    first = _first_alarm(_run(w, {"loss": loss}))
+    assert first is not None and first.step in range(1000, 1004)
+    assert first.signals[0].name == "loss.zscore"
+    # After the baseline absorbed the jump, the regression test still says "not ok".
+    loss2 = np.concatenate([loss, 2.0 * 2.2 * np.exp(rng.normal(0, 0.02, 800))])
+    w2 = StabilityWatch(clear_after=50)
+    vs = _run(w2, {"loss": loss2})
+    assert vs[-1].level == "critical"
+    assert any(s.name == "loss.regression" for s in vs[-1].signals)
+
+
+def test_single_spikes_are_ignored_runs_of_them_are_not() -> None:
+    rng = np.random.default_rng(2)
+    loss = 2.0 * np.exp(rng.normal(0, 0.02, 1000))
+    loss[[500, 530, 560, 590]] *= 2.0  # isolated spikes, far apart
+    w = StabilityWatch()
+    assert _first_alarm(_run(w, {"loss": loss})) is None
+    loss[[700, 705, 710]] *= 2.0  # three within the trigger window
+    w = StabilityWatch()
+    first = _first_alarm(_run(w, {"loss": loss}))
+    assert first is not None and first.step == 710
+
+
+def test_direction_down_for_entropy_and_extra_metrics() -> None:
+    rng = np.random.default_rng(4)
+    ent = 3.0 + rng.normal(0, 0.02, 800)
+    ent[600:] -= 1.0  # entropy collapse
+    w = StabilityWatch(extra=["tokens_per_s"])
+    first = _first_alarm(_run(w, {"attn_entropy": ent}))
+    assert first is not None and first.signals[0].name == "attn_entropy.zscore"
+    assert w.specs["tokens_per_s"] == SignalSpec("both", log=False)
+    up = StabilityWatch()
+    ent_up = 3.0 + rng.normal(0, 0.02, 800)
+    ent_up[600:] += 1.0  # entropy rising is not an instability
+    assert _first_alarm(_run(up, {"attn_entropy": ent_up})) is None
+
+
+def test_levels_latch_until_clear_after_quiet_steps() -> None:
+    w = StabilityWatch(clear_after=30)
+    for s in range(300):
+        w.update(s, loss=2.0 + 0.01 * (s % 7))
+    assert w.update(300, loss=math.nan).level == "critical"
+    v = w.update(301, loss=2.03)
+    assert v.level == "critical" and v.signals[0].name == "episode"
+    for s in range(302, 330):
+        v = w.update(s, loss=2.0 + 0.01 * (s % 7))
+    assert v.level == "critical"
+    assert w.update(330, loss=2.0).level == "ok"
+    assert w.first_warn_step == 300
+
+
+def test_recomputations_are_amortised_o1() -> None:
+    for window in (1024, 16384):
+        w = StabilityWatch(window=window, recent=64)
+        steps = 3 * window
+        for s in range(steps):
+            w.update(s, loss=2.0 + math.sin(s) * 0.01)
+        # One recompute per recompute_every steps (plus the first, when the baseline fills).
+        assert w.recomputes <= steps // w.recompute_every + 1
+        assert w.recompute_every == window // 16
+        # The cost of one recompute is O(window + recent): per step that is a constant.
+        assert (window + w.recent) * w.recomputes / steps <= 2 * 16 + 1
+
+
+def test_snapshot_is_json_and_names_the_signals() -> None:
+    w = StabilityWatch()
+    for s in range(200):
+        w.update(s, loss=2.0 + 0.01 * (s % 5), grad_norm=1.0, loss_scale=1024.0, lr=1e-3)
+    w.update(200, loss=math.inf)
+    snap = json.loads(json.dumps(w.snapshot(), allow_nan=False))
+    assert snap["level"] == "critical" and snap["step"] == 200
+    assert "loss.nonfinite" in snap["signals"]
+    assert snap["signals"]["loss.nonfinite"]["statistic"] == "inf"
+    assert {"loss", "grad_norm", "loss_scale"} <= set(snap["window"])
+    assert "lr" not in snap["window"]
+    assert snap["params"]["z_warn"] == 6.0
+
+
+def test_attach_feeds_recorder_logs_and_detach_restores() -> None:
+    rec = Recorder(None)
+    w = StabilityWatch().attach(rec)
+    rec.log(1, loss=2.0, grad_norm=1.0, seq_lens=[3, 4], sample_ids=[1, 2], batch_hash="ab")
+    assert w.updates == 1 and w.last is not None and w.last.level == "ok"
+    with pytest.raises(ValueError, match="already feeds"):
+        StabilityWatch().attach(rec)
+    StabilityWatch.detach(rec)
+    rec.log(2, loss=math.nan)
+    assert w.updates == 1
+    assert rec.records[-1]["loss"] == "nan"
+
+
+def test_listeners_get_every_verdict() -> None:
+    w = StabilityWatch()
+    seen: list[str] = []
+    w.listeners.append(lambda v: seen.append(v.level))
+    w.update(1, loss=1.0)
+    w.update(2, loss=math.nan)
+    assert seen == ["ok", "critical"]
+
+
+def test_emergency_policy_first_warn_and_rate_limit() -> None:
+    p = EmergencyPolicy(min_interval_steps=100)
+    seq = [
+        ("ok", 1),
+        ("warn", 2),
+        ("warn", 3),
+        ("critical", 4),
+        ("ok", 5),
+        ("warn", 50),
+        ("ok", 51),
+        ("warn", 150),
+    ]
+    fired = []
+    for level, step in seq:
+        if p.should_save(Verdict(level, [], step)):  # type: ignore[arg-type]
+            p.saved(step)
+            fired.append(step)
+    assert fired == [2, 150]
+    assert not EmergencyPolicy(enabled=False).should_save(Verdict("critical", [], 1))
+    crit_only = EmergencyPolicy(on="critical")
+    assert not crit_only.should_save(Verdict("warn", [], 1))
+    assert crit_only.should_save(Verdict("critical", [], 2))
+
+
+def test_choose_healthy_skips_unhealthy_and_corrupt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ckptkit.manager import CheckpointInfo
+
+    def info(step: int, status: str, health: str | None) -> CheckpointInfo:
+        return CheckpointInfo(
+            step,
+            tmp_path / f"step-{step:08d}",
+            status,
+            1,
+            0.0,  # type: ignore[arg-type]
+            health=health,
+        )
+
+    pick = choose_healthy(
+        [
+            info(1, "verified", "ok"),
+            info(2, "verified", "ok"),
+            info(3, "corrupt", "ok"),
+            info(4, "verified", "warn"),
+            info(5, "verified", "critical"),
+        ]
+    )
+    assert pick.checkpoint is not None and pick.checkpoint.step == 2
+    assert [r.split(":")[0] for r in pick.reasons] == [
+        "step-00000005",
+        "step-00000004",
+        "step-00000003",
+        "step-00000002",
+    ]
+    assert "picked" in pick.reasons[-1]
+    assert any("lower the LR" in h for h in pick.hints)
+    assert any("batch window" in h for h in pick.hints)
+
+
+def test_worse_and_bad_args() -> None:
+    assert worse("warn", "critical") == "critical" and worse("ok", "ok") == "ok"
+    with pytest.raises(ValueError):
+        StabilityWatch(window=4)
+    with pytest.raises(ValueError):
+        StabilityWatch(trigger_count=5, trigger_window=4)
+    with pytest.raises(ValueError):
+        StabilityWatch(z_warn=10, z_critical=5)

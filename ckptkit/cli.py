@@ -17,6 +17,7 @@ import click
 
 from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
+from ckptkit.foreign.detect import FORMATS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,9 +53,11 @@ def main() -> None:
 @click.option("--strict", is_flag=True, help="Treat warnings as failures.")
 @click.option("--against-env", is_flag=True, help="Also check resume compatibility with this machine.")
 @click.option("--no-progress", is_flag=True, help="Never show a progress bar.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
+              help="Read PATH as this foreign format (default: detected).")
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
-           no_progress: bool) -> None:
+           no_progress: bool, fmt: str | None) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
     Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
@@ -63,12 +66,14 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
     Example:
         ckptkit verify runs/exp1/ckpt/step-00001000
         ckptkit verify runs/exp1/ckpt --json > report.json
+        ckptkit verify out/checkpoint-500            # HF Trainer, detected
+        ckptkit verify last.ckpt --format lightning
     """
     from ckptkit.render import RENDERERS
     from ckptkit.verify import verify as run_verify
 
     result = run_verify(path, strict=strict, against_env=against_env,
-                        progress=False if no_progress or as_json else None)
+                        progress=False if no_progress or as_json else None, format=fmt)
     RENDERERS["json" if as_json else "text"](result, sys.stdout)
     if junit_file is not None:
         with open(junit_file, "w") as fh:
@@ -80,8 +85,10 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option("--no-tensors", is_flag=True, help="Do not list tensors.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
+              help="Read PATH as this foreign format (default: detected).")
 @_edge
-def inspect(path: Path, as_json: bool, no_tensors: bool) -> None:
+def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None) -> None:
     """Show what a checkpoint holds: step, components, files, tensors (dtype, shape, size).
 
     \b
@@ -91,8 +98,471 @@ def inspect(path: Path, as_json: bool, no_tensors: bool) -> None:
     from ckptkit.describe import describe
     from ckptkit.render.text import render_inspect
 
-    info = describe(path)
+    info = describe(path, format=fmt)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         render_inspect(info, sys.stdout, tensors=not no_tensors)
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
+              help="Read PATH as this foreign format (default: detected).")
+@click.option("--force", is_flag=True, help="Adopt even when integrity errors are found.")
+@_edge
+def adopt(path: Path, fmt: str | None, force: bool) -> None:
+    """Write a ckptkit manifest beside a foreign checkpoint (digests, components, gaps).
+
+    Later 'ckptkit verify PATH' checks every file against these digests, so corruption
+    and drift are detected. The original files are never modified. Exit 2 when PATH is
+    damaged (unless --force) or not a recognised layout.
+
+    \b
+    Example:
+        ckptkit adopt out/checkpoint-500
+        ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt
+    """
+    from ckptkit.foreign.adopt import adopt as run_adopt
+
+    out = run_adopt(path, fmt, force=force)
+    click.echo(f"wrote {out}")
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+class _Bytes(click.ParamType):
+    """A byte count: ``500000000``, ``500MB``, ``1.5TB``, ``2GiB``."""
+
+    name = "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().replace(" ", "")
+        num = text.rstrip("kmgtib")
+        unit = text[len(num) :]
+        try:
+            n = float(num) * _SIZE_UNITS[unit]
+        except (ValueError, KeyError):
+            self.fail(
+                f"{value!r} is not a size (examples: 500000000, 500MB, 1.5TB, 2GiB)", param, ctx
+            )
+        if n < 0:
+            self.fail(f"{value!r}: a size cannot be negative", param, ctx)
+        return int(n)
+
+
+@main.command(name="ls")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@click.option(
+    "--verify",
+    "reverify",
+    is_flag=True,
+    help="Re-verify every checkpoint now (reads every byte) and record the outcome.",
+)
+@_edge
+def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
+    """List a run's checkpoints: step, time, size, status, pins, health.
+
+    Status is verified, committed (not verified, or changed since), corrupt or incomplete.
+    Exit 0 when none is corrupt or incomplete, 1 otherwise, 2 when RUN_DIR cannot be read.
+
+    \b
+    Example:
+        ckptkit ls runs/exp1/ckpt
+        ckptkit ls runs/exp1/ckpt --verify --json
+    """
+    from ckptkit.manager import CheckpointManager
+    from ckptkit.render.text import render_ls
+
+    mgr = CheckpointManager(run_dir, readonly=not reverify)
+    infos = mgr.list(verify=reverify)
+    left = mgr.leftovers()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(run_dir),
+                    "checkpoints": [c.to_dict() for c in infos],
+                    "leftovers": [str(p) for p in left],
+                },
+                indent=2,
+            )
+        )
+    else:
+        render_ls(infos, sys.stdout, leftovers=left)
+    sys.exit(1 if any(c.status in ("corrupt", "incomplete") for c in infos) else 0)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--keep-last",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Keep the K newest verified checkpoints.",
+)
+@click.option(
+    "--keep-every", type=click.IntRange(min=1), help="Also keep every step that is a multiple of N."
+)
+@click.option(
+    "--max-bytes",
+    type=_Bytes(),
+    help="Drop the oldest unprotected checkpoints to fit (500GB, 2TiB).",
+)
+@click.option(
+    "--delete-corrupt", is_flag=True, help="Also delete corrupt and incomplete checkpoints."
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print what would be removed and why; remove nothing."
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_edge
+def prune(
+    run_dir: Path,
+    keep_last: int,
+    keep_every: int | None,
+    max_bytes: int | None,
+    delete_corrupt: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy to a run directory by hand, printing what goes and why.
+
+    Pinned checkpoints and the newest verified one are never removed. Takes the run's
+    writer lock, so it fails (exit 2) while a training run holds it.
+
+    \b
+    Example:
+        ckptkit prune runs/exp1/ckpt --keep-last 3 --keep-every 10000 --dry-run
+        ckptkit prune runs/exp1/ckpt --keep-last 2 --max-bytes 500GB
+    """
+    from ckptkit.manager import CheckpointManager
+    from ckptkit.render.text import render_prune
+
+    mgr = CheckpointManager(
+        run_dir, keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes, readonly=dry_run
+    )
+    try:
+        plan = mgr.prune(dry_run=dry_run, delete_corrupt=delete_corrupt)
+    finally:
+        mgr.close()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(run_dir),
+                    "dry_run": dry_run,
+                    "budget_note": plan.budget_note,
+                    "decisions": [
+                        {
+                            "step": d.ckpt.step,
+                            "keep": d.keep,
+                            "reason": d.reason,
+                            "size": d.ckpt.size,
+                        }
+                        for d in plan.decisions
+                    ],
+                },
+                indent=2,
+            )
+        )
+    else:
+        render_prune(plan, sys.stdout, dry_run=dry_run)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Drill TOML file (e.g. drills/tiny_lm.toml); options given here win.",
+)
+@click.option(
+    "--steps-before",
+    "-W",
+    type=click.IntRange(1),
+    default=None,
+    help="Steps before the save (default 10).",
+)
+@click.option(
+    "--steps-after",
+    "-N",
+    type=click.IntRange(1),
+    default=None,
+    help="Steps after the save, compared (default 10).",
+)
+@click.option(
+    "--from",
+    "from_ckpt",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Start the reference from this checkpoint instead of from scratch.",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(1),
+    default=None,
+    help="Reference runs; 2+ measures the run-to-run noise floor (default 1).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="Threads pinned in every run (default 1).",
+)
+@click.option("--device", default=None, help="Device for the script ($CKPTKIT_DEVICE).")
+@click.option(
+    "--pass-device",
+    is_flag=True,
+    default=None,
+    help="Also append '--device DEVICE' to the command.",
+)
+@click.option(
+    "--isolate",
+    is_flag=True,
+    default=None,
+    help="Run each process in its own directory (scripts writing relative paths).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep the runs here (default: a temporary directory, kept on failure).",
+)
+@click.option("--keep", is_flag=True, help="Keep the temporary runs even when the drill passes.")
+@click.option("--timeout", type=float, default=None, help="Seconds each run may take.")
+@click.option(
+    "--noise-factor",
+    type=float,
+    default=None,
+    help="Tolerance = this x measured noise where runs are not bitwise (default 4).",
+)
+@click.option("--json", "json_file", help="Write the JSON report here ('-': stdout).")
+@click.option(
+    "--junit",
+    "junit_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write JUnit XML here (one testcase per check).",
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write a loss/grad-norm PNG here (needs matplotlib).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@_edge
+def drill(
+    command: tuple[str, ...],
+    config_file: Path | None,
+    steps_before: int | None,
+    steps_after: int | None,
+    from_ckpt: Path | None,
+    repeat: int | None,
+    threads: int | None,
+    device: str | None,
+    pass_device: bool | None,
+    isolate: bool | None,
+    workdir: Path | None,
+    keep: bool,
+    timeout: float | None,
+    noise_factor: float | None,
+    json_file: str | None,
+    junit_file: Path | None,
+    plot_file: Path | None,
+    quiet: bool,
+) -> None:
+    """Run a resume drill on your training command: reference vs resumed, compared.
+
+    Runs CMD from scratch (or --from CKPT) with a save after W steps and on to W+N, then
+    in a new process restores the step-W checkpoint and runs to W+N; checks twin,
+    exposure, continuity (and the informational window), then names the broken component.
+    The script is driven through environment variables (docs/drills.md).
+
+    Exit 0 when every check passes, 1 when one fails, 2 when the drill could not run.
+
+    \b
+    Example:
+        ckptkit drill -W 10 -N 10 -- python -m ckptkit.examples.tiny_lm --steps 40
+        ckptkit drill --config drills/tiny_lm.toml --json drill.json --junit drill.xml
+    """
+    from ckptkit.drill.runner import DrillConfig, cleanup, load_config, run_drill
+    from ckptkit.render.drill import render_json, render_junit, render_plot, render_text
+
+    thresholds = {"noise_factor": noise_factor} if noise_factor is not None else None
+    given: dict[str, Any] = {
+        "command": list(command) or None,
+        "steps_before": steps_before,
+        "steps_after": steps_after,
+        "from_ckpt": from_ckpt,
+        "repeat": repeat,
+        "threads": threads,
+        "device": device,
+        "pass_device": pass_device,
+        "isolate": isolate,
+        "timeout": timeout,
+    }
+    if config_file is not None:
+        cfg = load_config(config_file, **given)
+        if thresholds:
+            cfg.thresholds = {**cfg.thresholds, **thresholds}
+    else:
+        if not command:
+            raise click.UsageError("give the training command after '--' (or --config FILE)")
+        cfg = DrillConfig(
+            **{k: v for k, v in given.items() if v is not None}, thresholds=thresholds or {}
+        )
+    cfg.workdir, cfg.keep = workdir, keep
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"ckptkit drill: {msg}", err=True)
+
+    report = run_drill(cfg, on_event=say)
+    try:
+        if plot_file is not None:
+            why = render_plot(report, plot_file)
+            if why:
+                click.echo(f"ckptkit drill: {why}", err=True)
+            else:
+                report.plot = plot_file
+        if json_file == "-":
+            render_json(report, sys.stdout)
+        else:
+            render_text(report, sys.stdout)
+            if json_file:
+                with open(json_file, "w", encoding="utf-8") as fh:
+                    render_json(report, fh)
+        if junit_file is not None:
+            with open(junit_file, "w", encoding="utf-8") as fh:
+                render_junit(report, fh)
+    finally:
+        cleanup(report)
+    sys.exit(report.exit_code)
+
+
+@main.command()
+@click.argument("metrics", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--once", is_flag=True, help="Classify what the file holds now, print, exit.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls of the file.",
+)
+@click.option(
+    "--alert-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the state as JSON here on every change to warn or critical.",
+)
+@click.option(
+    "--exit-on",
+    type=click.Choice(["warn", "critical", "never"]),
+    default="never",
+    show_default=True,
+    help="Exit 1 once the run reaches this level.",
+)
+@click.option("--max-idle", type=float, help="Stop after this many seconds without a new record.")
+@click.option("--wait", "wait_s", type=float, default=0.0, help="Seconds to wait for the file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
+@_edge
+def watch(
+    metrics: Path,
+    once: bool,
+    interval: float,
+    alert_file: Path | None,
+    exit_on: str,
+    max_idle: float | None,
+    wait_s: float,
+    as_json: bool,
+) -> None:
+    """Follow a running job's metrics JSONL (its Recorder file) and classify its stability.
+
+    Shows a live dashboard of the signals (loss, grad norm, loss scale, max logit, ...)
+    and the level (ok / warn / critical). Only reads the file: the job is never slowed.
+    Exit 1 when --exit-on LEVEL was reached, 0 otherwise, 2 when the file cannot be read.
+
+    \b
+    Example:
+        ckptkit watch runs/exp1/metrics.jsonl --alert-file runs/exp1/ALERT --exit-on critical
+        ckptkit watch runs/exp1/metrics.jsonl --once --json
+    """
+    from ckptkit.watch import dashboard, follow, render
+
+    live_on = not once and not as_json and sys.stdout.isatty()
+    if live_on:
+        from rich.live import Live
+
+        with Live(refresh_per_second=4) as live:
+            state, code = follow(
+                metrics,
+                interval=interval,
+                alert_file=alert_file,
+                exit_on=exit_on,  # type: ignore[arg-type]
+                max_idle=max_idle,
+                wait_for_file=wait_s,  # type: ignore[arg-type]
+                on_poll=lambda st: live.update(dashboard(st)),
+            )
+    else:
+        state, code = follow(
+            metrics,
+            interval=interval,
+            once=once,
+            alert_file=alert_file,
+            exit_on=exit_on,  # type: ignore[arg-type]
+            max_idle=max_idle,
+            wait_for_file=wait_s,
+        )  # type: ignore[arg-type]
+    if as_json:
+        click.echo(json.dumps(state.to_dict(), indent=2, default=str))
+    elif not live_on:
+        render(state, sys.stdout)
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_edge
+def rollback(run_dir: Path, as_json: bool) -> None:
+    """Pick the newest healthy checkpoint of a run, say why, and suggest recovery steps.
+
+    Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or
+    that are corrupt, are passed over with the reason. Changes nothing: resume from the
+    printed path (``mgr.restore(ts, healthy=True)`` picks the same one). The hints are
+    suggestions; ckptkit never changes hyper-parameters. Exit 0 when a healthy
+    checkpoint exists, 1 when none does, 2 when RUN_DIR cannot be read.
+
+    \b
+    Example:
+        ckptkit rollback runs/exp1/ckpt
+    """
+    from ckptkit.stability import rollback as pick
+
+    choice = pick(run_dir)
+    if as_json:
+        click.echo(json.dumps(choice.to_dict(), indent=2))
+    else:
+        c = choice.checkpoint
+        click.echo(f"roll back to: {c.path}" if c else "no healthy checkpoint in this run")
+        for r in choice.reasons:
+            click.echo(f"  {r}")
+        click.echo("suggestions (nothing is changed for you):")
+        for h in choice.hints:
+            click.echo(f"  - {h}")
+    sys.exit(0 if choice.checkpoint is not None else 1)

@@ -71,7 +71,7 @@ def test_verify_junit(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-un
 
 
 def test_verify_missing_path_exit_2_no_traceback(tmp_path: Path) -> None:
-    code, out, err = _run("verify", str(tmp_path / "nope"))
+    code, _, err = _run("verify", str(tmp_path / "nope"))
     assert code == 2 and "Traceback" not in err and "no such file" in err
 
 

@@ -23,7 +23,7 @@ Why it only informs: the resume bugs drills look for (RNG, sampler replay or res
 scheduler, optimizer moments, LR) move the loss by 0–0.6σ of its per-step noise, below the
 ~1.4σ a window test can resolve without false alarms. It does catch real distribution
 shifts (a different data version, a length-sampler change) and loss-scale collapses.
-The thresholds and the measured false-positive rate are in ``docs/drills-window.md``
+The thresholds and the measured false-positive rate are in ``docs/drills.md (window check)``
 (``benchmarks/window_calibration.py``).
 
 Everything here is pure numpy/scipy with no I/O; records are the dicts
@@ -60,7 +60,7 @@ DEFAULT_THRESHOLDS: dict[str, float | None] = {
     "min_points": float(MIN_POINTS),
     "throughput_min_ratio": None,
 }
-"""Default thresholds of :func:`window_check` (calibration: ``docs/drills-window.md``).
+"""Default thresholds of :func:`window_check` (calibration: ``docs/drills.md (window check)``).
 
 * ``loss_shift`` 3.0σ: clean continuations of the bundled tiny LM (fresh-start W=N=80) and
   of the fitted synthetic model reach at most ~2.9–3.0σ, mostly trend-extrapolation error
@@ -213,7 +213,7 @@ def loss_shift(
     # Extrapolate no further ahead than the fit spans: a loss curve bends (warmup,
     # power-law fall, LR decay), so a line carried far ahead drifts off. Fitting only the
     # recent part of the window (fit_frac < 1) was measured worse: the noisier slope
-    # costs more than the curvature it avoids (docs/drills-window.md).
+    # costs more than the curvature it avoids (docs/drills.md (window check)).
     xs0, ys0, xs1, ys1 = s0[f0], y0[f0], s1[f1], y1[f1]
     k = max(min_points, math.ceil(fit_frac * xs0.size))
     xs0, ys0 = xs0[-k:], ys0[-k:]

@@ -75,6 +75,7 @@ def test_kind_mismatch() -> None:
         cap.restore(ResumableSampler(5), snap)
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata on torch 2.13
 def test_stateful_dataloader_if_installed() -> None:
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     loader = sdl.StatefulDataLoader(list(range(20)), batch_size=2, shuffle=True)

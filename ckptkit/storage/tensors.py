@@ -9,12 +9,16 @@ the state in RAM), which ``safetensors.torch.load_file`` cannot do.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
+import mmap
 import os
+import queue
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -166,6 +170,16 @@ def write_file(
     """
     head, entries = build_header(items, metadata)
     raw_size = len(head) + sum(e.offsets[1] - e.offsets[0] for e in entries.values())
+    if compress is None and use_direct_io(raw_size):
+        try:
+            return _write_direct(path, head, items, entries, raw_size, on_bytes, fsync)
+        except OSError as e:
+            # Filesystems without O_DIRECT (tmpfs, some network FS) say EINVAL: write
+            # through the page cache instead.
+            if e.errno != errno.EINVAL:
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with digest.PipelinedHasher() as hasher:
@@ -203,6 +217,128 @@ def write_file(
     finally:
         os.close(fd)
     return Written(size=size, digest=hexd, raw_size=raw_size, header=entries)
+
+
+DIRECT_MIN_BYTES = 64 << 20
+"""Files at least this large are written with O_DIRECT (when the platform has it)."""
+DIRECT_ALIGN = 4096
+DIRECT_BUF = 4 << 20
+DIRECT_BUFS = 3
+
+
+def use_direct_io(nbytes: int) -> bool:
+    """Whether to bypass the page cache for a file of ``nbytes``.
+
+    Buffered writes plus fsync ran at 0.4-0.5 GB/s on the benchmark machine against
+    2.2-2.7 GB/s for O_DIRECT, because the kernel must first find and zero page-cache
+    memory. ``CKPTKIT_DIRECT_IO=0`` turns it off, ``=1`` forces it for every size.
+    """
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    mode = os.environ.get("CKPTKIT_DIRECT_IO", "auto")
+    if mode == "0":
+        return False
+    return mode == "1" or nbytes >= DIRECT_MIN_BYTES
+
+
+class _DirectSink:
+    """Copy bytes into page-aligned buffers; a helper thread writes full ones with O_DIRECT."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(DIRECT_BUFS)]
+        self.free: queue.Queue[int] = queue.Queue()
+        for i in range(1, DIRECT_BUFS):
+            self.free.put(i)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ckptkit-odirect")
+        self.futs: list[Future[None]] = []
+        self.cur = 0
+        self.pos = 0
+        self.size = 0
+
+    def write(self, mv: memoryview) -> None:
+        while len(mv):
+            n = min(len(mv), DIRECT_BUF - self.pos)
+            self.bufs[self.cur][self.pos : self.pos + n] = mv[:n]
+            self.pos += n
+            self.size += n
+            mv = mv[n:]
+            if self.pos == DIRECT_BUF:
+                self._submit(DIRECT_BUF)
+                self.cur = self.free.get()  # the writer always hands buffers back
+                self._raise_done()
+                self.pos = 0
+
+    def _submit(self, nbytes: int) -> None:
+        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes))
+
+    def _write_buf(self, idx: int, nbytes: int) -> None:
+        mv = memoryview(self.bufs[idx])[:nbytes]
+        try:
+            _write_all(self.fd, mv)
+        finally:
+            mv.release()
+            self.free.put(idx)
+
+    def _raise_done(self) -> None:
+        keep = []
+        for f in self.futs:
+            if f.done():
+                f.result()  # raises the writer's OSError (ENOSPC ...) here
+            else:
+                keep.append(f)
+        self.futs = keep
+
+    def finish(self) -> None:
+        """Write the padded tail, wait for every write, cut the file to its true size."""
+        if self.pos:
+            padded = -(-self.pos // DIRECT_ALIGN) * DIRECT_ALIGN
+            self.bufs[self.cur][self.pos : padded] = bytes(padded - self.pos)
+            self._submit(padded)
+        for f in self.futs:
+            f.result()
+        self.futs = []
+        os.ftruncate(self.fd, self.size)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for b in self.bufs:
+            b.close()
+
+
+def _write_direct(
+    path: Path,
+    head: bytes,
+    items: Sequence[tuple[str, torch.Tensor]],
+    entries: dict[str, HeaderEntry],
+    raw_size: int,
+    on_bytes: OnBytes | None,
+    fsync: bool,
+) -> Written:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+    sink = _DirectSink(fd)
+    try:
+        with digest.PipelinedHasher() as hasher:
+            hasher.update(head)
+            sink.write(memoryview(head))
+            for _, t in items:
+                host = _host(t)
+                mv = tensor_bytes(host)
+                for i in range(0, len(mv), digest.CHUNK):
+                    chunk = mv[i : i + digest.CHUNK]
+                    hasher.update(chunk)
+                    sink.write(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+                hasher.barrier()  # host may be a temporary copy
+            sink.finish()
+            hexd = hasher.hexdigest()
+        if fsync:
+            os.fsync(fd)
+    finally:
+        sink.close()
+        os.close(fd)
+    return Written(size=sink.size, digest=hexd, raw_size=raw_size, header=entries)
 
 
 class _HashingReader(io.RawIOBase):

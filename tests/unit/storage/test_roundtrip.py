@@ -189,3 +189,36 @@ def test_cuda_roundtrip(tmp_path: Path) -> None:
     ckptkit.save({"w": t}, tmp_path / "c")
     out = ckptkit.load(tmp_path / "c", map_location="cuda")
     assert out["w"].is_cuda and torch.equal(out["w"], t)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 8 << 20, (8 << 20) + 7, (17 << 20) + 3])
+def test_direct_io_writes_the_same_bytes(tmp_path: Path, monkeypatch, size: int) -> None:  # type: ignore[no-untyped-def]
+    from ckptkit.storage import tensors as st
+
+    t = torch.randint(0, 255, (size,), dtype=torch.uint8)
+    monkeypatch.setenv("CKPTKIT_DIRECT_IO", "0")
+    a = st.write_file(tmp_path / "a.safetensors", [("x", t)])
+    monkeypatch.setenv("CKPTKIT_DIRECT_IO", "1")
+    b = st.write_file(tmp_path / "b.safetensors", [("x", t)])
+    assert (a.size, a.digest) == (b.size, b.digest)
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_direct_io_falls_back_when_unsupported(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import errno
+
+    from ckptkit.storage import tensors as st
+
+    real_open = os.open
+
+    def no_direct(path, flags, *a):  # type: ignore[no-untyped-def]
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    monkeypatch.setenv("CKPTKIT_DIRECT_IO", "1")
+    m = ckptkit.save({"w": torch.arange(1000)}, tmp_path / "c")
+    assert ckptkit.load(tmp_path / "c")["w"].tolist() == list(range(1000))
+    assert m.files[0].size == (tmp_path / "c" / m.files[0].path).stat().st_size
+    assert st.use_direct_io(1)

@@ -118,3 +118,23 @@ def test_bundled_drill_config_loads() -> None:
     assert cfg.command[:3] == ["python", "-m", "ckptkit.examples.tiny_lm"]
     assert cfg.steps_before >= 1 and cfg.threads == 1 and "noise_factor" in cfg.thresholds
     assert find_checkpoint(ROOT / "nonexistent", 1) is None
+
+
+@pytest.mark.slow
+def test_readme_main_job_bundled_drill_passes_with_a_quiet_window(tmp_path: Path) -> None:
+    """What `make demo` runs: the bundled drill passes, and the window check stays quiet."""
+    import json
+    import subprocess
+
+    out = tmp_path / "drill.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptkit", "drill", "--config", str(ROOT / "drills" / "tiny_lm.toml"),
+         "-q", "--json", str(out), "--junit", str(tmp_path / "d.xml")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] and checks["twin"]["ok"] and checks["exposure"]["ok"]
+    assert checks["window"]["ok"], checks["window"]["detail"]
+    assert report["diagnosis"]["component"] == "none"

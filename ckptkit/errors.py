@@ -97,6 +97,10 @@ class StateError(CkptkitError, ValueError):
     """Training state cannot be captured or restored safely (unsupported object, mismatch)."""
 
 
+class DistributedError(CkptkitError, RuntimeError):
+    """A collective save or restore failed on another rank (every rank raises together)."""
+
+
 class DrillError(CkptkitError):
     """A resume drill could not run (the script crashed, no checkpoint appeared)."""
 
@@ -104,6 +108,7 @@ class DrillError(CkptkitError):
 __all__ = [
     "CheckpointExistsError",
     "CkptkitError",
+    "DistributedError",
     "DrillError",
     "IncompleteCheckpointError",
     "IntegrityError",

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,9 +34,16 @@ import torch
 
 from ckptkit import manifest as mf
 from ckptkit import rotation
-from ckptkit.capture.state import RestoreResult, TrainState, grouper
-from ckptkit.errors import CkptkitError, IncompleteCheckpointError, LockHeldError
+from ckptkit.capture.state import RestoreResult, TrainState, grouper, rank_key
+from ckptkit.errors import (
+    CkptkitError,
+    DistributedError,
+    IncompleteCheckpointError,
+    LockHeldError,
+    StateError,
+)
 from ckptkit.storage import atomic, checkpoint, codec
+from ckptkit.storage import dist as dist_mod
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.lock import RunLock
 
@@ -174,6 +181,9 @@ class CheckpointManager:
 
     def _clean_on_open(self) -> None:
         """Report leftovers of an interrupted save; remove them if no live writer runs."""
+        g = dist_mod.group()
+        if g is not None and g.rank != 0:
+            return  # rank 0 owns the run directory's housekeeping in a multi-rank run
         left = atomic.leftovers(self.root)
         if not left:
             return
@@ -277,6 +287,10 @@ class CheckpointManager:
             return
         if self.readonly:
             yield False
+            return
+        g = dist_mod.group()
+        if g is not None and g.rank != 0:
+            yield False  # only rank 0 records (one writer per run directory)
             return
         lock = RunLock(self.root, timeout=0.0)
         try:
@@ -432,15 +446,37 @@ class CheckpointManager:
             The checkpoint directory (it exists once the save has committed; for an
             async save, after :meth:`wait`).
 
+        With a process group of more than one rank initialised, ``save`` is collective:
+        call it on every rank. Every rank writes its own files (its RNG state, a share
+        of the replicated model/optimizer shards, its DCP shards); rank 0 gathers the
+        file digests and every rank's cursor, writes the manifest last and commits. A
+        failure on any rank commits nothing and raises on every rank.
+
         Raises:
             LockHeldError: another live writer holds the run directory.
             CkptkitError: the write or verification failed; older checkpoints are intact.
+            DistributedError: the save failed on another rank.
         """
         t0 = time.perf_counter()
-        self.wait()  # one save in flight at most; surfaces a failed async save
-        self._writer()
         step = state.step if step is None else int(step)
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
+        g = dist_mod.group()
+        if g is not None:
+            if async_:
+                log.info(
+                    "ckptkit: async_=True is not supported for multi-rank saves; saving "
+                    "synchronously"
+                )
+            fields0: dict[str, Any] = {"pins": pins}
+            if health is None and self.watch is not None:
+                health = self.watch.snapshot()
+            if health is not None:
+                fields0["health"] = dict(health)
+            if lookahead is not None:
+                fields0["lookahead"] = dict(lookahead)
+            return self._save_dist(state, g, step, fields0, overwrite=overwrite, t0=t0)
+        self.wait()  # one save in flight at most; surfaces a failed async save
+        self._writer()
         tree, comps = state.capture()
         t_cap = time.perf_counter()
         encoded = tree_mod.encode(tree)
@@ -477,6 +513,278 @@ class CheckpointManager:
         stats.blocked = stats.total
         self.last_save = stats
         return final
+
+    def _save_dist(
+        self,
+        state: TrainState,
+        g: dist_mod.Group,
+        step: int,
+        fields: dict[str, Any],
+        *,
+        overwrite: bool,
+        t0: float,
+    ) -> Path:
+        """The collective save (see :meth:`save`); every rank returns or raises together."""
+        final = self.root / step_dir_name(step)
+        stats = SaveStats(step=step)
+        pending: atomic.PendingCheckpoint | None = None
+        what = f"multi-rank save of {final.name}"
+        # 1. rank 0 takes the run lock and makes the temporary directory; all learn its name.
+        err: BaseException | None = None
+        if g.rank == 0:
+            try:
+                self.wait()
+                self._writer()
+                pending = atomic.PendingCheckpoint.create(final, overwrite=overwrite)
+            except BaseException as e:
+                err = e
+        tmp_name, msg = dist_mod.broadcast(
+            (str(pending.tmp), None)
+            if pending is not None
+            else (None, dist_mod.describe(err) if err else None)
+        )
+        if tmp_name is None:
+            if err is not None:
+                raise err
+            raise DistributedError(
+                f"{what} failed on rank 0: {msg}",
+                path=final,
+                hint="see rank 0's log; nothing was written",
+            )
+        tmp = Path(tmp_name)
+        try:
+            payload = self._write_rank(state, g, tmp, stats)
+        except BaseException as e:
+            payload, err = None, e
+        # 2. every rank's files and cursors to rank 0; a dead rank fails this gather.
+        try:
+            gathered = dist_mod.all_gather(
+                (None if err is None else dist_mod.describe(err), payload)
+            )
+        except BaseException as e:
+            if pending is not None:
+                pending.abort()
+            raise DistributedError(
+                f"{what}: the gather of per-rank results failed ({dist_mod.describe(e)}); "
+                "a rank died or timed out mid-save",
+                path=final,
+                hint="nothing was committed; the previous checkpoints are intact",
+            ) from e
+        failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
+        if failed:
+            if pending is not None:
+                pending.abort()
+            if err is not None:
+                raise err
+            raise DistributedError(
+                f"{what} failed on rank(s) {', '.join(str(r) for r, _ in failed)}: "
+                + " | ".join(f"rank {r}: {m}" for r, m in failed),
+                path=final,
+                hint="nothing was committed; see that rank's log for the cause",
+            )
+        # 3. rank 0 merges, writes the manifest (the commit), verifies, points latest, rotates.
+        outcome: str | None = None
+        if g.rank == 0:
+            assert pending is not None
+            try:
+                self._commit_dist(state, pending, [p for _, p in gathered], step, fields, stats)
+            except BaseException as e:
+                err = e
+                outcome = dist_mod.describe(e)
+        outcome = dist_mod.broadcast(outcome)
+        if outcome is not None:
+            if err is not None:
+                raise err
+            raise DistributedError(
+                f"{what} failed on rank 0 at commit: {outcome}", path=final, hint="see rank 0's log"
+            )
+        stats.total = stats.blocked = time.perf_counter() - t0
+        self.last_save = stats
+        return final
+
+    def _write_rank(
+        self, state: TrainState, g: dist_mod.Group, tmp: Path, stats: SaveStats
+    ) -> dict[str, Any]:
+        """One rank's part of a multi-rank save: capture, write and hash its own files."""
+        if (state.parallel.world_size, state.parallel.rank) != (g.world_size, g.rank):
+            raise StateError(
+                f"TrainState.parallel says rank {state.parallel.rank} of "
+                f"{state.parallel.world_size}, the process group rank {g.rank} of "
+                f"{g.world_size}",
+                hint="build the TrainState after init_process_group, or pass "
+                "parallel=ckptkit.ParallelConfig.from_env(...)",
+            )
+        tc = time.perf_counter()
+        err: BaseException | None = None
+        try:
+            tree, comps = state.capture()
+        except BaseException as e:
+            err = e
+        # Agree that every rank captured before entering DCP's collective save.
+        dist_mod.consensus(err, what="capture")
+        stats.capture = time.perf_counter() - tc
+        tw = time.perf_counter()
+        files: list[mf.FileEntry] = []
+        if state.uses_dcp:
+            dist_mod.dcp_save(state.dcp_state(), tmp)
+            files += dist_mod.hash_files(
+                tmp,
+                dist_mod.dcp_files_of(tmp, g.rank),
+                component=dist_mod.DCP_COMPONENT,
+                rank=g.rank,
+            )
+        encoded = tree_mod.encode(tree)
+        mine = rank_key(g.rank)
+        spread = {k: t for k, t in encoded.tensors.items() if k.split("/", 1)[0] in _SPREAD}
+        own = {k: t for k, t in encoded.tensors.items() if k.startswith(f"rng/{mine}/")}
+        rest = {k: t for k, t in encoded.tensors.items() if k not in spread and k not in own}
+        # Replicated model/optimizer shards: every rank holds the same bytes (DDP), so the
+        # files are planned identically everywhere and split over the ranks to write in
+        # parallel. Other replicated state comes from rank 0; per-rank state from its rank.
+        total = sum(t.numel() * t.element_size() for t in spread.values())
+        shard = min(
+            checkpoint.DEFAULT_SHARD_BYTES, max(_MIN_SPREAD_SHARD, -(-total // (2 * g.world_size)))
+        )
+        plan_spread = checkpoint.plan_shards(
+            tree_mod.Encoded(encoded.tree, spread),
+            grouper=grouper,
+            shard_bytes=shard,
+            compress=self.compress,
+        )
+        owner = dist_mod.assign(
+            [
+                (n, sum(spread[k].numel() * spread[k].element_size() for k in ks))
+                for n, ks in plan_spread.files.items()
+            ],
+            g.world_size,
+        )
+        parts: builtins.list[tuple[checkpoint.ShardPlan, builtins.list[str] | None]] = [
+            (plan_spread, [n for n, r in owner.items() if r == g.rank])
+        ]
+        parts.append(
+            (
+                checkpoint.plan_shards(
+                    tree_mod.Encoded(encoded.tree, own), grouper=grouper, compress=self.compress
+                ),
+                None,
+            )
+        )
+        if g.rank == 0:
+            parts.append(
+                (
+                    checkpoint.plan_shards(
+                        tree_mod.Encoded(encoded.tree, rest),
+                        grouper=grouper,
+                        compress=self.compress,
+                    ),
+                    None,
+                )
+            )
+        tensors: list[mf.TensorEntry] = []
+        for plan, names in parts:
+            fes, tes = checkpoint.write_shards(
+                encoded, plan, tmp, names=names, compress=self.compress, rank=g.rank
+            )
+            files += fes
+            tensors += tes
+        stats.write = time.perf_counter() - tw
+        samp = encoded.tree.get("sampler")
+        out: dict[str, Any] = {
+            "files": files,
+            "tensors": tensors,
+            "rng": encoded.tree.get("rng", {}).get(mine),
+            "rng_fingerprint": comps["rng"].summary.get("fingerprints", {}).get(mine),
+            "sampler": samp.get("state") if isinstance(samp, dict) else None,
+        }
+        if g.rank == 0:
+            out.update(tree=encoded.tree, comps=comps, env=state.env())
+        return out
+
+    def _commit_dist(
+        self,
+        state: TrainState,
+        pending: atomic.PendingCheckpoint,
+        parts: builtins.list[dict[str, Any]],
+        step: int,
+        fields: Mapping[str, Any],
+        stats: SaveStats,
+    ) -> None:
+        """Rank 0: merge every rank's entries into one manifest and commit it."""
+        try:
+            head = parts[0]
+            tree = dict(head["tree"])
+            comps: dict[str, mf.Component] = dict(head["comps"])
+            files = [fe for p in parts for fe in p["files"]]
+            tensors = [te for p in parts for te in p["tensors"]]
+            rng_tree = dict(tree.get("rng") or {})
+            prints: dict[str, Any] = {}
+            for r, p in enumerate(parts):
+                if p["rng"] is not None:
+                    rng_tree[rank_key(r)] = p["rng"]
+                if p["rng_fingerprint"] is not None:
+                    prints[rank_key(r)] = p["rng_fingerprint"]
+            tree["rng"] = rng_tree
+            rc = comps["rng"]
+            comps["rng"] = replace(
+                rc,
+                summary={
+                    **dict(rc.summary),
+                    "ranks": sorted(int(k[4:]) for k in rng_tree),
+                    "fingerprints": prints,
+                },
+            )
+            if isinstance(tree.get("sampler"), dict):
+                tree["sampler"] = {
+                    **tree["sampler"],
+                    "ranks": {
+                        rank_key(r): p["sampler"]
+                        for r, p in enumerate(parts)
+                        if p["sampler"] is not None
+                    },
+                }
+            by_comp: dict[str, list[str]] = {}
+            for fe in files:
+                if fe.component == dist_mod.DCP_COMPONENT:
+                    for c in (tree.get("dcp") or {}).get("keys", []):
+                        by_comp.setdefault(c, []).append(fe.path)
+                elif fe.component:
+                    by_comp.setdefault(fe.component, []).append(fe.path)
+            for name, c in comps.items():
+                if c.present and not c.where:
+                    comps[name] = replace(
+                        c, where=tuple(by_comp.get(name, ())) or (f"manifest:tree/{name}",)
+                    )
+            man = mf.Manifest(
+                files=tuple(sorted(files, key=lambda f: f.path)),
+                tensors=tuple(tensors),
+                tree=tree,
+                components=comps,
+                env=dict(head["env"]),
+                step=step,
+                **{**fields, "pins": tuple(fields.get("pins", ()))},
+            )
+            mf.write(pending.tmp, man)
+            pending.finalize()
+        except OSError as e:
+            pending.abort()
+            if isinstance(e, CkptkitError):
+                raise
+            raise _save_error(e, pending.final) from e
+        except BaseException:
+            pending.abort()
+            raise
+        final = pending.final
+        tv = time.perf_counter()
+        if self.verify_after_save:
+            from ckptkit.verify.runner import verify_one
+
+            bad = verify_one(final, progress=False).errors
+            self._record(final, man, not bad, _why(bad))
+            if bad:
+                raise bad[0].to_error(base=str(final))
+        stats.verify = time.perf_counter() - tv
+        self._update_latest()
+        stats.deleted = self._rotate()
 
     def _stage(self, encoded: tree_mod.Encoded) -> tree_mod.Encoded:
         """Copy tensors into reusable host buffers: one staging copy, reused across saves."""
@@ -826,14 +1134,40 @@ class CheckpointManager:
     def _restore_one(self, state: TrainState, path: Path, *, strict: bool) -> RestoreResult:
         from ckptkit.verify.runner import verify_one
 
-        rep = verify_one(path, families=("completeness", "consistency"), progress=False)
-        if rep.errors:
-            raise rep.errors[0].to_error(base=str(path))
-        obj, man = checkpoint.read_checkpoint(path, targets_from=state.targets(), progress=False)
+        g = dist_mod.group()
+        err: CkptkitError | None = None
         try:
-            result = state.restore_tree(obj, man, strict=strict)
+            rep = verify_one(path, families=("completeness", "consistency"), progress=False)
+            if rep.errors:
+                raise rep.errors[0].to_error(base=str(path))
+            obj, man = checkpoint.read_checkpoint(
+                path, targets_from=state.targets(), progress=False
+            )
+            # DCP files are not read through the verifying reader: check their digests
+            # first (split over the ranks of a multi-rank restore).
+            dcp_files = [f for f in man.files if f.component == dist_mod.DCP_COMPONENT]
+            if g is not None:
+                dcp_files = dcp_files[g.rank :: g.world_size]
+            dist_mod.verify_files(path, dcp_files)
         except CkptkitError as e:
-            raise _RunMismatch(e) from e
+            err = e
+        if g is not None:
+            # Every rank takes the same candidate or skips it together.
+            dist_mod.consensus(err, what=f"restore of {path.name}")
+        elif err is not None:
+            raise err
+        mismatch: CkptkitError | None = None
+        try:
+            result = state.restore_tree(obj, man, strict=strict, path=path)
+        except CkptkitError as e:
+            mismatch = e
+        if g is not None:
+            try:
+                dist_mod.consensus(mismatch, what=f"restore of {path.name}")
+            except CkptkitError as e:
+                raise _RunMismatch(e) from e
+        elif mismatch is not None:
+            raise _RunMismatch(mismatch) from mismatch
         result.path = path
         for f in rep.findings:
             result.notes.append(f"{f.code} {f.message}")
@@ -841,6 +1175,11 @@ class CheckpointManager:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+_SPREAD = ("model", "optimizer")
+"""Top-level state whose replicated shards every rank of a multi-rank save helps write."""
+_MIN_SPREAD_SHARD = 64 << 20
+"""Smallest shard when replicated state is split over ranks (tiny models stay one file)."""
 
 
 class _RunMismatch(Exception):

@@ -9,13 +9,15 @@ before anyone spends GPU hours on a resume.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+import xxhash
 
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
@@ -30,6 +32,7 @@ from ckptkit.capture import scheduler as scheduler_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.capture.progress import Progress
 from ckptkit.errors import StateError
+from ckptkit.storage import dist as dist_mod
 from ckptkit.storage import tree as tree_mod
 
 log = logging.getLogger("ckptkit")
@@ -78,6 +81,10 @@ class TrainState:
         numpy_generators: named ``np.random.Generator`` objects to capture with the RNG.
         recorder: a :class:`~ckptkit.Recorder` whose pre-save window goes into the manifest.
         extra: any other state (plain values and tensors) saved and restored as is.
+        storage: how model and optimizer tensors are stored: ``"tensors"`` (safetensors
+            files written by ckptkit), ``"dcp"`` (``torch.distributed.checkpoint``, which
+            reshards on load at another world size), or ``"auto"`` (DCP when any parameter
+            is a DTensor, i.e. FSDP2 / tensor-parallel sharded; else safetensors).
 
     Example:
         >>> import torch, ckptkit
@@ -104,6 +111,7 @@ class TrainState:
         numpy_generators: Mapping[str, np.random.Generator] | None = None,
         recorder: Any = None,
         extra: Mapping[str, Any] | None = None,
+        storage: Literal["auto", "tensors", "dcp"] = "auto",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise StateError(
@@ -123,6 +131,46 @@ class TrainState:
         self.numpy_generators = dict(numpy_generators or {})
         self.recorder = recorder
         self.extra = dict(extra) if extra is not None else None
+        if storage not in ("auto", "tensors", "dcp"):
+            raise ValueError(f"storage must be 'auto', 'tensors' or 'dcp', not {storage!r}")
+        self.storage = storage
+
+    @property
+    def uses_dcp(self) -> bool:
+        """Whether model and optimizer go through ``torch.distributed.checkpoint``."""
+        if self.storage == "auto":
+            return _has_dtensor(self.model)
+        return self.storage == "dcp"
+
+    def dcp_state(self) -> dict[str, Any]:
+        """Model and optimizer state dicts for DCP (sharded as they live: DTensors stay)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self.optimizer is None:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            return {"model": get_model_state_dict(self.model)}
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        return {"model": msd, "optimizer": osd}
+
+    def load_dcp(self, root: Path) -> None:
+        """Read model and optimizer from ``root/dcp``, resharded to the current layout."""
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        state = self.dcp_state()
+        dist_mod.dcp_load(state, root)
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"])
+        else:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+            )
 
     @property
     def step(self) -> int:
@@ -142,7 +190,13 @@ class TrainState:
         write them before the next optimizer step, or copy them (async save does).
         """
         rank, world = self.parallel.rank, self.parallel.world_size
-        tree: dict[str, Any] = {"model": self.model.state_dict()}
+        dcp = self.uses_dcp
+        tree: dict[str, Any] = {}
+        if dcp:
+            keys = ["model"] + (["optimizer"] if self.optimizer is not None else [])
+            tree["dcp"] = {"dir": dist_mod.DCP_DIR, "keys": keys}
+        else:
+            tree["model"] = self.model.state_dict()
         comps: dict[str, mf.Component] = {}
 
         def add(name: str, state: Any, summary: Mapping[str, Any], *, required: bool,
@@ -155,7 +209,13 @@ class TrainState:
             name="model", present=True, required=True,
             summary=_model_summary(self.model), reason="always",
         )
-        if self.optimizer is not None:
+        if self.optimizer is not None and dcp:
+            comps["optimizer"] = mf.Component(
+                name="optimizer", present=True, required=True,
+                summary=_dcp_optim_summary(self.optimizer),
+                reason="an optimizer was passed (stored with torch.distributed.checkpoint)",
+            )
+        elif self.optimizer is not None:
             st = optim_capture.capture(self.optimizer, model=self.model)
             add("optimizer", st, optim_capture.summary(st), required=True,
                 reason="an optimizer was passed")
@@ -215,14 +275,20 @@ class TrainState:
     # --- restore ---------------------------------------------------------------------------
 
     def restore_tree(self, tree: Mapping[str, Any], manifest: mf.Manifest | None = None, *,
-                     strict: bool = True) -> RestoreResult:
+                     strict: bool = True, path: Path | None = None) -> RestoreResult:
         """Put a loaded state tree back into the live objects.
+
+        At another world size than the save's: the sampler continues from the merged
+        global cursor (re-split over the new ranks, nothing replayed or skipped), a rank
+        without a saved RNG state gets a fresh stream derived from rank 0's, and the
+        result's notes say what that changes for an exact resume.
 
         Args:
             tree: the object read from a checkpoint written from a TrainState.
             manifest: its manifest (for compatibility notes).
             strict: raise when the checkpoint lacks state this TrainState has (e.g. a
                 scaler passed here but none saved); otherwise note and continue.
+            path: the checkpoint directory (needed for DCP-stored model/optimizer state).
 
         Raises:
             StateError: a component cannot be restored, naming it and the fix.
@@ -237,15 +303,35 @@ class TrainState:
                                  "strict=False to start it fresh (the resume is then not exact)")
             notes.append(msg + "; it starts fresh")
 
-        if "model" not in tree:
+        dcp_keys: list[str] = list((tree.get("dcp") or {}).get("keys") or [])
+        if dcp_keys:
+            if path is None:
+                raise StateError("model/optimizer state is stored with DCP; restore_tree needs "
+                                 "the checkpoint path", hint="pass path= (CheckpointManager does)")
+            if "optimizer" in dcp_keys and self.optimizer is None:
+                notes.append("the checkpoint holds optimizer state but this run passes none")
+            if self.optimizer is not None and "optimizer" not in dcp_keys:
+                missing("optimizer")
+            try:
+                self.load_dcp(path)
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise StateError(f"DCP model/optimizer state does not fit: {e}",
+                                 hint="build the same architecture as at save time") from None
+            restored.append("model")
+            if self.optimizer is not None and "optimizer" in dcp_keys:
+                restored.append("optimizer")
+        elif "model" not in tree:
             raise StateError("the checkpoint holds no model state",
                              hint="is this a TrainState checkpoint? use ckptkit.load for others")
-        try:
-            self.model.load_state_dict(tree["model"])
-        except RuntimeError as e:
-            raise StateError(f"model state does not fit the model: {e}",
-                             hint="build the same architecture as at save time") from None
-        restored.append("model")
+        else:
+            try:
+                self.model.load_state_dict(tree["model"])
+            except RuntimeError as e:
+                raise StateError(f"model state does not fit the model: {e}",
+                                 hint="build the same architecture as at save time") from None
+            restored.append("model")
+        saved_world = _saved_world(tree)
+        world = self.parallel.world_size
         pairs: list[tuple[str, Any, Callable[[Any, Any], None] | None]] = [
             ("optimizer", self.optimizer, optim_capture.restore),
             ("scheduler", self.scheduler, scheduler_capture.restore),
@@ -254,6 +340,8 @@ class TrainState:
             ("sampler", self.sampler, sampler_capture.restore),
         ]
         for name, obj, fn in pairs:
+            if name == "optimizer" and dcp_keys:
+                continue
             if obj is None:
                 if name in tree:
                     notes.append(f"the checkpoint holds {name} state but this run passes none")
@@ -263,6 +351,12 @@ class TrainState:
                 continue
             if name == "fp8":
                 fp8_capture.restore(obj, tree[name], recipe=self.fp8_recipe)
+            elif name == "sampler":
+                state, how = choose_sampler_state(tree[name], rank=self.parallel.rank,
+                                                  world_size=world, saved_world=saved_world)
+                sampler_capture.restore(obj, state)
+                if how:
+                    notes.append(how)
             else:
                 assert fn is not None
                 fn(obj, tree[name])
@@ -289,14 +383,31 @@ class TrainState:
                                 numpy_generators=self.numpy_generators)
             restored.append("rng")
         elif rng_all:
-            raise StateError(
-                f"the checkpoint holds RNG state for {sorted(rng_all)} but not for rank "
-                f"{self.parallel.rank}",
-                hint="restore with the world size of the save, or accept fresh RNG streams "
-                "per rank (the resume is then not bitwise exact)",
+            base_key = rank_key(0) if rank_key(0) in rng_all else sorted(rng_all)[0]
+            seed = fresh_seed(rng_all[base_key], self.parallel.rank)
+            _seed_everything(seed)
+            notes.append(
+                f"RNG: the checkpoint holds state for {len(rng_all)} rank(s) "
+                f"({_few_keys(rng_all)}) but not for rank {self.parallel.rank}; it starts a "
+                f"fresh stream seeded {seed} (derived from {base_key}'s state and the rank), "
+                "so dropout/augmentation on this rank differ from any saved stream and the "
+                "resume is not bitwise exact"
             )
+            restored.append("rng:fresh")
         else:
             missing("rng")
+        if saved_world is not None and saved_world != world:
+            notes.append(
+                f"world size {saved_world} -> {world}: model and optimizer are "
+                + ("resharded by torch.distributed.checkpoint" if dcp_keys
+                   else "replicated, loaded whole on every rank")
+                + "; per-rank RNG streams "
+                + ("are reused for ranks that existed and fresh for new ranks" if world > saved_world
+                   else "of the dropped ranks are unused")
+                + "; the global batch per optimizer step changes by the factor "
+                f"{world}/{saved_world} unless the per-rank batch or gradient accumulation is "
+                "adjusted, so the LR schedule sees different samples per step"
+            )
         for n in notes:
             log.warning("ckptkit restore: %s", n)
         return RestoreResult(step=self.progress.step, restored=tuple(restored), notes=notes,
@@ -304,6 +415,8 @@ class TrainState:
 
     def targets(self) -> dict[str, Any]:
         """Tensors to read into in place (model parameters and buffers)."""
+        if self.uses_dcp:
+            return {}
         return {"model": self.model.state_dict()}
 
     def env(self) -> dict[str, Any]:
@@ -319,3 +432,106 @@ def _model_summary(model: torch.nn.Module) -> dict[str, Any]:
         "num_tensors": len(model.state_dict()),
         "trainable": [n for n, p in params if p.requires_grad],
     }
+
+
+def _has_dtensor(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _dcp_optim_summary(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Summary of a DCP-stored optimizer, from its local state (steps and groups)."""
+    try:
+        return {**optim_capture.summary({"type": type(opt).__name__,
+                                         "state_dict": opt.state_dict()}), "storage": "dcp"}
+    except Exception:  # the summary is informative only; a sharded layout may not fit it
+        return {"type": type(opt).__name__, "storage": "dcp"}
+
+
+def _saved_world(tree: Mapping[str, Any]) -> int | None:
+    par = tree.get("parallel")
+    if isinstance(par, Mapping) and isinstance(par.get("world_size"), int):
+        return int(par["world_size"])
+    return None
+
+
+def _few_keys(keys: Mapping[str, Any], n: int = 4) -> str:
+    ks = sorted(keys)
+    return ", ".join(ks[:n]) + (f" … (+{len(ks) - n})" if len(ks) > n else "")
+
+
+def fresh_seed(base_state: Any, rank: int) -> int:
+    """A deterministic seed for a rank that has no saved RNG state: from rank 0's and the rank.
+
+    Example:
+        >>> s = rng_capture.capture()
+        >>> fresh_seed(s, 3) == fresh_seed(s, 3) != fresh_seed(s, 4)
+        True
+    """
+    return xxhash.xxh3_64_intdigest(f"{rng_capture.fingerprint(base_state)}:{rank}".encode()) & (2**63 - 1)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def choose_sampler_state(
+    saved: Mapping[str, Any], *, rank: int, world_size: int, saved_world: int | None
+) -> tuple[Mapping[str, Any], str | None]:
+    """Pick the sampler cursor this rank continues from; say what changed, if anything.
+
+    A multi-rank save keeps every rank's cursor under ``saved["ranks"]``. At the saved
+    world size each rank takes its own. At another one, ranks that moved in lockstep hold
+    the same global count (``offset + position × world``); the smallest is used (a rank
+    behind would otherwise skip samples), and :class:`~ckptkit.sampler.ResumableSampler`
+    re-splits the rest of the epoch over the new ranks.
+
+    Returns:
+        ``(state for sampler restore, note or None)``.
+    """
+    per = saved.get("ranks")
+    base = {k: v for k, v in saved.items() if k != "ranks"}
+    if not isinstance(per, Mapping) or not per:
+        inner = base.get("state")
+        w = inner.get("world_size") if isinstance(inner, Mapping) else None
+        if (isinstance(inner, Mapping) and isinstance(w, int) and w != world_size
+                and base.get("kind") == "resumable"):
+            return base, (f"sampler: saved at world size {w}, resumed at {world_size}: "
+                          f"{_consumed(inner)} samples of epoch {inner.get('epoch')} were "
+                          "consumed; the rest is re-split over the new ranks (no sample "
+                          "replayed or skipped)")
+        return base, None
+    mine = per.get(rank_key(rank))
+    if saved_world == world_size and isinstance(mine, Mapping):
+        return {**base, "state": mine}, None
+    if base.get("kind") != "resumable":
+        pick = mine if isinstance(mine, Mapping) else per[sorted(per)[0]]
+        return {**base, "state": pick}, (
+            f"sampler: a {base.get('type')} cursor cannot be re-split from world size "
+            f"{saved_world} to {world_size}; rank {rank} continues from "
+            f"{'its own' if mine is not None else 'rank ' + sorted(per)[0][4:]} cursor, so "
+            "samples may be replayed or skipped (use ckptkit.sampler.ResumableSampler)")
+    states = [s for _, s in sorted(per.items()) if isinstance(s, Mapping)]
+    counts = sorted({(int(s.get("epoch", 0)), _consumed(s)) for s in states})
+    pick = min(states, key=lambda s: (int(s.get("epoch", 0)), _consumed(s)))
+    lag = "" if len(counts) == 1 else (
+        f" (ranks were not in lockstep: {counts}; continuing from the earliest, so up to "
+        f"{counts[-1][1] - counts[0][1]} samples are seen twice)")
+    return {**base, "state": pick}, (
+        f"sampler: {len(states)} per-rank cursors saved at world size {saved_world} merged "
+        f"into one global cursor ({_consumed(pick)} samples of epoch {pick.get('epoch')} "
+        f"consumed); the rest of the epoch is re-split over {world_size} rank(s) from there, "
+        f"so no sample is replayed or skipped{lag}")
+
+
+def _consumed(state: Mapping[str, Any]) -> int:
+    c = state.get("consumed")
+    if isinstance(c, int):
+        return c
+    return int(state.get("offset", 0)) + int(state.get("position", 0)) * int(
+        state.get("world_size", 1))

@@ -56,6 +56,17 @@ classic resume bugs, written the way a user writes them:
 ``lr-changed``         the learning rate (param groups and base LRs) ×1.1 after the restore
 =====================  ================================================================
 
+**Data parallelism.** Launched by ``torchrun`` (``WORLD_SIZE`` > 1) or with ``--ddp``, the
+script joins a process group (gloo on CPU, NCCL on CUDA), wraps the model in
+``DistributedDataParallel``, gives each rank its share of the epoch through the
+``ResumableSampler`` (``--batch-size`` is per rank) and seeds each rank's dropout stream
+differently. Rank 0 writes the metrics: ``loss`` is averaged over ranks, ``sample_ids``,
+``sample_hashes`` and ``seq_lens`` are every rank's batch in rank order (``rank_sample_ids``
+keeps them per rank), ``batch_hash`` and ``rng`` cover every rank. So a drill compares the
+exposure of each rank::
+
+    ckptkit drill -- torchrun --standalone --nproc-per-node 2 -m ckptkit.examples.tiny_lm
+
 At the end the script prints one JSON line: ``final_step``, ``final_loss``, ``param_hash``
 (xxh3-64 over every parameter and buffer), ``resumed_from``, ``fault`` and ``seconds``.
 """
@@ -328,6 +339,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--growth-interval", type=int, default=2000, help="GradScaler growth interval")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="data parallel over a process group (automatic under torchrun: WORLD_SIZE > 1)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -359,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # A drill pins threads and device for every run it starts; its values win.
     torch.set_num_threads(drill.threads or args.threads)
     device = torch.device(drill.device or args.device)
+    rank, world = init_ddp(args, device)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
     if device.type == "cuda":
         # Deterministic cuBLAS needs a fixed workspace, set before the first CUDA call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -379,9 +399,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         len(corpus),
         seed=args.seed,
         shuffle=True,
+        rank=rank,
+        world_size=world,
         lengths=lengths if bucket else None,
         bucket_size=bucket,
-        batch_size=args.batch_size if bucket else None,
+        batch_size=args.batch_size * world if bucket else None,
     )
     model = TinyLM(
         vocab=args.vocab,
@@ -391,6 +413,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         max_len=args.max_len,
         dropout=args.dropout,
     ).to(device)
+    # Same initial weights everywhere (DDP also broadcasts rank 0's); dropout differs per rank.
+    train_model: nn.Module = model
+    if world > 1:
+        set_seed(args.seed + rank)
+        train_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     opt = torch.optim.AdamW(
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
@@ -403,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         growth_interval=args.growth_interval,
         enabled=args.amp == "fp16",
     )
+    if rank != 0:
+        # Rank 0 writes the metrics (with every rank's samples); the others keep a window.
+        os.environ.pop("CKPTKIT_METRICS", None)
+        args.metrics = None
     rec = ckptkit.Recorder(args.metrics)  # None: $CKPTKIT_METRICS, else memory only
     mgr = ckptkit.CheckpointManager(drill.ckpt_dir or args.ckpt_dir, keep_last=args.keep_last)
 
@@ -417,8 +450,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         recorder=rec,
     )
     restored = drill.restore(ts, mgr)
-    if restored is not None:
+    if restored is not None and rank == 0:
         print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
+    if restored is not None:
         corpus, sampler = inject_fault(
             fault, args, ts, corpus=corpus, sampler=sampler, opt=opt, sched=sched
         )
@@ -439,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         lr = opt.param_groups[0]["lr"]
 
         with autocast:
-            logits = model(x)
+            logits = train_model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -451,10 +485,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         ts.step += 1
         tokens = int((y != -100).sum())
-        ts.progress.epoch = sampler.epoch
-        ts.progress.consumed_samples += len(ids)
-        ts.progress.consumed_tokens += tokens
         loss_value = float(loss.detach())
+        mine = {
+            "ids": ids,
+            "lens": [len(s) for s in seqs],
+            "hashes": [xxhash.xxh3_64_hexdigest(s.numpy().tobytes())[:8] for s in seqs],
+            "batch_hash": batch_hash,
+            "rng": rng,
+            "tokens": tokens,
+            "loss": loss_value,
+        }
+        ranks = gather(mine, world)
+        tokens = sum(r["tokens"] for r in ranks)
+        ts.progress.epoch = sampler.epoch
+        ts.progress.consumed_samples += sum(len(r["ids"]) for r in ranks)
+        ts.progress.consumed_tokens += tokens
+        if world > 1:
+            # Mean over ranks, summed in rank order (the same bits on every rerun).
+            loss_value = math.fsum(r["loss"] for r in ranks) / world
+        extra: dict[str, Any] = {}
+        if world > 1:
+            extra["rank_sample_ids"] = [r["ids"] for r in ranks]
         rec.log(
             ts.step,
             loss=loss_value,
@@ -462,20 +513,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             lr=lr,
             loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
             tokens=tokens,
-            seq_lens=[len(s) for s in seqs],
-            sample_ids=ids,
+            seq_lens=[n for r in ranks for n in r["lens"]],
+            sample_ids=[i for r in ranks for i in r["ids"]],
             epoch=sampler.epoch,
-            sample_hashes=[xxhash.xxh3_64_hexdigest(s.numpy().tobytes())[:8] for s in seqs],
-            batch_hash=batch_hash,
-            rng=rng,
+            sample_hashes=[h for r in ranks for h in r["hashes"]],
+            batch_hash=combine([r["batch_hash"] for r in ranks]),
+            rng=combine([r["rng"] for r in ranks]),
             opt_step=opt_step_count(opt),
+            **extra,
         )
         if (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step):
-            mgr.save(ts, lookahead=lookahead(ts.step, opt, scaler, sampler, args, device))
+            mgr.save(ts, lookahead=lookahead(ts.step, opt, scaler, sampler, args, device, world))
         if drill.should_stop(ts.step):
             break
     mgr.close()
     rec.close()
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     summary = {
         "final_step": ts.step,
         "final_loss": loss_value,
@@ -484,8 +539,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "fault": fault,
         "seconds": round(time.perf_counter() - t_start, 3),
     }
-    print(json.dumps(summary), flush=True)
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
     return summary
+
+
+def init_ddp(args: argparse.Namespace, device: torch.device) -> tuple[int, int]:
+    """Join the process group torchrun describes (``WORLD_SIZE`` > 1) or ``--ddp`` asks for.
+
+    Returns:
+        ``(rank, world size)``; ``(0, 1)`` for a single process.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 and not args.ddp:
+        return 0, 1
+    dist = torch.distributed
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def gather(obj: Any, world: int) -> list[Any]:
+    """Every rank's ``obj`` in rank order (just ``[obj]`` for one process)."""
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def combine(parts: Sequence[str]) -> str:
+    """One fingerprint for one part per rank (the part itself for one process)."""
+    if len(parts) == 1:
+        return parts[0]
+    return xxhash.xxh3_64_hexdigest("|".join(parts).encode())
 
 
 def lookahead(
@@ -495,17 +582,19 @@ def lookahead(
     sampler: ckptkit.ResumableSampler,
     args: argparse.Namespace,
     device: torch.device,
+    world: int = 1,
 ) -> dict[str, Any]:
     """What step ``step + 1`` will use, in the units of the step records (resume guard)."""
     epoch, ids = peek_batch(sampler, args.batch_size)
+    ranks = gather({"ids": ids, "rng": rng_fingerprint(device)}, world)
     return {
         "step": step,
         "next_step": step + 1,
         "lr": opt.param_groups[0]["lr"],
         "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
         "opt_step": opt_step_count(opt),
-        "rng": rng_fingerprint(device),
-        "sample_ids": ids,
+        "rng": combine([r["rng"] for r in ranks]),
+        "sample_ids": [i for r in ranks for i in r["ids"]],
         "epoch": epoch,
     }
 

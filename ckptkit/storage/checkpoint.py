@@ -124,37 +124,9 @@ def write_checkpoint(
     total = sum(t.numel() * t.element_size() for t in encoded.tensors.values())
     try:
         with _progress.bar(f"saving {Path(path).name}", total, progress) as on_bytes:
-
-            def write_one(name: str) -> tuple[mf.FileEntry, list[mf.TensorEntry]]:
-                items = [(k, encoded.tensors[k]) for k in plan.files[name]]
-                w = tensors.write_file(
-                    pending.tmp / name,
-                    items,
-                    compress=compress,
-                    metadata={"format": "pt", "writer": "ckptkit"},
-                    on_bytes=on_bytes,
-                    fsync=fsync,
-                )
-                fe = mf.FileEntry(
-                    path=name,
-                    size=w.size,
-                    xxh3_128=w.digest,
-                    compression=compress,
-                    raw_size=w.raw_size if compress else None,
-                    component=plan.component[name],
-                )
-                tes = [
-                    mf.TensorEntry(k, name, e.dtype, e.shape, e.offsets)
-                    for k, e in w.header.items()
-                ]
-                return fe, tes
-
-            names = list(plan.files)
-            workers = max(1, min(IO_WORKERS, len(names)))
-            with ThreadPoolExecutor(workers, thread_name_prefix="ckptkit-write") as pool:
-                results = list(pool.map(write_one, names))
-        files = tuple(fe for fe, _ in results)
-        entries = tuple(te for _, tes in results for te in tes)
+            files, entries = write_shards(
+                encoded, plan, pending.tmp, compress=compress, fsync=fsync, on_bytes=on_bytes
+            )
         if env is None:
             from ckptkit.capture import env as env_capture
 
@@ -180,6 +152,60 @@ def write_checkpoint(
         pending.abort()
         raise
     return manifest
+
+
+def write_shards(
+    encoded: tree.Encoded,
+    plan: ShardPlan,
+    root: Path,
+    *,
+    names: Sequence[str] | None = None,
+    compress: codec.Compression | None = None,
+    fsync: bool = True,
+    on_bytes: Callable[[int], None] | None = None,
+    rank: int | None = None,
+) -> tuple[tuple[mf.FileEntry, ...], tuple[mf.TensorEntry, ...]]:
+    """Write the planned shard files ``names`` (default: all) into ``root``.
+
+    Each file is hashed while it is written. Multi-rank saves call this on every rank
+    with that rank's share of the plan (``rank`` is recorded in each file entry).
+
+    Returns:
+        The file entries and tensor entries of the files written.
+    """
+
+    def write_one(name: str) -> tuple[mf.FileEntry, list[mf.TensorEntry]]:
+        items = [(k, encoded.tensors[k]) for k in plan.files[name]]
+        w = tensors.write_file(
+            root / name,
+            items,
+            compress=compress,
+            metadata={"format": "pt", "writer": "ckptkit"},
+            on_bytes=on_bytes,
+            fsync=fsync,
+        )
+        fe = mf.FileEntry(
+            path=name,
+            size=w.size,
+            xxh3_128=w.digest,
+            compression=compress,
+            raw_size=w.raw_size if compress else None,
+            component=plan.component[name],
+            rank=rank,
+        )
+        tes = [mf.TensorEntry(k, name, e.dtype, e.shape, e.offsets) for k, e in w.header.items()]
+        return fe, tes
+
+    todo = list(plan.files) if names is None else list(names)
+    if not todo:
+        return (), ()
+    workers = max(1, min(IO_WORKERS, len(todo)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckptkit-write") as pool:
+        results = list(pool.map(write_one, todo))
+    return (
+        tuple(fe for fe, _ in results),
+        tuple(te for _, tes in results for te in tes),
+    )
 
 
 def _finalize_nosync(p: atomic.PendingCheckpoint) -> None:
@@ -237,9 +263,13 @@ def infer_components(encoded: tree.Encoded, plan: ShardPlan) -> dict[str, mf.Com
         comp = COMPONENT_ALIASES.get(key.lower())
         if comp is None:
             continue
-        where.setdefault(comp, []).extend(files_by_group.get(tree._seg(key), []) or [f"manifest:tree/{key}"])
+        where.setdefault(comp, []).extend(
+            files_by_group.get(tree._seg(key), []) or [f"manifest:tree/{key}"]
+        )
     out = {
-        name: mf.Component(name=name, present=name in where, required=False, where=tuple(where.get(name, ())))
+        name: mf.Component(
+            name=name, present=name in where, required=False, where=tuple(where.get(name, ()))
+        )
         for name in mf.COMPONENTS
     }
     out["env"] = replace(out["env"], present=True, where=("manifest:env",))
@@ -350,7 +380,9 @@ def read_checkpoint(
     try:
         return tree.decode(m.tree, out), m
     except ManifestError as e:
-        raise ManifestError(e.what, path=root / atomic.MANIFEST_NAME, code=e.code, hint=e.hint) from None
+        raise ManifestError(
+            e.what, path=root / atomic.MANIFEST_NAME, code=e.code, hint=e.hint
+        ) from None
 
 
 _TENSOR_SUFFIXES = (".safetensors", ".safetensors.zst")

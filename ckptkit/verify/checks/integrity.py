@@ -52,8 +52,9 @@ _MANIFEST_CODES = {
 def _manifest_check(code: str) -> None:
     title, hint, err = _MANIFEST_CODES[code]
 
-    @check(code, family="integrity", severity=ERROR, title=title, hint=hint, needs=(),
-           error_class=err)
+    @check(
+        code, family="integrity", severity=ERROR, title=title, hint=hint, needs=(), error_class=err
+    )
     def _fn(ctx: CheckContext) -> Iterator[Finding]:
         e = ctx.manifest_error
         if e is not None and e.code == code:
@@ -69,20 +70,32 @@ for _code in _MANIFEST_CODES:
 # --- files ---------------------------------------------------------------------------------
 
 
-@check("CK-F001", family="integrity", severity=ERROR, title="listed file missing",
-       hint="restore the file from a replica or " + ROLLBACK, error_class=IncompleteCheckpointError)
+@check(
+    "CK-F001",
+    family="integrity",
+    severity=ERROR,
+    title="listed file missing",
+    hint="restore the file from a replica or " + ROLLBACK,
+    error_class=IncompleteCheckpointError,
+)
 def file_missing(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if not s.exists:
+            who = f" (written by rank {s.entry.rank})" if s.entry.rank is not None else ""
             yield CODES["CK-F001"].finding(
-                "file listed in the manifest is missing",
+                f"file listed in the manifest is missing{who}",
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
             )
 
 
-@check("CK-F002", family="integrity", severity=ERROR, title="file size mismatch",
-       hint="the file was truncated or rewritten; restore it or " + ROLLBACK)
+@check(
+    "CK-F002",
+    family="integrity",
+    severity=ERROR,
+    title="file size mismatch",
+    hint="the file was truncated or rewritten; restore it or " + ROLLBACK,
+)
 def file_size(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.exists and s.size is not None and s.size != s.entry.size:
@@ -94,9 +107,14 @@ def file_size(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F003", family="integrity", severity=ERROR, title="file digest mismatch",
-       hint="the bytes changed after the save (bit flip, partial overwrite); restore the file "
-       "from a replica or " + ROLLBACK)
+@check(
+    "CK-F003",
+    family="integrity",
+    severity=ERROR,
+    title="file digest mismatch",
+    hint="the bytes changed after the save (bit flip, partial overwrite); restore the file "
+    "from a replica or " + ROLLBACK,
+)
 def file_digest(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.digest is not None and s.size == s.entry.size and s.digest != s.entry.xxh3_128:
@@ -107,8 +125,13 @@ def file_digest(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F004", family="integrity", severity=ERROR, title="safetensors header invalid",
-       hint="the file is damaged or not a safetensors file; restore it or " + ROLLBACK)
+@check(
+    "CK-F004",
+    family="integrity",
+    severity=ERROR,
+    title="safetensors header invalid",
+    hint="the file is damaged or not a safetensors file; restore it or " + ROLLBACK,
+)
 def file_header(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.header_error is not None and not s.header_error.startswith("decompress"):
@@ -126,8 +149,13 @@ def file_header(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F005", family="integrity", severity=ERROR, title="tensor disagrees with file header",
-       hint="the file and manifest disagree (file replaced or manifest edited); " + ROLLBACK)
+@check(
+    "CK-F005",
+    family="integrity",
+    severity=ERROR,
+    title="tensor disagrees with file header",
+    hint="the file and manifest disagree (file replaced or manifest edited); " + ROLLBACK,
+)
 def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     scans = ctx.scan_all()
@@ -159,9 +187,14 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
                 )
 
 
-@check("CK-F006", family="integrity", severity=WARNING, title="unlisted file in checkpoint",
-       hint="a file not covered by the manifest is not protected by digests and is never "
-       "loaded; remove it or move it out of the checkpoint directory")
+@check(
+    "CK-F006",
+    family="integrity",
+    severity=WARNING,
+    title="unlisted file in checkpoint",
+    hint="a file not covered by the manifest is not protected by digests and is never "
+    "loaded; remove it or move it out of the checkpoint directory",
+)
 def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     listed = {f.path for f in ctx.manifest.files} | {atomic.MANIFEST_NAME}
@@ -173,9 +206,15 @@ def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F006"].finding("file is not listed in the manifest", path=rel)
 
 
-@check("CK-F007", family="integrity", severity=WARNING, title="leftover temporary directory",
-       hint="an interrupted save left it; it is never loaded; delete it, or let "
-       "CheckpointManager clean it on open", needs=())
+@check(
+    "CK-F007",
+    family="integrity",
+    severity=WARNING,
+    title="leftover temporary directory",
+    hint="an interrupted save left it; it is never loaded; delete it, or let "
+    "CheckpointManager clean it on open",
+    needs=(),
+)
 def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
     # Leftovers of *this* checkpoint's saves sit beside it; inside, none should exist.
     name = ctx.root.name
@@ -183,26 +222,37 @@ def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
     if ctx.root.is_dir():
         candidates += [p for p in ctx.root.rglob("*") if p.is_dir() and atomic.is_temporary(p)]
     for p in candidates:
-        yield CODES["CK-F007"].finding(
-            "temporary directory of an unfinished save", path=str(p)
-        )
+        yield CODES["CK-F007"].finding("temporary directory of an unfinished save", path=str(p))
 
 
-@check("CK-F008", family="integrity", severity=ERROR, title="compressed file will not decompress",
-       hint="the compressed file is damaged or a decompression bomb; restore it or " + ROLLBACK,
-       error_class=UnsafeInputError)
+@check(
+    "CK-F008",
+    family="integrity",
+    severity=ERROR,
+    title="compressed file will not decompress",
+    hint="the compressed file is damaged or a decompression bomb; restore it or " + ROLLBACK,
+    error_class=UnsafeInputError,
+)
 def decompression(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         err = s.header_error
-        if s.entry.compression and err is not None and (
-            "zstd" in err or "bomb" in err or err.startswith("decompress")
+        if (
+            s.entry.compression
+            and err is not None
+            and ("zstd" in err or "bomb" in err or err.startswith("decompress"))
         ):
             yield CODES["CK-F008"].finding(err, path=s.entry.path)
 
 
-@check("CK-F009", family="integrity", severity=ERROR, title="listed file resolves outside",
-       hint="a listed file is a symlink or resolves outside the checkpoint directory; it is "
-       "never read; replace it with the real file", error_class=UnsafeInputError)
+@check(
+    "CK-F009",
+    family="integrity",
+    severity=ERROR,
+    title="listed file resolves outside",
+    hint="a listed file is a symlink or resolves outside the checkpoint directory; it is "
+    "never read; replace it with the real file",
+    error_class=UnsafeInputError,
+)
 def outside(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.outside:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import torch
 
+from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit import rotation
 from ckptkit.capture.state import RestoreResult, TrainState, grouper, rank_key
@@ -472,11 +473,11 @@ class CheckpointManager:
                 health = self.watch.snapshot()
             if health is not None:
                 fields0["health"] = dict(health)
-            if lookahead is not None:
-                fields0["lookahead"] = dict(lookahead)
+            fields0["lookahead"] = self._lookahead(state, lookahead, world=g)
             return self._save_dist(state, g, step, fields0, overwrite=overwrite, t0=t0)
         self.wait()  # one save in flight at most; surfaces a failed async save
         self._writer()
+        guard_la = self._lookahead(state, lookahead)
         tree, comps = state.capture()
         t_cap = time.perf_counter()
         encoded = tree_mod.encode(tree)
@@ -486,8 +487,7 @@ class CheckpointManager:
             health = self.watch.snapshot()
         if health is not None:
             fields["health"] = dict(health)
-        if lookahead is not None:
-            fields["lookahead"] = dict(lookahead)
+        fields["lookahead"] = guard_la
         env = state.env()
         stats = SaveStats(step=step, capture=t_cap - t0)
         if async_:
@@ -513,6 +513,22 @@ class CheckpointManager:
         stats.blocked = stats.total
         self.last_save = stats
         return final
+
+    @staticmethod
+    def _lookahead(
+        state: TrainState, user: Mapping[str, Any] | None, *, world: Any = None
+    ) -> dict[str, Any]:
+        """The user's look-ahead plus the automatic resume-guard one (``guard`` key).
+
+        Computed before capture, from the same instant: peeking the sampler and hashing
+        the RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
+        """
+        out = dict(user or {})
+        if state.guard_k > 0:
+            la = guard_mod.compute(state, k=state.guard_k, probe=state.probe)
+            la["world_size"] = state.parallel.world_size
+            out[guard_mod.GUARD_KEY] = la
+        return out
 
     def _save_dist(
         self,
@@ -1171,6 +1187,20 @@ class CheckpointManager:
         result.path = path
         for f in rep.findings:
             result.notes.append(f"{f.code} {f.message}")
+        saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)
+        if saved and state.guard_k > 0:
+            # Sample ids and the RNG fingerprint are rank 0's and only mean something at
+            # the layout of the save; step, LR, scale, optimizer step and probe hold anywhere.
+            rg = guard_mod.ResumeGuard(
+                saved,
+                probe=state.probe,
+                per_rank=saved.get("world_size") == state.parallel.world_size
+                and state.parallel.rank == 0,
+            )
+            for f in rg.check_restored(state):
+                result.notes.append(f"{f.code} {f.message}")
+            result.guard = rg
+            guard_mod.attach(state.recorder, rg)
         return result
 
 

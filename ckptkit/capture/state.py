@@ -60,6 +60,8 @@ class RestoreResult:
     notes: list[str] = field(default_factory=list)
     manifest: mf.Manifest | None = None
     path: Path | None = None
+    guard: Any = None
+    """The :class:`~ckptkit.guard.ResumeGuard` checking this resume (its ``findings``)."""
 
 
 class TrainState:
@@ -81,6 +83,10 @@ class TrainState:
         numpy_generators: named ``np.random.Generator`` objects to capture with the RNG.
         recorder: a :class:`~ckptkit.Recorder` whose pre-save window goes into the manifest.
         extra: any other state (plain values and tensors) saved and restored as is.
+        probe: ``probe(model) -> loss`` on a fixed batch; run in eval mode without grad at
+            every save and after every restore (resume guard: weights are what was saved).
+        guard_k: how many next sample ids and first steps the resume guard checks
+            (0 turns the guard off).
         storage: how model and optimizer tensors are stored: ``"tensors"`` (safetensors
             files written by ckptkit), ``"dcp"`` (``torch.distributed.checkpoint``, which
             reshards on load at another world size), or ``"auto"`` (DCP when any parameter
@@ -111,6 +117,8 @@ class TrainState:
         numpy_generators: Mapping[str, np.random.Generator] | None = None,
         recorder: Any = None,
         extra: Mapping[str, Any] | None = None,
+        probe: Callable[[torch.nn.Module], Any] | None = None,
+        guard_k: int = 8,
         storage: Literal["auto", "tensors", "dcp"] = "auto",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -131,6 +139,8 @@ class TrainState:
         self.numpy_generators = dict(numpy_generators or {})
         self.recorder = recorder
         self.extra = dict(extra) if extra is not None else None
+        self.probe = probe
+        self.guard_k = int(guard_k)
         if storage not in ("auto", "tensors", "dcp"):
             raise ValueError(f"storage must be 'auto', 'tensors' or 'dcp', not {storage!r}")
         self.storage = storage

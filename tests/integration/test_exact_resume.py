@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -294,3 +295,27 @@ def test_fresh_grad_scaler_breaks_an_fp16_resume(runs: Runs) -> None:
 def test_no_scaler_is_harmless_without_amp(runs: Runs) -> None:
     """Without fp16 there is no scaler state, so leaving it out changes nothing."""
     assert_twins(runs.get("ref-fp32"), runs.get("resume-fp32-no-scaler"))
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("none", None), ("no-sampler", "CK-D002"), ("no-scheduler", "CK-D003"),
+     ("no-moments", "CK-D005"), ("step-reset", "CK-D001"), ("lr-changed", "CK-D003")],
+)
+def test_resume_guard_flags_real_resumes_without_a_reference(tmp_path: Path, fault: str,
+                                                             code: str | None) -> None:
+    """Every real resume is checked against the checkpoint's look-ahead (no drill needed)."""
+    env = {**os.environ, "CKPTKIT_DRILL_SAVE_AT": "6", "CKPTKIT_DRILL_STOP_AT": "6"}
+    base = [sys.executable, "-m", "ckptkit.examples.tiny_lm", "--steps", "20", "--save-every", "0"]
+    subprocess.run([*base, "--ckpt-dir", str(tmp_path / "a")], env=env, check=True,
+                   capture_output=True, timeout=120)
+    env = {**os.environ, "CKPTKIT_DRILL_RESUME_FROM": str(tmp_path / "a" / "step-00000006"),
+           "CKPTKIT_DRILL_STOP_AT": "9"}
+    proc = subprocess.run([*base, "--ckpt-dir", str(tmp_path / "b"), "--fault", fault], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = set(re.findall(r"resume guard: (CK-D\d{3})", proc.stderr))
+    if code is None:
+        assert found == set(), proc.stderr[-2000:]
+    else:
+        assert code in found, proc.stderr[-2000:]

@@ -44,20 +44,10 @@ from typing import Any
 import numpy as np
 
 from ckptkit.drill.stats import DEFAULT_THRESHOLDS, window_check
+from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
 from ckptkit.recorder import read_jsonl
 
-FAULTS = (
-    "no-rng",
-    "no-sampler",
-    "sampler-reshuffle",
-    "no-scheduler",
-    "sched-off-by-one",
-    "no-moments",
-    "no-scaler",
-    "step-reset",
-    "data-version",
-    "lr-changed",
-)
+FAULTS = tuple(f for f in ALL_FAULTS if f != "none")
 SIGNALS = ("loss_shift", "grad_norm_level", "length_buckets", "skip_rate")
 
 Records = list[dict[str, Any]]

@@ -790,6 +790,14 @@ class CheckpointManager:
             pending.abort()
             raise
         final = pending.final
+        self._verify_then_rotate(final, man, stats)
+
+    def _verify_then_rotate(self, final: Path, man: mf.Manifest, stats: SaveStats) -> None:
+        """Verify a just-committed checkpoint, then point ``latest`` and rotate.
+
+        Rotation runs only after the new checkpoint committed and verified: a failed
+        verify raises here, so nothing is deleted on its account.
+        """
         tv = time.perf_counter()
         if self.verify_after_save:
             from ckptkit.verify.runner import verify_one
@@ -851,19 +859,7 @@ class CheckpointManager:
                 raise
             raise _save_error(e, final) from e
         stats.write = time.perf_counter() - tw
-        tv = time.perf_counter()
-        if self.verify_after_save:
-            from ckptkit.verify.runner import verify_one
-
-            bad = verify_one(final, progress=False).errors
-            self._record(final, man, not bad, _why(bad))
-            if bad:
-                raise bad[0].to_error(base=str(final))
-        stats.verify = time.perf_counter() - tv
-        # Rotation only after the new checkpoint committed and verified (a failed
-        # verify raised above, so nothing is deleted on its account).
-        self._update_latest()
-        stats.deleted = self._rotate()
+        self._verify_then_rotate(final, man, stats)
         stats.total = time.perf_counter() - t0
 
     def _update_latest(self) -> None:

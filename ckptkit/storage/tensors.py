@@ -124,6 +124,32 @@ def build_header(
     return struct.pack("<Q", len(raw)) + raw, entries
 
 
+def _stream(
+    head: bytes,
+    items: Sequence[tuple[str, torch.Tensor]],
+    hasher: digest.PipelinedHasher,
+    write: Callable[[memoryview], object],
+    on_bytes: OnBytes | None,
+) -> int:
+    """Hash and write the header then every tensor's bytes, in chunks; return the size."""
+    hasher.update(head)
+    write(memoryview(head))
+    size = len(head)
+    for _, t in items:
+        host = _host(t)
+        mv = tensor_bytes(host)
+        for i in range(0, len(mv), digest.CHUNK):
+            chunk = mv[i : i + digest.CHUNK]
+            hasher.update(chunk)
+            write(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+        size += len(mv)
+        # host may be a temporary copy: the hash must finish before it is freed.
+        hasher.barrier()
+    return size
+
+
 class _FdSink:
     """A write target that hashes and writes every byte, for zstd's stream writer."""
 
@@ -184,21 +210,7 @@ def write_file(
     try:
         with digest.PipelinedHasher() as hasher:
             if compress is None:
-                hasher.update(head)
-                _write_all(fd, memoryview(head))
-                size = len(head)
-                for _, t in items:
-                    host = _host(t)
-                    mv = tensor_bytes(host)
-                    for i in range(0, len(mv), digest.CHUNK):
-                        chunk = mv[i : i + digest.CHUNK]
-                        hasher.update(chunk)
-                        _write_all(fd, chunk)
-                        if on_bytes:
-                            on_bytes(len(chunk))
-                    size += len(mv)
-                    # host may be a temporary copy: the hash must finish before it is freed.
-                    hasher.barrier()
+                size = _stream(head, items, hasher, lambda c: _write_all(fd, c), on_bytes)
             else:
                 sink = _FdSink(fd, hasher)
                 cctx = codec.compressor()
@@ -319,18 +331,7 @@ def _write_direct(
     sink = _DirectSink(fd)
     try:
         with digest.PipelinedHasher() as hasher:
-            hasher.update(head)
-            sink.write(memoryview(head))
-            for _, t in items:
-                host = _host(t)
-                mv = tensor_bytes(host)
-                for i in range(0, len(mv), digest.CHUNK):
-                    chunk = mv[i : i + digest.CHUNK]
-                    hasher.update(chunk)
-                    sink.write(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-                hasher.barrier()  # host may be a temporary copy
+            _stream(head, items, hasher, sink.write, on_bytes)
             sink.finish()
             hexd = hasher.hexdigest()
         if fsync:

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from ckptkit import manifest as mf
+from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
 from ckptkit.manager import step_dir_name
 
 W, N = 15, 15
@@ -41,18 +42,7 @@ ARGS = (
 # fresh GradScaler (scale 2**16, tracker 0) differs from the saved one.
 FP16 = ["--amp", "fp16", "--growth-interval", "4"]
 
-FAULTS = (
-    "no-rng",
-    "no-sampler",
-    "sampler-reshuffle",
-    "no-scheduler",
-    "sched-off-by-one",
-    "no-moments",
-    "no-scaler",
-    "step-reset",
-    "data-version",
-    "lr-changed",
-)
+FAULTS = tuple(f for f in ALL_FAULTS if f != "none")
 """Every fault of ``tiny_lm --fault`` but ``none``."""
 
 ENV_KEYS = (

@@ -99,11 +99,13 @@ def hash_file(
     *,
     chunk: int = CHUNK,
     on_bytes: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int, memoryview], None] | None = None,
 ) -> tuple[str, int]:
     """Return ``(xxh3-128 hex digest, size)`` of a file, reading it once.
 
     Reads into two alternating buffers so that hashing chunk *i* overlaps reading
-    chunk *i+1*.
+    chunk *i+1*. ``on_chunk(offset, bytes)`` sees every chunk while the helper thread
+    hashes it (verify scans tensor values there, so the file is read once).
 
     Example:
         >>> import tempfile, pathlib
@@ -122,7 +124,10 @@ def hash_file(
             n = f.readinto(buf)  # type: ignore[attr-defined]
             if not n:
                 break
-            ph.update(memoryview(buf)[:n])
+            view = memoryview(buf)[:n]
+            ph.update(view)
+            if on_chunk is not None:
+                on_chunk(size, view)
             size += n
             if on_bytes is not None:
                 on_bytes(n)

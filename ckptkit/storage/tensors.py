@@ -13,6 +13,7 @@ import contextlib
 import errno
 import io
 import json
+import math
 import mmap
 import os
 import queue
@@ -716,6 +717,46 @@ def _read_tensors(
     return out
 
 
+class FiniteScan:
+    """Which floating tensors of an uncompressed file hold NaN/Inf, seen chunk by chunk.
+
+    Fed each chunk as the digest pass reads it: a tensor whose element boundaries cannot
+    straddle a chunk edge (its file offset is a multiple of its item size, which also
+    divides the chunk size) is checked with one fused ``aminmax`` per piece; the rest
+    are left for a second look (``unchecked``).
+    """
+
+    def __init__(self, header: dict[str, HeaderEntry], base: int) -> None:
+        self.ranges: list[tuple[int, int, str, torch.dtype]] = []
+        self.unchecked: set[str] = set()
+        self.nonfinite: set[str] = set()
+        for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
+            dt = DTYPES[e.dtype]
+            if not (dt.is_floating_point or dt.is_complex) or e.offsets[0] == e.offsets[1]:
+                continue
+            item = torch.empty((), dtype=dt).element_size()
+            start = base + e.offsets[0]
+            if start % item or digest.CHUNK % item:
+                self.unchecked.add(key)
+            else:
+                self.ranges.append((start, base + e.offsets[1], key, dt))
+
+    def feed(self, offset: int, chunk: memoryview) -> None:
+        end = offset + len(chunk)
+        for lo, hi, key, dt in self.ranges:
+            if hi <= offset or lo >= end or key in self.nonfinite:
+                continue
+            a, b = max(lo, offset) - offset, min(hi, end) - offset
+            t = torch.frombuffer(chunk[a:b], dtype=dt)
+            if t.is_complex():
+                t = torch.view_as_real(t)
+            if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+                t = t.float()  # float8 has no CPU reductions; widening is exact
+            lo_v, hi_v = torch.aminmax(t)
+            if not (math.isfinite(float(lo_v)) and math.isfinite(float(hi_v))):
+                self.nonfinite.add(key)
+
+
 def scan_file(
     path: Path,
     *,
@@ -723,25 +764,37 @@ def scan_file(
     raw_size: int | None,
     rel: str,
     on_bytes: OnBytes | None = None,
-) -> tuple[str, int, dict[str, HeaderEntry] | None, str | None]:
+    values: bool = False,
+) -> tuple[str, int, dict[str, HeaderEntry] | None, str | None, FiniteScan | None]:
     """Hash a whole file and parse its header without keeping tensors (for verify).
 
-    Returns ``(digest, size, header or None, header error or None)``. Errors about the
-    header are returned, not raised, so a verify can report the digest too.
+    Returns ``(digest, size, header or None, header error or None, value scan or None)``.
+    Errors about the header are returned, not raised, so a verify can report the digest
+    too. With ``values`` an uncompressed file's floating tensors are scanned for NaN/Inf
+    in the same single read.
     """
     if compression is None:
-        hexd, size = digest.hash_file(path, on_bytes=on_bytes)
+        header: dict[str, HeaderEntry] | None = None
+        err: str | None = None
+        finite: FiniteScan | None = None
         try:
             with open(path, "rb") as f:
-                n, raw = read_header_from(f, path=rel, file_size=size)
-            return hexd, size, parse_header(raw, path=rel, data_len=size - 8 - n), None
+                fsize = os.fstat(f.fileno()).st_size
+                n, raw = read_header_from(f, path=rel, file_size=fsize)
+            header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
+            if values:
+                finite = FiniteScan(header, 8 + n)
         except (IntegrityError, UnsafeInputError) as e:
-            return hexd, size, None, e.what
+            err = e.what
+        hexd, size = digest.hash_file(
+            path, on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
+        )
+        return hexd, size, header, err, finite
     with open(path, "rb", buffering=0) as f, digest.PipelinedHasher() as hasher:
         hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
         buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
         size = os.fstat(f.fileno()).st_size
-        err: str | None = None
+        err = None
         header = None
         try:
             src = codec.LimitedReader(
@@ -766,7 +819,7 @@ def scan_file(
             err = e.what
         while buffered.read(digest.CHUNK):
             pass
-        return hasher.hexdigest(), size, header, err
+        return hasher.hexdigest(), size, header, err, None
 
 
 def iter_items(tensors: dict[str, torch.Tensor], keys: Iterable[str]) -> list[tuple[str, torch.Tensor]]:

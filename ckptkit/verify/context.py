@@ -30,6 +30,8 @@ class FileScan:
     header: dict[str, tensors.HeaderEntry] | None = None
     header_error: str | None = None
     io_error: str | None = None
+    finite: tensors.FiniteScan | None = None
+    """NaN/Inf seen in floating tensors during the digest pass (uncompressed files)."""
 
 
 @dataclass
@@ -77,15 +79,19 @@ class CheckContext:
             if size != fe.size:
                 # Still hash it: a grown file may also be damaged, but size says enough.
                 return FileScan(fe, exists=True, size=size)
-            hexd, size, header, err = tensors.scan_file(
+            hexd, size, header, err, finite = tensors.scan_file(
                 p,
                 compression=fe.compression,  # type: ignore[arg-type]
                 raw_size=fe.raw_size,
                 rel=fe.path,
                 on_bytes=self.on_bytes,
+                values=self.options.get("scan_values", True) is not False,
             )
         except OSError as e:
             return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):
             header, err = None, None
-        return FileScan(fe, exists=True, size=size, digest=hexd, header=header, header_error=err)
+        return FileScan(
+            fe, exists=True, size=size, digest=hexd, header=header, header_error=err,
+            finite=finite,
+        )

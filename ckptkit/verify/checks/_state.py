@@ -271,8 +271,16 @@ def nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
         scan = scans.get(fe.path)
         if scan is None or scan.digest != fe.xxh3_128:
             continue  # missing or damaged: the integrity family reports it; never scan it
+        want = wanted[fe.path]
+        if scan.finite is not None:
+            # The digest pass already checked every aligned floating tensor: only those
+            # it flagged (for the counts) or could not check are looked at again.
+            look = scan.finite.nonfinite | scan.finite.unchecked
+            want = {k: v for k, v in want.items() if k in look}
+            if not want:
+                continue
         reader = _mapped if fe.compression is None else _read
-        for key, nf in reader(ctx.root, fe, wanted[fe.path]):
+        for key, nf in reader(ctx.root, fe, want):
             comp = tensor_component(key)
             if comp in out and nf is not None:
                 out[comp].append(nf)

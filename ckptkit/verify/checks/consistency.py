@@ -67,6 +67,8 @@ def _optimizer_view(ctx: CheckContext) -> tuple[Mapping[str, Any], list[st.OptPa
 
 
 def _stateful(ctx: CheckContext, kind: Any) -> bool:
+    if not isinstance(kind, str):
+        return False  # a damaged summary: the type is unknown, judge nothing
     if kind in STATEFUL_OPTIMIZERS:
         return True
     if kind == "SGD":

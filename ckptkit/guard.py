@@ -248,7 +248,8 @@ def attach(recorder: Any, guard: ResumeGuard) -> None:
     """Make ``recorder.log`` feed its first records to ``guard`` (wraps the bound method)."""
     if recorder is None:
         return
-    inner = recorder.log
+    # Unwrap an earlier guard (a second restore in the same process) instead of stacking.
+    inner = getattr(recorder.log, "__ckptkit_inner__", recorder.log)
 
     def log_and_check(step: int, **metrics: Any) -> Any:
         out = inner(step, **metrics)
@@ -258,4 +259,5 @@ def attach(recorder: Any, guard: ResumeGuard) -> None:
             log.debug("ckptkit resume guard skipped a record: %s", e)
         return out
 
+    log_and_check.__ckptkit_inner__ = inner  # type: ignore[attr-defined]
     recorder.log = log_and_check

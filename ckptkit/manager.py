@@ -175,6 +175,7 @@ class CheckpointManager:
         self._lock: RunLock | None = None
         self._pending: _Pending | None = None
         self._staging: dict[str, torch.Tensor] = {}
+        self._manifests: dict[str, tuple[tuple[int, int, int], mf.Manifest, str]] = {}
         self.last_save = SaveStats()
         if not readonly:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -329,6 +330,27 @@ class CheckpointManager:
         }
         self._write_index(idx)
 
+    def _manifest(self, ckpt: Path) -> tuple[mf.Manifest, str]:
+        """Read (and validate) a checkpoint's manifest once per version of the file.
+
+        A save lists the run three times (latest, plan, rotate); re-validating every
+        manifest each time dominated saves of models with many tensors. The cache key
+        is the manifest file's inode, size and mtime, so a rewrite is read again.
+        """
+        p = ckpt / atomic.MANIFEST_NAME
+        try:
+            st_ = p.stat()
+        except OSError:
+            return mf.read(ckpt), ""  # raises IncompleteCheckpointError (CK-M001)
+        key = (st_.st_ino, st_.st_size, st_.st_mtime_ns)
+        hit = self._manifests.get(str(ckpt))
+        if hit is not None and hit[0] == key:
+            return hit[1], hit[2]
+        man = mf.read(ckpt)
+        digest = man.to_dict()["manifest_digest"]
+        self._manifests[str(ckpt)] = (key, man, digest)
+        return man, digest
+
     def list(self, *, verify: bool = False) -> list[CheckpointInfo]:
         """Every checkpoint directory of the run, oldest first, with its status.
 
@@ -365,7 +387,7 @@ class CheckpointManager:
             size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             mtime = p.stat().st_mtime
             try:
-                man = mf.read(p)
+                man, digest = self._manifest(p)
             except IncompleteCheckpointError as e:
                 out.append(CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what))
                 continue
@@ -375,7 +397,6 @@ class CheckpointManager:
                 )
                 continue
             rec = idx.get(p.name)
-            digest = man.to_dict()["manifest_digest"]
             status: Status = "committed"
             problem = None
             if verify:
@@ -821,8 +842,8 @@ class CheckpointManager:
                 self._staging[k] = buf
             buf.copy_(t.detach(), non_blocking=t.is_cuda)
             staged[k] = buf
-        if pin:
-            torch.cuda.synchronize()
+        for dev in {t.device for t in encoded.tensors.values() if t.is_cuda}:
+            torch.cuda.synchronize(dev)  # every device copied from, not only the current one
         for k in set(self._staging) - set(encoded.tensors):
             del self._staging[k]  # keys gone from the state: free their buffers
         return tree_mod.Encoded(tree=encoded.tree, tensors=staged)
@@ -915,9 +936,9 @@ class CheckpointManager:
         policy = self.emergency
         if v is None or policy is None or not policy.should_save(v):
             return None
+        self.wait()  # an async save of this very step may still be renaming into place
         existing = self.root / step_dir_name(state.step)
         if existing.exists():
-            self.wait()
             self._writer()
             idx = self._index()
             pins = idx.setdefault("pins", {}).setdefault(existing.name, [])
@@ -947,7 +968,9 @@ class CheckpointManager:
             rotation.CkptInfo(
                 step=c.step,
                 size=c.size,
-                verified=c.status == "verified",
+                # With verify_after_save off, a committed checkpoint is as good as it gets.
+                verified=c.status == "verified"
+                or (not self.verify_after_save and c.status == "committed"),
                 corrupt=c.status in ("corrupt", "incomplete"),
                 pinned=frozenset(c.pins),
                 health=c.health,
@@ -1149,7 +1172,14 @@ class CheckpointManager:
         g = dist_mod.group()
         err: CkptkitError | None = None
         try:
-            rep = verify_one(path, families=("completeness", "consistency"), progress=False)
+            # Manifest-level checks only: the read below verifies every digest, and the
+            # values were scanned when the checkpoint was verified after its save.
+            rep = verify_one(
+                path,
+                families=("completeness", "consistency"),
+                progress=False,
+                options={"scan_values": False},
+            )
             if rep.errors:
                 raise rep.errors[0].to_error(base=str(path))
             obj, man = checkpoint.read_checkpoint(

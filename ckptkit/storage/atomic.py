@@ -116,8 +116,19 @@ class PendingCheckpoint:
 
         The manifest must already be written and fsynced inside :attr:`tmp`.
         """
+        for sub in sorted(p for p in self.tmp.rglob("*") if p.is_dir()):
+            fsync_dir(sub)  # entries of subdirectories (DCP shards) must be durable too
         fsync_dir(self.tmp)
         old: Path | None = None
+        if self.final.exists() and not self.overwrite:
+            # Another writer committed here since create(): never replace it silently.
+            self.abort()
+            raise CheckpointExistsError(
+                "a checkpoint appeared here while this one was being written",
+                path=self.final,
+                hint="two writers saved to the same path; save under a new step or pass "
+                "overwrite=True",
+            )
         if self.final.exists():
             # Keep the old checkpoint whole until the new one is in place.
             old = self.final.parent / f"{self.final.name}{OLD_SUFFIX}.{uuid.uuid4().hex[:8]}"

@@ -18,6 +18,8 @@ from ckptkit.errors import UnsafeInputError
 Compression = Literal["zstd"]
 SUFFIX = {"zstd": ".zst"}
 DEFAULT_LEVEL = 3
+MAX_WINDOW = 1 << 27
+"""Largest zstd window a reader allocates (128 MiB; level 3 needs about 2 MiB)."""
 
 
 def compressor(*, level: int = DEFAULT_LEVEL, threads: int = -1) -> zstandard.ZstdCompressor:
@@ -50,7 +52,7 @@ class LimitedReader(io.RawIOBase):
         super().__init__()
         # Frame checksums are off (the file digest covers integrity); read_across_frames
         # so a concatenated stream is read whole rather than silently truncated.
-        self._reader = zstandard.ZstdDecompressor(max_window_size=1 << 31).stream_reader(
+        self._reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(
             raw, read_across_frames=True, closefd=False
         )
         self.limit = limit

@@ -124,3 +124,14 @@ def test_lookahead_cost_is_small() -> None:
     # Reported, not asserted as a timing bound beyond a generous sanity limit.
     print(f"lookahead: {per * 1e3:.2f} ms")
     assert per < 1.0
+
+
+def test_attaching_twice_does_not_stack(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ckptkit.recorder import read_jsonl
+
+    rec = ckptkit.Recorder(tmp_path / "m.jsonl")
+    for _ in range(3):
+        guard.attach(rec, guard.ResumeGuard({"k": 2, "next_step": 1}))
+    rec.log(1, loss=1.0)
+    rec.close()
+    assert len(read_jsonl(tmp_path / "m.jsonl")) == 1

@@ -277,3 +277,17 @@ def test_prune_keeps_newest_verified(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / step_dir_name(4))
     assert mgr.restore(_state()) is None
     mgr.close()
+
+
+def test_rotation_works_without_verify_after_save(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    import ckptkit
+
+    ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2))
+    mgr = ckptkit.CheckpointManager(tmp_path, keep_last=2, verify_after_save=False)
+    for s in range(1, 6):
+        ts.step = s
+        mgr.save(ts)
+    assert [c.step for c in mgr.list()] == [4, 5]
+    mgr.close()

@@ -222,3 +222,18 @@ def test_direct_io_falls_back_when_unsupported(tmp_path: Path, monkeypatch) -> N
     assert ckptkit.load(tmp_path / "c")["w"].tolist() == list(range(1000))
     assert m.files[0].size == (tmp_path / "c" / m.files[0].path).stat().st_size
     assert st.use_direct_io(1)
+
+
+def test_second_writer_never_replaces_a_checkpoint_without_overwrite(tmp_path: Path) -> None:
+    from ckptkit.storage import atomic
+
+    final = tmp_path / "step-1"
+    a = atomic.PendingCheckpoint.create(final)
+    b = atomic.PendingCheckpoint.create(final)
+    (a.tmp / "manifest.json").write_text("a")
+    (b.tmp / "manifest.json").write_text("b")
+    a.finalize()
+    with pytest.raises(ckptkit.CheckpointExistsError, match="appeared here"):
+        b.finalize()
+    assert (final / "manifest.json").read_text() == "a"
+    assert not b.tmp.exists()

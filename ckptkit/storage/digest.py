@@ -15,7 +15,7 @@ from typing import Any
 import xxhash
 
 ALGORITHM = "xxh3_128"
-CHUNK = 16 << 20
+CHUNK = 8 << 20
 """Bytes per write/read/hash step: large enough to amortise syscalls, small enough for RAM."""
 
 

@@ -7,7 +7,14 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+
+def _e(x: object) -> str:
+    """Escape text from checkpoints and users: '[/x]' in a key must print, not crash rich."""
+    return escape(str(x))
+
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -32,7 +39,7 @@ def render_verify(result: Any, out: TextIO) -> None:
         verdict = "[bold green]OK[/]" if rep.ok else "[bold red]FAILED[/]"
         step = f" step {rep.step}" if rep.step is not None else ""
         con.print(
-            f"{verdict} {rep.path}{step} — {rep.files_checked} files, "
+            f"{verdict} {_e(rep.path)}{step} — {rep.files_checked} files, "
             f"{human_bytes(rep.bytes_checked)} checked in {rep.seconds:.2f}s"
         )
         if rep.manifest is not None or rep.format != "ckptkit":
@@ -44,7 +51,7 @@ def render_verify(result: Any, out: TextIO) -> None:
                     continue
                 mark = "[green]yes[/]" if c.present else "[red]MISSING[/]"
                 where = ", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else "")
-                comps.add_row(name, mark, "yes" if c.required else "", where)
+                comps.add_row(name, mark, "yes" if c.required else "", _e(where))
             con.print(comps)
         if rep.findings:
             t = Table(show_header=True, header_style="bold")
@@ -52,7 +59,8 @@ def render_verify(result: Any, out: TextIO) -> None:
                 t.add_column(col, overflow="fold")
             for f in rep.findings:
                 sev = str(f.severity)
-                t.add_row(f.code, f"[{_STYLE[sev]}]{sev}[/]", f.component, f.path or "", f.message, f.hint)
+                t.add_row(f.code, f"[{_STYLE[sev]}]{sev}[/]", _e(f.component), _e(f.path or ""),
+                          _e(f.message), _e(f.hint))
             con.print(t)
     if len(result.reports) > 1:
         bad = sum(not r.ok for r in result.reports)
@@ -65,7 +73,7 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
     by = (f"ckptkit {info['ckptkit_version']}" if info.get("format", "ckptkit") == "ckptkit"
           else f"{info['format']} (foreign)")
     con.print(
-        f"[bold]{info['path']}[/]  step={info['step']}  written {info['created_at']} by {by}"
+        f"[bold]{_e(info['path'])}[/]  step={info['step']}  written {info['created_at']} by {by}"
         f"  total {human_bytes(info['total_bytes'])}"
     )
     comps = Table(show_header=True, header_style="bold", box=None, title="components")
@@ -77,22 +85,24 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
             name,
             "yes" if c["present"] else "-",
             "yes" if c["required"] else "",
-            ", ".join(c.get("where", [])[:3]),
-            summary,
+            _e(", ".join(c.get("where", [])[:3])),
+            _e(summary),
         )
     con.print(comps)
     files = Table(show_header=True, header_style="bold", box=None, title="files")
     for col in ("file", "size", "compression", "xxh3_128"):
         files.add_column(col)
     for f in info["files"]:
-        files.add_row(f["path"], human_bytes(f["size"]), f.get("compression") or "", f["xxh3_128"][:16] + "…")
+        files.add_row(_e(f["path"]), human_bytes(f["size"]), f.get("compression") or "",
+                      f["xxh3_128"][:16] + "…")
     con.print(files)
     if tensors:
         tt = Table(show_header=True, header_style="bold", box=None, title=f"tensors ({len(info['tensors'])})")
         for col in ("key", "dtype", "shape", "size", "file"):
             tt.add_column(col, overflow="fold")
         for t in info["tensors"]:
-            tt.add_row(t["key"], t["dtype"], str(t["shape"]), human_bytes(t["nbytes"]), t["file"])
+            tt.add_row(_e(t["key"]), t["dtype"], str(t["shape"]), human_bytes(t["nbytes"]),
+                       _e(t["file"]))
         con.print(tt)
 
 
@@ -112,9 +122,9 @@ def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (
             when,
             human_bytes(c.size),
             f"[{_STATUS_STYLE.get(c.status, '')}]{c.status}[/]",
-            ",".join(c.pins),
+            _e(",".join(c.pins)),
             c.health or "",
-            c.problem or "",
+            _e(c.problem or ""),
         )
     con.print(t)
     total = sum(c.size for c in infos)
@@ -122,7 +132,7 @@ def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (
     con.print(f"{len(infos)} checkpoints, {good} verified, {human_bytes(total)}")
     for p in leftovers:
         con.print(
-            f"[yellow]leftover of an interrupted save:[/] {p} (removed when a writer opens the run)"
+            f"[yellow]leftover of an interrupted save:[/] {_e(p)} (removed when a writer opens the run)"
         )
 
 
@@ -136,7 +146,7 @@ def render_prune(plan: Any, out: TextIO, *, dry_run: bool) -> None:
     for d in sorted(plan.decisions, key=lambda d: d.ckpt.step):
         action = "[green]keep[/]" if d.keep else f"[red]{gone}[/]"
         why = d.reason.split(": ", 1)[1] if ": " in d.reason else d.reason
-        t.add_row(str(d.ckpt.step), human_bytes(d.ckpt.size), action, why)
+        t.add_row(str(d.ckpt.step), human_bytes(d.ckpt.size), action, _e(why))
     con.print(t)
     dropped = plan.delete
     con.print(
@@ -144,4 +154,4 @@ def render_prune(plan: Any, out: TextIO, *, dry_run: bool) -> None:
         f"{len(plan.keep)} ({human_bytes(plan.bytes_kept)})"
     )
     if plan.budget_note:
-        con.print(f"[yellow]{plan.budget_note}[/]")
+        con.print(f"[yellow]{_e(plan.budget_note)}[/]")

@@ -101,3 +101,10 @@ def test_inspect_incomplete_exit_2(saved_ckpt) -> None:  # type: ignore[no-untyp
     (d / "manifest.json").unlink()
     code, _, err = _run("inspect", str(d))
     assert code == 2 and "CK-M001" in err and "Fix:" in err
+
+
+def test_markup_in_names_is_printed_not_interpreted(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    (d / "[/oops]").write_text("x")  # rich would raise MarkupError on an unescaped closing tag
+    code, out, _ = _run("verify", str(d))
+    assert code == 0 and "[/oops]" in out

@@ -105,6 +105,6 @@ def test_inspect_incomplete_exit_2(saved_ckpt) -> None:  # type: ignore[no-untyp
 
 def test_markup_in_names_is_printed_not_interpreted(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     d = saved_ckpt()
-    (d / "[/oops]").write_text("x")  # rich would raise MarkupError on an unescaped closing tag
+    (d / "[oops][/b]").write_text("x")  # rich would raise MarkupError on an unmatched closing tag
     code, out, _ = _run("verify", str(d))
-    assert code == 0 and "[/oops]" in out
+    assert code == 0 and "[oops][/b]" in out

@@ -105,6 +105,9 @@ def test_inspect_incomplete_exit_2(saved_ckpt) -> None:  # type: ignore[no-untyp
 
 def test_markup_in_names_is_printed_not_interpreted(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     d = saved_ckpt()
-    (d / "[oops][/b]").write_text("x")  # rich would raise MarkupError on an unmatched closing tag
+    obj = json.loads((d / "manifest.json").read_text())
+    obj["files"][0]["path"] = "../[/b]"  # rich raises MarkupError on an unmatched closing tag
+    obj["manifest_digest"] = mf.content_digest(obj)
+    (d / "manifest.json").write_text(json.dumps(obj))
     code, out, _ = _run("verify", str(d))
-    assert code == 0 and "[oops][/b]" in out
+    assert code == 1 and "CK-M005" in out and "[/b]" in out

@@ -765,17 +765,18 @@ def scan_file(
     rel: str,
     on_bytes: OnBytes | None = None,
     values: bool = False,
-) -> tuple[str, int, dict[str, HeaderEntry] | None, str | None, FiniteScan | None]:
+) -> tuple[str, int, dict[str, HeaderEntry] | None, tuple[str, str] | None, FiniteScan | None]:
     """Hash a whole file and parse its header without keeping tensors (for verify).
 
-    Returns ``(digest, size, header or None, header error or None, value scan or None)``.
+    Returns ``(digest, size, header or None, (code, message) of a header or
+    decompression error or None, value scan or None)``.
     Errors about the header are returned, not raised, so a verify can report the digest
     too. With ``values`` an uncompressed file's floating tensors are scanned for NaN/Inf
     in the same single read.
     """
     if compression is None:
         header: dict[str, HeaderEntry] | None = None
-        err: str | None = None
+        err: tuple[str, str] | None = None
         finite: FiniteScan | None = None
         try:
             with open(path, "rb") as f:
@@ -785,7 +786,7 @@ def scan_file(
             if values:
                 finite = FiniteScan(header, 8 + n)
         except (IntegrityError, UnsafeInputError) as e:
-            err = e.what
+            err = (e.code or "CK-F004", e.what)
         hexd, size = digest.hash_file(
             path, on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
         )
@@ -814,9 +815,9 @@ def scan_file(
                     on_bytes(k)
             src.check_exhausted()
             if raw_size is not None and src.produced != raw_size:
-                err = f"decompresses to {src.produced} bytes, manifest says {raw_size}"
+                err = ("CK-F008", f"decompresses to {src.produced} bytes, manifest says {raw_size}")
         except (IntegrityError, UnsafeInputError) as e:
-            err = e.what
+            err = (e.code or "CK-F004", e.what)
         while buffered.read(digest.CHUNK):
             pass
         return hasher.hexdigest(), size, header, err, None

@@ -29,6 +29,8 @@ class FileScan:
     digest: str | None = None
     header: dict[str, tensors.HeaderEntry] | None = None
     header_error: str | None = None
+    header_error_code: str | None = None
+    """``CK-F004`` (bad header) or ``CK-F008`` (will not decompress), from the reader."""
     io_error: str | None = None
     finite: tensors.FiniteScan | None = None
     """NaN/Inf seen in floating tensors during the digest pass (uncompressed files)."""
@@ -92,6 +94,7 @@ class CheckContext:
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):
             header, err = None, None
         return FileScan(
-            fe, exists=True, size=size, digest=hexd, header=header, header_error=err,
+            fe, exists=True, size=size, digest=hexd, header=header,
+            header_error=err[1] if err else None, header_error_code=err[0] if err else None,
             finite=finite,
         )

@@ -134,9 +134,7 @@ def file_digest(ctx: CheckContext) -> Iterator[Finding]:
 )
 def file_header(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
-        if s.header_error is not None and not s.header_error.startswith("decompress"):
-            if s.entry.compression and ("zstd" in s.header_error or "bomb" in s.header_error):
-                continue  # reported as CK-F008
+        if s.header_error is not None and s.header_error_code != "CK-F008":
             yield CODES["CK-F004"].finding(
                 s.header_error, path=s.entry.path, component=s.entry.component or "checkpoint"
             )
@@ -235,13 +233,8 @@ def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
 )
 def decompression(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
-        err = s.header_error
-        if (
-            s.entry.compression
-            and err is not None
-            and ("zstd" in err or "bomb" in err or err.startswith("decompress"))
-        ):
-            yield CODES["CK-F008"].finding(err, path=s.entry.path)
+        if s.header_error is not None and s.header_error_code == "CK-F008":
+            yield CODES["CK-F008"].finding(s.header_error, path=s.entry.path)
 
 
 @check(

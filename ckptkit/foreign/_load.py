@@ -12,11 +12,13 @@ from __future__ import annotations
 import io
 import pickle
 import pickletools
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -70,6 +72,29 @@ def is_zip(path: Path) -> bool:
         return False
 
 
+ZIP_OPEN_ERRORS: tuple[type[Exception], ...] = (
+    zipfile.BadZipFile,
+    OSError,
+    ValueError,
+    NotImplementedError,
+    EOFError,
+    struct.error,
+)
+"""What :class:`zipfile.ZipFile` raises on a damaged archive (e.g. ``NotImplementedError:
+zip file version 25.5`` for a flipped byte in a central-directory record)."""
+
+ZIP_READ_ERRORS: tuple[type[Exception], ...] = (*ZIP_OPEN_ERRORS, zlib.error)
+"""What reading a member of a damaged archive raises."""
+
+
+def _open_zip(src: Path | IO[bytes]) -> tuple[zipfile.ZipFile | None, str | None]:
+    """Open a zip archive: ``(archive, None)``, or ``(None, why)`` when it is damaged."""
+    try:
+        return zipfile.ZipFile(src), None
+    except ZIP_OPEN_ERRORS as e:
+        return None, f"{_errname(e)}: {_first_line(e)}"
+
+
 def check_zip(path: Path) -> Problem | None:
     """Read every member of a torch zip archive, checking its CRC-32.
 
@@ -80,10 +105,9 @@ def check_zip(path: Path) -> Problem | None:
         None when intact; a ``CK-F102`` problem (truncated / not an archive) or a
         ``CK-F101`` problem (a member fails its CRC) otherwise.
     """
-    try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        return Problem("CK-F102", f"not a readable zip archive ({e}): truncated or damaged")
+    zf, why = _open_zip(path)
+    if zf is None:
+        return Problem("CK-F102", f"not a readable zip archive ({why}): truncated or damaged")
     with zf:
         for info in zf.infolist():
             try:
@@ -94,40 +118,113 @@ def check_zip(path: Path) -> Problem | None:
                 if "CRC" in str(e):
                     return Problem("CK-F101", f"member {info.filename!r} fails its CRC-32 ({e})")
                 return Problem("CK-F102", f"member {info.filename!r} is damaged ({e})")
-            except (EOFError, OSError, ValueError, NotImplementedError) as e:
-                return Problem("CK-F102", f"member {info.filename!r} cannot be read ({e})")
+            except ZIP_READ_ERRORS as e:
+                return Problem(
+                    "CK-F102",
+                    f"member {info.filename!r} cannot be read ({_errname(e)}: {_first_line(e)})",
+                )
     return None
 
 
 def pickle_globals(data: bytes) -> list[str]:
     """List the ``module.name`` globals a pickle would import, without running it."""
+    found, _complete = _scan_globals(_Bounded(io.BytesIO(data), len(data)))
+    return found
+
+
+class _Bounded:
+    """A read-only stream that yields at most ``limit`` bytes of ``f`` (hostile lengths)."""
+
+    def __init__(self, f: IO[bytes], limit: int) -> None:
+        self._f = f
+        self._left = limit
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        self._left -= len(data)
+        self._pos += len(data)
+        return data
+
+    def readline(self) -> bytes:
+        data = self._f.readline(self._left)
+        self._left -= len(data)
+        self._pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _scan_globals(f: _Bounded) -> tuple[list[str], bool]:
+    """Walk one pickle of stream ``f`` with :mod:`pickletools` (nothing is executed).
+
+    Returns:
+        ``(globals, complete)``: the sorted ``module.name`` globals seen, and whether the
+        pickle parsed up to its ``STOP`` (False: damaged, truncated, not a pickle, or
+        longer than the stream's bound).
+    """
     out: list[str] = []
     strings: list[str] = []
+    complete = False
     try:
-        for op, arg, _pos in pickletools.genops(data):
+        for op, arg, _pos in pickletools.genops(cast(IO[bytes], f)):
             if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
                 strings.append(str(arg))
             elif op.name == "GLOBAL":
                 out.append(str(arg).replace(" ", "."))
             elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 out.append(f"{strings[-2]}.{strings[-1]}")
-    except Exception:  # a damaged pickle: list what was seen so far
-        pass
+            elif op.name == "STOP":
+                complete = True
+    except Exception:  # a damaged pickle: list what was seen so far (untrusted input)
+        complete = False
     # Protocol <= 2 names builtins "__builtin__" (Python 2 spelling).
-    return sorted({g.replace("__builtin__.", "builtins.", 1) for g in out})
+    return sorted({g.replace("__builtin__.", "builtins.", 1) for g in out}), complete
 
 
-def _zip_pickle(path: Path) -> bytes | None:
+LEGACY_PICKLES = 4
+"""Pickles at the start of a legacy (non-zip) torch file that may name globals: the magic
+number, the protocol version, the system info and the object itself (the storage keys and
+raw bytes follow)."""
+
+
+def _pickled_globals(path: Path) -> tuple[list[str], bool]:
+    """The globals the pickle(s) of a torch file name, and whether they parsed completely.
+
+    A zip archive's ``data.pkl`` is streamed from the archive; a legacy file's leading
+    pickles are walked in turn. At most :data:`MAX_PICKLE_BYTES` are walked.
+    """
     try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.filename.endswith("/data.pkl") or info.filename == "data.pkl":
-                    if info.file_size > MAX_PICKLE_BYTES:
-                        return None
-                    return zf.read(info)
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return None
-    return None
+        if is_zip(path):
+            zf, _why = _open_zip(path)
+            if zf is None:
+                return [], False
+            with zf:
+                info = next(
+                    (
+                        i
+                        for i in zf.infolist()
+                        if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"
+                    ),
+                    None,
+                )
+                if info is None:
+                    return [], False
+                with zf.open(info) as m:
+                    return _scan_globals(_Bounded(m, MAX_PICKLE_BYTES))
+        found: set[str] = set()
+        with open(path, "rb") as raw:
+            f = _Bounded(raw, MAX_PICKLE_BYTES)
+            for _ in range(LEGACY_PICKLES):
+                names, complete = _scan_globals(f)
+                found.update(names)
+                if not complete:
+                    return sorted(found), False
+        return sorted(found), True
+    except ZIP_READ_ERRORS:
+        return [], False
 
 
 def _allowed_names() -> set[str]:
@@ -138,15 +235,20 @@ def _allowed_names() -> set[str]:
 
 
 def _refused_globals(path: Path) -> list[str]:
-    data = _zip_pickle(path)
-    if data is None:
+    """Globals a complete, intact pickle of ``path`` names outside the allow-lists.
+
+    Empty when the pickle is damaged or not a pickle at all: a failure to load it is then
+    damage, not a refusal.
+    """
+    names, complete = _pickled_globals(path)
+    if not complete:
         return []
     allowed = _allowed_names()
     try:  # torch's own default allow-list (private API; absent: report every global)
         default = set(torch._weights_only_unpickler._get_allowed_globals())
     except AttributeError:  # pragma: no cover
         default = set()
-    return [g for g in pickle_globals(data) if g not in allowed and g not in default]
+    return [g for g in names if g not in allowed and g not in default]
 
 
 def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem | None]:
@@ -154,8 +256,9 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
 
     Returns:
         ``(object, None)``, or ``(None, problem)``: ``CK-F101``/``CK-F102`` for a damaged
-        archive, ``CK-F103`` when the pickle needs code outside the allow-list (the
-        globals are named; nothing is executed), ``CK-F108`` for any other failure.
+        archive, ``CK-F103`` when an intact pickle names globals outside the allow-list
+        (they are named; nothing is executed), ``CK-F108`` for any other failure (a
+        damaged pickle, random bytes: never an exception, this reads untrusted input).
 
     Example:
         >>> import tempfile, pathlib
@@ -171,29 +274,40 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch wraps *every* failure of the weights-only unpickler ("Weights only load
+        # failed ..."), damage included: only globals outside the allow-lists, named by
+        # an intact pickle, make it a refusal (CK-F103) rather than damage (CK-F108).
         refused = _refused_globals(path)
-        if refused or "weights_only" in str(e).lower() or "Weights only" in str(e):
+        if refused:
             names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
             return None, Problem(
-                "CK-F103",
-                "needs code to unpickle, not on the allow-list"
-                + (f": {names}" if names else f" ({_first_line(e)})")
-                + "; not executed",
+                "CK-F103", f"needs code to unpickle, not on the allow-list: {names}; not executed"
             )
-        return None, Problem("CK-F108", f"cannot be unpickled: {_first_line(e)}")
-    except (
-        RuntimeError,
-        EOFError,
-        OSError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        TypeError,
-        IndexError,
-        zipfile.BadZipFile,
-    ) as e:
-        return None, Problem("CK-F108", f"torch.load failed: {type(e).__name__}: {_first_line(e)}")
+        return None, Problem(
+            "CK-F108", f"cannot be unpickled (damaged or not a torch file): {_unpickle_why(e)}"
+        )
+    except Exception as e:  # untrusted input: any failure is a finding, never a traceback
+        return None, Problem("CK-F108", f"torch.load failed: {_errname(e)}: {_first_line(e)}")
     return obj, None
+
+
+def _unpickle_why(e: BaseException) -> str:
+    """The useful part of torch's weights-only error (it leads with boilerplate)."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        lines = text[text.index(marker) + len(marker) :].strip().splitlines()
+        why = next((ln.strip() for ln in lines if ln.strip()), "")
+        if why:
+            return why[:300]
+    return _first_line(e)
+
+
+def _errname(e: BaseException) -> str:
+    """``ValueError``, ``struct.error``: the exception's type, qualified when not builtin."""
+    t = type(e)
+    mod = t.__module__
+    return t.__qualname__ if mod == "builtins" else f"{mod.removeprefix('_')}.{t.__qualname__}"
 
 
 def _first_line(e: BaseException) -> str:
@@ -343,14 +457,7 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
         MemoryError,
     ) as e:
         return None, Problem(
-            "CK-F108", f"damaged or truncated pickle: {type(e).__name__}: {_first_line(e)}"
+            "CK-F108", f"damaged or truncated pickle: {_errname(e)}: {_first_line(e)}"
         )
-
-
-def load_dcp_item(path: Path, offset: int, length: int) -> Any:
-    """Load one tensor item of a ``.distcp`` file (a torch.save blob) with weights_only."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        blob = f.read(length)
-    with torch.serialization.safe_globals(SAFE_GLOBALS):
-        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as e:  # untrusted input: any failure is a finding, never a traceback
+        return None, Problem("CK-F108", f"cannot be unpickled: {_errname(e)}: {_first_line(e)}")

@@ -12,9 +12,11 @@ native checkpoint. The original files are never modified.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -22,6 +24,7 @@ from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.storage import digest
+from ckptkit.storage.atomic import fsync_dir
 from ckptkit.verify.findings import ERROR
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -105,13 +108,29 @@ def adopt(path: Path | str, fmt: str | None = None, *, force: bool = False) -> P
     out = adopted_path(s.target)
     text = m.to_json()
     mf.Manifest.from_json(text, path=str(out))  # what we write must read back
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out)
+    _write_atomic(out, text)
     return out
+
+
+def _write_atomic(out: Path, text: str) -> None:
+    """Write ``text`` to ``out`` through a uniquely named sibling, fsync, rename, fsync dir.
+
+    A unique temporary name lets concurrent adopts of one checkpoint race safely: each
+    writes its own file and the last rename wins with a complete manifest.
+    """
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):  # not every filesystem can fsync a directory
+        fsync_dir(out.parent)
 
 
 def read_adopted(s: Scan) -> dict[str, Any] | None:

@@ -14,8 +14,8 @@ sampler and progress are present only when the caller put them in the state dict
 from __future__ import annotations
 
 import io
-import zipfile
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,17 +42,23 @@ def scan(s: Scan) -> None:
     if problem is not None:
         s.add(problem.code, f".metadata {problem.message}", path=META)
         return
-    sd_meta: dict[str, Any] = dict(getattr(md, "state_dict_metadata", {}) or {})
-    storage: dict[Any, Any] = dict(getattr(md, "storage_data", {}) or {})
-    planner: dict[str, Any] = dict(getattr(md, "planner_data", {}) or {})
+    try:
+        walked = _walk(md)
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        s.add(
+            "CK-F108",
+            f".metadata has an unexpected structure: {_load._errname(e)}: {_load._first_line(e)}",
+            path=META,
+        )
+        return
+    sd_meta, entries, planner = walked
 
     # Every item covered by a storage entry.
     covered: dict[str, int] = defaultdict(int)
-    for idx in storage:
-        covered[getattr(idx, "fqn", str(idx))] += 1
+    for ent in entries:
+        covered[ent.fqn] += 1
     uncovered = []
-    for fqn, m in sd_meta.items():
-        need = len(getattr(m, "chunks", ())) or 1
+    for fqn, need in sd_meta.items():
         if covered.get(fqn, 0) < need:
             uncovered.append(fqn)
     if uncovered:
@@ -64,9 +70,9 @@ def scan(s: Scan) -> None:
         )
 
     # Every storage entry inside a present shard of sufficient size.
-    by_file: dict[str, list[tuple[str, Any]]] = defaultdict(list)
-    for idx, info in storage.items():
-        by_file[str(info.relative_path)].append((getattr(idx, "fqn", str(idx)), info))
+    by_file: dict[str, list[tuple[str, _Entry]]] = defaultdict(list)
+    for ent in entries:
+        by_file[ent.rel].append((ent.fqn, ent))
     bad_files: set[str] = set()
     for rel, items in sorted(by_file.items()):
         p = s.path(rel)
@@ -81,10 +87,10 @@ def scan(s: Scan) -> None:
             )
             continue
         size = p.stat().st_size
-        end = max(int(i.offset) + int(i.length) for _, i in items)
+        end = max(i.offset + i.length for _, i in items)
         if size < end:
             bad_files.add(rel)
-            short = sorted({f for f, i in items if int(i.offset) + int(i.length) > size})
+            short = sorted({f for f, i in items if i.offset + i.length > size})
             s.add(
                 "CK-F106",
                 f"shard {rel} is {size} bytes but .metadata needs {end}: "
@@ -101,13 +107,8 @@ def scan(s: Scan) -> None:
     comps, rest = classify(list(tops))
     for comp, keys in comps.items():
         fqns = [f for k in keys for f in tops[k]]
-        files = sorted(
-            {
-                str(i.relative_path)
-                for idx, i in storage.items()
-                if getattr(idx, "fqn", None) in set(fqns)
-            }
-        )
+        wanted = set(fqns)
+        files = sorted({ent.rel for ent in entries if ent.fqn in wanted})
         s.comp(
             comp,
             present=True,
@@ -128,7 +129,7 @@ def scan(s: Scan) -> None:
             comp = _component_of(fqn, planner)
             top = _top(fqn, planner)
             want_step = comp == "progress" and top in PROGRESS_KEYS and s.step is None
-            if info.transform_descriptors or not (comp in ("model", "optimizer") or want_step):
+            if info.transformed or not (comp in ("model", "optimizer") or want_step):
                 continue
             obj = _item(s, rel, fqn, info, comp)
             if isinstance(obj, torch.Tensor):
@@ -137,15 +138,71 @@ def scan(s: Scan) -> None:
                 s.step = as_int(obj)
 
 
-def _item(s: Scan, rel: str, fqn: str, info: Any, comp: str) -> Any:
-    with open(s.path(rel), "rb") as f:
-        f.seek(int(info.offset))
-        blob = f.read(int(info.length))
+@dataclass(frozen=True)
+class _Entry:
+    """One ``storage_data`` entry of ``.metadata``: where an item's bytes are."""
+
+    fqn: str
+    rel: str
+    offset: int
+    length: int
+    transformed: bool
+
+
+def _walk(md: Any) -> tuple[dict[str, int], list[_Entry], dict[str, Any]]:
+    """Read what the scan needs from unpickled ``.metadata``, checking its shape.
+
+    The restricted unpickler only builds allowed classes, but their fields can hold
+    anything: every value used later is type-checked here.
+
+    Returns:
+        ``({fqn: chunks needed}, storage entries, planner_data)``.
+
+    Raises:
+        AttributeError, TypeError, ValueError, KeyError: an unexpected structure.
+    """
+    sd_meta: dict[str, int] = {}
+    for fqn, m in dict(md.state_dict_metadata or {}).items():
+        if not isinstance(fqn, str):
+            raise TypeError(f"state_dict_metadata key {fqn!r} is not a string")
+        chunks = getattr(m, "chunks", None)
+        sd_meta[fqn] = (len(chunks) if chunks is not None else 0) or 1
+    entries = []
+    for idx, info in dict(getattr(md, "storage_data", None) or {}).items():
+        fqn = getattr(idx, "fqn", idx)
+        rel = info.relative_path
+        if not isinstance(fqn, str) or not isinstance(rel, str):
+            raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
+        offset, length = _nonneg(info.offset), _nonneg(info.length)
+        transformed = bool(getattr(info, "transform_descriptors", None))
+        entries.append(_Entry(fqn, rel, offset, length, transformed))
+    planner = dict(getattr(md, "planner_data", None) or {})
+    return sd_meta, entries, planner
+
+
+def _nonneg(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"byte offset/length {v!r} is not a non-negative integer")
+    return v
+
+
+def _item(s: Scan, rel: str, fqn: str, info: _Entry, comp: str) -> Any:
+    try:
+        with open(s.path(rel), "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+    except OSError as e:
+        s.add("CK-F108", f"item {fqn} cannot be read: {e}", path=rel, component=comp)
+        return None
     if blob[:4] == b"PK\x03\x04":
+        zf, why = _load._open_zip(io.BytesIO(blob))
+        if zf is None:
+            s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=comp)
+            return None
         try:
-            with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+            with zf:
                 bad = zf.testzip()
-        except zipfile.BadZipFile as e:
+        except _load.ZIP_READ_ERRORS as e:
             s.add("CK-F102", f"item {fqn} is damaged ({e})", path=rel, component=comp)
             return None
         if bad is not None:
@@ -157,7 +214,9 @@ def _item(s: Scan, rel: str, fqn: str, info: Any, comp: str) -> Any:
         with torch.serialization.safe_globals(_load.SAFE_GLOBALS):
             return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as e:  # not a torch.save blob (another serialisation): skip
-        s.add("CK-F108", f"item {fqn} cannot be read: {type(e).__name__}", path=rel, component=comp)
+        s.add(
+            "CK-F108", f"item {fqn} cannot be read: {_load._errname(e)}", path=rel, component=comp
+        )
         return None
 
 

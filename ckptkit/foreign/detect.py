@@ -7,7 +7,6 @@ foreign. Detection is ordered from the most specific marker to the least.
 from __future__ import annotations
 
 import pickletools
-import zipfile
 from pathlib import Path
 
 from ckptkit.storage.atomic import MANIFEST_NAME
@@ -49,32 +48,31 @@ def detect(path: Path | str) -> str | None:
             return "accelerate"
         return None
     if p.is_file():
+        from ckptkit.foreign._load import is_zip  # torch is imported only for files
+
         if p.suffix == ".ckpt" or _has_lightning_keys(p):
             return "lightning"
-        if p.suffix in TORCH_SUFFIXES or _is_zip(p):
+        if p.suffix in TORCH_SUFFIXES or is_zip(p):
             return "torch-save"
     return None
 
 
-def _is_zip(p: Path) -> bool:
-    try:
-        with open(p, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
-    except OSError:
-        return False
-
-
 def _has_lightning_keys(p: Path) -> bool:
     """Whether the pickle of a torch zip file names Lightning's top-level keys."""
-    if not _is_zip(p):
+    from ckptkit.foreign._load import ZIP_READ_ERRORS, _open_zip, is_zip
+
+    if not is_zip(p):
+        return False
+    zf, _why = _open_zip(p)
+    if zf is None:  # damaged: detected by suffix, reported by verify
         return False
     try:
-        with zipfile.ZipFile(p) as zf:
+        with zf:
             name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
             if name is None or zf.getinfo(name).file_size > 64 << 20:
                 return False
             data = zf.read(name)
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except ZIP_READ_ERRORS:
         return False
     try:
         for op, arg, _pos in pickletools.genops(data):

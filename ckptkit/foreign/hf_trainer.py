@@ -12,9 +12,12 @@ Adam state and skip ``scheduler.pt`` as well; a missing RNG file is an INFO log 
 from __future__ import annotations
 
 import json
+import math
 import re
+from typing import Any
 
 from ckptkit.foreign._scan import Scan, adam_step, as_int, iter_state
+from ckptkit.verify.findings import WARNING
 
 WEIGHT_PATTERNS = (
     "model.safetensors",
@@ -70,7 +73,7 @@ def scan(s: Scan) -> None:
             state = json.loads(s.path("trainer_state.json").read_text("utf-8"))
             if not isinstance(state, dict):
                 raise ValueError("not a JSON object")
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             s.add(
                 "CK-F108",
                 f"trainer_state.json is not valid JSON ({e})",
@@ -85,7 +88,7 @@ def scan(s: Scan) -> None:
             present=True,
             required=True,
             where=["trainer_state.json:global_step", "trainer_state.json:epoch"],
-            summary={"global_step": s.step, "epoch": state.get("epoch")},
+            summary={"global_step": s.step, "epoch": _number(state.get("epoch"))},
         )
         s.comp(
             "sampler",
@@ -96,12 +99,21 @@ def scan(s: Scan) -> None:
             reason="the Trainer has no sampler state: it re-seeds the sampler from "
             "args.seed and skips the batches already seen",
         )
-        if state.get("log_history"):
+        history = state.get("log_history")
+        if isinstance(history, list) and history:
             s.comp(
                 "metrics",
                 present=True,
                 where=["trainer_state.json:log_history"],
-                summary={"entries": len(state["log_history"])},
+                summary={"entries": len(history)},
+            )
+        elif history is not None and not isinstance(history, list):
+            s.add(
+                "CK-F108",
+                f"trainer_state.json: log_history is a {type(history).__name__}, not a list",
+                path="trainer_state.json",
+                component="metrics",
+                severity=WARNING,
             )
     else:
         s.missing(
@@ -191,3 +203,10 @@ def scan(s: Scan) -> None:
     if s.has("config.json"):
         s.comp("env", present=True, where=["config.json:transformers_version"])
     s.unrecognised("files", [f for f in s.files if f not in used and f not in KNOWN])
+
+
+def _number(v: Any) -> int | float | None:
+    """A finite JSON number (``epoch`` may be fractional), else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return v if math.isfinite(v) else None

@@ -40,6 +40,13 @@ def _edge(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _out_file(path: str | Path) -> Path:
+    """Return ``path`` after creating its parent directories (for report files)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckptkit")
 def main() -> None:
@@ -76,7 +83,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
                         progress=False if no_progress or as_json else None, format=fmt)
     RENDERERS["json" if as_json else "text"](result, sys.stdout)
     if junit_file is not None:
-        with open(junit_file, "w") as fh:
+        with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
             RENDERERS["junit"](result, fh)
     sys.exit(0 if result.ok else 1)
 
@@ -435,7 +442,7 @@ def drill(
     report = run_drill(cfg, on_event=say)
     try:
         if plot_file is not None:
-            why = render_plot(report, plot_file)
+            why = render_plot(report, _out_file(plot_file))
             if why:
                 click.echo(f"ckptkit drill: {why}", err=True)
             else:
@@ -445,10 +452,10 @@ def drill(
         else:
             render_text(report, sys.stdout)
             if json_file:
-                with open(json_file, "w", encoding="utf-8") as fh:
+                with open(_out_file(json_file), "w", encoding="utf-8") as fh:
                     render_json(report, fh)
         if junit_file is not None:
-            with open(junit_file, "w", encoding="utf-8") as fh:
+            with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
                 render_junit(report, fh)
     finally:
         cleanup(report)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import logging
 import math
 import os
 import statistics
@@ -32,6 +33,8 @@ from types import TracebackType
 from typing import IO, Any
 
 from ckptkit.errors import CkptkitError
+
+log = logging.getLogger(__name__)
 
 ENV_METRICS = "CKPTKIT_METRICS"
 """Environment variable naming the metrics file when ``Recorder(path=None)``."""
@@ -50,7 +53,8 @@ class Recorder:
     CUDA tensor waits for the GPU (a device sync, like ``loss.item()``). Log values
     you already synced for, or log every few steps, if that matters.
 
-    The file is opened in append mode, so a resumed run continues the same file;
+    The file is opened in append mode, so a resumed run continues the same file (a
+    partial last line left by a killed writer is ended first, so no record is glued on);
     records are flushed to the OS every ``flush_every`` steps (not fsynced: a killed
     process loses nothing flushed, a power cut may lose the tail). Use one Recorder
     per file (typically on rank 0 only).
@@ -89,6 +93,12 @@ class Recorder:
         self._file: IO[str] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if _ends_torn(self.path):
+                # A killed writer left a partial last line: end it, so the first record
+                # appended now is a line of its own instead of glued onto the fragment
+                # (the fragment is then one damaged line, skipped and counted by readers).
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write("\n")
             # Line buffering flushes each line; with flush_every > 1 we batch instead.
             self._file = open(  # noqa: SIM115 - closed in close()
                 self.path, "a", encoding="utf-8", buffering=1 if flush_every == 1 else -1
@@ -280,23 +290,49 @@ class Recorder:
         }
 
 
-def read_jsonl(
-    path: str | os.PathLike[str], *, decode_nonfinite: bool = True
-) -> list[dict[str, Any]]:
-    """Read a Recorder JSONL file, tolerating a truncated last line.
+def parse_line(line: str | bytes, *, decode_nonfinite: bool = True) -> dict[str, Any] | None:
+    """Parse one line of a Recorder JSONL file; None when the line is damaged.
 
-    A process killed mid-write leaves at most one partial line, at the end; it is
-    dropped. A bad line anywhere else means the file is damaged and raises.
+    The one damaged-line policy shared by :func:`read_jsonl` and
+    :class:`ckptkit.watch.JsonlFollower`: a line is a record when it is a JSON object;
+    anything else (a torn fragment of a killed writer, two records glued together,
+    non-object JSON, bytes that are not UTF-8) is damaged. Blank lines are neither:
+    callers skip them before parsing.
+
+    Example:
+        >>> parse_line('{"step":3,"loss":"inf"}'), parse_line('{"step":3,"lo'), parse_line("[1]")
+        ({'step': 3, 'loss': inf}, None, None)
+    """
+    try:
+        rec = json.loads(line)
+    except ValueError:  # includes JSONDecodeError and UnicodeDecodeError
+        return None
+    if not isinstance(rec, dict):
+        return None
+    return _decode(rec) if decode_nonfinite else rec
+
+
+def read_jsonl(
+    path: str | os.PathLike[str], *, decode_nonfinite: bool = True, strict: bool = False
+) -> list[dict[str, Any]]:
+    """Read a Recorder JSONL file, skipping damaged lines.
+
+    A process killed mid-write leaves a partial last line; a Recorder that later appends
+    to the file first ends that fragment with a newline, so it can also sit mid-file. A
+    damaged line (see :func:`parse_line`) is skipped and counted, as the live follower
+    of ``ckptkit watch`` does; the count is logged as a warning (an incomplete last line
+    is expected and not warned about).
 
     Args:
         path: the JSONL file.
         decode_nonfinite: turn the strings ``"nan"``, ``"inf"``, ``"-inf"`` back into floats.
+        strict: raise on a damaged line other than an incomplete last one instead.
 
     Returns:
         One dict per complete record, in file order.
 
     Raises:
-        CkptkitError: a line other than the last is not a JSON object.
+        CkptkitError: ``strict`` and a line other than the incomplete last is damaged.
         FileNotFoundError: the file does not exist.
 
     Example:
@@ -309,23 +345,42 @@ def read_jsonl(
     path = Path(path)
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     out: list[dict[str, Any]] = []
+    bad: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
+        rec = parse_line(line, decode_nonfinite=decode_nonfinite)
+        if rec is None:
             if i == len(lines) - 1:
                 break  # truncated tail of a killed writer (no trailing newline)
-            raise CkptkitError(
-                f"line {i + 1} is not a JSON record ({e})",
-                path=path,
-                hint="the metrics file is damaged in the middle; truncate it before this line",
-            ) from e
-        out.append(_decode(rec) if decode_nonfinite else rec)
+            if strict:
+                raise CkptkitError(
+                    f"line {i + 1} is not a JSON record",
+                    path=path,
+                    hint="the metrics file is damaged in the middle; truncate it before "
+                    "this line (or read it with strict=False to skip damaged lines)",
+                )
+            bad.append(i + 1)
+            continue
+        out.append(rec)
+    if bad:
+        log.warning(
+            "ckptkit: %s: skipped %d damaged line(s) (first: line %d)", path, len(bad), bad[0]
+        )
     return out
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether ``path`` exists, is not empty and does not end with a newline."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except OSError:  # missing, or not seekable (a pipe): nothing to repair
+        return False
 
 
 # ---------------------------------------------------------------- helpers
@@ -400,4 +455,4 @@ def _decode(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["ENV_METRICS", "Recorder", "read_jsonl"]
+__all__ = ["ENV_METRICS", "Recorder", "parse_line", "read_jsonl"]

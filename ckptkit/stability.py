@@ -576,8 +576,11 @@ class StabilityWatch:
             raise ValueError("this Recorder already feeds a StabilityWatch; detach() it first")
         original = recorder.log
 
-        def log(step: int, /, **kwargs: Any) -> None:
-            original(step, **kwargs)
+        def log(*args: Any, **kwargs: Any) -> None:
+            # The recorder's own signature decides what is valid (``step`` positional or
+            # keyword); the watch then scores the same values.
+            original(*args, **kwargs)
+            step = args[0] if args else kwargs.pop("step")
             self.update(step, **kwargs)
 
         recorder.log = log

@@ -4,8 +4,10 @@
 the job's :class:`~ckptkit.Recorder` appends to (polling: no inotify, works on network
 filesystems), so it never slows the training process. Each complete new line is fed to a
 :class:`~ckptkit.stability.StabilityWatch`; a partial last line (a write in progress, or
-a killed writer) is kept until its newline arrives. A file that shrinks (truncated or
-replaced) is read again from the start with fresh windows.
+a killed writer) is kept until its newline arrives; a damaged line is skipped and counted
+(the policy of :func:`ckptkit.recorder.parse_line`, shared with ``read_jsonl``). A file that
+shrinks (truncated) or is replaced (another inode at the path, whatever its size) is read
+again from the start with fresh windows.
 
 On a level change to ``warn`` or ``critical`` an alert file can be written (JSON, atomic
 replace) for a scheduler to act on, and the follower can stop with a non-zero exit once
@@ -15,7 +17,6 @@ the run reaches a chosen level.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -24,9 +25,8 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from ckptkit.errors import CkptkitError
+from ckptkit.recorder import parse_line
 from ckptkit.stability import _RANK, Level, StabilityWatch, Verdict, worse
-
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 class JsonlFollower:
@@ -51,8 +51,11 @@ class JsonlFollower:
         self.buffer = b""
         self.line_no = 0
         self.restarted = 0
-        """How many times the file shrank and was read again from the start."""
+        """How many times the file shrank or was replaced and was read again from the start."""
         self.bad_lines = 0
+        """Damaged lines skipped (not a JSON object), over all restarts."""
+        self._ident: tuple[int, int] | None = None
+        """``(st_dev, st_ino)`` of the file being followed."""
 
     def poll(self) -> list[dict[str, Any]]:
         """Read what was appended since the last poll; return the complete records.
@@ -60,13 +63,19 @@ class JsonlFollower:
         Raises:
             FileNotFoundError: the file does not exist (yet).
         """
-        size = self.path.stat().st_size
-        if size < self.offset:
+        st = self.path.stat()
+        size, ident = st.st_size, (st.st_dev, st.st_ino)
+        replaced = self._ident is not None and ident != self._ident
+        if replaced or size < self.offset:
             self.offset, self.buffer, self.line_no = 0, b"", 0
             self.restarted += 1
+        self._ident = ident
         if size == self.offset:
             return []
         with open(self.path, "rb") as fh:
+            now = os.fstat(fh.fileno())
+            if (now.st_dev, now.st_ino) != ident:
+                return []  # replaced between stat and open: the next poll restarts
             fh.seek(self.offset)
             data = fh.read(size - self.offset)
         self.offset += len(data)
@@ -76,15 +85,11 @@ class JsonlFollower:
             self.line_no += 1
             if not raw.strip():
                 continue
-            try:
-                rec = json.loads(raw)
-            except ValueError:
+            rec = parse_line(raw)
+            if rec is None:
                 self.bad_lines += 1  # a damaged line mid-file: skip it, keep following
                 continue
-            if isinstance(rec, dict):
-                out.append(
-                    {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in rec.items()}
-                )
+            out.append(rec)
         return out
 
 
@@ -110,6 +115,10 @@ class WatchState:
     """When the last record arrived."""
     alerted: Level = "ok"
     """The level of the last alert written."""
+    bad_lines: int = 0
+    """Damaged lines skipped (not a JSON object)."""
+    restarts: int = 0
+    """How many times the file was truncated or replaced and read again from the start."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-able state (what the alert file holds)."""
@@ -117,6 +126,8 @@ class WatchState:
         return {
             "metrics_file": str(self.path),
             "records": self.records,
+            "bad_lines": self.bad_lines,
+            "restarts": self.restarts,
             "level": v.level if v else "ok",
             "step": v.step if v else None,
             "worst": self.worst,
@@ -185,10 +196,14 @@ def follow(
         time.sleep(min(interval, 0.5))
     restarts = 0
     for records in _polls(follower, interval, once):
-        if follower.restarted != restarts:  # the file was replaced: a new run, fresh windows
+        if follower.restarted != restarts:  # truncated or replaced: a new run, fresh windows
             restarts = follower.restarted
             watch.reset()
-            state.events.append(f"{state.path.name} shrank: reading it again from the start")
+            state.events.append(
+                f"{state.path.name} was truncated or replaced: reading it again from the start"
+            )
+        state.restarts = follower.restarted
+        state.bad_lines = follower.bad_lines
         for rec in records:
             step = rec.get("step")
             if not isinstance(step, int):
@@ -264,6 +279,7 @@ def dashboard(state: WatchState) -> Any:
         f"  records {state.records}  step {v.step if v else '-'}  level ",
         (level, _STYLE[level]),
         f"  (worst {state.worst}" + (f" at step {state.worst_step})" if state.worst_step else ")"),
+        (f"  damaged lines skipped {state.bad_lines}" if state.bad_lines else "", "yellow"),
     )
     tab = Table(box=None, pad_edge=False)
     for col in ("signal", "last", "baseline", "recent", "z", "std ratio", "level"):

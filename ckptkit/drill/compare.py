@@ -7,7 +7,8 @@ dict saying what differed first and where.
 
 * **twin**: resumed vs reference step by step over ``W+1..W+N``: bitwise equal where the run
   is deterministic; numeric fields within ``noise_factor`` x the measured run-to-run noise
-  where it is not (``--repeat``), fields that are noisy and not numeric are not judged.
+  where it is not (``--repeat``). The inputs of a step (:data:`EXACT_FIELDS`) are always
+  bitwise: reference runs that disagree on one fail the check ("not deterministic").
 * **exposure**: the (epoch, sample id, content hash) sequence after the resume equals the
   reference's: replayed, skipped, unexpected and changed samples are counted.
 * **continuity**: what the checkpoint recorded for the next step (its manifest's
@@ -81,7 +82,7 @@ class NoiseFloor:
 
     runs: int
     numeric: dict[str, float] = field(default_factory=dict)
-    """Largest absolute difference per numeric field (0.0: bitwise equal)."""
+    """Largest finite absolute difference per numeric field (0.0: bitwise equal)."""
     noisy: list[str] = field(default_factory=list)
     """Fields that differ between reference runs."""
 
@@ -249,7 +250,9 @@ def noise_floor(
                 if not same(a.get(f), b.get(f)):
                     noisy.add(f)
                 d = _absdiff(a.get(f), b.get(f))
-                if f in NUMERIC_FIELDS and d is not None:
+                # A NaN/inf in one run only gives an infinite difference: that says the
+                # field is noisy (marked above), not that any value is within the noise.
+                if f in NUMERIC_FIELDS and d is not None and math.isfinite(d):
                     nf.numeric[f] = max(nf.numeric.get(f, 0.0), d)
     known = [h for h in finals if h is not None]
     if len(set(known)) > 1:
@@ -292,7 +295,9 @@ def twin(
     Returns:
         ``statistic`` = number of (field, step) mismatches, ``threshold`` = 0; ``detail``
         holds ``first_divergence`` (step, fields, values), per-field ``fields`` facts, the
-        tolerances and which fields were compared.
+        tolerances and which fields were compared. ``not_judgeable`` maps each field the
+        check could not judge to why (a step input the reference runs disagree on, or a
+        non-finite tolerance); each counts as a failure.
 
     Example:
         >>> ref = [{"step": s, "loss": 1.0 / s} for s in range(1, 5)]
@@ -319,8 +324,10 @@ def twin(
             tolerances[f] = factor * noise.numeric.get(f, 0.0)
         else:
             tolerances[f] = 0.0
-        if f in noise.noisy and f not in NUMERIC_FIELDS:
-            modes[f] = "not judged (differs between reference runs)"
+        if not math.isfinite(tolerances[f]):
+            modes[f] = "not judgeable (non-finite tolerance)"
+        elif f in noise.noisy and f in EXACT_FIELDS:
+            modes[f] = "not judgeable (differs between reference runs)"
         else:
             modes[f] = "bitwise" if tolerances[f] == 0 else f"within {tolerances[f]:.3g}"
 
@@ -362,6 +369,7 @@ def twin(
 
     compared: list[str] = []
     missing: list[str] = []
+    unjudgeable: dict[str, str] = {}
     for f in TWIN_FIELDS:
         in_ref = any(f in r for r in ref)
         in_res = any(f in r for r in res)
@@ -369,7 +377,16 @@ def twin(
             missing.append(f)
             continue
         compared.append(f)
-        if modes[f].startswith("not judged"):
+        if f in EXACT_FIELDS and f in noise.noisy:
+            # An input of a step is never noise: reference runs that disagree on it
+            # cannot serve as a reference for it, and the drill cannot vouch for it.
+            unjudgeable[f] = f"reference runs are not deterministic in {f}"
+            continue
+        if not math.isfinite(tolerances[f]):
+            unjudgeable[f] = (
+                f"the {f} tolerance is {tolerances[f]} (a non-finite threshold or noise "
+                f"floor): {f} cannot be judged; set a finite thresholds.{f}"
+            )
             continue
         for i in range(min(len(ref), len(res))):
             a, b = ref[i].get(f), res[i].get(f)
@@ -413,16 +430,17 @@ def twin(
         }
     return CheckResult(
         name="twin",
-        ok=mismatches == 0,
-        statistic=mismatches,
+        ok=mismatches == 0 and not unjudgeable,
+        statistic=mismatches + len(unjudgeable),
         threshold=0,
         detail={
             "first_divergence": first,
+            "not_judgeable": unjudgeable,
             "fields": fields,
             "compared": compared,
             "not_recorded": missing,
             "modes": {k: v for k, v in modes.items() if k in compared},
-            "tolerances": {k: v for k, v in tolerances.items() if k in compared and v > 0},
+            "tolerances": {k: v for k, v in tolerances.items() if k in compared and not v <= 0},
             "within_tolerance_max_abs_diff": within,
             "steps": {"reference": _span(labels_ref), "resumed": _span(labels_res)},
         },
@@ -570,10 +588,13 @@ def continuity(
 ) -> CheckResult:
     """Check the resumed run's first step against what the checkpoint recorded.
 
-    Uses the manifest's ``lookahead`` (what the saving run was about to do) when present,
-    else the component summaries. With a ``reference``, a fact the reference's own next
-    step does not match either is recorded in other units by the script and is skipped
-    ("not comparable") instead of failing.
+    Each fact comes from the manifest's ``lookahead`` (what the saving run was about to
+    do, as the script recorded it) when it holds that key, else from the automatic resume
+    guard under ``lookahead["guard"]`` (next step, LR of group 0, loss scale, optimizer
+    step), else from the component summaries; ``detail.source`` names the ones used. With
+    a ``reference``, a mismatch is skipped ("not comparable": the script records the fact
+    in other units) only when the reference's own next step misses the checkpoint too
+    *and* the resumed run shows exactly the reference's value.
 
     Returns:
         ``statistic`` = failed items, ``threshold`` = 0; ``detail.items`` lists each
@@ -588,13 +609,35 @@ def continuity(
     if not resumed:
         return CheckResult("continuity", False, 1, 0, detail={"reason": "no resumed records"})
     first = resumed[0]
-    la = facts.get("lookahead") or {}
+    la_all = facts.get("lookahead") or {}
+    guard_raw = la_all.get("guard")
+    guard: Mapping[str, Any] = guard_raw if isinstance(guard_raw, Mapping) else {}
+    # The user's own look-ahead (``mgr.save(ts, lookahead={...})``), without the automatic
+    # resume-guard sub-dict the manager always adds under ``guard``.
+    la = {k: v for k, v in la_all.items() if k != "guard"}
     step = facts.get("step") if save_step is None else save_step
     ref_next: Record | None = None
     if reference is not None and step is not None:
         nxt = [r for r in reference if r.get("step") == step + 1]
         ref_next = nxt[0] if nxt else None
     items: list[dict[str, Any]] = []
+    sources: list[str] = []
+
+    def recorded(key: str) -> Any:
+        """What the checkpoint says about ``key``: user look-ahead, guard, summaries."""
+        if la.get(key) is not None:
+            src, value = "lookahead", la[key]
+        elif key in ("next_step", "lr", "loss_scale", "opt_step") and guard.get(key) is not None:
+            src, value = "resume guard", guard[key]
+            if key == "lr":
+                value = value[0] if isinstance(value, list) and value else None
+        elif key != "next_step" and facts.get(key) is not None:
+            src, value = "component summaries", facts[key]
+        else:
+            return None
+        if value is not None and src not in sources:
+            sources.append(src)
+        return value
 
     def item(
         what: str,
@@ -604,11 +647,22 @@ def continuity(
         *,
         unit_check: bool = True,
         ref_ok: bool | None = None,
+        ref_got: Any = None,
     ) -> None:
         if expected is None or got is None:
             return
         entry: dict[str, Any] = {"what": what, "checkpoint": expected, "resumed": got}
-        if not ok and unit_check and ref_next is not None and ref_ok is False:
+        # Forgiven only when the reference's own next step disagrees with the checkpoint
+        # the same way: it also misses the recorded value *and* the resumed run does
+        # exactly what the reference did (else the resumed run is wrong either way).
+        if (
+            not ok
+            and unit_check
+            and ref_next is not None
+            and ref_ok is False
+            and ref_got is not None
+            and same(got, ref_got)
+        ):
             entry |= {
                 "ok": True,
                 "skipped": True,
@@ -623,19 +677,22 @@ def continuity(
         return ref_next.get(key) if ref_next is not None else None
 
     # step label
-    nxt_step = la.get("next_step", (step + 1) if isinstance(step, int) else None)
+    nxt_step = recorded("next_step")
+    if nxt_step is None and isinstance(step, int):
+        nxt_step = step + 1
     item("step", nxt_step, first.get("step"), first.get("step") == nxt_step, unit_check=False)
     # learning rate of the next step
-    lr = la.get("lr", facts.get("lr"))
+    lr = recorded("lr")
     item(
         "lr",
         lr,
         first.get("lr"),
         same(lr, first.get("lr")),
         ref_ok=same(lr, ref_val("lr")) if "lr" in (ref_next or {}) else None,
+        ref_got=ref_val("lr"),
     )
     # loss scale: the first record's scale is after its own update (may grow or back off once)
-    scale = la.get("loss_scale", facts.get("loss_scale"))
+    scale = recorded("loss_scale")
     g, bo = float(facts.get("growth_factor") or 2.0), float(facts.get("backoff_factor") or 0.5)
 
     def scale_ok(v: Any) -> bool:
@@ -648,9 +705,10 @@ def continuity(
         first.get("loss_scale"),
         scale_ok(first.get("loss_scale")),
         ref_ok=scale_ok(ref_val("loss_scale")) if "loss_scale" in (ref_next or {}) else None,
+        ref_got=ref_val("loss_scale"),
     )
     # optimizer step count: one more (or the same, when fp16 skipped the step)
-    opt_step = la.get("opt_step", facts.get("opt_step"))
+    opt_step = recorded("opt_step")
 
     def opt_ok(v: Any, rec: Record | None) -> bool:
         o = _num(opt_step)
@@ -667,35 +725,43 @@ def continuity(
         first.get("opt_step"),
         opt_ok(first.get("opt_step"), first),
         ref_ok=opt_ok(ref_val("opt_step"), ref_next) if "opt_step" in (ref_next or {}) else None,
+        ref_got=ref_val("opt_step"),
     )
     # RNG state at the start of the next step
-    rng = la.get("rng", facts.get("rng"))
+    rng = recorded("rng")
     item(
         "rng",
         rng,
         first.get("rng"),
         rng == first.get("rng"),
         ref_ok=(rng == ref_val("rng")) if "rng" in (ref_next or {}) else None,
+        ref_got=ref_val("rng"),
     )
     # the next samples
     if la.get("sample_ids") is not None and first.get("sample_ids") is not None:
         want = [_key(x) for x in la["sample_ids"]]
         got = [_key(x) for x in first["sample_ids"]]
         ref_ids = ref_val("sample_ids")
+        if "lookahead" not in sources:
+            sources.append("lookahead")
         item(
             "next_sample_ids",
             want,
             got,
             want == got,
             ref_ok=([_key(x) for x in ref_ids] == want) if isinstance(ref_ids, list) else None,
+            ref_got=[_key(x) for x in ref_ids] if isinstance(ref_ids, list) else None,
         )
     if la.get("epoch") is not None and first.get("epoch") is not None:
+        if "lookahead" not in sources:
+            sources.append("lookahead")
         item(
             "epoch",
             la["epoch"],
             first["epoch"],
             la["epoch"] == first["epoch"],
             ref_ok=(la["epoch"] == ref_val("epoch")) if "epoch" in (ref_next or {}) else None,
+            ref_got=ref_val("epoch"),
         )
     # no (epoch, id) of the pre-save window seen again
     pre = facts.get("window_records") or []
@@ -730,7 +796,7 @@ def continuity(
         statistic=len(failed),
         threshold=0,
         detail={
-            "source": "lookahead" if la else "component summaries",
+            "source": " + ".join(sources) if sources else "manifest step",
             "items": items,
             "failed": [i["what"] for i in failed],
         },

@@ -184,10 +184,13 @@ class DrillEnv:
                 path=path,
                 hint="pass a step-NNNNNNNN checkpoint directory or a run directory",
             )
+        # Read-only: the --from run belongs to someone else; restoring from it must not
+        # clean, lock, re-point ``latest`` or record anything there.
         m = STEP_RE.match(path.name)
         if m:
-            return CheckpointManager(path.parent).restore(state, int(m.group(1)), strict=strict)
-        return CheckpointManager(path).restore(state, strict=strict)
+            src = CheckpointManager(path.parent, readonly=True)
+            return src.restore(state, int(m.group(1)), strict=strict)
+        return CheckpointManager(path, readonly=True).restore(state, strict=strict)
 
 
 def _step(env: Mapping[str, str], name: str) -> int | None:

@@ -146,6 +146,17 @@ def diagnose(
     ev: list[str] = []
 
     if not fields:
+        unjudged = (tw.detail.get("not_judgeable") or {}) if tw is not None else {}
+        if unjudged:
+            return Diagnosis(
+                "unknown",
+                "low",
+                [str(why) for why in unjudged.values()],
+                "the reference runs disagree on an input of a step (or a tolerance is not "
+                "finite), so the drill cannot judge the resume: make the script deterministic "
+                "in those fields (same seeds, threads, data order) or set finite thresholds",
+                fields=sorted(unjudged),
+            )
         # Twin passed (or was skipped): judge from exposure / continuity alone.
         if ex is not None and not ex.ok:
             return _data(ex, None, [], ev, "medium")

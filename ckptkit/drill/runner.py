@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from ckptkit.drill.contract import (
     ENV_SAVE_AT,
     ENV_STOP_AT,
     ENV_THREADS,
+    ENV_VARS,
 )
 from ckptkit.errors import CkptkitError, DrillError
 from ckptkit.recorder import ENV_METRICS, read_jsonl
@@ -293,9 +295,7 @@ def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = N
         facts, resumed.records, reference=ref.records, save_step=save_at
     )
     checks = [twin, exposure, continuity]
-    window = _window(ref.records, resumed.records, save_at, stop_at, config.thresholds)
-    if window is not None:
-        checks.append(window)
+    checks.append(_window(ref.records, resumed.records, save_at, stop_at, config.thresholds))
     diag = diagnose.diagnose(ref.records, resumed.records, checks, start=save_at, stop=stop_at)
     stats_s = time.time() - t_stats
     ok = all(c.ok for c in checks if not c.informational)
@@ -406,7 +406,7 @@ def _run_one(
     if config.pass_device:
         argv += ["--device", config.device]
     env = dict(os.environ)
-    for var in (ENV_SAVE_AT, ENV_STOP_AT, ENV_RESUME_FROM):
+    for var in ENV_VARS:  # the drill sets every contract variable a run needs below
         env.pop(var, None)
     threads = str(config.threads)
     env.update(
@@ -435,14 +435,21 @@ def _run_one(
     launched = time.time()
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            # Its own session (process group): on a timeout the whole group is killed, so
+            # workers the script started (DataLoader workers, torchrun ranks) die with it.
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=err, env=env, cwd=cwd, stdin=subprocess.DEVNULL
+                argv,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
             try:
                 rc = proc.wait(timeout=config.timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                _kill_group(proc)
                 rc = -9
     except OSError as e:
         raise DrillError(
@@ -476,6 +483,15 @@ def _run_one(
             hint="fix the script so it runs to the stop step, then drill again",
         )
     return result
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads (it was started in its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
 
 
 def _expect_steps(run: RunResult, *, first: int, last: int) -> None:
@@ -544,11 +560,9 @@ def _window(
     save_at: int,
     stop_at: int,
     thresholds: Mapping[str, float],
-) -> compare.CheckResult | None:
-    try:
-        from ckptkit.drill.stats import window_check
-    except ImportError:  # the window monitor is optional
-        return None
+) -> compare.CheckResult:
+    from ckptkit.drill.stats import window_check
+
     pre = [r for r in ref if isinstance(r.get("step"), int) and r["step"] <= save_at]
     post_ref = [r for r in ref if isinstance(r.get("step"), int) and save_at < r["step"] <= stop_at]
     out = window_check(pre, resumed, thresholds=dict(thresholds), reference_records=post_ref)
@@ -654,7 +668,9 @@ def load_config(path: str | Path, **overrides: Any) -> DrillConfig:
     """Read a drill TOML file (e.g. ``drills/tiny_lm.toml``); non-None overrides win.
 
     Raises:
-        DrillError: the file is not valid TOML, has unknown keys or no command.
+        DrillError: the file is not valid TOML, has unknown keys, no command, or a value
+            of the wrong type (integers for steps/repeat/threads, a number for
+            ``timeout``, tables of strings for ``env`` and of numbers for ``thresholds``).
 
     Example:
         >>> import tempfile
@@ -684,13 +700,18 @@ def load_config(path: str | Path, **overrides: Any) -> DrillConfig:
         import shlex
 
         command = shlex.split(command)
-    if not command or not all(isinstance(a, str) for a in command):
+    if (
+        not command
+        or not isinstance(command, list | tuple)
+        or not all(isinstance(a, str) for a in command)
+    ):
         raise DrillError(
             "no command (a list of strings) given",
             path=path,
             hint='command = ["python", "-m", "my.train"]',
         )
     values["command"] = command
+    _check_types(values, path)
     if values.get("from_ckpt") is not None:
         values["from_ckpt"] = Path(values["from_ckpt"])
     try:
@@ -699,14 +720,59 @@ def load_config(path: str | Path, **overrides: Any) -> DrillConfig:
         raise DrillError(str(e), path=path, hint="check the drill file's keys") from None
 
 
-def python_command(module: str, *args: str) -> list[str]:
-    """Return ``[sys.executable, "-m", module, *args]`` (the bundled drill's command).
+_INT_KEYS = {"steps_before": 10, "steps_after": 10, "repeat": 2, "threads": 1}
+"""Integer keys of a drill file, with an example value for the hint."""
 
-    Example:
-        >>> python_command("ckptkit.examples.tiny_lm")[1:]
-        ['-m', 'ckptkit.examples.tiny_lm']
-    """
-    return [sys.executable, "-m", module, *args]
+
+def _check_types(values: Mapping[str, Any], path: Path) -> None:
+    """Raise a DrillError naming the key when a drill file value has the wrong type."""
+
+    def bad(key: str, want: str, example: str) -> DrillError:
+        got = values[key]
+        return DrillError(
+            f"{key} = {got!r} ({type(got).__name__}) must be {want}",
+            path=path,
+            hint=f"write it as {example}",
+        )
+
+    for key, example in _INT_KEYS.items():
+        v = values.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise bad(key, "an integer", f"{key} = {example}")
+    for key in ("device", "from_ckpt"):
+        v = values.get(key)
+        if v is not None and not isinstance(v, str | os.PathLike):
+            raise bad(
+                key, "a string", f'{key} = "{"cpu" if key == "device" else "ckpt/step-00000010"}"'
+            )
+    for key in ("pass_device", "isolate"):
+        v = values.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise bad(key, "true or false", f"{key} = true")
+    timeout = values.get("timeout")
+    if timeout is not None and not _is_number(timeout):
+        raise bad("timeout", "a number of seconds", "timeout = 600")
+    if not _table_of(values.get("env"), lambda v: isinstance(v, str)):
+        raise bad("env", "a table of string values", '[env] (or [drill.env]) NAME = "1"')
+    if not _table_of(values.get("thresholds"), _is_number):
+        raise bad(
+            "thresholds",
+            "a table of numbers",
+            "[thresholds] (or [drill.thresholds]) noise_factor = 4.0",
+        )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _table_of(table: Any, ok: Callable[[Any], bool]) -> bool:
+    """Whether ``table`` is absent, or a mapping of string keys to values ``ok`` accepts."""
+    if table is None:
+        return True
+    if not isinstance(table, Mapping):
+        return False
+    return all(isinstance(k, str) and ok(v) for k, v in table.items())
 
 
 __all__ = [
@@ -720,6 +786,5 @@ __all__ = [
     "cleanup",
     "find_checkpoint",
     "load_config",
-    "python_command",
     "run_drill",
 ]

@@ -173,7 +173,6 @@ def loss_shift(
     *,
     threshold: float = 3.0,
     min_points: int = MIN_POINTS,
-    fit_frac: float = 1.0,
 ) -> dict[str, Any]:
     """Measure the resumed loss's level shift against the window's extrapolated trend.
 
@@ -211,12 +210,10 @@ def loss_shift(
     if f0.sum() < min_points or f1.sum() < min_points:
         return _skip(threshold, f"too few points (window {int(f0.sum())}, resumed {int(f1.sum())})")
     # Extrapolate no further ahead than the fit spans: a loss curve bends (warmup,
-    # power-law fall, LR decay), so a line carried far ahead drifts off. Fitting only the
-    # recent part of the window (fit_frac < 1) was measured worse: the noisier slope
-    # costs more than the curvature it avoids (docs/drills.md (window check)).
+    # power-law fall, LR decay), so a line carried far ahead drifts off. The whole window
+    # is fitted: fitting only its recent part was measured worse, the noisier slope costs
+    # more than the curvature it avoids (docs/drills.md (window check)).
     xs0, ys0, xs1, ys1 = s0[f0], y0[f0], s1[f1], y1[f1]
-    k = max(min_points, math.ceil(fit_frac * xs0.size))
-    xs0, ys0 = xs0[-k:], ys0[-k:]
     span = float(xs0[-1] - xs0[0]) if xs0.size > 1 else 0.0
     near = xs1 <= xs0[-1] + span
     if near.sum() < min_points:
@@ -492,8 +489,9 @@ def window_check(
 ) -> dict[str, Any]:
     """Run the window drift monitor: resumed run vs the pre-save window.
 
-    Informational: the drill reports it but does not fail on it unless asked. Never
-    raises on malformed records (non-dicts are ignored, bad values count as missing).
+    Informational only: the drill reports it and never fails on it (its ``ok`` is shown
+    as drift, the verdict ignores it). Never raises on malformed records (non-dicts are
+    ignored, bad values count as missing).
 
     Args:
         pre_records: the pre-save window, oldest first (e.g. the manifest's metrics

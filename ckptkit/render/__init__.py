@@ -15,6 +15,6 @@ RENDERERS: dict[str, Renderer] = {
     "json": json_render.render_verify,
     "junit": junit.render_verify,
 }
-"""Verify report renderers by name (``ckptkit verify --format NAME``)."""
+"""Verify report renderers by name (``ckptkit verify`` picks text, ``--json`` or ``--junit``)."""
 
 __all__ = ["RENDERERS", "Renderer"]

@@ -36,6 +36,8 @@ def _check_summary(c: dict[str, Any]) -> str:
         return str(d.get("reason", "skipped"))
     if c["name"] == "twin":
         fd = d.get("first_divergence")
+        if not fd and d.get("not_judgeable"):
+            return "; ".join(str(v) for v in d["not_judgeable"].values())
         if not fd:
             modes = set((d.get("modes") or {}).values())
             how = "bitwise" if modes <= {"bitwise"} else "within the noise floor"

@@ -119,3 +119,71 @@ def test_config_file_drill_passes_with_json_on_stdout(tmp_path: Path) -> None:
     report = json.loads(res.output)  # type: ignore[attr-defined]
     assert report["ok"] and report["diagnosis"]["component"] == "none"
     assert report["workdir"] is None  # a passing drill cleans up its temporary runs
+
+
+def _passing_report(tmp_path: Path) -> object:
+    """A passed drill's report built from synthetic records (no training runs)."""
+    from ckptkit.drill.compare import NoiseFloor, continuity, exposure, twin
+    from ckptkit.drill.diagnose import Diagnosis
+    from ckptkit.drill.runner import DrillReport, RunResult
+
+    recs = [{"step": s, "loss": 1.0 / s, "time": float(s)} for s in range(1, 5)]
+
+    def rr(role: str, records: list[dict[str, object]]) -> RunResult:
+        return RunResult(
+            role=role,  # type: ignore[arg-type]
+            index=0,
+            argv=["python", "train.py"],
+            returncode=0,
+            wall_s=1.0,
+            records=records,  # type: ignore[arg-type]
+            run_dir=tmp_path,
+            ckpt_dir=tmp_path,
+            metrics_path=tmp_path / "m.jsonl",
+            stdout_tail=[],
+            stderr_tail=[],
+            launched_at=0.0,
+            ended_at=5.0,
+        )
+
+    checks = [
+        twin(recs, recs[2:], start=2, stop=4),
+        exposure(recs, recs[2:], start=2, stop=4),
+        continuity({"step": 2}, recs[2:], reference=recs, save_step=2),
+    ]
+    assert all(c.ok for c in checks)
+    return DrillReport(
+        ok=True,
+        command=["python", "train.py"],
+        config={"save_step": 2, "stop_step": 4, "repeat": 1, "threads": 1, "device": "cpu"},
+        checks=checks,
+        diagnosis=Diagnosis("none", "high"),
+        runs=[rr("reference", recs), rr("resumed", recs[2:])],
+        overhead={
+            k: 0.0
+            for k in (
+                "total_s", "training_s", "overhead_s", "overhead_fraction",
+                "process_start_s", "save_s", "restore_s", "statistics_s",
+            )
+        },
+        noise=NoiseFloor(runs=1),
+        checkpoint=tmp_path,
+        workdir=tmp_path,
+    )
+
+
+def test_passed_drill_writes_reports_into_missing_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptkit.drill import runner
+
+    report = _passing_report(tmp_path)
+    monkeypatch.setattr(runner, "run_drill", lambda cfg, on_event=None: report)
+    out = tmp_path / "not" / "yet"
+    res = invoke(
+        "drill", "-q", "--json", str(out / "r.json"), "--junit", str(out / "x" / "r.xml"),
+        "--", "python", "train.py",
+    )
+    assert res.exit_code == 0, res.output  # type: ignore[attr-defined]
+    assert json.loads((out / "r.json").read_text())["ok"] is True
+    assert ET.parse(out / "x" / "r.xml").getroot().find("testsuite") is not None

@@ -111,3 +111,25 @@ def test_markup_in_names_is_printed_not_interpreted(saved_ckpt) -> None:  # type
     (d / "manifest.json").write_text(json.dumps(obj))
     code, out, _ = _run("verify", str(d))
     assert code == 1 and "CK-M005" in out and "[/b]" in out
+
+
+def test_verify_junit_into_a_missing_directory(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    d = saved_ckpt()
+    target = tmp_path / "reports" / "ci" / "v.xml"
+    code, _, _ = _run("verify", str(d), "--junit", str(target))
+    assert code == 0 and target.is_file()
+
+
+def test_verify_strict_junit_counts_warnings_as_failures(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import xml.etree.ElementTree as ET
+
+    d = saved_ckpt()
+    (d / "stray.bin").write_bytes(b"x")  # a warning finding
+    for args, code_want, fails_want in (([], 0, 0), (["--strict"], 1, 1)):
+        code, _, _ = _run("verify", str(d), "--junit", str(tmp_path / "v.xml"), *args)
+        suite = ET.parse(tmp_path / "v.xml").getroot().find("testsuite")
+        assert suite is not None
+        failures = int(suite.get("failures", "-1"))
+        assert code == code_want
+        assert (failures > 0) == (code_want == 1) and failures == fails_want
+        assert len(suite.findall(".//failure")) == fails_want

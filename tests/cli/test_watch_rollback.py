@@ -108,6 +108,44 @@ def test_follower_restarts_on_truncation(tmp_path: Path) -> None:
     assert f.bad_lines == 1 and recs[0]["loss"] == -math.inf
 
 
+def test_follower_restarts_when_the_file_is_replaced_by_a_larger_one(tmp_path: Path) -> None:
+    m = tmp_path / "metrics.jsonl"
+    _write_metrics(m, 5, nan_at=5)
+    seen: list[int] = []
+    levels: list[str] = []
+
+    def on_poll(st) -> None:  # type: ignore[no-untyped-def]
+        levels.append(st.verdict.level if st.verdict else "ok")
+        if len(levels) == 1:
+            new = tmp_path / "new.jsonl"
+            _write_metrics(new, 12)  # a new run, larger than the old offset
+            new.replace(m)  # another inode at the same path
+
+    f = JsonlFollower(m)
+    seen += [r["step"] for r in f.poll()]
+    new = tmp_path / "new.jsonl"
+    _write_metrics(new, 12)
+    new.replace(m)
+    seen += [r["step"] for r in f.poll()]
+    assert seen == [1, 2, 3, 4, 5, *range(1, 13)] and f.restarted == 1
+    # follow(): the windows are reset, so the NaN of the old run no longer counts
+    _write_metrics(m, 5, nan_at=5)
+    state, _ = follow(m, interval=0.01, max_idle=0.2, on_poll=on_poll)
+    assert levels[0] == "critical" and state.verdict is not None
+    assert state.verdict.level == "ok" and state.restarts == 1
+    assert any("replaced" in e for e in state.events)
+
+
+def test_watch_json_reports_skipped_damaged_lines(tmp_path: Path) -> None:
+    m = tmp_path / "metrics.jsonl"
+    _write_metrics(m, 3)
+    with open(m, "a") as fh:
+        fh.write('garbage\n{"step":4,"lo\n')
+    res = CliRunner().invoke(main, ["watch", str(m), "--once", "--json"], catch_exceptions=False)
+    out = json.loads(res.output)
+    assert out["records"] == 3 and out["bad_lines"] == 2 and out["restarts"] == 0
+
+
 def _save(mgr: ckptkit.CheckpointManager, step: int, level: str | None, **kw) -> None:  # type: ignore[no-untyped-def]
     ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=step)
     health = (

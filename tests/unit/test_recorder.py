@@ -179,12 +179,14 @@ def test_read_jsonl_truncated_tail_and_damage(tmp_path: Path) -> None:
     assert read_jsonl(p, decode_nonfinite=False)[0]["loss"] == "nan"
 
     p.write_text('{"step":1}\n{"step":2,"lo\n{"step":3}\n')
+    assert [r["step"] for r in read_jsonl(p)] == [1, 3]  # damaged: skipped (and logged)
     with pytest.raises(CkptkitError, match="line 2 is not a JSON record") as ei:
-        read_jsonl(p)
+        read_jsonl(p, strict=True)
     assert ei.value.path == p
     p.write_text('{"step":1}\n[1, 2]\n')  # damaged, and the bad line is complete
+    assert [r["step"] for r in read_jsonl(p)] == [1]
     with pytest.raises(CkptkitError, match="line 2"):
-        read_jsonl(p)
+        read_jsonl(p, strict=True)
 
 
 def test_killed_writer_leaves_readable_file(tmp_path: Path) -> None:
@@ -218,3 +220,39 @@ def test_killed_writer_leaves_readable_file(tmp_path: Path) -> None:
     recs = read_jsonl(p)
     assert len(recs) > 200
     assert [r["step"] for r in recs] == list(range(len(recs)))
+
+
+def test_append_after_a_torn_last_line_starts_a_new_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step":1,"loss":1.0}\n{"step":2,"lo')  # a killed writer's fragment
+    with Recorder(p) as rec:
+        rec.log(3, loss=0.5)
+    lines = p.read_text().split("\n")
+    assert lines[1] == '{"step":2,"lo' and lines[2].startswith('{"step":3')
+    with caplog.at_level("WARNING", logger="ckptkit.recorder"):
+        assert [r["step"] for r in read_jsonl(p)] == [1, 3]
+    assert "skipped 1 damaged line" in caplog.text
+    # a clean file and an empty file get no extra newline
+    for body in ("", '{"step":1}\n'):
+        q = tmp_path / f"c{len(body)}.jsonl"
+        q.write_text(body)
+        with Recorder(q) as rec:
+            rec.log(2)
+        assert q.read_text().count("\n") == body.count("\n") + 1
+
+
+def test_read_jsonl_and_follower_share_one_damaged_line_policy(tmp_path: Path) -> None:
+    from ckptkit.recorder import parse_line
+    from ckptkit.watch import JsonlFollower
+
+    p = tmp_path / "m.jsonl"
+    body = '{"step":1,"x":["inf"]}\n[1, 2]\n\ngarbage\n{"step":2}{"step":3}\n{"step":4}\n'
+    p.write_text(body)
+    f = JsonlFollower(p)
+    got = f.poll()
+    assert got == read_jsonl(p) and [r["step"] for r in got] == [1, 4]
+    assert got[0]["x"] == [math.inf]  # nested non-finite strings decoded by both
+    assert f.bad_lines == 3
+    assert parse_line(b'{"step":5}') == {"step": 5} and parse_line(b"\xff") is None

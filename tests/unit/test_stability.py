@@ -285,3 +285,14 @@ def test_worse_and_bad_args() -> None:
         StabilityWatch(trigger_count=5, trigger_window=4)
     with pytest.raises(ValueError):
         StabilityWatch(z_warn=10, z_critical=5)
+
+
+def test_attached_recorder_accepts_keyword_step() -> None:
+    rec = Recorder(None)
+    w = StabilityWatch().attach(rec)
+    rec.log(step=2, loss=1.0)
+    assert w.last is not None and w.last.step == 2 and rec.records[-1]["step"] == 2
+    rec.log(3, loss=float("nan"))
+    assert w.last.level == "critical" and w.last.step == 3
+    with pytest.raises(TypeError):
+        rec.log(loss=1.0)  # no step: the recorder's own signature decides

@@ -266,3 +266,90 @@ def test_report_schema_is_valid_and_strict() -> None:
     validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/check"})
     for c in checks(REF, run(W + 1, lr_scale=2.0)):
         validator.validate(c.to_dict())
+
+
+# --- regressions -----------------------------------------------------------------------
+
+
+def test_nan_in_one_reference_does_not_make_the_tolerance_infinite() -> None:
+    other = copy.deepcopy(REF)
+    other[W]["loss"] = float("nan")  # one reference run blew up at one step
+    nf = noise_floor([REF, other], start=W, stop=W + N)
+    assert "loss" in nf.noisy and nf.numeric["loss"] == 0.0  # the inf diff is not a noise level
+    res = copy.deepcopy(GOOD)
+    res[1]["loss"] = 1e9
+    r = twin(REF, res, start=W, stop=W + N, noise=nf)
+    assert not r.ok and "loss" in r.detail["fields"]
+
+
+@pytest.mark.parametrize(
+    "noise, thresholds",
+    [
+        (None, {"loss": float("inf")}),
+        (None, {"noise_factor": float("nan")}),
+    ],
+)
+def test_non_finite_tolerance_is_not_judgeable(noise: Any, thresholds: dict[str, float]) -> None:
+    nf = noise_floor([REF, REF], start=W, stop=W + N)
+    r = twin(REF, GOOD, start=W, stop=W + N, noise=noise or nf, thresholds=thresholds)
+    assert not r.ok and r.statistic >= 1
+    assert "loss" in r.detail["not_judgeable"]
+    assert "cannot be judged" in r.detail["not_judgeable"]["loss"]
+    json.dumps(r.to_dict(), allow_nan=False)  # still strict JSON
+
+
+@pytest.mark.parametrize("field", ["lr", "loss_scale", "opt_step", "rng", "batch_hash"])
+def test_references_disagreeing_on_a_step_input_fail_twin(field: str) -> None:
+    ref = run(loss_scale=1024.0)
+    other = copy.deepcopy(ref)
+    other[W + 1][field] = 0.25 if field != "rng" and field != "batch_hash" else "other"
+    nf = noise_floor([ref, other], start=W, stop=W + N)
+    assert field in nf.noisy
+    res = copy.deepcopy(run(W + 1, loss_scale=1024.0))
+    res[1][field] = 0.5 if field != "rng" and field != "batch_hash" else "wrong"
+    r = twin(ref, res, start=W, stop=W + N, noise=nf)
+    assert not r.ok
+    assert r.detail["not_judgeable"][field] == f"reference runs are not deterministic in {field}"
+    assert r.detail["modes"][field].startswith("not judgeable")
+    cs = [r, exposure(ref, res, start=W, stop=W + N)]
+    d = diagnose(ref, res, cs, start=W, stop=W + N)
+    assert field in d.fields and "not deterministic" in d.evidence[0]
+
+
+def test_continuity_forgives_only_when_resumed_equals_the_reference() -> None:
+    facts = {"step": W, "lookahead": {"rng": "full-state-fingerprint", "lr": 123.0}}
+    res = copy.deepcopy(GOOD)
+    res[0]["rng"] = "something-else"  # neither the checkpoint's nor the reference's value
+    res[0]["lr"] = 7.0
+    r = continuity(facts, res, reference=REF, save_step=W)
+    assert not r.ok and r.detail["failed"] == ["lr", "rng"]
+    assert not any(i.get("skipped") for i in r.detail["items"])
+
+
+def test_continuity_uses_the_resume_guard_and_says_so() -> None:
+    guard = {
+        "k": 8,
+        "next_step": W + 1,
+        "lr": [REF[W]["lr"], 0.0],
+        "sched_epoch": W,
+        "opt_step": W,
+        "loss_scale": 1024.0,
+        "rng": "guard-fingerprint",
+        "world_size": 1,
+    }
+    facts = {"step": W, "lookahead": {"guard": guard}, "lr": 999.0, "opt_step": 999}
+    res = [{"step": W + 1, "lr": REF[W]["lr"], "opt_step": W + 1, "loss_scale": 1024.0}]
+    r = continuity(facts, res)
+    assert r.ok, r.detail
+    assert r.detail["source"] == "resume guard"
+    items = {i["what"]: i for i in r.detail["items"]}
+    assert items["lr"]["checkpoint"] == REF[W]["lr"] and items["opt_step"]["checkpoint"] == W
+    # a wrong LR against the guard fails
+    bad = continuity(facts, [{**res[0], "lr": 0.5}])
+    assert bad.detail["failed"] == ["lr"]
+    # the user's look-ahead wins over the guard where it has the key
+    mixed = continuity({**facts, "lookahead": {"guard": guard, "lr": 0.5}}, [{**res[0], "lr": 0.5}])
+    assert mixed.ok and mixed.detail["source"] == "resume guard + lookahead"
+    # no look-ahead at all: the component summaries
+    plain = continuity({"step": W, "lr": 0.5}, [{"step": W + 1, "lr": 0.5}])
+    assert plain.detail["source"] == "component summaries"

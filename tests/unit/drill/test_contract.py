@@ -63,3 +63,32 @@ def test_bad_step_is_a_drill_error(raw: str) -> None:
 def test_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPTKIT_DRILL_SAVE_AT", "7")
     assert DrillEnv.from_env().save_at == 7
+
+
+@pytest.mark.parametrize("point_at", ["step", "run"])
+def test_restore_from_opens_the_source_run_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point_at: str
+) -> None:
+    import torch
+
+    import ckptkit
+    from ckptkit import manager as manager_mod
+
+    src = tmp_path / "src"
+    ckptkit.CheckpointManager(src).save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4))
+    opened: list[bool] = []
+    real_init = manager_mod.CheckpointManager.__init__
+
+    def spy(self, root, **kw):  # type: ignore[no-untyped-def]
+        opened.append(bool(kw.get("readonly")))
+        real_init(self, root, **kw)
+
+    monkeypatch.setattr(manager_mod.CheckpointManager, "__init__", spy)
+    before = sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*"))
+    target = src / "step-00000004" if point_at == "step" else src
+    ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=0)
+    own = tmp_path / "own"
+    res = DrillEnv(resume_from=target).restore(ts, ckptkit.CheckpointManager(own))
+    assert res is not None and ts.step == 4
+    assert opened == [False, True]  # the script's own manager, then the --from one
+    assert sorted((p.relative_to(src), p.stat().st_mtime_ns) for p in src.rglob("*")) == before

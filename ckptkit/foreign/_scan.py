@@ -100,6 +100,20 @@ class Scan:
             reason=reason,
         )
 
+    def load_present(
+        self, name: str, files: list[str], *, summary: dict[str, Any] | None = None
+    ) -> bool:
+        """Load ``files`` safely as component ``name`` and mark it present (required).
+
+        Returns False (and changes nothing) when ``files`` is empty.
+        """
+        if not files:
+            return False
+        for f in files:
+            self.load(f, component=name)
+        self.comp(name, present=True, required=True, where=files, summary=summary)
+        return True
+
     def missing(
         self,
         name: str,

@@ -63,23 +63,14 @@ def scan(s: Scan) -> None:
 
     scheds = [f for f in s.files if _SCHED.match(f)]
     used |= set(scheds)
-    if scheds:
-        for f in scheds:
-            s.load(f, component="scheduler")
-        s.comp("scheduler", present=True, required=True, where=scheds)
+    s.load_present("scheduler", scheds)
 
-    if s.has("scaler.pt"):
+    if s.load_present("scaler", [f for f in ("scaler.pt",) if s.has(f)]):
         used.add("scaler.pt")
-        s.load("scaler.pt", component="scaler")
-        s.comp("scaler", present=True, required=True, where=["scaler.pt"])
 
     samplers = [f for f in s.files if _SAMPLER.match(f)]
     used |= set(samplers)
-    if samplers:
-        for f in samplers:
-            s.load(f, component="sampler")
-        s.comp("sampler", present=True, required=True, where=samplers)
-    else:
+    if not s.load_present("sampler", samplers):
         s.missing(
             "sampler",
             "CK-C102",

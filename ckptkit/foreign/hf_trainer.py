@@ -170,18 +170,13 @@ def scan(s: Scan) -> None:
         )
 
     # scaler (fp16 AMP only)
-    if s.has("scaler.pt"):
+    if s.load_present("scaler", [f for f in ("scaler.pt",) if s.has(f)]):
         used.add("scaler.pt")
-        s.load("scaler.pt", component="scaler")
-        s.comp("scaler", present=True, required=True, where=["scaler.pt"])
 
     # rng, one file per process
     rng = [f for f in s.files if _RNG.match(f)]
     used |= set(rng)
-    if rng:
-        for f in rng:
-            s.load(f, component="rng")
-        s.comp("rng", present=True, required=True, where=rng, summary={"files": len(rng)})
+    if s.load_present("rng", rng, summary={"files": len(rng)}):
         s.comp(
             "parallel",
             present=True,

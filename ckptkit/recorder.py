@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from ckptkit._jsonval import decode, decode_float, encode_float
 from ckptkit.errors import CkptkitError
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 ENV_METRICS = "CKPTKIT_METRICS"
 """Environment variable naming the metrics file when ``Recorder(path=None)``."""
 
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 # Keys written by the recorder itself; user scalars may not shadow them.
 _RESERVED = frozenset({"step", "time"})
 # Per-record fields that are lists, not scalars: no per-metric stats for them.
@@ -231,7 +231,7 @@ class Recorder:
             for key, v in r.items():
                 if key in _RESERVED or key in _LIST_FIELDS:
                     continue
-                f = _as_float(v)
+                f = decode_float(v)
                 if f is not None:
                     values.setdefault(key, []).append(f)
         metrics = {key: _summary(vs) for key, vs in sorted(values.items())}
@@ -246,7 +246,7 @@ class Recorder:
         skipped = 0
         prev_scale: float | None = None
         for r in recs:
-            scale = _as_float(r.get("loss_scale"))
+            scale = decode_float(r.get("loss_scale"))
             if scale is None or math.isnan(scale):
                 continue
             if prev_scale is not None and scale < prev_scale:
@@ -255,7 +255,7 @@ class Recorder:
 
         rates: list[float] = []
         for before, cur in itertools.pairwise(recs):
-            tok = _as_float(cur.get("tokens"))
+            tok = decode_float(cur.get("tokens"))
             dt = cur["time"] - before["time"]
             if tok is not None and math.isfinite(tok) and dt > 0:
                 rates.append(tok / dt)
@@ -309,7 +309,7 @@ def parse_line(line: str | bytes, *, decode_nonfinite: bool = True) -> dict[str,
         return None
     if not isinstance(rec, dict):
         return None
-    return _decode(rec) if decode_nonfinite else rec
+    return decode(rec) if decode_nonfinite else rec
 
 
 def read_jsonl(
@@ -393,9 +393,7 @@ def _jsonable(value: Any, key: str) -> Any:
     if isinstance(value, bool | int | str) or value is None:
         return value
     if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return encode_float(value)
     if isinstance(value, list | tuple):
         return [_jsonable(v, key) for v in value]
     if isinstance(value, Mapping):
@@ -408,16 +406,6 @@ def _jsonable(value: Any, key: str) -> Any:
 
 def _sanitize(obj: Any) -> Any:
     return _jsonable(obj, "stats")
-
-
-def _as_float(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str) and v in _NONFINITE:
-        return _NONFINITE[v]
-    return None
 
 
 def _summary(vs: list[float]) -> dict[str, Any]:
@@ -443,16 +431,6 @@ def _flat(v: Any) -> Iterable[Any]:
             yield from _flat(x)
     else:
         yield v
-
-
-def _decode(obj: Any) -> Any:
-    if isinstance(obj, str):
-        return _NONFINITE.get(obj, obj)
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _decode(v) for k, v in obj.items()}
-    return obj
 
 
 __all__ = ["ENV_METRICS", "Recorder", "parse_line", "read_jsonl"]

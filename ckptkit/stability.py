@@ -54,6 +54,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ckptkit._jsonval import encode_float
+
 Level = Literal["ok", "warn", "critical"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
 _RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
@@ -114,8 +116,8 @@ class Signal:
         """Return a JSON-able dict (non-finite numbers as strings)."""
         return {
             "level": self.level,
-            "statistic": _num(self.statistic),
-            "threshold": _num(self.threshold),
+            "statistic": encode_float(self.statistic),
+            "threshold": encode_float(self.threshold),
             "detail": self.detail,
         }
 
@@ -276,12 +278,12 @@ class _Track:
         ready = self.ready
         return {
             "count": self.count,
-            "last": _num(self.last),
-            "baseline_median": _num(back(self.med)) if ready else None,
-            "baseline_sigma": _num(self.sig) if ready else None,
-            "recent_median": _num(back(self.med_recent)) if ready else None,
-            "z": _num(self.z) if ready else None,
-            "std_ratio": _num(self.dsig_recent / self.dsig_base)
+            "last": encode_float(self.last),
+            "baseline_median": encode_float(back(self.med)) if ready else None,
+            "baseline_sigma": encode_float(self.sig) if ready else None,
+            "recent_median": encode_float(back(self.med_recent)) if ready else None,
+            "z": encode_float(self.z) if ready else None,
+            "std_ratio": encode_float(self.dsig_recent / self.dsig_base)
             if ready and math.isfinite(self.dsig_recent)
             else None,
             "triggers": self.n_warn,
@@ -629,7 +631,7 @@ class StabilityWatch:
         window: dict[str, Any] = {name: tr.stats() for name, tr in sorted(self.tracks.items())}
         if self._scale_last is not None:
             window[self.loss_scale_key] = {
-                "last": _num(self._scale_last),
+                "last": encode_float(self._scale_last),
                 "backoffs_without_growth": len(self._backoffs),
                 "last_growth_step": self._scale_grew_at,
             }
@@ -880,12 +882,6 @@ def _scalar(v: Any) -> float | None:
         return float(v)  # numpy scalar, 0-d tensor (syncs a CUDA tensor)
     except (TypeError, ValueError):
         return None
-
-
-def _num(x: float) -> float | str:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
 
 
 __all__ = [

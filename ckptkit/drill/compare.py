@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit._jsonval import encode_float
 
 Record = Mapping[str, Any]
 
@@ -116,8 +117,8 @@ def jsonable(obj: Any) -> Any:
         >>> jsonable({"a": float("inf"), "b": (1, Path("x"))})
         {'a': 'inf', 'b': [1, 'x']}
     """
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, float):
+        return encode_float(obj)
     if isinstance(obj, Mapping):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple | set | frozenset):

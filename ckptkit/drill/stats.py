@@ -44,6 +44,8 @@ import numpy as np
 from scipy import stats as sps
 from scipy.spatial.distance import jensenshannon
 
+from ckptkit._jsonval import NONFINITE
+
 MAD_SCALE = 1.4826
 """``1.4826·MAD`` estimates σ for Gaussian noise; robust to the heavy tails of batch loss."""
 
@@ -77,7 +79,6 @@ DEFAULT_THRESHOLDS: dict[str, float | None] = {
 TREND_POWERS: tuple[float, ...] = (1.0, 0.5, 0.0, -0.5, -1.0)
 """Step coordinates tried for the loss trend: linear, square root, log, and two power laws."""
 
-_NONFINITE_STR = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _MAX_TREND_POINTS = 1000  # Theil–Sen is O(n²) in memory; subsample beyond this.
 
 
@@ -606,7 +607,7 @@ def _to_float(v: Any) -> float:
         except (OverflowError, ValueError):
             return math.inf if v > 0 else -math.inf
     if isinstance(v, str):
-        return _NONFINITE_STR.get(v.strip().lower(), math.nan)
+        return NONFINITE.get(v.strip().lower(), math.nan)
     return math.nan
 
 

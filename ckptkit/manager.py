@@ -494,7 +494,7 @@ class CheckpointManager:
                 health = self.watch.snapshot()
             if health is not None:
                 fields0["health"] = dict(health)
-            fields0["lookahead"] = self._lookahead(state, lookahead, world=g)
+            fields0["lookahead"] = self._lookahead(state, lookahead)
             return self._save_dist(state, g, step, fields0, overwrite=overwrite, t0=t0)
         self.wait()  # one save in flight at most; surfaces a failed async save
         self._writer()
@@ -537,7 +537,7 @@ class CheckpointManager:
 
     @staticmethod
     def _lookahead(
-        state: TrainState, user: Mapping[str, Any] | None, *, world: Any = None
+        state: TrainState, user: Mapping[str, Any] | None
     ) -> dict[str, Any]:
         """The user's look-ahead plus the automatic resume-guard one (``guard`` key).
 

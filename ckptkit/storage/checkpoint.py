@@ -339,7 +339,8 @@ def read_checkpoint(
     by_file: dict[str, dict[str, tensors.HeaderEntry]] = {f.path: {} for f in m.files}
     for te in m.tensors:
         by_file[te.file][te.key] = te.header_entry()
-    # Files with no tensors (JSON side files, if any) are still verified by digest.
+    # Only tensor shards are read here; other listed files (DCP shards of a multi-rank
+    # save) are checked by their own reader path (storage.dist.verify_files) or verify.
     jobs: Sequence[mf.FileEntry] = [f for f in m.files if f.path.endswith(_TENSOR_SUFFIXES)]
     real_root = root.resolve()
     for fe in m.files:

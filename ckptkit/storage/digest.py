@@ -57,11 +57,9 @@ class PipelinedHasher:
         self._h = new()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptkit-hash")
         self._pending: Future[None] | None = None
-        self.nbytes = 0
 
     def update(self, chunk: bytes | memoryview) -> None:
         """Queue ``chunk`` for hashing (after every chunk queued before it)."""
-        self.nbytes += len(chunk)
         # A single worker runs submissions in order; small chunks are hashed inline
         # because a thread hop costs more than hashing them.
         if len(chunk) < (1 << 20):

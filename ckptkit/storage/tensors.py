@@ -18,7 +18,7 @@ import mmap
 import os
 import queue
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -821,8 +821,3 @@ def scan_file(
         while buffered.read(digest.CHUNK):
             pass
         return hasher.hexdigest(), size, header, err, None
-
-
-def iter_items(tensors: dict[str, torch.Tensor], keys: Iterable[str]) -> list[tuple[str, torch.Tensor]]:
-    """Return ``(key, tensor)`` pairs for ``keys`` in order (helper for sharding)."""
-    return [(k, tensors[k]) for k in keys]

@@ -79,7 +79,7 @@ class CheckContext:
         try:
             size = os.stat(p).st_size
             if size != fe.size:
-                # Still hash it: a grown file may also be damaged, but size says enough.
+                # Not hashed: the size alone proves the file is not the one recorded.
                 return FileScan(fe, exists=True, size=size)
             hexd, size, header, err, finite = tensors.scan_file(
                 p,

@@ -114,6 +114,21 @@ class Scan:
         self.comp(name, present=True, required=True, where=files, summary=summary)
         return True
 
+    def load_model(self, files: list[str]) -> bool:
+        """Check model weight files (safetensors header/length, or a safe torch load plus a
+        NaN/Inf scan) and mark the model present; False when ``files`` is empty."""
+        if not files:
+            return False
+        self.comp("model", present=True, required=True, where=files)
+        for f in files:
+            if f.endswith(".safetensors"):
+                self.safetensors(f)
+            else:
+                obj = self.load(f, component="model")
+                if obj is not None:
+                    self.nonfinite("model", iter_state(obj), path=f)
+        return True
+
     def missing(
         self,
         name: str,

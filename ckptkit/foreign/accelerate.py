@@ -30,15 +30,7 @@ def scan(s: Scan) -> None:
 
     models = [f for f in s.files if _MODEL.match(f)]
     used |= set(models)
-    if models:
-        s.comp("model", present=True, required=True, where=models)
-        for f in models:
-            if f.endswith(".safetensors"):
-                s.safetensors(f)
-            else:
-                obj = s.load(f, component="model")
-                s.nonfinite("model", iter_state(obj), path=f)
-    else:
+    if not s.load_model(models):
         s.missing("model", "CK-C101", "no model weights (model.safetensors / pytorch_model.bin)")
 
     opts = [f for f in s.files if _OPT.match(f)]

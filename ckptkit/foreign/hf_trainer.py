@@ -53,16 +53,7 @@ def scan(s: Scan) -> None:
     # model
     weights = sorted({f for pat in WEIGHT_PATTERNS for f in s.glob(pat)})
     used |= set(weights)
-    if weights:
-        s.comp("model", present=True, required=True, where=weights)
-        for w in weights:
-            if w.endswith(".safetensors"):
-                s.safetensors(w)
-            else:
-                obj = s.load(w, component="model")
-                if obj is not None:
-                    s.nonfinite("model", iter_state(obj), path=w)
-    else:
+    if not s.load_model(weights):
         s.missing("model", "CK-C101", "no model weights (model.safetensors / pytorch_model.bin)")
 
     # trainer_state.json: progress, sampler (batch skipping), metrics

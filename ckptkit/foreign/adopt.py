@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
@@ -145,7 +146,7 @@ def read_adopted(s: Scan) -> dict[str, Any] | None:
     rel = p.name
     try:
         if p.stat().st_size > mf.MAX_MANIFEST_BYTES:
-            raise CkptkitError("adopted manifest is absurdly large", code="CK-M006")
+            raise codes.error("CK-M006", "adopted manifest is absurdly large")
         m = mf.Manifest.from_json(p.read_bytes(), path=rel)
     except CkptkitError as e:
         s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)

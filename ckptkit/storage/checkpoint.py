@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ckptkit import _progress
+from ckptkit import _progress, codes
 from ckptkit import manifest as mf
-from ckptkit.errors import ManifestError, UnsafeInputError
+from ckptkit.errors import ManifestError
 from ckptkit.storage import atomic, codec, tensors, tree
 
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -329,10 +329,10 @@ def read_checkpoint(
     limit = max_bytes if max_bytes is not None else _max_bytes_default()
     need = sum(t.nbytes for t in m.tensors)
     if need > limit:
-        raise UnsafeInputError(
+        raise codes.error(
+            "CK-M006",
             f"checkpoint declares {need} bytes of tensors, more than the {limit}-byte limit",
             path=root / atomic.MANIFEST_NAME,
-            code="CK-M006",
             hint="pass max_bytes= if this size is genuine, otherwise do not load it",
         )
     targets = tree.collect_targets(targets_from, m.tree) if targets_from is not None else {}
@@ -346,11 +346,10 @@ def read_checkpoint(
     for fe in m.files:
         p = root / fe.path
         if p.is_symlink() or (p.exists() and not p.resolve().is_relative_to(real_root)):
-            raise UnsafeInputError(
+            raise codes.error(
+                "CK-F009",
                 "file is a symlink or resolves outside the checkpoint directory",
                 path=fe.path,
-                code="CK-F009",
-                hint="replace it with the real file; ckptkit never reads outside a checkpoint",
             )
     out: dict[str, torch.Tensor] = {}
     with _progress.bar(f"loading {root.name}", need, progress) as on_bytes:

@@ -23,12 +23,11 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import (
     CkptkitError,
     DistributedError,
-    IncompleteCheckpointError,
-    IntegrityError,
 )
 from ckptkit.storage import digest
 
@@ -183,27 +182,19 @@ def verify_files(root: Path, entries: Sequence[mf.FileEntry]) -> None:
         try:
             size = os.stat(p).st_size
         except FileNotFoundError:
-            raise IncompleteCheckpointError(
-                f"file listed in the manifest is missing{who}",
-                path=p,
-                code="CK-F001",
-                hint="restore the file from a replica or roll back to the previous verified "
-                "checkpoint",
+            raise codes.error(
+                "CK-F001", f"file listed in the manifest is missing{who}", path=p
             ) from None
         if size != fe.size:
-            raise IntegrityError(
-                f"size is {size} bytes, the manifest records {fe.size}{who}",
-                path=p,
-                code="CK-F002",
-                hint="the file was truncated or rewritten; roll back",
+            raise codes.error(
+                "CK-F002", f"size is {size} bytes, the manifest records {fe.size}{who}", path=p
             )
         hexd, _ = digest.hash_file(p)
         if hexd != fe.xxh3_128:
-            raise IntegrityError(
+            raise codes.error(
+                "CK-F003",
                 f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {hexd[:12]}…){who}",
                 path=p,
-                code="CK-F003",
-                hint="restore the file from a replica or roll back",
             )
 
 

@@ -26,7 +26,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ckptkit.errors import IncompleteCheckpointError, IntegrityError, UnsafeInputError
+from ckptkit import codes
+from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
 from ckptkit.storage import codec, digest
 
 DTYPES: dict[str, torch.dtype] = {
@@ -371,14 +372,8 @@ def parse_header(raw: bytes, *, path: str, data_len: int | None) -> dict[str, He
             offsets overlap, leave gaps, or run past the data section.
     """
 
-    def bad(why: str) -> IntegrityError:
-        return IntegrityError(
-            f"safetensors header is invalid: {why}",
-            path=path,
-            code="CK-F004",
-            hint="the file is damaged or not a safetensors file; restore it from a replica "
-            "or roll back to the previous verified checkpoint",
-        )
+    def bad(why: str) -> CkptkitError:
+        return codes.error("CK-F004", f"safetensors header is invalid: {why}", path=path)
 
     try:
         hdr = json.loads(raw.decode("utf-8"))
@@ -427,28 +422,25 @@ def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[
     """Read the 8-byte length and the header bytes; return ``(header length, bytes)``."""
     pre = _read_exact(f, 8)
     if len(pre) < 8:
-        raise IntegrityError(
+        raise codes.error(
+            "CK-F004",
             "file is shorter than a safetensors header (truncated)",
             path=path,
-            code="CK-F004",
-            hint="the file was truncated; restore it or roll back to the previous checkpoint",
         )
     (n,) = struct.unpack("<Q", pre)
     limit = MAX_HEADER if file_size is None else min(MAX_HEADER, max(file_size - 8, 0))
     if n > limit:
-        raise IntegrityError(
+        raise codes.error(
+            "CK-F004",
             f"safetensors header length {n} is absurd (file holds at most {limit})",
             path=path,
-            code="CK-F004",
-            hint="the file is damaged or not a safetensors file; restore it from a replica",
         )
     raw = _read_exact(f, n)
     if len(raw) < n:
-        raise IntegrityError(
+        raise codes.error(
+            "CK-F004",
             "file ends inside the safetensors header (truncated)",
             path=path,
-            code="CK-F004",
-            hint="the file was truncated; restore it or roll back",
         )
     return n, raw
 
@@ -513,23 +505,15 @@ def read_file(
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in finally
     except FileNotFoundError:
-        raise IncompleteCheckpointError(
-            "file listed in the manifest is missing",
-            path=rel,
-            code="CK-F001",
-            hint="restore the file from a replica or roll back to the previous verified "
-            "checkpoint ('ckptkit ls RUN')",
-        ) from None
+        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
     try:
         size = os.fstat(f.fileno()).st_size
         if size != expected.size:
-            raise IntegrityError(
+            raise codes.error(
+                "CK-F002",
                 f"size is {size} bytes, the manifest records {expected.size} "
                 f"({'truncated' if size < expected.size else 'grown'})",
                 path=rel,
-                code="CK-F002",
-                hint="the file was truncated or rewritten; restore it from a replica or roll "
-                "back to the previous verified checkpoint",
             )
         with digest.PipelinedHasher() as hasher:
             data_limit: int | None
@@ -561,13 +545,10 @@ def read_file(
                     pass
             hexd = hasher.hexdigest()
         if hexd != expected.digest:
-            raise IntegrityError(
+            raise codes.error(
+                "CK-F003",
                 f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
                 path=rel,
-                code="CK-F003",
-                hint="the bytes changed after the save (bit flip, partial overwrite); restore "
-                "the file from a replica or roll back with 'ckptkit ls RUN' to the previous "
-                "verified step",
             )
         return out
     finally:
@@ -596,20 +577,13 @@ def _match(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: 
                 f"is {got.dtype}{list(got.shape)} at {list(got.offsets)} in the file header but "
                 f"{want.dtype}{list(want.shape)} at {list(want.offsets)} in the manifest"
             )
-            raise IntegrityError(
-                f"tensor '{key}' {what}",
-                path=rel,
-                code="CK-F005",
-                hint="the file and manifest disagree (file replaced or manifest edited); roll "
-                "back to the previous verified checkpoint",
-            )
+            raise codes.error("CK-F005", f"tensor '{key}' {what}", path=rel)
     extra = sorted(set(header) - set(wanted))
     if extra:
-        raise IntegrityError(
+        raise codes.error(
+            "CK-F005",
             f"file header holds tensors the manifest does not list: {extra[:5]}",
             path=rel,
-            code="CK-F005",
-            hint="the file was replaced; roll back to the previous verified checkpoint",
         )
 
 
@@ -664,11 +638,10 @@ def _pread_tensors(
         while got < len(mv):
             k = os.preadv(fd, [mv[got:]], off + got)
             if k == 0:
-                raise IntegrityError(
+                raise codes.error(
+                    "CK-F002",
                     f"file ends inside tensor '{key}' (truncated)",
                     path=rel,
-                    code="CK-F002",
-                    hint="restore the file or roll back to the previous verified checkpoint",
                 )
             got += k
 
@@ -705,11 +678,10 @@ def _read_tensors(
             chunk = mv[i : i + digest.CHUNK]
             got = _readinto_exact(src, chunk)
             if got < len(chunk):
-                raise IntegrityError(
+                raise codes.error(
+                    "CK-F002",
                     f"file ends inside tensor '{key}' (truncated)",
                     path=rel,
-                    code="CK-F002",
-                    hint="restore the file or roll back to the previous verified checkpoint",
                 )
             if on_bytes:
                 on_bytes(got)

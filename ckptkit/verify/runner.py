@@ -11,7 +11,6 @@ from typing import Any
 from ckptkit import _progress
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign import codes as _foreign_codes  # noqa: F401  (registers CK-F1xx, CK-C1xx)
 from ckptkit.storage import atomic
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext

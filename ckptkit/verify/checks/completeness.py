@@ -12,22 +12,13 @@ from collections.abc import Iterator
 from ckptkit import manifest as mf
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, ERROR, WARNING, Finding, check
-
-ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
+from ckptkit.verify.findings import CODES, WARNING, Finding, check
 
 # Components whose state lives in the tree under their own name in a TrainState save.
 _IN_TREE = tuple(n for n in mf.COMPONENTS if n not in ("env",))
 
 
-@check(
-    "CK-C001",
-    family="completeness",
-    severity=ERROR,
-    title="required component missing",
-    hint="the run uses this state but the checkpoint lacks it, so a resume would start it "
-    "fresh; pass it to TrainState (e.g. scaler=, scheduler=) and save again, or " + ROLLBACK,
-)
+@check("CK-C001")
 def required_missing(ctx: CheckContext) -> Iterator[Finding]:
     m = st.manifest(ctx)
     tree = st.mapping(m.tree)
@@ -54,16 +45,7 @@ def required_missing(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check(
-    "CK-C002",
-    family="completeness",
-    severity=WARNING,
-    title="training state without a sampler cursor",
-    component="sampler",
-    hint="the data order restarts at the beginning of the epoch on resume (samples are "
-    "replayed) unless the loader is stateless; pass sampler= a ckptkit.sampler."
-    "ResumableSampler or a torchdata StatefulDataLoader",
-)
+@check("CK-C002")
 def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
     opt = st.component(ctx, "optimizer")
     if opt is None or opt.required is not True or opt.present is not True:
@@ -78,16 +60,7 @@ def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-@check(
-    "CK-C003",
-    family="completeness",
-    severity=ERROR,
-    title="RNG states do not match the recorded world size",
-    component="rng",
-    hint="every rank must save its own RNG state; a resume on the missing ranks starts "
-    "fresh streams (different dropout and augmentation), so the curve drifts; save from "
-    "every rank (spec §7), or " + ROLLBACK,
-)
+@check("CK-C003")
 def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     if not st.present(ctx, "rng"):
         return

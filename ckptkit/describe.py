@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit.foreign.detect import detect
+from ckptkit.foreign.report import describe_foreign
+from ckptkit.storage.atomic import MANIFEST_NAME
 
 
 def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
@@ -25,14 +28,9 @@ def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
         >>> info = describe(d); info["step"], info["tensors"][0]["shape"]
         (5, [2, 3])
     """
-    from ckptkit.foreign.detect import detect
-    from ckptkit.storage.atomic import MANIFEST_NAME
-
     if format is not None or (
         not (Path(path) / MANIFEST_NAME).exists() and detect(path) is not None
     ):
-        from ckptkit.foreign.report import describe_foreign
-
         return describe_foreign(path, format)
     m = mf.read(path)
     return {

@@ -23,6 +23,9 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from ckptkit.errors import IntegrityError
+from ckptkit.storage import tensors as st
+
 ZIP_CHUNK = 1 << 20
 MAX_PICKLE_BYTES = 256 << 20
 """A ``data.pkl`` (or DCP ``.metadata``) larger than this is not parsed (hostile input)."""
@@ -372,9 +375,6 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
     Returns:
         ``(header entries, None)`` or ``(None, CK-F104 problem)``.
     """
-    from ckptkit.errors import IntegrityError
-    from ckptkit.storage import tensors as st
-
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

@@ -24,6 +24,7 @@ from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
+from ckptkit.foreign.read import scan
 from ckptkit.storage import digest
 from ckptkit.storage.atomic import fsync_dir
 from ckptkit.verify.findings import ERROR
@@ -66,8 +67,6 @@ def adopt(path: Path | str, fmt: str | None = None, *, force: bool = False) -> P
         >>> adopt(p).name
         'ck.pt.ckptkit-manifest.json'
     """
-    from ckptkit.foreign.report import scan
-
     s = scan(path, fmt)
     bad = [
         f for f in s.findings if f.severity is ERROR and f.code.startswith(("CK-F", "CK-M", "CK-S"))

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ckptkit import codes
-from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
+from ckptkit.errors import CkptkitError, IntegrityError, StateError, UnsafeInputError
 from ckptkit.storage import codec, digest
 
 DTYPES: dict[str, torch.dtype] = {
@@ -81,8 +81,6 @@ def dtype_name(dt: torch.dtype, *, key: str) -> str:
     try:
         return DTYPE_NAMES[dt]
     except KeyError:
-        from ckptkit.errors import StateError
-
         raise StateError(
             f"tensor '{key}' has dtype {dt}, which safetensors cannot hold",
             hint="convert it (e.g. complex128 -> two float64 tensors) before saving",

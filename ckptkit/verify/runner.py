@@ -4,100 +4,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckptkit import _progress
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.foreign.detect import detect
+from ckptkit.foreign.read import resolve_format
+from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+from ckptkit.verify.report import Report, VerifyResult, empty_components
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
-
-
-@dataclass
-class Report:
-    """Findings for one checkpoint directory."""
-
-    path: Path
-    findings: list[Finding]
-    components: dict[str, mf.Component]
-    manifest: mf.Manifest | None = None
-    strict: bool = False
-    files_checked: int = 0
-    bytes_checked: int = 0
-    seconds: float = 0.0
-    format: str = "ckptkit"
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.ERROR]
-
-    @property
-    def ok(self) -> bool:
-        """No error findings (``strict``: no warnings either)."""
-        bad = {Severity.ERROR, Severity.WARNING} if self.strict else {Severity.ERROR}
-        return not any(f.severity in bad for f in self.findings)
-
-    @property
-    def step(self) -> int | None:
-        return self.manifest.step if self.manifest is not None else None
-
-    def raise_first(self) -> None:
-        """Raise the exception matching the first error finding (what ``load`` would)."""
-        errs = self.errors
-        if errs:
-            raise errs[0].to_error(base=str(self.path))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form (schemas/verify-report.schema.json, ``$defs/report``)."""
-        return {
-            "path": str(self.path),
-            "ok": self.ok,
-            "format": self.format,
-            "step": self.step,
-            "files_checked": self.files_checked,
-            "bytes_checked": self.bytes_checked,
-            "seconds": round(self.seconds, 4),
-            "findings": [f.to_dict() for f in self.findings],
-            "components": {
-                name: {"present": c.present, "required": c.required, "where": list(c.where)}
-                for name, c in self.components.items()
-            },
-        }
-
-
-@dataclass
-class VerifyResult:
-    """What :func:`verify` returns: one report per checkpoint found."""
-
-    path: Path
-    reports: list[Report] = field(default_factory=list)
-    strict: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.reports) and all(r.ok for r in self.reports)
-
-    @property
-    def findings(self) -> list[Finding]:
-        return [f for r in self.reports for f in r.findings]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "path": str(self.path),
-            "strict": self.strict,
-            "reports": [r.to_dict() for r in self.reports],
-        }
-
-
-def _empty_components() -> dict[str, mf.Component]:
-    return {n: mf.Component(name=n, present=False, required=False) for n in mf.COMPONENTS}
 
 
 def verify_one(
@@ -129,7 +51,7 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
-    comps = _empty_components()
+    comps = empty_components()
     if m is not None:
         comps.update(m.components)
     order = {code: i for i, code in enumerate(CODES)}
@@ -206,8 +128,6 @@ def verify(
     """
     root = Path(path)
     if not root.exists():
-        from ckptkit.errors import IncompleteCheckpointError
-
         raise IncompleteCheckpointError(
             "no such file or directory", path=root, hint="check the path"
         )
@@ -217,8 +137,6 @@ def verify(
     result = VerifyResult(path=root, strict=strict)
     foreign = _foreign_targets(root, format)
     if foreign is not None:
-        from ckptkit.foreign.report import verify_foreign
-
         result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
         return result
     for ck in find_checkpoints(root):
@@ -234,8 +152,6 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
 
     None means: verify natively (a manifest is there, or nothing foreign was found).
     """
-    from ckptkit.foreign.detect import detect
-
     if fmt is not None:
         return [(root, fmt)]
     if (root / atomic.MANIFEST_NAME).exists():
@@ -244,8 +160,6 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
     if found is not None:
         return [(root, found)]
     if not root.is_dir():
-        from ckptkit.foreign.report import resolve_format
-
         resolve_format(root, None)  # raises: not a recognised layout
     if find_checkpoints(root) != [root]:
         return None

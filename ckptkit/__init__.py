@@ -7,6 +7,7 @@ from ckptkit.capture.state import TrainState
 from ckptkit.errors import (
     CheckpointExistsError,
     CkptkitError,
+    CommittedError,
     DrillError,
     IncompleteCheckpointError,
     IntegrityError,
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointManager",
     "CkptkitError",
+    "CommittedError",
     "DrillError",
     "IncompleteCheckpointError",
     "IntegrityError",

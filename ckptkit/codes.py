@@ -338,6 +338,51 @@ register_code(
     error_class=errors.UnsafeInputError,
 )
 register_code(
+    "CK-F020",
+    family="integrity",
+    severity=INFO,
+    title="checkpoint deleted during the check",
+    hint="rotation of a live run deleted it while it was being read; nothing is wrong "
+    "with it or the run; run the check again to see the checkpoints that exist now",
+)
+register_code(
+    "CK-F021",
+    family="integrity",
+    severity=ERROR,
+    title="a file the checkpoint reads is not listed in the manifest",
+    hint="every file a load reads must be listed with a digest that is checked before it "
+    "is parsed; this checkpoint asks to read one that is not, so it was refused unread. "
+    "Do not load it: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F022",
+    family="integrity",
+    severity=ERROR,
+    title="not a regular file",
+    hint="a FIFO, device, directory or symlink sits where the manifest lists a file; it is "
+    "never opened (a FIFO would block every reader); replace it with the real file or " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F023",
+    family="integrity",
+    severity=ERROR,
+    title="pickle names a global outside the allow-list",
+    hint="DCP metadata is unpickled with an allow-list of its own classes; this file names "
+    "another global (code that would run on a plain pickle.load), so it was not executed. "
+    "Do not load this checkpoint: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F024",
+    family="integrity",
+    severity=ERROR,
+    title="checkpoint cannot be read",
+    hint="reading it failed in a way no other finding names (a malformed state tree, a "
+    "value of the wrong type, an unparsable device); the message says what; " + ROLLBACK,
+)
+register_code(
     "CK-F101",
     family="integrity",
     severity=ERROR,
@@ -419,6 +464,15 @@ register_code(
     hint="every rank must save its own RNG state; a resume on the missing ranks starts fresh streams (different dropout and augmentation), so the curve drifts; save from every rank (spec §7), or "
     + ROLLBACK,
     component="rng",
+)
+register_code(
+    "CK-C010",
+    family="completeness",
+    severity=ERROR,
+    title="component claimed present but its bytes are absent",
+    hint="the component table says the state is there, but the files or keys that hold it "
+    "are missing, unlisted or fail their digests, so a resume would not find it; save "
+    "again, or " + ROLLBACK,
 )
 register_code(
     "CK-C101",
@@ -569,6 +623,26 @@ register_code(
     title="data identity changed",
     hint="resume on the saved data snapshot and tokenizer; if the change is deliberate, expect a step in the loss curve and treat the resume as a new run segment",
     component="data",
+)
+register_code(
+    "CK-R010",
+    family="compat",
+    severity=ERROR,
+    title="the run does not fit the checkpoint",
+    hint="the checkpoint is fine but this run differs from the one that wrote it (a "
+    "component it passes is not saved, or the model's keys, shapes or dtypes differ); an "
+    "older checkpoint of the run would not fit either, so restore stops here. Build the run "
+    "as it was saved, or restore with strict=False and read what was not restored",
+)
+register_code(
+    "CK-R011",
+    family="compat",
+    severity=ERROR,
+    title="checkpoint of another kind",
+    hint="this checkpoint was not written for a run like this one (a plain ckptkit.save "
+    "directory, or model/optimizer stored with DCP for a run that does not use DCP); "
+    "restore skips it and takes an older one; restore it with the matching TrainState "
+    "(storage='dcp') or read it with ckptkit.load",
 )
 register_code(
     "CK-D001",

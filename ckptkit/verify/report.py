@@ -28,6 +28,8 @@ class Report:
     bytes_checked: int = 0
     seconds: float = 0.0
     format: str = "ckptkit"
+    gone: bool = False
+    """The checkpoint was deleted while it was checked (rotation of a live run)."""
 
     @property
     def errors(self) -> list[Finding]:

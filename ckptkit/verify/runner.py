@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ def verify_one(
     """Run the checks of ``families`` on one checkpoint directory and return its report."""
     root = Path(path)
     t0 = time.perf_counter()
+    existed = os.path.lexists(root)
     m: mf.Manifest | None = None
     err: CkptkitError | None = None
     try:
@@ -51,9 +54,16 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
+    gone = existed and not os.path.lexists(root)
+    if gone:
+        # Rotation of a live run deleted it while we read: not damage, and not a finding
+        # about the bytes we saw half of.
+        findings = [
+            CODES["CK-F020"].finding("deleted while it was being checked (a live run rotated it)")
+        ]
     comps = empty_components()
     if m is not None:
-        comps.update(m.components)
+        comps.update(_proven(m, findings))
     order = {code: i for i, code in enumerate(CODES)}
     findings.sort(key=lambda f: (_SEV_ORDER[f.severity], order.get(f.code, 0)))
     return Report(
@@ -65,7 +75,26 @@ def verify_one(
         files_checked=len(ctx._scans),
         bytes_checked=sum(s.size or 0 for s in ctx._scans.values()),
         seconds=time.perf_counter() - t0,
+        gone=gone,
     )
+
+
+_DAMAGE = frozenset(
+    {"CK-F001", "CK-F002", "CK-F003", "CK-F004", "CK-F005", "CK-F008", "CK-F009", "CK-F022"}
+)
+
+
+def _proven(m: mf.Manifest, findings: list[Finding]) -> dict[str, mf.Component]:
+    """The component table as the bytes prove it: a component whose files are damaged or
+    whose bytes are absent (``CK-C010``) is reported not present, whatever the table says."""
+    damaged = {f.path for f in findings if f.code in _DAMAGE and f.path}
+    unproven = {f.component for f in findings if f.code == "CK-C010"}
+    out: dict[str, mf.Component] = {}
+    for name, c in m.components.items():
+        if c.present and (name in unproven or any(w in damaged for w in c.where)):
+            c = replace(c, present=False)
+        out[name] = c
+    return out
 
 
 _SEV_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}

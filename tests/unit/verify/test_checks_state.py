@@ -19,9 +19,8 @@ import torch
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.capture.parallel import ParallelConfig
-from ckptkit.capture.state import grouper
+from ckptkit.commit import save_state
 from ckptkit.sampler import ResumableSampler
-from ckptkit.storage import checkpoint
 from ckptkit.verify.findings import Finding, Severity
 from ckptkit.verify.runner import verify_one
 
@@ -100,16 +99,7 @@ def build(
 
 def write(ts: ckptkit.TrainState, path: Path) -> Path:
     """Write a TrainState without the manager's verify-after-save (which refuses errors)."""
-    tree, comps = ts.capture()
-    checkpoint.write_checkpoint(
-        tree,
-        path,
-        grouper=grouper,
-        step=ts.step,
-        fsync=False,
-        progress=False,
-        components=lambda enc, plan: checkpoint.fill_where(comps, enc, plan),
-    )
+    save_state(ts, path, fsync=False)
     return path
 
 
@@ -388,7 +378,9 @@ def test_damaged_file_skips_value_scan(tmp_path: Path) -> None:
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 0xFF
     f.write_bytes(bytes(raw))
-    assert codes(d) == ["CK-F003"]  # integrity says it; the NaN scan stays quiet
+    # Integrity says it, the component table names the consequence (the model is no longer
+    # proven by its bytes), and the NaN scan stays quiet.
+    assert codes(d) == ["CK-F003", "CK-C010"]
 
 
 # --- compat ----------------------------------------------------------------------------------

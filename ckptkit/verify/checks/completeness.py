@@ -229,14 +229,13 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                 yield CODES["CK-C010"].finding(
                     f"{name} is held by {w}, which {why}", component=name, path=w
                 )
-            elif w.startswith(f"{DCP_DIR}/") and w != dcp_meta and not _dcp_has(ctx, name):
-                yield CODES["CK-C010"].finding(
-                    f"{name} is marked as stored with DCP, but {dcp_meta} holds no '{name}.' "
-                    "items (or cannot be read)",
-                    component=name,
-                    path=dcp_meta,
-                )
-                break
+        if any(w.startswith(f"{DCP_DIR}/") for w in where) and not _dcp_has(ctx, name):
+            yield CODES["CK-C010"].finding(
+                f"{name} is marked as stored with DCP, but {dcp_meta} is not listed, cannot "
+                f"be read safely, or holds no '{name}.' items",
+                component=name,
+                path=dcp_meta,
+            )
 
 
 def st_tree_refs(node: Any) -> list[tuple[tuple[str, ...], str]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ckptkit.storage import atomic
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import atomic, dcp
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, Finding, check
 
@@ -152,3 +153,34 @@ def outside(ctx: CheckContext) -> Iterator[Finding]:
                 "file is a symlink or resolves outside the checkpoint directory",
                 path=s.entry.path,
             )
+
+
+@check("CK-F021")
+def dcp_metadata_listed(ctx: CheckContext) -> Iterator[Finding]:
+    """A tree that says its state is in DCP files must list the DCP metadata."""
+    m = ctx.manifest
+    assert m is not None
+    claims = isinstance(m.tree, dict) and isinstance(m.tree.get("dcp"), dict)
+    if claims and m.file(f"{dcp.DCP_DIR}/{dcp.METADATA}") is None:
+        yield CODES["CK-F021"].finding(
+            "the state tree says model/optimizer are stored with DCP, but "
+            f"{dcp.DCP_DIR}/{dcp.METADATA} is not listed: a load would have to read an "
+            "unlisted file, and refuses to",
+            path=f"{dcp.DCP_DIR}/{dcp.METADATA}",
+        )
+
+
+@check("CK-F023")
+def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
+    """The listed DCP metadata unpickles with the allow-list (checked after its digest)."""
+    m = ctx.manifest
+    assert m is not None
+    rel = f"{dcp.DCP_DIR}/{dcp.METADATA}"
+    scan = ctx.scan_all().get(rel)
+    if scan is None or scan.digest != scan.entry.xxh3_128:
+        return  # unlisted or damaged: other findings say so; unproven bytes are never parsed
+    try:
+        dcp.read_metadata(ctx.root, m)
+    except CkptkitError as e:
+        if e.code == "CK-F023":
+            yield CODES["CK-F023"].finding(e.what, path=rel)

@@ -16,7 +16,7 @@ from ckptkit.errors import (
     StateError,
     UnsafeInputError,
 )
-from ckptkit.io import load, save
+from ckptkit.io import PartialLoad, load, save
 from ckptkit.manager import CheckpointManager
 from ckptkit.manifest import Manifest
 from ckptkit.recorder import Recorder
@@ -36,6 +36,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ParallelConfig",
+    "PartialLoad",
     "Progress",
     "Recorder",
     "ResumableSampler",

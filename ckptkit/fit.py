@@ -118,7 +118,9 @@ def match_targets(
     Returns:
         ``(targets, report)``: saved tensor key -> the live tensor that fits it exactly;
         the report names every live tensor without a saved one (``missing``), every saved
-        tensor inside a mapping the caller passed but without a live one (``unexpected``)
+        tensor inside a mapping the caller passed but without a live one (``unexpected``;
+        the top level only selects parts: ``{"model": sd}`` does not make the saved
+        optimizer unexpected)
         and every pair whose shape or dtype differs (``mismatched``). Names are paths
         (``model/fc.weight``).
     """
@@ -193,9 +195,10 @@ def match_targets(
                     walk(v, saved_items[k], (*path, str(k)))
                 else:
                     live_tensors(v, (*path, str(k)))
-            for k, v in saved_items.items():
-                if k not in x:
-                    saved_tensors(v, (*path, str(k)))
+            if path:  # the root only selects parts ({"model": ...}); below it, all must fit
+                for k, v in saved_items.items():
+                    if k not in x:
+                        saved_tensors(v, (*path, str(k)))
             return
         if isinstance(x, (list, tuple)):
             items = (

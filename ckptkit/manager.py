@@ -748,6 +748,10 @@ class CheckpointManager:
                 continue
             if c.status == "committed":
                 self._note(c.path, ok=True, why=None)  # every byte was verified while read
+            else:
+                with self._maybe_writer() as mine:
+                    if mine:  # a kill may have left latest behind what is really newest
+                        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
             if skipped:
                 log.warning(
                     "ckptkit: restored %s after skipping %d newer checkpoint(s)",

@@ -240,7 +240,7 @@ def test_restore_of_a_dcp_checkpoint_by_a_non_dcp_run_is_refused_with_the_fix(
     run = tmp_path / "run"
     with ckptkit.CheckpointManager(run) as mgr:
         mgr.save(_trainstate("dcp"))
-    with pytest.raises(ckptkit.IncompleteCheckpointError, match="CK-R011.*storage='dcp'"):
+    with pytest.raises(ckptkit.IncompleteCheckpointError, match=r"CK-R011.*storage='dcp'"):
         ckptkit.CheckpointManager(run, readonly=True).restore(_trainstate("tensors"))
 
 

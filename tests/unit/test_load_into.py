@@ -35,7 +35,7 @@ def test_other_width_is_refused_naming_each_tensor(tmp_path: Path) -> None:
 
 def test_dtype_mismatch_is_refused(tmp_path: Path) -> None:
     ckptkit.save({"model": _mlp(8).state_dict()}, tmp_path / "c")
-    with pytest.raises(ckptkit.StateError, match="saved float32.*here bfloat16"):
+    with pytest.raises(ckptkit.StateError, match=r"saved float32.*here bfloat16"):
         ckptkit.load(tmp_path / "c", into={"model": _mlp(8, torch.bfloat16).state_dict()})
 
 
@@ -97,7 +97,7 @@ def test_restore_refuses_a_model_of_another_dtype(tmp_path: Path) -> None:
     ts = ckptkit.TrainState(model=_mlp(dtype=torch.bfloat16))
     before = {k: v.clone() for k, v in ts.model.state_dict().items()}
     # load_state_dict would have converted float32 to bfloat16 silently
-    with pytest.raises(ckptkit.StateError, match="CK-R010.*saved float32.*here bfloat16"):
+    with pytest.raises(ckptkit.StateError, match=r"CK-R010.*saved float32.*here bfloat16"):
         ckptkit.CheckpointManager(tmp_path, readonly=True).restore(ts)
     for k, v in ts.model.state_dict().items():
         assert torch.equal(v, before[k])

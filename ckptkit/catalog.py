@@ -28,6 +28,7 @@ A checkpoint's status:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import glob
 import json
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckptkit import manifest as mf
+from ckptkit import rotation
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.storage import atomic
 
@@ -166,7 +168,7 @@ class Catalog:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def list(self) -> list[CheckpointInfo]:
+    def list(self) -> builtins.list[CheckpointInfo]:
         """Every checkpoint directory of the run, oldest first, with its status.
 
         Cheap: reads manifests (cached) and stats files, never file contents. A
@@ -175,9 +177,10 @@ class Catalog:
         if not self.root.is_dir():
             return []
         index = self.index()
-        records = index.get("verified") if isinstance(index.get("verified"), dict) else {}
-        extra_pins = index.get("pins") if isinstance(index.get("pins"), dict) else {}
-        out: list[CheckpointInfo] = []
+        raw_rec, raw_pins = index.get("verified"), index.get("pins")
+        records: dict[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
+        extra_pins: dict[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
+        out: builtins.list[CheckpointInfo] = []
         for p in self.root.iterdir():
             step = step_of(p.name)
             if step is None:
@@ -245,7 +248,7 @@ class Catalog:
             return None
         return name or None
 
-    def leftovers(self) -> list[Path]:
+    def leftovers(self) -> builtins.list[Path]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
         return atomic.leftovers(self.root)
 
@@ -289,7 +292,7 @@ class Catalog:
 
     def point_latest(
         self,
-        infos: list[CheckpointInfo] | None = None,
+        infos: builtins.list[CheckpointInfo] | None = None,
         *,
         accept: tuple[Status, ...] = ("verified",),
     ) -> str | None:
@@ -327,7 +330,7 @@ class Catalog:
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
-    def clean_leftovers(self) -> list[str]:
+    def clean_leftovers(self) -> builtins.list[str]:
         """Remove leftovers of interrupted saves and deletions; call only under the lock.
 
         ``X.ckptkit-old.*`` is a committed checkpoint moved aside by an overwrite; if the
@@ -335,7 +338,7 @@ class Catalog:
         Half-written replacements of ``latest`` and the index go too. Returns what was
         done, one line each.
         """
-        done: list[str] = []
+        done: builtins.list[str] = []
         for p in atomic.leftovers(self.root):
             if atomic.OLD_SUFFIX in p.name:
                 final = self.root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
@@ -408,6 +411,29 @@ def replace_text(target: Path, text: str) -> None:
         raise
 
 
+def rollback(run_dir: str | Path) -> rotation.RollbackChoice:
+    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
+
+    Read-only: lists the run, changes nothing. Resume from the chosen checkpoint with
+    ``mgr.restore(ts, healthy=True)``. Without any health data in the run (no
+    StabilityWatch), the newest verified checkpoint, and the choice says so.
+
+    Raises:
+        CkptkitError: ``run_dir`` is not a directory.
+
+    Example:
+        >>> import tempfile
+        >>> rollback(tempfile.mkdtemp()).checkpoint is None
+        True
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise CkptkitError(
+            "not a run directory", path=root, hint="pass the run's checkpoint directory"
+        )
+    return rotation.choose_rollback(Catalog(root).list())
+
+
 __all__ = [
     "INDEX",
     "LATEST",
@@ -416,6 +442,7 @@ __all__ = [
     "CheckpointInfo",
     "Status",
     "replace_text",
+    "rollback",
     "step_dir_name",
     "step_of",
     "whole",

@@ -559,7 +559,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     Example:
         ckptkit rollback runs/exp1/ckpt
     """
-    from ckptkit.manager import rollback as pick
+    from ckptkit.catalog import rollback as pick
 
     choice = pick(run_dir)
     if as_json:

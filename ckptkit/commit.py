@@ -32,7 +32,8 @@ from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, rank_key
 from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
-from ckptkit.storage import atomic, codec, tree
+from ckptkit.storage import atomic, codec
+from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.checkpoint import fill_where, infer_components
 from ckptkit.storage.dcp import DCP_COMPONENT
 from ckptkit.storage.shards import (
@@ -161,10 +162,10 @@ def save_tree(
     obj: Any,
     path: Path | str,
     *,
-    encoded: tree.Encoded | None = None,
+    encoded: tree_mod.Encoded | None = None,
     compress: codec.Compression | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    grouper: tree.Grouper = tree.default_group,
+    grouper: tree_mod.Grouper = tree_mod.default_group,
     components: Mapping[str, mf.Component] | None = None,
     env: Mapping[str, Any] | None = None,
     step: int | None = None,
@@ -198,7 +199,7 @@ def save_tree(
     """
     if compress is not None and compress not in codec.SUFFIX:
         raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
-    enc = encoded if encoded is not None else tree.encode(obj)
+    enc = encoded if encoded is not None else tree_mod.encode(obj)
     total = sum(t.numel() * t.element_size() for t in enc.tensors.values())
     final = Path(path)
 
@@ -284,7 +285,7 @@ class StateSave:
 
     tree: dict[str, Any]
     comps: dict[str, mf.Component]
-    encoded: tree.Encoded
+    encoded: tree_mod.Encoded
     rank: int
     world_size: int
     dcp_state: dict[str, Any] | None = None
@@ -323,7 +324,7 @@ class StateSave:
         return cls(
             tree=tree_,
             comps=comps,
-            encoded=tree.encode(tree_),
+            encoded=tree_mod.encode(tree_),
             rank=coll.rank,
             world_size=coll.world_size,
             dcp_state=state.dcp_state() if state.uses_dcp else None,
@@ -363,7 +364,7 @@ class StateSave:
         for tensors_, owner in ((spread, "spread"), (own, "rank"), (rest, "rank0")):
             files.extend(
                 SafetensorsShards(
-                    tree.Encoded(self.encoded.tree, tensors_),
+                    tree_mod.Encoded(self.encoded.tree, tensors_),
                     owner,  # type: ignore[arg-type]
                     grouper=grouper,
                     compress=self.compress,
@@ -466,7 +467,7 @@ class Stager:
     def __init__(self) -> None:
         self._bufs: dict[str, torch.Tensor] = {}
 
-    def stage(self, encoded: tree.Encoded) -> tree.Encoded:
+    def stage(self, encoded: tree_mod.Encoded) -> tree_mod.Encoded:
         """Copy every tensor into its host buffer (pinned when CUDA is there)."""
         staged: dict[str, torch.Tensor] = {}
         pin = torch.cuda.is_available()
@@ -481,7 +482,7 @@ class Stager:
             torch.cuda.synchronize(dev)  # every device copied from, not only the current one
         for k in set(self._bufs) - set(encoded.tensors):
             del self._bufs[k]  # keys gone from the state: free their buffers
-        return tree.Encoded(tree=encoded.tree, tensors=staged)
+        return tree_mod.Encoded(tree=encoded.tree, tensors=staged)
 
     @staticmethod
     def stage_dcp(state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -43,8 +43,9 @@ from ckptkit.errors import (
     IncompleteCheckpointError,
     LockHeldError,
 )
+from ckptkit.restore import Skip, restore_candidate
 from ckptkit.stability import EmergencyPolicy
-from ckptkit.storage import checkpoint, codec
+from ckptkit.storage import codec
 from ckptkit.storage.lock import RunLock
 from ckptkit.verify.runner import verify_one
 
@@ -737,8 +738,8 @@ class CheckpointManager:
                 log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
             try:
-                result = self._restore_one(state, c.path, strict=strict, coll=coll)
-            except _Skip as s:
+                result = restore_candidate(state, c.path, strict=strict, coll=coll)
+            except Skip as s:
                 if s.damaged:
                     self._note(c.path, ok=False, why=f"{s.error.code or 'error'}: {s.error.what}")
                 if step is not None:
@@ -777,107 +778,5 @@ class CheckpointManager:
                 self.catalog.record(path, man, ok=ok, why=why)
                 self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
 
-    def _restore_one(
-        self, state: TrainState, path: Path, *, strict: bool, coll: Collective
-    ) -> RestoreResult:
-        """Read and restore one candidate on every rank, or raise :class:`_Skip` on all."""
-        err: CkptkitError | None = None
-        damaged = True
-        obj: Any = None
-        man: mf.Manifest | None = None
-        rep = None
-        try:
-            # Manifest-level checks only: the read below verifies every digest.
-            rep = verify_one(
-                path,
-                families=("completeness", "consistency"),
-                progress=False,
-                options={"scan_values": False, "read_files": False},
-            )
-            if rep.gone:
-                raise codes.error("CK-F020", "deleted while it was being restored", path=path)
-            if rep.errors:
-                raise rep.errors[0].to_error(base=str(path))
-            # Targets are best effort here: restore_tree judges the fit, with its own codes.
-            obj, man, _ = checkpoint.read_checkpoint(
-                path,
-                targets_from=state.targets(),
-                strict=False,
-                progress=False,
-                manifest=rep.manifest,
-            )
-        except CkptkitError as e:
-            err = e
-        except Exception as e:  # untrusted input: any failure is a finding, never a traceback
-            err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
-        try:
-            consensus(coll, err, what=f"restore of {path.name}")
-        except CkptkitError as e:
-            raise _Skip(e, damaged=damaged) from None
-        assert man is not None and rep is not None
-        try:
-            result = state.restore_tree(obj, man, strict=strict, path=path, coll=coll)
-        except CkptkitError as e:
-            if e.code == "CK-R010":
-                raise  # the run does not fit a good checkpoint: not a reason to fall back
-            err, damaged = e, e.code not in ("CK-R011",)
-        except Exception as e:
-            err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
-        else:
-            err = None
-        try:
-            consensus(coll, err, what=f"restore of {path.name}")
-        except CkptkitError as e:
-            raise _Skip(e, damaged=damaged) from None
-        result.path = path
-        result.notes += [f"{f.code} {f.message}" for f in rep.findings]
-        saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)
-        if saved and state.guard_k > 0:
-            # Sample ids and the RNG fingerprint are rank 0's and only mean something at
-            # the layout of the save; step, LR, scale, optimizer step and probe hold anywhere.
-            rg = guard_mod.ResumeGuard(
-                saved,
-                probe=state.probe,
-                per_rank=saved.get("world_size") == state.parallel.world_size
-                and state.parallel.rank == 0,
-            )
-            result.notes += [f"{f.code} {f.message}" for f in rg.check_restored(state)]
-            result.guard = rg
-            guard_mod.attach(state.recorder, rg)
-        return result
 
-
-class _Skip(Exception):
-    """A candidate checkpoint that cannot be restored; restore takes the next older one."""
-
-    def __init__(self, error: CkptkitError, *, damaged: bool) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.damaged = damaged
-        """The fault is in its bytes (recorded corrupt), not only in its kind."""
-
-
-def rollback(run_dir: str | Path) -> rotation.RollbackChoice:
-    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
-
-    Read-only: lists the run, changes nothing. Resume from the chosen checkpoint with
-    ``mgr.restore(ts, healthy=True)``. Without any health data in the run (no
-    StabilityWatch), the newest verified checkpoint, and the choice says so.
-
-    Raises:
-        CkptkitError: ``run_dir`` is not a directory.
-
-    Example:
-        >>> import tempfile
-        >>> rollback(tempfile.mkdtemp()).checkpoint is None
-        True
-    """
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise CkptkitError(
-            "not a run directory", path=root, hint="pass the run's checkpoint directory"
-        )
-    return rotation.choose_rollback(Catalog(root).list())
-
-
-__all__ = ["CheckpointManager", "SaveStats", "rollback"]
+__all__ = ["CheckpointManager", "SaveStats"]

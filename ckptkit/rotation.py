@@ -542,7 +542,8 @@ def choose_rollback(ckpts: Iterable[Candidate]) -> RollbackChoice:
             )
             return RollbackChoice(c, reasons, _hints(fired))
         rec = dict(c.health_record or {})
-        sigs = rec.get("signals") if isinstance(rec.get("signals"), Mapping) else {}
+        raw = rec.get("signals")
+        sigs: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         fired.extend(str(k) for k in sigs)
         if c.health is None:
             why = "no health record (saved without a StabilityWatch): cannot vouch for it"

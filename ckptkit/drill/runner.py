@@ -48,6 +48,7 @@ from ckptkit.drill.contract import (
     ENV_THREADS,
     ENV_VARS,
 )
+from ckptkit.drill.stats import window_check
 from ckptkit.errors import CkptkitError, DrillError
 from ckptkit.recorder import ENV_METRICS, read_jsonl
 
@@ -558,8 +559,6 @@ def _window(
     stop_at: int,
     thresholds: Mapping[str, float],
 ) -> compare.CheckResult:
-    from ckptkit.drill.stats import window_check
-
     pre = [r for r in ref if isinstance(r.get("step"), int) and r["step"] <= save_at]
     post_ref = [r for r in ref if isinstance(r.get("step"), int) and save_at < r["step"] <= stop_at]
     out = window_check(pre, resumed, thresholds=dict(thresholds), reference_records=post_ref)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickletools
 from pathlib import Path
 
+from ckptkit.foreign._load import ZIP_READ_ERRORS, _open_zip, is_zip
 from ckptkit.storage.atomic import MANIFEST_NAME
 
 FORMATS: dict[str, str] = {
@@ -48,8 +49,6 @@ def detect(path: Path | str) -> str | None:
             return "accelerate"
         return None
     if p.is_file():
-        from ckptkit.foreign._load import is_zip  # torch is imported only for files
-
         if p.suffix == ".ckpt" or _has_lightning_keys(p):
             return "lightning"
         if p.suffix in TORCH_SUFFIXES or is_zip(p):
@@ -59,8 +58,6 @@ def detect(path: Path | str) -> str | None:
 
 def _has_lightning_keys(p: Path) -> bool:
     """Whether the pickle of a torch zip file names Lightning's top-level keys."""
-    from ckptkit.foreign._load import ZIP_READ_ERRORS, _open_zip, is_zip
-
     if not is_zip(p):
         return False
     zf, _why = _open_zip(p)

@@ -14,7 +14,7 @@ from typing import BinaryIO, Literal
 import zstandard
 
 from ckptkit import codes
-from ckptkit.errors import UnsafeInputError
+from ckptkit.errors import CkptkitError
 
 Compression = Literal["zstd"]
 SUFFIX = {"zstd": ".zst"}
@@ -82,7 +82,7 @@ class LimitedReader(io.RawIOBase):
         self.produced += n
         return n
 
-    def _bomb(self) -> UnsafeInputError:
+    def _bomb(self) -> CkptkitError:
         return codes.error(
             "CK-F008",
             f"decompresses to more than the {self.limit} bytes the manifest declares "

@@ -1,0 +1,116 @@
+"""Restore one candidate checkpoint into a :class:`~ckptkit.TrainState`, or say why not.
+
+:class:`~ckptkit.CheckpointManager.restore` walks the run's checkpoints newest first and
+calls :func:`restore_candidate` on each; a :class:`Skip` sends it to the next older one.
+What a candidate can fail at is a finding with a code: its bytes (integrity), its kind
+(``CK-R011``: not a TrainState tree, or DCP storage for a run without it), or anything
+else while reading it (``CK-F024``). A run that does not fit a good checkpoint
+(``CK-R010``) is not a reason to fall back, and raises.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ckptkit import codes
+from ckptkit import guard as guard_mod
+from ckptkit import manifest as mf
+from ckptkit.capture.state import RestoreResult, TrainState
+from ckptkit.collective import Collective, consensus
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import checkpoint
+from ckptkit.verify.runner import verify_one
+
+
+class Skip(Exception):
+    """A candidate checkpoint that cannot be restored; restore takes the next older one."""
+
+    def __init__(self, error: CkptkitError, *, damaged: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.damaged = damaged
+        """The fault is in its bytes (recorded corrupt), not only in its kind."""
+
+
+def restore_candidate(
+    state: TrainState, path: Path, *, strict: bool, coll: Collective
+) -> RestoreResult:
+    """Read and restore one candidate checkpoint on every rank, or raise :class:`Skip` on all.
+
+    The manifest-level checks run first (completeness, consistency; stat-only proof of the
+    files), then every safetensors byte is read and verified while it streams into the
+    state's own tensors, then :meth:`TrainState.restore_tree` puts it back (DCP files are
+    read and verified there). Every rank takes the candidate or skips it together.
+
+    Raises:
+        Skip: the candidate cannot be restored; the caller tries an older one.
+        StateError: ``CK-R010`` the run does not fit this good checkpoint (no fallback).
+    """
+    err: CkptkitError | None = None
+    damaged = True
+    obj: Any = None
+    man: mf.Manifest | None = None
+    rep = None
+    try:
+        # Manifest-level checks only: the read below verifies every digest.
+        rep = verify_one(
+            path,
+            families=("completeness", "consistency"),
+            progress=False,
+            options={"scan_values": False, "read_files": False},
+        )
+        if rep.gone:
+            raise codes.error("CK-F020", "deleted while it was being restored", path=path)
+        if rep.errors:
+            raise rep.errors[0].to_error(base=str(path))
+        # Targets are best effort here: restore_tree judges the fit, with its own codes.
+        obj, man, _ = checkpoint.read_checkpoint(
+            path,
+            targets_from=state.targets(),
+            strict=False,
+            progress=False,
+            manifest=rep.manifest,
+        )
+    except CkptkitError as e:
+        err = e
+    except Exception as e:  # untrusted input: any failure is a finding, never a traceback
+        err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
+    try:
+        consensus(coll, err, what=f"restore of {path.name}")
+    except CkptkitError as e:
+        raise Skip(e, damaged=damaged) from None
+    assert man is not None and rep is not None
+    try:
+        result = state.restore_tree(obj, man, strict=strict, path=path, coll=coll)
+    except CkptkitError as e:
+        if e.code == "CK-R010":
+            raise  # the run does not fit a good checkpoint: not a reason to fall back
+        err, damaged = e, e.code not in ("CK-R011",)
+    except Exception as e:
+        err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
+    else:
+        err = None
+    try:
+        consensus(coll, err, what=f"restore of {path.name}")
+    except CkptkitError as e:
+        raise Skip(e, damaged=damaged) from None
+    result.path = path
+    result.notes += [f"{f.code} {f.message}" for f in rep.findings]
+    saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)
+    if saved and state.guard_k > 0:
+        # Sample ids and the RNG fingerprint are rank 0's and only mean something at
+        # the layout of the save; step, LR, scale, optimizer step and probe hold anywhere.
+        rg = guard_mod.ResumeGuard(
+            saved,
+            probe=state.probe,
+            per_rank=saved.get("world_size") == state.parallel.world_size
+            and state.parallel.rank == 0,
+        )
+        result.notes += [f"{f.code} {f.message}" for f in rg.check_restored(state)]
+        result.guard = rg
+        guard_mod.attach(state.recorder, rg)
+    return result
+
+
+__all__ = ["Skip", "restore_candidate"]

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import importlib
 import io
+import mmap
 import os
 import pickle
 import stat
@@ -356,8 +357,43 @@ def _classes() -> tuple[type, type]:
             fut.set_result(None)
             return fut
 
-        def _read_file(self, name: str, reqs: Sequence[Any], planner: Any) -> None:
+        def _load_item(
+            self,
+            req: Any,
+            info: Any,
+            item: memoryview,
+            planner: Any,
+            deferred: list[tuple[Any, bytes]],
+            rel: str,
+        ) -> None:
+            """Parse one item from the mapped shard: a tensor now, other values later."""
             from torch.distributed.checkpoint.planner import LoadItemType
+
+            reader = _MemReader(item)
+            try:
+                stream = self.transforms.transform_load_stream(
+                    req, info.transform_descriptors or (), reader
+                )
+                if req.type == LoadItemType.BYTE_IO:
+                    deferred.append((req, bytes(stream.read(-1))))
+                    return
+                raw = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+                tensor = cast(torch.Tensor, torch.load(raw, map_location="cpu", weights_only=True))
+            finally:
+                reader.close()
+            tensor = _narrow(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise codes.error(
+                    "CK-F106",
+                    f"item {req.storage_index.fqn} has size {tuple(tensor.size())}, the model "
+                    f"expects {tuple(target.size())}",
+                    path=rel,
+                )
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+
+        def _read_file(self, name: str, reqs: Sequence[Any], planner: Any) -> None:
 
             rel = f"{DCP_DIR}/{name}"
             fe = self._listed.get(name)
@@ -374,14 +410,17 @@ def _classes() -> tuple[type, type]:
                     self.storage_data[r.storage_index].length,
                 ),
             )
-            deferred: list[tuple[Any, bytes, Any]] = []
+            deferred: list[tuple[Any, bytes]] = []
             with open_regular(self._dir / name, rel=rel) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != fe.size:
                     raise codes.error(
                         "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
                     )
-                with digest.PipelinedHasher() as h:
+                # Map the shard: the hash and torch.load read the same pages, so every byte
+                # comes from the disk once and no intermediate copy of an item is made.
+                with _mapped(f, size) as mv:
+                    h = digest.new()
                     pos = 0
                     for req in spans:
                         info = self.storage_data[req.storage_index]
@@ -393,36 +432,14 @@ def _classes() -> tuple[type, type]:
                                 f"shard ({off}+{length} > {size} bytes)",
                                 path=rel,
                             )
-                        if off < pos:  # overlapping items (never written by DCP): read again
-                            f.seek(off)
-                            buf = f.read(length)
-                            f.seek(pos)
-                        else:
-                            _skip_hashed(f, off - pos, h, rel)
-                            buf = _read_hashed(f, length, h, rel)
+                        if off >= pos:  # overlapping items (never written by DCP) hash once
+                            with mv[pos : off + length] as part:
+                                h.update(part)
                             pos = off + length
-                        stream = self.transforms.transform_load_stream(
-                            req, info.transform_descriptors or (), io.BytesIO(buf)
-                        )
-                        if req.type == LoadItemType.BYTE_IO:
-                            deferred.append((req, stream.read(-1), info))
-                            continue
-                        raw = stream if stream.seekable() else io.BytesIO(stream.read(-1))
-                        tensor = cast(
-                            torch.Tensor, torch.load(raw, map_location="cpu", weights_only=True)
-                        )
-                        tensor = _narrow(tensor, req.storage_offsets, req.lengths)
-                        target = planner.resolve_tensor(req).detach()
-                        if target.size() != tensor.size():
-                            raise codes.error(
-                                "CK-F106",
-                                f"item {req.storage_index.fqn} has size {tuple(tensor.size())}, the "
-                                f"model expects {tuple(target.size())}",
-                                path=rel,
-                            )
-                        target.copy_(tensor)
-                        planner.commit_tensor(req, target)
-                    _skip_hashed(f, size - pos, h, rel)
+                        with mv[off : off + length] as item:
+                            self._load_item(req, info, item, planner, deferred, rel)
+                    with mv[pos:size] as tail:
+                        h.update(tail)
                     got = h.hexdigest()
             if got != fe.xxh3_128:
                 raise codes.error(
@@ -431,34 +448,62 @@ def _classes() -> tuple[type, type]:
                     path=rel,
                 )
             self.checked.add(name)
-            for req, data, _info in deferred:  # parsed only now that the bytes are proven
+            for req, data in deferred:  # parsed only now that the bytes are proven
                 planner.load_bytes(req, io.BytesIO(data))
 
     return SafeLoadPlanner, VerifyingReader
 
 
-def _read_hashed(f: io.BufferedReader, n: int, h: digest.PipelinedHasher, rel: str) -> bytes:
-    """Read exactly ``n`` bytes and queue them for hashing (``bytes`` are immutable, so the
-    hasher thread may read them while the caller parses)."""
-    parts = []
-    left = n
-    while left > 0:
-        chunk = f.read(left)
-        if not chunk:
-            raise codes.error("CK-F002", "file ends inside an item (truncated)", path=rel)
-        h.update(chunk)
-        parts.append(chunk)
-        left -= len(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+@contextlib.contextmanager
+def _mapped(f: io.BufferedReader, size: int) -> Iterator[memoryview]:
+    """A read-only memory map of a whole file (an empty view for an empty file)."""
+    if size == 0:
+        yield memoryview(b"")
+        return
+    mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    with contextlib.suppress(AttributeError, OSError):
+        mm.madvise(mmap.MADV_SEQUENTIAL)
+    mv = memoryview(mm)
+    try:
+        yield mv
+    finally:
+        mv.release()
+        with contextlib.suppress(BufferError):  # a view still alive: unmapped when freed
+            mm.close()
 
 
-def _skip_hashed(f: io.BufferedReader, n: int, h: digest.PipelinedHasher, rel: str) -> None:
-    while n > 0:
-        chunk = f.read(min(n, digest.CHUNK))
-        if not chunk:
-            raise codes.error("CK-F002", "file is shorter than its items (truncated)", path=rel)
-        h.update(chunk)
-        n -= len(chunk)
+class _MemReader(io.RawIOBase):
+    """A seekable, zero-copy reader over a memoryview (what ``torch.load`` reads from)."""
+
+    def __init__(self, mv: memoryview) -> None:
+        super().__init__()
+        self._mv = mv
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mv)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._mv) - self._pos))
+        with memoryview(b) as dst, dst.cast("B") as out, self._mv[self._pos : self._pos + n] as src:
+            out[:n] = src
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._mv = memoryview(b"")  # drop the reference into the map before it is closed
+        super().close()
 
 
 # --- errors -------------------------------------------------------------------------------------

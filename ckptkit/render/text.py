@@ -113,15 +113,18 @@ def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (
     """Print a run's checkpoints (``CheckpointInfo``), oldest first, and any leftovers."""
     con = _console(out)
     t = Table(show_header=True, header_style="bold", box=None)
-    for col in ("step", "time", "size", "status", "pinned", "health", "problem"):
+    for col in ("step", "time", "size", "status", "verified", "pinned", "health", "problem"):
         t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
+    now = datetime.now().timestamp()
     for c in infos:
         when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S")
+        at = getattr(c, "verified_at", None)
         t.add_row(
             str(c.step),
             when,
             human_bytes(c.size),
             f"[{_STATUS_STYLE.get(c.status, '')}]{c.status}[/]",
+            _ago(now - at) if at else "never",
             _e(",".join(c.pins)),
             c.health or "",
             _e(c.problem or ""),
@@ -134,6 +137,15 @@ def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (
         con.print(
             f"[yellow]leftover of an interrupted save:[/] {_e(p)} (removed when a writer opens the run)"
         )
+
+
+def _ago(seconds: float) -> str:
+    """``42s ago``, ``5m ago``, ``3h ago``, ``2d ago``: when a checkpoint was last verified."""
+    s = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit} ago"
+    return f"{int(s)}s ago"
 
 
 def render_prune(plan: Any, out: TextIO, *, dry_run: bool) -> None:

@@ -46,7 +46,8 @@ from typing import Any, Literal
 from ckptkit import manifest as mf
 from ckptkit import rotation
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
-from ckptkit.storage import atomic
+from ckptkit.storage import atomic, fs
+from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
 
@@ -86,7 +87,7 @@ class CheckpointInfo:
     """One checkpoint of a run directory, as ``ckptkit ls`` shows it."""
 
     step: int
-    path: Path
+    path: Location
     status: Status
     size: int
     """Bytes on disk (every file of the directory)."""
@@ -129,13 +130,13 @@ class Catalog:
         []
     """
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self._manifests: dict[str, tuple[tuple[int, int, int], mf.Manifest, str]] = {}
+    def __init__(self, root: str | Location) -> None:
+        self.root = fs.location(root)
+        self._manifests: dict[str, tuple[Any, mf.Manifest, str]] = {}
 
     # --- reading -----------------------------------------------------------------------------
 
-    def manifest(self, ckpt: Path) -> tuple[mf.Manifest, str]:
+    def manifest(self, ckpt: Location) -> tuple[mf.Manifest, str]:
         """Read and validate a checkpoint's manifest once per version of the file.
 
         Returns ``(manifest, manifest digest)``. A save lists the run several times; the
@@ -146,12 +147,9 @@ class Catalog:
             IncompleteCheckpointError: no manifest (``CK-M001``).
             ManifestError: the manifest is invalid (its ``CK-M`` code).
         """
-        p = ckpt / atomic.MANIFEST_NAME
-        try:
-            st = p.lstat()
-        except OSError:
+        key = fs.fingerprint(ckpt / atomic.MANIFEST_NAME)
+        if key is None:
             return mf.read(ckpt), ""  # raises the right CK-M001/M00x error
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
         hit = self._manifests.get(str(ckpt))
         if hit is not None and hit[0] == key:
             return hit[1], hit[2]
@@ -163,7 +161,7 @@ class Catalog:
     def index(self) -> dict[str, Any]:
         """The run index (``{}`` when absent or unreadable: it is advisory)."""
         try:
-            data = json.loads((self.root / INDEX).read_text())
+            data = json.loads(fs.read_small(self.root / INDEX, 64 << 20))
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -174,7 +172,7 @@ class Catalog:
         Cheap: reads manifests (cached) and stats files, never file contents. A
         checkpoint deleted while it is listed (a live run rotating) is left out.
         """
-        if not self.root.is_dir():
+        if fs.kind(self.root) != "dir":
             return []
         index = self.index()
         raw_rec, raw_pins = index.get("verified"), index.get("pins")
@@ -188,23 +186,23 @@ class Catalog:
             try:
                 info = self._info(p, step, records.get(p.name), extra_pins.get(p.name))
             except FileNotFoundError:
-                if p.exists():
+                if fs.kind(p) is not None:
                     raise
                 continue  # deleted while we looked (rotation of a live run)
             if info is not None:
                 out.append(info)
         return sorted(out, key=lambda c: c.step)
 
-    def _info(self, p: Path, step: int, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
-        if p.is_symlink() or not p.is_dir():
+    def _info(self, p: Location, step: int, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
+        if fs.kind(p) != "dir":
             return None
-        size = _tree_size(p)
-        mtime = p.stat().st_mtime
+        size = sum(n for _, n in fs.walk_files(p))
+        mtime = fs.mtime(p) if fs.is_local(p) else 0.0
         try:
             man, digest = self.manifest(p)
         except IncompleteCheckpointError as e:
-            if not p.exists():
-                raise FileNotFoundError(p) from e
+            if fs.kind(p) is None:
+                raise FileNotFoundError(str(p)) from e
             return CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what)
         except CkptkitError as e:
             return CheckpointInfo(step, p, "corrupt", size, mtime, problem=f"{e.code}: {e.what}")
@@ -243,18 +241,18 @@ class Catalog:
     def latest_name(self) -> str | None:
         """What the ``latest`` pointer names (None when there is no pointer)."""
         try:
-            name = (self.root / LATEST).read_text().strip()
+            name = fs.read_small(self.root / LATEST, 4096).decode(errors="replace").strip()
         except OSError:
             return None
         return name or None
 
-    def leftovers(self) -> builtins.list[Path]:
+    def leftovers(self) -> builtins.list[Location]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
         return atomic.leftovers(self.root)
 
     # --- recording (the caller holds the run lock) -------------------------------------------
 
-    def record(self, path: Path, man: mf.Manifest, *, ok: bool, why: str | None) -> None:
+    def record(self, path: Location, man: mf.Manifest, *, ok: bool, why: str | None) -> None:
         """Record a verify outcome for this exact manifest (by its digest)."""
         idx = self.index()
         ver = idx.get("verified")
@@ -279,7 +277,7 @@ class Catalog:
                     del sub[n]
         self._write_index(idx)
 
-    def pin(self, path: Path, label: str) -> None:
+    def pin(self, path: Location, label: str) -> None:
         """Pin an existing checkpoint (it is never rotated away)."""
         idx = self.index()
         pins = idx.get("pins")
@@ -305,28 +303,34 @@ class Catalog:
         good = [c for c in infos if c.status in accept]
         target = self.root / LATEST
         if not good:
-            with contextlib.suppress(FileNotFoundError):
-                target.unlink()
-                atomic.fsync_dir(self.root)
+            if self.latest_name() is not None:
+                fs.remove_file(target)
+                self._sync_dir()
             return None
         name = good[-1].path.name
         if self.latest_name() != name:
             replace_text(target, name + "\n")
-            atomic.fsync_dir(self.root)
+            self._sync_dir()
         return name
 
-    def remove(self, path: Path) -> bool:
-        """Delete a checkpoint directory: rename aside first, then remove.
+    def remove(self, path: Location) -> bool:
+        """Delete a checkpoint directory so that it never looks committed half-deleted.
 
-        A crash mid-delete leaves a marked leftover (cleaned on the next open), never a
-        half-deleted directory that still looks committed. Returns False when it was
-        already gone.
+        Local: rename aside first, then remove; a crash mid-delete leaves a marked
+        leftover (cleaned on the next open). Object store: delete the manifest first (the
+        commit marker: the checkpoint is then an interrupted save, never loaded, cleaned
+        on the next open), then the rest. Returns False when it was already gone.
         """
-        if not path.exists():
+        if fs.kind(path) is None:
             return False
+        if not fs.is_local(path):
+            fs.remove_file(path / atomic.MANIFEST_NAME)
+            fs.remove_tree(path)
+            return True
+        assert isinstance(path, Path)
         doomed = path.with_name(f"{path.name}{atomic.TMP_SUFFIX}.del-{uuid.uuid4().hex[:8]}")
         os.rename(path, doomed)
-        atomic.fsync_dir(self.root)
+        atomic.fsync_dir(Path(str(self.root)))
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
@@ -339,12 +343,16 @@ class Catalog:
         done, one line each.
         """
         done: builtins.list[str] = []
-        for p in atomic.leftovers(self.root):
+        if not fs.is_local(self.root):
+            return self._clean_remote()
+        root = Path(str(self.root))
+        for left in atomic.leftovers(self.root):
+            p = Path(str(left))
             if atomic.OLD_SUFFIX in p.name:
-                final = self.root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
+                final = root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
                 if not final.exists() and whole(p):
                     os.rename(p, final)
-                    atomic.fsync_dir(self.root)
+                    atomic.fsync_dir(root)
                     done.append(
                         f"{p.name} was moved aside by an overwrite that never committed; "
                         f"restored it as {final.name}"
@@ -353,13 +361,29 @@ class Catalog:
             shutil.rmtree(p, ignore_errors=True)
             done.append(f"removed {p.name} (left by an interrupted save or delete)")
         for name in (LATEST, INDEX):
-            for f in self.root.glob(f"{glob.escape(name)}.*.tmp"):
+            for f in root.glob(f"{glob.escape(name)}.*.tmp"):
                 with contextlib.suppress(OSError):
                     f.unlink()
                     done.append(f"removed {f.name} (a half-written replacement)")
         for line in done:
             log.warning("ckptkit: %s", line)
         return done
+
+    def _clean_remote(self) -> builtins.list[str]:
+        """Object store: a step prefix without a manifest is an interrupted save (uploads
+        go straight to the final prefix, the manifest last); remove it."""
+        done = []
+        for p in self.root.iterdir():
+            if step_of(p.name) is not None and fs.kind(p / atomic.MANIFEST_NAME) is None:
+                fs.remove_tree(p)
+                done.append(f"removed {p.name} (an interrupted save: no manifest)")
+        for line in done:
+            log.warning("ckptkit: %s", line)
+        return done
+
+    def _sync_dir(self) -> None:
+        if fs.is_local(self.root):
+            atomic.fsync_dir(Path(str(self.root)))
 
     def _write_index(self, data: Mapping[str, Any]) -> None:
         replace_text(self.root / INDEX, json.dumps(data, indent=1, sort_keys=True))
@@ -368,28 +392,22 @@ class Catalog:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _tree_size(p: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(p):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-    return total
-
-
-def _changed_files(path: Path, man: mf.Manifest) -> list[str]:
+def _changed_files(path: Location, man: mf.Manifest) -> list[str]:
     """Listed files that are missing or whose size differs from the manifest's."""
+    if not fs.is_local(path):
+        sizes = dict(fs.walk_files(path))
+        return [f.path for f in man.files if sizes.get(f.path) != f.size]
     out = []
     for f in man.files:
         try:
-            if (path / f.path).stat().st_size != f.size:
+            if fs.size(path / f.path) != f.size:
                 out.append(f.path)
         except OSError:
             out.append(f.path)
     return out
 
 
-def whole(path: Path) -> bool:
+def whole(path: Location) -> bool:
     """Return whether ``path`` holds a valid manifest and every file it lists, at full size."""
     try:
         man = mf.read(path)
@@ -398,20 +416,12 @@ def whole(path: Path) -> bool:
     return not _changed_files(path, man)
 
 
-def replace_text(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` atomically (temp file, fsync, replace); no temp left behind."""
-    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_text(text)
-        atomic.fsync_file(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+def replace_text(target: Location, text: str) -> None:
+    """Replace a small file atomically (local: temp, fsync, rename; remote: one PUT)."""
+    fs.replace_bytes(target, text.encode())
 
 
-def rollback(run_dir: str | Path) -> rotation.RollbackChoice:
+def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
     """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
 
     Read-only: lists the run, changes nothing. Resume from the chosen checkpoint with
@@ -426,8 +436,8 @@ def rollback(run_dir: str | Path) -> rotation.RollbackChoice:
         >>> rollback(tempfile.mkdtemp()).checkpoint is None
         True
     """
-    root = Path(run_dir)
-    if not root.is_dir():
+    root = fs.location(run_dir)
+    if fs.kind(root) != "dir":
         raise CkptkitError(
             "not a run directory", path=root, hint="pass the run's checkpoint directory"
         )

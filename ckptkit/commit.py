@@ -32,10 +32,11 @@ from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, rank_key
 from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
-from ckptkit.storage import atomic, codec
+from ckptkit.storage import atomic, codec, fs
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.checkpoint import fill_where, infer_components
 from ckptkit.storage.dcp import DCP_COMPONENT
+from ckptkit.storage.fs import Location
 from ckptkit.storage.shards import (
     DEFAULT_SHARD_BYTES,
     DcpShards,
@@ -48,15 +49,16 @@ SPREAD = ("model", "optimizer")
 
 
 def commit(
-    final: Path,
+    final: Location,
     coll: Collective,
     *,
-    write: Callable[[Path], Any],
+    write: Callable[[Location], Any],
     build: Callable[[list[Any]], mf.Manifest],
     overwrite: bool = False,
     fsync: bool = True,
     prepare: Callable[[], None] | None = None,
-    before_commit: Callable[[Path], None] | None = None,
+    fence: Callable[[], None] | None = None,
+    before_commit: Callable[[Location], None] | None = None,
 ) -> mf.Manifest | None:
     """Commit one checkpoint at ``final``: the protocol above, on every rank of ``coll``.
 
@@ -70,6 +72,9 @@ def commit(
         overwrite: replace a committed checkpoint at ``final``.
         fsync: flush files and directories (turn off only in tests of other things).
         prepare: called on rank 0 before anything is created (the manager's lock).
+        fence: called on rank 0 right before the manifest is written; raises if this
+            writer lost the run lock meanwhile (an object-store lease taken over), so a
+            fenced-off writer never commits.
         before_commit: called on rank 0 with the temporary directory after the manifest
             is written and before the rename (fault-injection tests use it).
 
@@ -107,7 +112,7 @@ def commit(
         )
     part: Any = None
     try:
-        part = write(Path(tmp_name))
+        part = write(pending.tmp if pending is not None else fs.location(tmp_name))
     except BaseException as e:
         err = e
     try:
@@ -138,6 +143,8 @@ def commit(
     if pending is not None:
         try:
             man = build([p for _, p in gathered])
+            if fence is not None:
+                fence()
             mf.write(pending.tmp, man, fsync=fsync)
             if before_commit is not None:
                 before_commit(pending.tmp)
@@ -201,7 +208,7 @@ def save_tree(
         raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
     enc = encoded if encoded is not None else tree_mod.encode(obj)
     total = sum(t.numel() * t.element_size() for t in enc.tensors.values())
-    final = Path(path)
+    final = fs.location(path)
 
     def write(tmp: Path) -> RankFiles:
         with _progress.bar(f"saving {final.name}", total, progress) as on_bytes:
@@ -452,7 +459,7 @@ def save_state(
     )
     snap.fsync = fsync
     return commit(
-        Path(path),
+        fs.location(path),
         c,
         write=lambda tmp: snap.write(tmp, c),
         build=snap.build,

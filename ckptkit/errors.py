@@ -8,7 +8,9 @@ it. Leaves also subclass a built-in so existing ``except ValueError`` or
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 DOCS_URL = "docs/verify-codes.md"
 
@@ -33,12 +35,12 @@ class CkptkitError(Exception):
         self,
         what: str,
         *,
-        path: Path | str | None = None,
+        path: str | os.PathLike[str] | Any | None = None,
         code: str | None = None,
         hint: str | None = None,
     ) -> None:
         self.what = what
-        self.path = Path(path) if path is not None else None
+        self.path: Path | str | None = _as_path(path)
         self.code = code
         self.hint = hint
         super().__init__(self._render())
@@ -63,8 +65,22 @@ class CkptkitError(Exception):
         return (_rebuild, (type(self), self.what, self.path, self.code, self.hint))
 
 
+def _as_path(path: Any) -> Path | str | None:
+    """A local path as a Path; a URL (``s3://bucket/run``, a remote UPath) as its string,
+    which Path would mangle (it folds ``//``)."""
+    if path is None:
+        return None
+    if isinstance(path, Path) and type(path).__module__.startswith("pathlib"):
+        return path
+    text = str(path)
+    if "://" in text and not text.startswith(("file://", "local://")):
+        return text
+    return Path(os.fspath(path)) if isinstance(path, os.PathLike) else Path(text)
+
+
 def _rebuild(
-    cls: type[CkptkitError], what: str, path: Path | None, code: str | None, hint: str | None
+    cls: type[CkptkitError], what: str, path: Path | str | None, code: str | None,
+    hint: str | None,
 ) -> CkptkitError:
     return cls(what, path=path, code=code, hint=hint)
 
@@ -112,12 +128,12 @@ class CommittedError(CkptkitError, OSError):
         self,
         what: str,
         *,
-        committed: Path | str,
-        path: Path | str | None = None,
+        committed: Any,
+        path: Any = None,
         code: str | None = None,
         hint: str | None = None,
     ) -> None:
-        self.committed = Path(committed)
+        self.committed = _as_path(committed)
         super().__init__(what, path=path, code=code, hint=hint)
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
@@ -125,7 +141,7 @@ class CommittedError(CkptkitError, OSError):
 
 
 def _rebuild_committed(
-    what: str, committed: Path, path: Path | None, code: str | None, hint: str | None
+    what: str, committed: Path, path: Path | str | None, code: str | None, hint: str | None
 ) -> CommittedError:
     return CommittedError(what, committed=committed, path=path, code=code, hint=hint)
 

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ckptkit import codes, rotation
@@ -45,8 +44,9 @@ from ckptkit.errors import (
 )
 from ckptkit.restore import Skip, restore_candidate
 from ckptkit.stability import EmergencyPolicy
-from ckptkit.storage import codec
-from ckptkit.storage.lock import RunLock
+from ckptkit.storage import codec, fs
+from ckptkit.storage.fs import Location
+from ckptkit.storage.lock import Lock, lock_for
 from ckptkit.verify.runner import verify_one
 
 log = logging.getLogger("ckptkit")
@@ -113,7 +113,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Location,
         *,
         keep_last: int = 3,
         keep_every: int | None = None,
@@ -128,7 +128,7 @@ class CheckpointManager:
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
-        self.root = Path(root)
+        self.root = fs.location(root)
         self.catalog = Catalog(self.root)
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -141,7 +141,7 @@ class CheckpointManager:
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
         self.last_save = SaveStats()
-        self._lock: RunLock | None = None
+        self._lock: Lock | None = None
         self._job: _Job | None = None
         self._stager = Stager()
         self._bg_coll: Collective | None = None
@@ -200,10 +200,15 @@ class CheckpointManager:
                 path=self.root,
                 hint="open it without readonly=True to save or prune",
             )
-        lock = RunLock(self.root, timeout=self.lock_timeout)
+        lock = lock_for(self.root, timeout=self.lock_timeout)
         lock.acquire()
         self._lock = lock
         self.catalog.clean_leftovers()
+
+    def _fence(self) -> None:
+        """Raise unless this manager still holds the run lock (before a commit or delete)."""
+        if self._lock is not None:
+            self._lock.check()
 
     @contextlib.contextmanager
     def _maybe_writer(self) -> Iterator[bool]:
@@ -218,7 +223,7 @@ class CheckpointManager:
         if self.readonly or current().rank != 0:
             yield False
             return
-        lock = RunLock(self.root, timeout=0.0)
+        lock = lock_for(self.root, timeout=0.0)
         try:
             lock.acquire()
         except LockHeldError:
@@ -247,7 +252,7 @@ class CheckpointManager:
         if self.readonly:
             log.warning("ckptkit: %s (left in place: opened read-only)", what)
             return
-        holder = RunLock(self.root, timeout=0.0)
+        holder = lock_for(self.root, timeout=0.0)
         try:
             holder.acquire()
         except LockHeldError as e:
@@ -298,7 +303,7 @@ class CheckpointManager:
         good = [c for c in self.list() if c.status in self._good_statuses]
         return good[-1] if good else None
 
-    def leftovers(self) -> builtins.list[Path]:
+    def leftovers(self) -> builtins.list[Location]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
         return self.catalog.leftovers()
 
@@ -318,7 +323,7 @@ class CheckpointManager:
         health: Mapping[str, Any] | None = None,
         lookahead: Mapping[str, Any] | None = None,
         overwrite: bool = False,
-    ) -> Path:
+    ) -> Location:
         """Save ``state`` as ``step-NNNNNNNN``: commit, verify, point ``latest``, rotate.
 
         With a process group initialised, ``save`` is collective: call it on every rank.
@@ -392,7 +397,7 @@ class CheckpointManager:
         return final
 
     def _commit(
-        self, snap: StateSave, coll: Collective, final: Path, overwrite: bool, stats: SaveStats
+        self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats
     ) -> mf.Manifest | None:
         tw = time.perf_counter()
         man = commit(
@@ -402,6 +407,7 @@ class CheckpointManager:
             build=snap.build,
             overwrite=overwrite,
             prepare=self._writer,
+            fence=self._fence,
         )
         stats.write = time.perf_counter() - tw
         return man
@@ -410,7 +416,7 @@ class CheckpointManager:
         self,
         snap: StateSave,
         coll: Collective,
-        final: Path,
+        final: Location,
         overwrite: bool,
         stats: SaveStats,
         t0: float,
@@ -419,7 +425,7 @@ class CheckpointManager:
         if man is not None:
             self._settle(final, man, stats, t0)
 
-    def _settle(self, final: Path, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
+    def _settle(self, final: Location, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
         """After the commit: verify by reading back, record, point ``latest``, rotate.
 
         Raises:
@@ -490,7 +496,7 @@ class CheckpointManager:
             out[guard_mod.GUARD_KEY] = la
         return out
 
-    def observe(self, state: TrainState, verdict: Any = None) -> Path | None:
+    def observe(self, state: TrainState, verdict: Any = None) -> Location | None:
         """Act on a stability verdict: save and pin an emergency checkpoint when due.
 
         Call once per step after feeding the watch (``verdict`` defaults to
@@ -531,7 +537,7 @@ class CheckpointManager:
     # --- verify, retention -------------------------------------------------------------------
 
     def _verify(
-        self, path: Path, *, man: mf.Manifest | None = None, scan_values: bool = True
+        self, path: Location, *, man: mf.Manifest | None = None, scan_values: bool = True
     ) -> builtins.list[codes.Finding]:
         """Verify one checkpoint by reading every byte; record the outcome if we may."""
         rep = verify_one(path, progress=False, options={"scan_values": scan_values})
@@ -642,6 +648,8 @@ class CheckpointManager:
             )
 
     def _delete(self, plan: rotation.RetentionPlan) -> builtins.list[str]:
+        if plan.delete:
+            self._fence()  # a writer that lost the run lock deletes nothing
         newest_good = max((c.step for c in plan.keep if c.good), default=None)
         deleted = []
         for d in plan.decisions:
@@ -767,7 +775,7 @@ class CheckpointManager:
             hint="restore files from a replica, or start fresh",
         )
 
-    def _note(self, path: Path, *, ok: bool, why: str | None) -> None:
+    def _note(self, path: Location, *, ok: bool, why: str | None) -> None:
         """Record what a restore found and re-point ``latest``, if no other writer runs."""
         try:
             man, _ = self.catalog.manifest(path)

@@ -1,10 +1,17 @@
 """Atomic commit of a checkpoint directory (spec §2).
 
-Files are written into a temporary sibling directory and fsynced; the manifest
-(the commit marker) is written and fsynced last; the directory is renamed into
-place and the parent fsynced. A crash at any instant leaves either the previous
-state or the complete new checkpoint; leftovers carry :data:`TMP_SUFFIX` so they
+On a local filesystem, files are written into a temporary sibling directory and
+fsynced; the manifest (the commit marker) is written and fsynced last; the directory is
+renamed into place and the parent fsynced. A crash at any instant leaves either the
+previous state or the complete new checkpoint; leftovers carry :data:`TMP_SUFFIX` so they
 are recognised, reported and cleaned, never loaded.
+
+On an object store (no rename) the files are uploaded into the final prefix and the
+manifest is written last, after every upload succeeded: the manifest is still the commit
+marker, and a prefix without one is an interrupted save that is never loaded and is
+removed by the next writer that opens the run (under the run lock). Overwriting a
+committed checkpoint there first removes its manifest (uncommitting it): unlike the local
+swap, the old checkpoint is gone if the new save then fails.
 
 Example:
     >>> import tempfile, pathlib
@@ -27,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptkit.errors import CheckpointExistsError
+from ckptkit.storage import fs
+from ckptkit.storage.fs import Location
 
 TMP_SUFFIX = ".ckptkit-tmp"
 """Marks a directory being written; never a committed checkpoint."""
@@ -53,18 +62,18 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def is_temporary(path: Path) -> bool:
+def is_temporary(path: Location) -> bool:
     """Return whether ``path`` is a leftover of an unfinished save or overwrite."""
     return TMP_SUFFIX in path.name or OLD_SUFFIX in path.name
 
 
-def is_committed(path: Path) -> bool:
+def is_committed(path: Location) -> bool:
     """Return whether ``path`` is a directory holding a manifest (the commit marker).
 
     Whether that manifest is *valid* is verify's business; without one, a directory is
     an incomplete save and is never loaded.
     """
-    return path.is_dir() and not is_temporary(path) and (path / MANIFEST_NAME).is_file()
+    return not is_temporary(path) and fs.kind(path / MANIFEST_NAME) == "file"
 
 
 @dataclass
@@ -75,22 +84,34 @@ class PendingCheckpoint:
     :meth:`finalize`; :meth:`abort` removes the temporary directory on failure.
     """
 
-    final: Path
+    final: Location
     """Where the checkpoint will live once committed."""
-    tmp: Path
-    """The temporary directory being written."""
+    tmp: Location
+    """Where the files are written: a temporary sibling directory, or :attr:`final`
+    itself on an object store."""
     overwrite: bool = False
     """Replace an existing committed checkpoint at :attr:`final`."""
 
+    @property
+    def in_place(self) -> bool:
+        """True on an object store: files go straight to :attr:`final`, manifest last."""
+        return self.tmp == self.final
+
     @classmethod
-    def create(cls, final: Path | str, *, overwrite: bool = False) -> PendingCheckpoint:
-        """Make the temporary sibling directory of ``final``.
+    def create(
+        cls, final: Location | str, *, overwrite: bool = False
+    ) -> PendingCheckpoint:
+        """Make the temporary sibling directory of ``final`` (or prepare ``final`` itself
+        on an object store).
 
         Raises:
             CheckpointExistsError: ``final`` exists and is not a checkpoint this call may
                 replace (never delete data ckptkit did not write).
         """
-        final = Path(final).absolute()
+        loc = fs.location(final)
+        if not fs.is_local(loc):
+            return cls._create_in_place(loc, overwrite=overwrite)
+        final = Path(str(loc)).absolute()
         if final.exists() or final.is_symlink():
             replaceable = is_committed(final) or (final.is_dir() and not any(final.iterdir()))
             if not replaceable:
@@ -111,12 +132,37 @@ class PendingCheckpoint:
         tmp.mkdir()
         return cls(final=final, tmp=tmp, overwrite=overwrite)
 
+    @classmethod
+    def _create_in_place(cls, final: Location, *, overwrite: bool) -> PendingCheckpoint:
+        files = [rel for rel, _ in fs.walk_files(final)]
+        if MANIFEST_NAME in files:
+            if not overwrite:
+                raise CheckpointExistsError(
+                    "a checkpoint already exists here",
+                    path=fs.url(final),
+                    hint="pass overwrite=True to replace it, or save under a new step",
+                )
+            fs.remove_file(final / MANIFEST_NAME)  # uncommit first: never a mixed checkpoint
+        elif files and not all(_ours(rel) for rel in files):
+            raise CheckpointExistsError(
+                "destination holds objects that are not a ckptkit checkpoint",
+                path=fs.url(final),
+                hint="choose a new path, or move the existing data away; ckptkit never "
+                "deletes data it did not write",
+            )
+        fs.remove_tree(final)  # an interrupted save of ours, or the uncommitted old one
+        return cls(final=final, tmp=final, overwrite=overwrite)
+
     def finalize(self, *, fsync: bool = True) -> None:
         """Commit: fsync the temporary directory, rename it into place, fsync the parent.
 
         The manifest must already be written and fsynced inside :attr:`tmp`. ``fsync=False``
         skips the flushes (tests of other things only: a crash may then lose the commit).
+        On an object store the manifest, written last, was the commit: nothing to do.
         """
+        if self.in_place:
+            return
+        assert isinstance(self.tmp, Path) and isinstance(self.final, Path)
         if fsync:
             for sub in sorted(p for p in self.tmp.rglob("*") if p.is_dir()):
                 fsync_dir(sub)  # entries of subdirectories (DCP shards) must be durable too
@@ -142,13 +188,26 @@ class PendingCheckpoint:
             shutil.rmtree(old, ignore_errors=True)
 
     def abort(self) -> None:
-        """Remove the temporary directory (after a failed write); never touches :attr:`final`."""
+        """Remove what this save wrote (the temporary directory, or on an object store the
+        uncommitted files under :attr:`final`); never a committed checkpoint."""
+        if self.in_place:
+            if fs.kind(self.final / MANIFEST_NAME) != "file":
+                fs.remove_tree(self.final)
+            return
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.tmp)
+            shutil.rmtree(str(self.tmp))
 
 
-def leftovers(parent: Path) -> list[Path]:
+def _ours(rel: str) -> bool:
+    """Whether a file name inside a step prefix is one a ckptkit save writes."""
+    head = rel.split("/", 1)[0]
+    return rel.endswith((".safetensors", ".safetensors.zst")) or head == "dcp" or rel == MANIFEST_NAME
+
+
+def leftovers(parent: Location) -> list[Location]:
     """List temporary directories of unfinished saves directly under ``parent``."""
-    if not parent.is_dir():
+    if fs.kind(parent) != "dir":
         return []
-    return sorted(p for p in parent.iterdir() if p.is_dir() and is_temporary(p))
+    return sorted(
+        (p for p in parent.iterdir() if is_temporary(p) and fs.kind(p) == "dir"), key=str
+    )

@@ -37,7 +37,7 @@ import stat
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import torch
 
@@ -372,7 +372,7 @@ def _classes() -> tuple[type, type]:
             reader = _MemReader(item)
             try:
                 stream = self.transforms.transform_load_stream(
-                    req, info.transform_descriptors or (), reader
+                    req, info.transform_descriptors or (), cast(IO[bytes], reader)
                 )
                 if req.type == LoadItemType.BYTE_IO:
                     deferred.append((req, bytes(stream.read(-1))))

@@ -44,8 +44,12 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from ckptkit.errors import LockHeldError
+from ckptkit.storage import fs
+from ckptkit.storage.fs import Location
+from ckptkit.storage.lease import LeaseLock
 
 try:
     import fcntl
@@ -132,6 +136,15 @@ class RunLock:
     def locked(self) -> bool:
         """True while this object holds the lock."""
         return self.info is not None
+
+    def check(self) -> None:
+        """Raise unless this object still holds the lock (a flock cannot be lost while held).
+
+        Raises:
+            LockHeldError: the lock was released.
+        """
+        if self.info is None:
+            raise LockHeldError("this process does not hold the run lock", path=self.path)
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -423,4 +436,34 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-__all__ = ["LOCK_NAME", "LockInfo", "RunLock", "read_lock_info"]
+class Lock(Protocol):
+    """What the manager needs of a run lock: a flock locally, a lease on an object store."""
+
+    @property
+    def locked(self) -> bool: ...
+
+    def acquire(self) -> object: ...
+
+    def release(self) -> None: ...
+
+    def check(self) -> None:
+        """Raise :class:`LockHeldError` unless the lock is still held (fencing)."""
+        ...
+
+
+def lock_for(root: Location, *, timeout: float = 0.0) -> Lock:
+    """The run lock for ``root``: :class:`RunLock` (flock) locally, a lease elsewhere.
+
+    Example:
+        >>> import tempfile
+        >>> type(lock_for(fs.location(tempfile.mkdtemp()))).__name__
+        'RunLock'
+        >>> type(lock_for(fs.location("memory://b/run"))).__name__
+        'LeaseLock'
+    """
+    if fs.is_local(root):
+        return RunLock(str(root), timeout=timeout)
+    return LeaseLock(root, timeout=timeout)
+
+
+__all__ = ["LOCK_NAME", "Lock", "LockInfo", "RunLock", "lock_for", "read_lock_info"]

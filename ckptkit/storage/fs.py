@@ -1,0 +1,342 @@
+"""Where checkpoints live: a local directory, or any fsspec URL (``s3://``, ``gs://``, ...).
+
+Every public entry point turns what it is given into a *location* with
+:func:`location`: a :class:`pathlib.Path` for local paths (and ``file://`` URLs), a
+:class:`upath.UPath` (universal-pathlib, the pathlib API over fsspec) for anything else.
+Code that lists, stats and reads through the pathlib API works on both; the few
+operations whose meaning differs between a POSIX filesystem and an object store go
+through the functions here:
+
+* writing a file: :func:`open_writer` (local: the caller keeps its own O_DIRECT/fsync
+  path; remote: a streamed upload, multipart for large files);
+* reading ranges: :func:`read_ranges` (remote: parallel range requests);
+* small files that must change atomically (``latest``, the run index):
+  :func:`replace_bytes` (local: temp file, fsync, rename; remote: one PUT, which object
+  stores apply atomically);
+* the run lock: :func:`put_if_absent` (remote: a conditional create, ``If-None-Match``).
+
+A URL whose filesystem is not installed is a clear error naming the package to install,
+never a local directory with a colon in its name (``./s3:/bucket/run``).
+
+Credentials and endpoints are standard fsspec / boto / gcloud configuration
+(``AWS_ENDPOINT_URL``, ``~/.aws/credentials``, ...): ckptkit adds nothing of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO, Literal, TypeAlias
+
+from upath import UPath
+
+from ckptkit.errors import CkptkitError
+
+Location: TypeAlias = Path | UPath
+"""A local path or a remote fsspec location."""
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+_LOCAL = ("file", "local")
+
+Kind = Literal["file", "dir", "symlink", "other"]
+
+
+def location(x: str | os.PathLike[str] | Location) -> Location:
+    """The location ``x`` names: a local :class:`Path` or a remote :class:`UPath`.
+
+    Raises:
+        CkptkitError: ``x`` is a URL whose protocol is unknown, whose filesystem package is
+            not installed (the message names it), or that is malformed (``s3:bucket``).
+
+    Example:
+        >>> location("/tmp/run"), type(location("memory://bucket/run")).__name__
+        (PosixPath('/tmp/run'), 'MemoryPath')
+        >>> location("nosuch://bucket/run")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.CkptkitError: nosuch://bucket/run: unknown storage protocol 'nosuch'...
+    """
+    if isinstance(x, UPath):
+        return Path(x.path) if x.protocol in ("", *_LOCAL) else x
+    if isinstance(x, Path):
+        return x
+    s = os.fspath(x)
+    m = _SCHEME.match(s)
+    if m is None or len(m.group(1)) == 1:  # no scheme, or a drive letter (C:/...)
+        return Path(s)
+    proto = m.group(1).lower()
+    if proto in _LOCAL:
+        return Path(re.sub(r"^[A-Za-z]+://", "", s) or "/")
+    from fsspec.registry import known_implementations, registry
+
+    if proto not in known_implementations and proto not in registry:
+        raise CkptkitError(
+            f"unknown storage protocol {proto!r}",
+            path=s,
+            hint="use a local path or an fsspec URL (s3://, gs://, az://, memory://, "
+            "file://); install the fsspec filesystem package that provides this protocol",
+        )
+    if not s[len(proto) + 1 :].startswith("//"):
+        raise CkptkitError(
+            f"malformed URL: expected {proto}://BUCKET/PATH",
+            path=s,
+            hint=f"write it as {proto}://{s[len(proto) + 1:].lstrip('/')}",
+        )
+    try:
+        p = UPath(s)
+        _ = p.fs  # instantiating the filesystem is what needs its package
+    except ImportError as e:
+        err = known_implementations.get(proto, {}).get("err") or str(e)
+        pkg = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+               "abfs": "adlfs", "abfss": "adlfs"}.get(proto)
+        raise CkptkitError(
+            f"the filesystem for {proto}:// is not installed ({err})",
+            path=s,
+            hint=f"pip install {pkg or 'the fsspec package for ' + proto}"
+            + (" (or: pip install 'ckptkit[s3]')" if pkg == "s3fs" else ""),
+        ) from None
+    return p
+
+
+def is_local(p: Location) -> bool:
+    """True for a local POSIX path (where rename, fsync, flock and O_DIRECT exist)."""
+    return (isinstance(p, Path) and not isinstance(p, UPath)) or (
+        isinstance(p, UPath) and p.protocol in ("", *_LOCAL)
+    )
+
+
+def url(p: Location) -> str:
+    """How ``p`` is written in messages and reports (a path, or a full URL)."""
+    return str(p)
+
+
+def kind(p: Location) -> Kind | None:
+    """What is at ``p`` without following a symlink: file, dir, symlink, other, or None."""
+    if is_local(p):
+        import stat as st
+
+        try:
+            mode = os.lstat(_lp(p)).st_mode
+        except OSError:
+            return None
+        if st.S_ISLNK(mode):
+            return "symlink"
+        if st.S_ISREG(mode):
+            return "file"
+        if st.S_ISDIR(mode):
+            return "dir"
+        return "other"
+    fs, path = _fs(p)
+    try:
+        info = fs.info(path)
+    except (FileNotFoundError, OSError):
+        return None
+    t = info.get("type")
+    return "dir" if t == "directory" else "file" if t == "file" else "other"
+
+
+def size(p: Location) -> int:
+    """Size in bytes of the file at ``p``."""
+    if is_local(p):
+        return os.stat(_lp(p)).st_size
+    fs, path = _fs(p)
+    return int(fs.info(path)["size"])
+
+
+def mtime(p: Location) -> float:
+    """Modification time of ``p`` (Unix seconds; 0.0 when the store does not say)."""
+    if is_local(p):
+        return os.stat(_lp(p)).st_mtime
+    fs, path = _fs(p)
+    info = fs.info(path)
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        v = info.get(key)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if hasattr(v, "timestamp"):
+            return float(v.timestamp())
+    return 0.0
+
+
+def fingerprint(p: Location) -> tuple[Any, ...] | None:
+    """Something that changes whenever the file at ``p`` is rewritten (for caches)."""
+    if is_local(p):
+        try:
+            st = os.lstat(_lp(p))
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    fs, path = _fs(p)
+    try:
+        info = fs.info(path)
+    except (FileNotFoundError, OSError):
+        return None
+    return (info.get("size"), info.get("ETag") or info.get("etag") or info.get("mtime")
+            or str(info.get("LastModified")))
+
+
+def walk_files(root: Location) -> Iterator[tuple[str, int]]:
+    """``(path relative to root, size)`` of every file under ``root`` (not following links)."""
+    if is_local(root):
+        base = _lp(root)
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                full = os.path.join(dirpath, f)
+                with contextlib.suppress(FileNotFoundError):
+                    yield os.path.relpath(full, base).replace(os.sep, "/"), os.lstat(full).st_size
+        return
+    fs, prefix = _fs(root)
+    try:
+        found = fs.find(prefix, detail=True)
+    except FileNotFoundError:
+        return
+    for full, info in sorted(found.items()):
+        rel = PurePosixPath(full).relative_to(PurePosixPath(prefix)).as_posix()
+        yield rel, int(info.get("size") or 0)
+
+
+def remove_tree(p: Location) -> None:
+    """Delete ``p`` and everything under it (no error when it is already gone)."""
+    if is_local(p):
+        import shutil
+
+        shutil.rmtree(_lp(p), ignore_errors=True)
+        return
+    fs, path = _fs(p)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
+
+
+def remove_file(p: Location) -> None:
+    """Delete one file (no error when it is already gone)."""
+    if is_local(p):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_lp(p))
+        return
+    fs, path = _fs(p)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(path)
+
+
+def replace_bytes(target: Location, data: bytes) -> None:
+    """Replace the file at ``target`` with ``data`` atomically.
+
+    Local: a temporary sibling, fsync, rename (no temporary left behind on failure).
+    Remote: one PUT; object stores apply a PUT atomically (readers see the old or the new
+    object, never a mix).
+    """
+    if not is_local(target):
+        fs, path = _fs(target)
+        fs.pipe_file(path, data)
+        return
+    local = _lp(target)
+    tmp = local.with_name(f"{local.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def put_if_absent(target: Location, data: bytes) -> bool:
+    """Create ``target`` holding ``data`` only if nothing is there; True when created.
+
+    Remote: a conditional create (``If-None-Match: *`` on S3, ``ifGenerationMatch=0`` on
+    GCS) — the store decides, so two writers racing cannot both win. Local: ``O_EXCL``.
+    """
+    if is_local(target):
+        try:
+            fd = os.open(_lp(target), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    fs, path = _fs(target)
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except (TypeError, NotImplementedError) as e:  # a filesystem without conditional writes
+        raise CkptkitError(
+            f"this filesystem ({type(fs).__name__}) cannot create an object only if absent",
+            path=str(target),
+            hint="the run lock needs a conditional create (S3 If-None-Match, GCS "
+            "generation match); use a store that has one, or a local run directory",
+        ) from e
+    return True
+
+
+def read_small(p: Location, limit: int) -> bytes:
+    """Read a whole small file, refusing more than ``limit`` bytes."""
+    if is_local(p):
+        with open(_lp(p), "rb") as f:
+            return f.read(limit + 1)
+    fs, path = _fs(p)
+    return bytes(fs.cat_file(path, start=0, end=limit + 1))
+
+
+def open_writer(p: Location, *, block_size: int = 64 << 20) -> BinaryIO:
+    """A streamed upload to a remote ``p`` (multipart past ``block_size``).
+
+    Nothing is visible at ``p`` until the stream is closed successfully.
+    """
+    fs, path = _fs(p)
+    return fs.open(path, "wb", block_size=block_size)  # type: ignore[no-any-return]
+
+
+def read_ranges(p: Location, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """Bytes of ``[start, end)`` ranges of a remote file, requested in parallel."""
+    fs, path = _fs(p)
+    if not ranges:
+        return []
+    starts = [a for a, _ in ranges]
+    ends = [b for _, b in ranges]
+    out = fs.cat_ranges([path] * len(ranges), starts, ends)
+    bad = [o for o in out if isinstance(o, BaseException)]
+    if bad:
+        raise bad[0]
+    return [bytes(o) for o in out]
+
+
+def _lp(p: Location) -> Path:
+    """``p`` as the local Path it is (callers checked :func:`is_local`)."""
+    return p if isinstance(p, Path) and not isinstance(p, UPath) else Path(str(p))
+
+
+def _fs(p: Location) -> tuple[Any, str]:
+    assert isinstance(p, UPath), p
+    return p.fs, p.path
+
+
+__all__ = [
+    "Kind",
+    "Location",
+    "fingerprint",
+    "is_local",
+    "kind",
+    "location",
+    "mtime",
+    "open_writer",
+    "put_if_absent",
+    "read_ranges",
+    "read_small",
+    "remove_file",
+    "remove_tree",
+    "replace_bytes",
+    "size",
+    "url",
+    "walk_files",
+]

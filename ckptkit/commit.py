@@ -167,7 +167,7 @@ def commit(
 
 def save_tree(
     obj: Any,
-    path: Path | str,
+    path: Location | str,
     *,
     encoded: tree_mod.Encoded | None = None,
     compress: codec.Compression | None = None,
@@ -180,7 +180,7 @@ def save_tree(
     progress: bool | None = None,
     fsync: bool = True,
     manifest_fields: Mapping[str, Any] | None = None,
-    before_commit: Callable[[Path], None] | None = None,
+    before_commit: Callable[[Location], None] | None = None,
 ) -> mf.Manifest:
     """Write nested ``obj`` as a committed checkpoint at ``path`` (one process).
 
@@ -210,7 +210,7 @@ def save_tree(
     total = sum(t.numel() * t.element_size() for t in enc.tensors.values())
     final = fs.location(path)
 
-    def write(tmp: Path) -> RankFiles:
+    def write(tmp: Location) -> RankFiles:
         with _progress.bar(f"saving {final.name}", total, progress) as on_bytes:
             return SafetensorsShards(
                 enc,
@@ -349,7 +349,7 @@ class StateSave:
             dcp_state=stager.stage_dcp(self.dcp_state) if self.dcp_state is not None else None,
         )
 
-    def write(self, tmp: Path, coll: Collective) -> RankPart:
+    def write(self, tmp: Location, coll: Collective) -> RankPart:
         """This rank's share: DCP (collective) first, then its safetensors shards."""
         files = RankFiles()
         if self.dcp_state is not None:
@@ -429,7 +429,7 @@ class StateSave:
 
 def save_state(
     state: TrainState,
-    path: Path | str,
+    path: Location | str,
     *,
     step: int | None = None,
     fields: Mapping[str, Any] | None = None,
@@ -511,7 +511,7 @@ _SAVE_ERRNO = {
 }
 
 
-def _restated(e: BaseException, final: Path) -> BaseException:
+def _restated(e: BaseException, final: Location) -> BaseException:
     """Restate a plain OS error of a save: what failed, that nothing was lost, and the fix.
 
     Stays an ``OSError`` of the same errno (``PermissionError`` for EACCES), so existing

@@ -72,3 +72,80 @@ def saved_ckpt(tmp_path: Path) -> Callable[..., Path]:
         return d
 
     return make
+
+
+# --- a real S3 endpoint ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real S3 HTTP endpoint: ``moto`` in server mode on a free local port.
+
+    Started once per session as a subprocess (never a mock object in this process), with
+    credentials and the endpoint given the standard way (``AWS_*`` environment variables,
+    which boto, s3fs and subprocesses of the tests all read).
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    env = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield url
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+def s3_run(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """A fresh ``s3://`` run URL in a fresh bucket on the session's S3 endpoint."""
+    import re
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    bucket = "t-" + re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{bucket}-{uuid.uuid4().hex[:6]}"
+    fs.mkdir(bucket)
+    fsspec.filesystem("s3").invalidate_cache()
+    return f"s3://{bucket}/run"

@@ -33,10 +33,11 @@ import io
 import mmap
 import os
 import pickle
+import re
 import stat
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import IO, Any, cast
 
 import torch
@@ -44,7 +45,8 @@ import torch
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, DistributedError
-from ckptkit.storage import digest
+from ckptkit.storage import digest, fs
+from ckptkit.storage.fs import Location
 
 DCP_DIR = "dcp"
 """Subdirectory of a checkpoint holding ``torch.distributed.checkpoint`` files."""
@@ -112,29 +114,102 @@ def loads_metadata(data: bytes) -> Any:
 
 
 def save(
-    state_dict: dict[str, Any], root: Path, *, fsync: bool = True, process_group: Any = None
-) -> None:
+    state_dict: dict[str, Any], root: Location, *, fsync: bool = True, process_group: Any = None
+) -> dict[str, tuple[str, int]] | None:
     """Write ``state_dict`` (DTensors stay sharded) with DCP into ``root/dcp`` (collective).
 
     Without a process group this is a one-process DCP save (``no_dist``), the world of one.
+    On an object store DCP's own fsspec writer uploads the files, and every byte is hashed
+    on the way out.
+
+    Returns:
+        For an object store, ``{name inside dcp/: (xxh3-128, size)}`` of the files this
+        rank wrote (no read-back); locally None (the caller hashes the written files).
 
     Raises:
         CkptkitError: DCP failed (its ``CheckpointException`` translated).
     """
     import torch.distributed.checkpoint as dcp
 
-    writer = dcp.FileSystemWriter(str(root / DCP_DIR), sync_files=fsync, thread_count=2)
+    digests: dict[str, tuple[str, int]] | None = None
+    if fs.is_local(root):
+        writer: Any = dcp.FileSystemWriter(
+            str(root / DCP_DIR), sync_files=fsync, thread_count=2
+        )
+    else:
+        writer, digests = _hashing_fsspec_writer(fs.url(root / DCP_DIR))
     with _translated("DCP save"), _quiet():
         dcp.save(state_dict, storage_writer=writer, process_group=process_group)
+    return digests
 
 
-def files_of(root: Path, rank: int) -> list[str]:
+def files_of(root: Location, rank: int) -> list[str]:
     """The DCP files rank ``rank`` wrote under ``root/dcp`` (rank 0 also owns ``.metadata``)."""
     d = root / DCP_DIR
-    rels = sorted(f"{DCP_DIR}/{p.name}" for p in d.glob(f"__{rank}_*.distcp"))
-    if rank == 0 and (d / METADATA).exists():
+    names = [p.name for p in d.iterdir()] if fs.kind(d) == "dir" else []
+    rels = sorted(f"{DCP_DIR}/{n}" for n in names if re.fullmatch(rf"__{rank}_\d+\.distcp", n))
+    if rank == 0 and METADATA in names:
         rels.append(f"{DCP_DIR}/{METADATA}")
     return rels
+
+
+def _hashing_fsspec_writer(url: str) -> tuple[Any, dict[str, tuple[str, int]]]:
+    """DCP's fsspec writer, with every stream it writes hashed on the way out."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
+    digests: dict[str, tuple[str, int]] = {}
+
+    class HashingFileSystem(FileSystem):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            with super().create_stream(path, mode) as stream:
+                if "w" not in mode:
+                    yield stream
+                    return
+                tee = _HashingStream(stream)
+                yield tee
+            digests[PurePosixPath(os.fspath(path)).name] = (tee.hexdigest(), tee.size)
+
+        def rename(self, path: Any, new_path: Any) -> None:
+            super().rename(path, new_path)  # .metadata is written as .metadata.tmp, renamed
+            old = PurePosixPath(os.fspath(path)).name
+            if old in digests:
+                digests[PurePosixPath(os.fspath(new_path)).name] = digests.pop(old)
+
+    writer: Any = FsspecWriter(url, thread_count=2)
+    hashing: Any = HashingFileSystem()
+    hashing.fs = writer.fs.fs
+    writer.fs = hashing
+    return writer, digests
+
+
+class _HashingStream(io.RawIOBase):
+    """A write-only pass-through that hashes and counts what goes by (``tell`` included)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self._inner = inner
+        self._h = digest.new()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        with memoryview(b) as mv, mv.cast("B") as flat:
+            self._h.update(flat)
+            self._inner.write(flat)
+            self.size += len(flat)
+            return len(flat)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def hexdigest(self) -> str:
+        return str(self._h.hexdigest())
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -146,7 +221,7 @@ def entries(man: mf.Manifest) -> dict[str, mf.FileEntry]:
     return {f.path[len(prefix) :]: f for f in man.files if f.path.startswith(prefix)}
 
 
-def read_metadata(root: Path, man: mf.Manifest) -> Any:
+def read_metadata(root: Location, man: mf.Manifest) -> Any:
     """Read ``dcp/.metadata``: listed, digest-checked, then unpickled with the allow-list.
 
     Raises:
@@ -175,15 +250,20 @@ def read_metadata(root: Path, man: mf.Manifest) -> Any:
         raise codes.error("CK-F108", f"damaged pickle: {type(e).__name__}: {e}", path=rel) from None
 
 
-def read_verified(path: Path, fe: mf.FileEntry, *, rel: str) -> bytes:
+def read_verified(path: Location, fe: mf.FileEntry, *, rel: str) -> bytes:
     """Read a whole small file, refusing non-regular files, and check size and digest."""
-    with open_regular(path, rel=rel) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size != fe.size:
-            raise codes.error(
-                "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
-            )
-        data = f.read(fe.size + 1)
+    if not fs.is_local(path):
+        if fs.kind(path) is None:
+            raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
+        data = fs.read_small(path, fe.size)
+    else:
+        with open_regular(path, rel=rel) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != fe.size:
+                raise codes.error(
+                    "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
+                )
+            data = f.read(fe.size + 1)
     if len(data) != fe.size:
         raise codes.error("CK-F002", "file changed size while it was read", path=rel)
     got = digest.hexdigest_bytes(data)
@@ -195,7 +275,7 @@ def read_verified(path: Path, fe: mf.FileEntry, *, rel: str) -> bytes:
 
 
 @contextlib.contextmanager
-def open_regular(path: Path, *, rel: str) -> Iterator[io.BufferedReader]:
+def open_regular(path: Location, *, rel: str) -> Iterator[io.BufferedReader]:
     """Open ``path`` for reading only if it is a regular file (never blocks on a FIFO).
 
     Raises:
@@ -204,7 +284,7 @@ def open_regular(path: Path, *, rel: str) -> Iterator[io.BufferedReader]:
     """
     try:
         fd = os.open(
-            path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+            str(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         )
     except FileNotFoundError:
         raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
@@ -241,7 +321,7 @@ def _kind(mode: int) -> str:
 
 def load(
     state_dict: dict[str, Any],
-    root: Path,
+    root: Location,
     man: mf.Manifest,
     *,
     verify_rank: int = 0,
@@ -270,17 +350,11 @@ def load(
             check_file(root / DCP_DIR / name, listed[name], rel=f"{DCP_DIR}/{name}")
 
 
-def check_file(path: Path, fe: mf.FileEntry, *, rel: str) -> None:
+def check_file(path: Location, fe: mf.FileEntry, *, rel: str) -> None:
     """Hash a whole file (streaming) and compare size and digest with its entry."""
-    with open_regular(path, rel=rel) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size != fe.size:
-            raise codes.error(
-                "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
-            )
+    with _shard(path, rel=rel, expected_size=fe.size) as mv:
         h = digest.new()
-        while chunk := f.read(digest.CHUNK):
-            h.update(chunk)
+        h.update(mv)
     got = h.hexdigest()
     if got != fe.xxh3_128:
         raise codes.error(
@@ -329,11 +403,13 @@ def _classes() -> tuple[type, type]:
             listed: the manifest's entries of the DCP files, keyed by name inside ``dcp/``.
         """
 
-        def __init__(self, path: Path, metadata: Any, listed: Mapping[str, mf.FileEntry]) -> None:
-            super().__init__(str(path))
+        def __init__(
+            self, path: Location, metadata: Any, listed: Mapping[str, mf.FileEntry]
+        ) -> None:
+            super().__init__(fs.url(path))
             self._metadata = metadata
             self._listed = dict(listed)
-            self._dir = Path(path)
+            self._dir = path
             self.checked: set[str] = set()
             """Shard names whose digest was checked by a read."""
 
@@ -411,36 +487,31 @@ def _classes() -> tuple[type, type]:
                 ),
             )
             deferred: list[tuple[Any, bytes]] = []
-            with open_regular(self._dir / name, rel=rel) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != fe.size:
-                    raise codes.error(
-                        "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
-                    )
-                # Map the shard: the hash and torch.load read the same pages, so every byte
-                # comes from the disk once and no intermediate copy of an item is made.
-                with _mapped(f, size) as mv:
-                    h = digest.new()
-                    pos = 0
-                    for req in spans:
-                        info = self.storage_data[req.storage_index]
-                        off, length = int(info.offset), int(info.length)
-                        if off < 0 or length < 0 or off + length > size:
-                            raise codes.error(
-                                "CK-F106",
-                                f"item {req.storage_index.fqn} lies past the end of the "
-                                f"shard ({off}+{length} > {size} bytes)",
-                                path=rel,
-                            )
-                        if off >= pos:  # overlapping items (never written by DCP) hash once
-                            with mv[pos : off + length] as part:
-                                h.update(part)
-                            pos = off + length
-                        with mv[off : off + length] as item:
-                            self._load_item(req, info, item, planner, deferred, rel)
-                    with mv[pos:size] as tail:
-                        h.update(tail)
-                    got = h.hexdigest()
+            # One read of the shard: locally a memory map (the hash and torch.load read the
+            # same pages, no intermediate copy); on an object store one streamed download.
+            with _shard(self._dir / name, rel=rel, expected_size=fe.size) as mv:
+                size = len(mv)
+                h = digest.new()
+                pos = 0
+                for req in spans:
+                    info = self.storage_data[req.storage_index]
+                    off, length = int(info.offset), int(info.length)
+                    if off < 0 or length < 0 or off + length > size:
+                        raise codes.error(
+                            "CK-F106",
+                            f"item {req.storage_index.fqn} lies past the end of the "
+                            f"shard ({off}+{length} > {size} bytes)",
+                            path=rel,
+                        )
+                    if off >= pos:  # overlapping items (never written by DCP) hash once
+                        with mv[pos : off + length] as part:
+                            h.update(part)
+                        pos = off + length
+                    with mv[off : off + length] as item:
+                        self._load_item(req, info, item, planner, deferred, rel)
+                with mv[pos:size] as tail:
+                    h.update(tail)
+                got = h.hexdigest()
             if got != fe.xxh3_128:
                 raise codes.error(
                     "CK-F003",
@@ -452,6 +523,40 @@ def _classes() -> tuple[type, type]:
                 planner.load_bytes(req, io.BytesIO(data))
 
     return SafeLoadPlanner, VerifyingReader
+
+
+@contextlib.contextmanager
+def _shard(path: Location, *, rel: str, expected_size: int) -> Iterator[memoryview]:
+    """The bytes of a listed file, read once: a memory map locally, a download remotely.
+
+    Raises:
+        IncompleteCheckpointError: ``CK-F001`` missing.
+        IntegrityError: ``CK-F002`` its size is not ``expected_size``.
+        UnsafeInputError: ``CK-F022`` not a regular file.
+    """
+    if not fs.is_local(path):
+        if fs.kind(path) is None:
+            raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
+        size = fs.size(path)
+        if size != expected_size:
+            raise codes.error(
+                "CK-F002", f"size is {size} bytes, the manifest records {expected_size}", path=rel
+            )
+        buf = bytearray(size)
+        got = fs.read_into(path, buf) if size else 0
+        if got != size:
+            raise codes.error("CK-F002", f"read {got} of {size} bytes", path=rel)
+        with memoryview(buf) as mv:
+            yield mv
+        return
+    with open_regular(path, rel=rel) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != expected_size:
+            raise codes.error(
+                "CK-F002", f"size is {size} bytes, the manifest records {expected_size}", path=rel
+            )
+        with _mapped(f, size) as mv:
+            yield mv
 
 
 @contextlib.contextmanager

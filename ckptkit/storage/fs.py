@@ -297,6 +297,20 @@ def open_writer(p: Location, *, block_size: int = 64 << 20) -> BinaryIO:
     return fs.open(path, "wb", block_size=block_size)  # type: ignore[no-any-return]
 
 
+def read_into(p: Location, buf: bytearray | memoryview, *, block_size: int = 16 << 20) -> int:
+    """Read a whole remote file into ``buf`` (a streamed download); return bytes read."""
+    fs, path = _fs(p)
+    with fs.open(path, "rb", block_size=block_size) as f:
+        got = 0
+        mv = memoryview(buf)
+        while got < len(mv):
+            n = f.readinto(mv[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+
 def read_ranges(p: Location, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     """Bytes of ``[start, end)`` ranges of a remote file, requested in parallel."""
     fs, path = _fs(p)
@@ -331,6 +345,7 @@ __all__ = [
     "mtime",
     "open_writer",
     "put_if_absent",
+    "read_into",
     "read_ranges",
     "read_small",
     "remove_file",

@@ -24,7 +24,8 @@ from typing import Any, Literal, Protocol
 
 from ckptkit import manifest as mf
 from ckptkit.collective import Collective
-from ckptkit.storage import codec, dcp, digest, tensors, tree
+from ckptkit.storage import codec, dcp, digest, fs, remote, tensors, tree
+from ckptkit.storage.fs import Location
 
 DEFAULT_SHARD_BYTES = 2 << 30
 """Largest shard file before a group is split (a tensor is never split)."""
@@ -52,7 +53,7 @@ class RankFiles:
 class ShardWriter(Protocol):
     """Writes this rank's share of some state into the temporary checkpoint directory."""
 
-    def write(self, tmp: Path, coll: Collective) -> RankFiles:
+    def write(self, tmp: Location, coll: Collective) -> RankFiles:
         """Write and hash this rank's files under ``tmp``; return their entries."""
         ...
 
@@ -115,7 +116,7 @@ def plan_shards(
 def write_shards(
     encoded: tree.Encoded,
     plan: ShardPlan,
-    root: Path,
+    root: Location,
     *,
     names: Sequence[str] | None = None,
     compress: codec.Compression | None = None,
@@ -127,14 +128,20 @@ def write_shards(
 
     def write_one(name: str) -> tuple[mf.FileEntry, list[mf.TensorEntry]]:
         items = [(k, encoded.tensors[k]) for k in plan.files[name]]
-        w = tensors.write_file(
-            root / name,
-            items,
-            compress=compress,
-            metadata={"format": "pt", "writer": "ckptkit"},
-            on_bytes=on_bytes,
-            fsync=fsync,
-        )
+        meta = {"format": "pt", "writer": "ckptkit"}
+        if fs.is_local(root):
+            w = tensors.write_file(
+                Path(str(root / name)),
+                items,
+                compress=compress,
+                metadata=meta,
+                on_bytes=on_bytes,
+                fsync=fsync,
+            )
+        else:  # an object store: streamed, hashed on the way out
+            w = remote.write_file(
+                root / name, items, compress=compress, metadata=meta, on_bytes=on_bytes
+            )
         fe = mf.FileEntry(
             path=name,
             size=w.size,
@@ -195,7 +202,7 @@ class SafetensorsShards:
     rank_label: bool = True
     """Record the writing rank in each file entry (multi-rank layouts)."""
 
-    def write(self, tmp: Path, coll: Collective) -> RankFiles:
+    def write(self, tmp: Location, coll: Collective) -> RankFiles:
         if self.owner == "rank0" and coll.rank != 0:
             return RankFiles()
         shard = self.shard_bytes
@@ -243,11 +250,14 @@ class DcpShards:
     fsync: bool = True
     process_group: Any = None
 
-    def write(self, tmp: Path, coll: Collective) -> RankFiles:
-        dcp.save(self.state_dict, tmp, fsync=self.fsync, process_group=self.process_group)
+    def write(self, tmp: Location, coll: Collective) -> RankFiles:
+        hashed = dcp.save(self.state_dict, tmp, fsync=self.fsync, process_group=self.process_group)
         out = RankFiles()
         for rel in dcp.files_of(tmp, coll.rank):
-            hexd, size = digest.hash_file(tmp / rel)
+            if hashed is not None:  # an object store: hashed on the way out, never read back
+                hexd, size = hashed[rel.split("/", 1)[1]]
+            else:
+                hexd, size = digest.hash_file(str(tmp / rel))
             out.files.append(
                 mf.FileEntry(
                     path=rel,

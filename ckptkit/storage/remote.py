@@ -1,0 +1,230 @@
+"""Safetensors shards on an object store: streamed out, read back in parallel ranges.
+
+The same bytes, header and digests as a local shard (:mod:`ckptkit.storage.tensors`); only
+the transport differs:
+
+* :func:`write_file` streams the header and every tensor's bytes through an upload
+  (:func:`ckptkit.storage.upload.open_upload`: parallel multipart parts on S3), hashing
+  on the way out, so the digest in the manifest is of the bytes sent, with no read-back;
+* :func:`read_file` fetches the header, checks it against the manifest, then requests the
+  tensor bytes as parallel ranges straight into the destination tensors, hashing them in
+  file order, and checks size and digest before returning; compressed files stream
+  through the same bounded zstd reader as local ones;
+* :func:`hash_file` is the verify pass: parallel ranges, hashed in order, with the same
+  ``on_chunk`` hook the value scan uses locally.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ckptkit import codes
+from ckptkit.storage import codec, digest, fs, tensors
+from ckptkit.storage.fs import Location
+from ckptkit.storage.upload import open_upload
+
+RANGE = 16 << 20
+"""Bytes per ranged request."""
+RANGES_IN_FLIGHT = 8
+"""Ranged requests issued together (then hashed in order)."""
+
+OnBytes = Callable[[int], None]
+
+
+def write_file(
+    loc: Location,
+    items: Sequence[tuple[str, torch.Tensor]],
+    *,
+    compress: codec.Compression | None = None,
+    metadata: dict[str, str] | None = None,
+    on_bytes: OnBytes | None = None,
+) -> tensors.Written:
+    """Upload ``items`` as one safetensors object at ``loc``, hashing what is sent."""
+    head, entries = tensors.build_header(items, metadata)
+    raw_size = len(head) + sum(e.offsets[1] - e.offsets[0] for e in entries.values())
+    up = open_upload(loc)
+    try:
+        with digest.PipelinedHasher() as hasher:
+            if compress is None:
+                size = tensors._stream(head, items, hasher, up.write, on_bytes)
+            else:
+                sink = _HashingSink(up, hasher)
+                with codec.compressor().stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
+                    zw.write(head)
+                    for _, t in items:
+                        mv = tensors.tensor_bytes(tensors._host(t))
+                        for i in range(0, len(mv), digest.CHUNK):
+                            zw.write(mv[i : i + digest.CHUNK])
+                            if on_bytes:
+                                on_bytes(min(digest.CHUNK, len(mv) - i))
+                size = sink.size
+            hexd = hasher.hexdigest()
+        up.close()
+    except BaseException:
+        up.abort()
+        raise
+    return tensors.Written(size=size, digest=hexd, raw_size=raw_size, header=entries)
+
+
+class _HashingSink:
+    def __init__(self, up: Any, hasher: digest.PipelinedHasher) -> None:
+        self.up = up
+        self.hasher = hasher
+        self.size = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        b = bytes(data)  # immutable: the hasher thread may still read it
+        self.hasher.update(b)
+        self.up.write(b)
+        self.size += len(b)
+        return len(b)
+
+
+def _ranges(start: int, end: int, step: int = RANGE) -> list[tuple[int, int]]:
+    return [(a, min(a + step, end)) for a in range(start, end, step)]
+
+
+def hash_file(
+    loc: Location,
+    *,
+    on_bytes: OnBytes | None = None,
+    on_chunk: Callable[[int, memoryview], None] | None = None,
+) -> tuple[str, int]:
+    """``(xxh3-128, size)`` of a remote file: parallel ranges, hashed in file order."""
+    size = fs.size(loc)
+    h = digest.new()
+    todo = _ranges(0, size)
+    for i in range(0, len(todo), RANGES_IN_FLIGHT):
+        batch = todo[i : i + RANGES_IN_FLIGHT]
+        for (a, _b), data in zip(batch, fs.read_ranges(loc, batch), strict=True):
+            mv = memoryview(data)
+            h.update(mv)
+            if on_chunk is not None:
+                on_chunk(a, mv)
+            if on_bytes is not None:
+                on_bytes(len(mv))
+    return str(h.hexdigest()), size
+
+
+def read_file(
+    loc: Location,
+    expected: tensors.Expected,
+    wanted: dict[str, tensors.HeaderEntry],
+    *,
+    targets: dict[str, torch.Tensor] | None = None,
+    on_bytes: OnBytes | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read and verify one remote shard (see the module docstring); tensors by key.
+
+    Raises the same ckptkit errors as the local reader, with the same codes.
+    """
+    rel = expected.rel
+    kind = fs.kind(loc)
+    if kind is None:
+        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
+    size = fs.size(loc)
+    if size != expected.size:
+        raise codes.error(
+            "CK-F002",
+            f"size is {size} bytes, the manifest records {expected.size} "
+            f"({'truncated' if size < expected.size else 'grown'})",
+            path=rel,
+        )
+    targets = targets or {}
+    if expected.compression is not None:
+        return _read_compressed(loc, expected, wanted, targets, on_bytes)
+    pre = fs.read_ranges(loc, [(0, min(8, size))])[0]
+    if len(pre) < 8:
+        raise codes.error(
+            "CK-F004", "file is shorter than a safetensors header (truncated)", path=rel
+        )
+    (n_head,) = struct.unpack("<Q", pre)
+    limit = min(tensors.MAX_HEADER, max(size - 8, 0))
+    if n_head > limit:
+        raise codes.error(
+            "CK-F004",
+            f"safetensors header length {n_head} is absurd (file holds at most {limit})",
+            path=rel,
+        )
+    raw = fs.read_ranges(loc, [(8, 8 + n_head)])[0]
+    header = tensors.parse_header(raw, path=rel, data_len=size - 8 - n_head)
+    tensors._match(header, wanted, rel)
+    base = 8 + n_head
+    h = digest.new()
+    h.update(pre)
+    h.update(raw)
+    out: dict[str, torch.Tensor] = {}
+    # Every byte after the header, in file order: tensor bytes land in their destination,
+    # gaps and trailing bytes are hashed too.
+    plan: list[tuple[int, int, memoryview | None]] = []
+    pos = base
+    for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
+        start, end = base + e.offsets[0], base + e.offsets[1]
+        if start > pos:
+            plan += [(a, b, None) for a, b in _ranges(pos, start)]
+        ret, dest = tensors._destination(key, e, targets)
+        out[key] = ret
+        mv = tensors.tensor_bytes(dest)
+        for a, b in _ranges(start, end):
+            plan.append((a, b, mv[a - start : b - start]))
+        pos = max(pos, end)
+    if size > pos:
+        plan += [(a, b, None) for a, b in _ranges(pos, size)]
+    for i in range(0, len(plan), RANGES_IN_FLIGHT):
+        batch = plan[i : i + RANGES_IN_FLIGHT]
+        got = fs.read_ranges(loc, [(a, b) for a, b, _ in batch])
+        for (a, b, dst), data in zip(batch, got, strict=True):
+            if len(data) != b - a:
+                raise codes.error("CK-F002", f"short read at byte {a} (truncated)", path=rel)
+            if dst is not None:
+                dst[:] = data
+            h.update(data)
+            if on_bytes:
+                on_bytes(len(data))
+    hexd = str(h.hexdigest())
+    if hexd != expected.digest:
+        raise codes.error(
+            "CK-F003",
+            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
+            path=rel,
+        )
+    return out
+
+
+def _read_compressed(
+    loc: Location,
+    expected: tensors.Expected,
+    wanted: dict[str, tensors.HeaderEntry],
+    targets: dict[str, torch.Tensor],
+    on_bytes: OnBytes | None,
+) -> dict[str, torch.Tensor]:
+    rel = expected.rel
+    raw = bytearray(expected.size)
+    got = fs.read_into(loc, raw)
+    if got != expected.size:
+        raise codes.error("CK-F002", f"read {got} of {expected.size} bytes", path=rel)
+    hexd = digest.hexdigest_bytes(raw)
+    if hexd != expected.digest:
+        raise codes.error(
+            "CK-F003",
+            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
+            path=rel,
+        )
+    src = codec.LimitedReader(
+        io.BytesIO(raw),  # type: ignore[arg-type]
+        limit=expected.raw_size if expected.raw_size is not None else 0,
+        path=rel,
+    )
+    n, head = tensors.read_header_from(src, path=rel, file_size=expected.raw_size)  # type: ignore[arg-type]
+    data_len = None if expected.raw_size is None else expected.raw_size - 8 - n
+    header = tensors.parse_header(head, path=rel, data_len=data_len)
+    tensors._match(header, wanted, rel)
+    return tensors._read_tensors(src, header, rel, targets, on_bytes)
+
+
+__all__ = ["hash_file", "read_file", "write_file"]

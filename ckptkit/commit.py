@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch

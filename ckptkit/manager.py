@@ -91,6 +91,8 @@ class CheckpointManager:
             elsewhere: ``latest`` then follows the newest committed checkpoint).
         background_verify: run the read-back verify, ``latest`` and rotation in a
             background thread, joined by the next save; False runs them inside ``save``.
+        lease_ttl: on an object store, the run lock is a lease renewed every third of this
+            many seconds; a writer that died is taken over once it expired.
         readonly: open for listing and restoring only: create nothing, clean nothing,
             refuse ``save``/``prune`` (what ``ckptkit ls`` uses).
         watch: a :class:`~ckptkit.StabilityWatch` whose snapshot goes into every manifest.
@@ -122,6 +124,7 @@ class CheckpointManager:
         lock_timeout: float = 0.0,
         verify_after_save: bool = True,
         background_verify: bool = True,
+        lease_ttl: float = 60.0,
         readonly: bool = False,
         watch: Any = None,
         emergency: EmergencyPolicy | None = None,
@@ -137,6 +140,7 @@ class CheckpointManager:
         self.lock_timeout = lock_timeout
         self.verify_after_save = verify_after_save
         self.background_verify = background_verify
+        self.lease_ttl = lease_ttl
         self.readonly = readonly
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
@@ -147,7 +151,7 @@ class CheckpointManager:
         self._bg_coll: Collective | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
-        if not readonly:
+        if not readonly and fs.is_local(self.root):  # object stores have no directories
             self.root.mkdir(parents=True, exist_ok=True)
         self._clean_on_open()
 
@@ -200,7 +204,7 @@ class CheckpointManager:
                 path=self.root,
                 hint="open it without readonly=True to save or prune",
             )
-        lock = lock_for(self.root, timeout=self.lock_timeout)
+        lock = lock_for(self.root, timeout=self.lock_timeout, lease_ttl=self.lease_ttl)
         lock.acquire()
         self._lock = lock
         self.catalog.clean_leftovers()
@@ -223,7 +227,7 @@ class CheckpointManager:
         if self.readonly or current().rank != 0:
             yield False
             return
-        lock = lock_for(self.root, timeout=0.0)
+        lock = lock_for(self.root, timeout=0.0, lease_ttl=self.lease_ttl)
         try:
             lock.acquire()
         except LockHeldError:
@@ -252,7 +256,7 @@ class CheckpointManager:
         if self.readonly:
             log.warning("ckptkit: %s (left in place: opened read-only)", what)
             return
-        holder = lock_for(self.root, timeout=0.0)
+        holder = lock_for(self.root, timeout=0.0, lease_ttl=self.lease_ttl)
         try:
             holder.acquire()
         except LockHeldError as e:

@@ -451,7 +451,7 @@ class Lock(Protocol):
         ...
 
 
-def lock_for(root: Location, *, timeout: float = 0.0) -> Lock:
+def lock_for(root: Location, *, timeout: float = 0.0, lease_ttl: float = 60.0) -> Lock:
     """The run lock for ``root``: :class:`RunLock` (flock) locally, a lease elsewhere.
 
     Example:
@@ -463,7 +463,7 @@ def lock_for(root: Location, *, timeout: float = 0.0) -> Lock:
     """
     if fs.is_local(root):
         return RunLock(str(root), timeout=timeout)
-    return LeaseLock(root, timeout=timeout)
+    return LeaseLock(root, timeout=timeout, ttl=lease_ttl)
 
 
 __all__ = ["LOCK_NAME", "Lock", "LockInfo", "RunLock", "lock_for", "read_lock_info"]

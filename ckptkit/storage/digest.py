@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO
 
 import xxhash
+
+from ckptkit.storage import files
 
 ALGORITHM = "xxh3_128"
 CHUNK = 8 << 20
@@ -99,11 +101,15 @@ def hash_file(
     on_bytes: Callable[[int], None] | None = None,
     on_chunk: Callable[[int, memoryview], None] | None = None,
 ) -> tuple[str, int]:
-    """Return ``(xxh3-128 hex digest, size)`` of a file, reading it once.
+    """Return ``(xxh3-128 hex digest, size)`` of a regular file, reading it once.
 
     Reads into two alternating buffers so that hashing chunk *i* overlaps reading
     chunk *i+1*. ``on_chunk(offset, bytes)`` sees every chunk while the helper thread
     hashes it (verify scans tensor values there, so the file is read once).
+
+    Raises:
+        UnsafeInputError: ``CK-F010`` the path is a FIFO, directory or device (never
+            opened, so never a hang); ``CK-F009`` it is a symlink.
 
     Example:
         >>> import tempfile, pathlib
@@ -111,9 +117,21 @@ def hash_file(
         >>> hash_file(p) == (hexdigest_bytes(b"abc"), 3)
         True
     """
+    with files.open_regular(path, code="CK-F010", symlink_code="CK-F009") as f:
+        return hash_open(f, chunk=chunk, on_bytes=on_bytes, on_chunk=on_chunk)
+
+
+def hash_open(
+    f: BinaryIO,
+    *,
+    chunk: int = CHUNK,
+    on_bytes: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int, memoryview], None] | None = None,
+) -> tuple[str, int]:
+    """:func:`hash_file` of an open (unbuffered) file, from its current position."""
     bufs = [bytearray(chunk), bytearray(chunk)]
     size = 0
-    with open(path, "rb", buffering=0) as f, PipelinedHasher() as ph:
+    with PipelinedHasher() as ph:
         i = 0
         while True:
             buf = bufs[i & 1]

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ckptkit.errors import IncompleteCheckpointError, IntegrityError, UnsafeInputError
-from ckptkit.storage import codec, digest
+from ckptkit.storage import codec, digest, files
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -511,14 +511,23 @@ def read_file(
     """
     rel = expected.rel
     try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in finally
-    except FileNotFoundError:
+        # Regular files only: a FIFO here would block the read forever, a directory raise
+        # IsADirectoryError (CK-F010; a symlink is CK-F009).
+        f = files.open_regular(path, code="CK-F010", rel=rel, symlink_code="CK-F009")
+    except (FileNotFoundError, NotADirectoryError):
         raise IncompleteCheckpointError(
             "file listed in the manifest is missing",
             path=rel,
             code="CK-F001",
             hint="restore the file from a replica or roll back to the previous verified "
             "checkpoint ('ckptkit ls RUN')",
+        ) from None
+    except OSError as e:
+        raise IntegrityError(
+            f"cannot be read: {e.strerror or e}",
+            path=rel,
+            code="CK-F004",
+            hint="check permissions and the disk, then load again",
         ) from None
     try:
         size = os.fstat(f.fileno()).st_size
@@ -778,20 +787,24 @@ def scan_file(
         header: dict[str, HeaderEntry] | None = None
         err: tuple[str, str] | None = None
         finite: FiniteScan | None = None
-        try:
-            with open(path, "rb") as f:
+        with files.open_regular(path, code="CK-F010", rel=rel, symlink_code="CK-F009") as f:
+            try:
                 fsize = os.fstat(f.fileno()).st_size
                 n, raw = read_header_from(f, path=rel, file_size=fsize)
-            header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
-            if values:
-                finite = FiniteScan(header, 8 + n)
-        except (IntegrityError, UnsafeInputError) as e:
-            err = (e.code or "CK-F004", e.what)
-        hexd, size = digest.hash_file(
-            path, on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
-        )
+                header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
+                if values:
+                    finite = FiniteScan(header, 8 + n)
+            except (IntegrityError, UnsafeInputError) as e:
+                err = (e.code or "CK-F004", e.what)
+            f.seek(0)
+            hexd, size = digest.hash_open(
+                f, on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
+            )
         return hexd, size, header, err, finite
-    with open(path, "rb", buffering=0) as f, digest.PipelinedHasher() as hasher:
+    with (
+        files.open_regular(path, code="CK-F010", rel=rel, symlink_code="CK-F009") as f,
+        digest.PipelinedHasher() as hasher,
+    ):
         hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
         buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
         size = os.fstat(f.fileno()).st_size

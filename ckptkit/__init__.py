@@ -12,6 +12,7 @@ from ckptkit.errors import (
     IntegrityError,
     LockHeldError,
     ManifestError,
+    SignatureError,
     StateError,
     UnsafeInputError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Progress",
     "Recorder",
     "ResumableSampler",
+    "SignatureError",
     "StabilityWatch",
     "StateError",
     "TrainState",

@@ -77,6 +77,10 @@ class UnsafeInputError(ManifestError):
     """Hostile or absurd input: a path escaping the checkpoint, an absurd size, a zstd bomb."""
 
 
+class SignatureError(ManifestError):
+    """A key was given and the manifest is unsigned, signed with another key, or altered."""
+
+
 class IntegrityError(CkptkitError):
     """Bytes on disk differ from what the manifest recorded (size, digest, header)."""
 
@@ -114,6 +118,7 @@ __all__ = [
     "IntegrityError",
     "LockHeldError",
     "ManifestError",
+    "SignatureError",
     "StateError",
     "UnsafeInputError",
 ]

@@ -7,13 +7,16 @@ written or read on any path; every byte is verified while it is read.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ckptkit import manifest as mf
+from ckptkit import signing
 from ckptkit.manifest import Manifest
-from ckptkit.storage import checkpoint, codec
+from ckptkit.storage import atomic, checkpoint, codec
 
 
 def save(
@@ -26,6 +29,7 @@ def save(
     step: int | None = None,
     progress: bool | None = None,
     user: dict[str, Any] | None = None,
+    key: signing.KeyLike | None = None,
 ) -> Manifest:
     """Save nested ``state`` as a checkpoint directory at ``path``, atomically.
 
@@ -45,6 +49,8 @@ def save(
         step: training step to record in the manifest.
         progress: show a progress bar (default: on a terminal, for big saves).
         user: free-form JSON metadata stored in the manifest.
+        key: HMAC key to sign the manifest with (default: ``CKPTKIT_HMAC_KEY`` or
+            ``CKPTKIT_HMAC_KEY_FILE``, else unsigned); see docs/security.md.
 
     Returns:
         The :class:`~ckptkit.manifest.Manifest` written.
@@ -60,7 +66,9 @@ def save(
         >>> [f.path for f in m.files]
         ['model.safetensors']
     """
-    return checkpoint.write_checkpoint(
+    k = signing.resolve_key(key)
+    signed: list[Manifest] = []
+    written = checkpoint.write_checkpoint(
         state,
         path,
         compress=compress,
@@ -69,7 +77,22 @@ def save(
         step=step,
         progress=progress,
         manifest_fields={"user": user} if user is not None else None,
+        before_commit=None if k is None else lambda tmp: signed.append(_sign_pending(tmp, k)),
     )
+    return signed[0] if signed else written
+
+
+def _sign_pending(tmp: Path, key: bytes) -> Manifest:
+    """Replace the manifest of a not yet committed checkpoint by its signed copy.
+
+    Until ``write_checkpoint`` takes the key itself, the signature is added in its
+    ``before_commit`` hook: the directory is still temporary, so the rewrite is as atomic
+    as the save.
+    """
+    raw = (tmp / atomic.MANIFEST_NAME).read_bytes()
+    m = Manifest.from_dict(json.loads(raw)).signed(key)
+    mf.write(tmp, m)
+    return m
 
 
 def load(
@@ -79,6 +102,7 @@ def load(
     into: Any = None,
     progress: bool | None = None,
     max_bytes: int | None = None,
+    key: signing.KeyLike | None = None,
 ) -> Any:
     """Load a checkpoint saved by :func:`save`, verifying every byte as it is read.
 
@@ -92,6 +116,8 @@ def load(
             tensors may already hold damaged bytes: restore another checkpoint into them.
         progress: show a progress bar (default: on a terminal, for big loads).
         max_bytes: refuse checkpoints declaring more tensor bytes (default: physical RAM).
+        key: HMAC key the manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
+            ``CKPTKIT_HMAC_KEY_FILE``, else none: a signature is then not checked).
 
     Returns:
         The saved object, with its container types, shared tensors and scalars.
@@ -99,11 +125,14 @@ def load(
     Raises:
         IncompleteCheckpointError: no manifest (``CK-M001``) or a listed file missing
             (``CK-F001``).
-        ManifestError: the manifest is malformed (``CK-M002/3/4/7``).
-        UnsafeInputError: hostile manifest (``CK-M005/6``) or decompression bomb
-            (``CK-F008``).
+        ManifestError: the manifest is malformed (``CK-M002/3/4/7/9``).
+        UnsafeInputError: hostile manifest (``CK-M005/6/8``), decompression bomb
+            (``CK-F008``), a listed file that is a symlink (``CK-F009``) or not a regular
+            file (``CK-F010``).
         IntegrityError: size (``CK-F002``), digest (``CK-F003``) or header
             (``CK-F004/5``) mismatch.
+        SignatureError: a key was given and the manifest is unsigned (``CK-M010``) or
+            not signed with it (``CK-M011``).
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -112,7 +141,13 @@ def load(
         >>> ckptkit.load(d)["w"].tolist()
         [0, 1, 2]
     """
+    m = mf.read(path, key=signing.resolve_key(key))
     obj, _ = checkpoint.read_checkpoint(
-        path, targets_from=into, map_location=map_location, progress=progress, max_bytes=max_bytes
+        path,
+        targets_from=into,
+        map_location=map_location,
+        progress=progress,
+        max_bytes=max_bytes,
+        manifest=m,
     )
     return obj

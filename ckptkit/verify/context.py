@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError
-from ckptkit.storage import tensors
+from ckptkit.errors import CkptkitError, UnsafeInputError
+from ckptkit.storage import files, tensors
 
 SCAN_WORKERS = 2
 
@@ -25,6 +26,8 @@ class FileScan:
     exists: bool
     outside: bool = False
     """The path resolves outside the checkpoint (a symlink): never read."""
+    not_regular: str | None = None
+    """What sits there instead of a regular file (``"a FIFO (named pipe)"`` ...): never opened."""
     size: int | None = None
     digest: str | None = None
     header: dict[str, tensors.HeaderEntry] | None = None
@@ -43,6 +46,8 @@ class CheckContext:
     root: Path
     manifest: mf.Manifest | None
     manifest_error: CkptkitError | None = None
+    signature_checked: bool = False
+    """The manifest's signature was checked against a key (it had to be valid to get here)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     on_bytes: Callable[[int], None] | None = None
     _scans: dict[str, FileScan] = field(default_factory=dict)
@@ -71,13 +76,20 @@ class CheckContext:
 
     def _scan(self, fe: mf.FileEntry) -> FileScan:
         p = self.root / fe.path
-        if not (p.exists() or p.is_symlink()):
-            return FileScan(fe, exists=False)
-        real_root = self.root.resolve()
-        if p.is_symlink() or not p.resolve().is_relative_to(real_root):
-            return FileScan(fe, exists=True, outside=True)
         try:
-            size = os.stat(p).st_size
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            return FileScan(fe, exists=False)
+        except OSError as e:
+            return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+        real_root = self.root.resolve()
+        if stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(real_root):
+            return FileScan(fe, exists=True, outside=True)
+        what = files.kind(st.st_mode)
+        if what is not None:
+            return FileScan(fe, exists=True, not_regular=what)
+        try:
+            size = st.st_size
             if size != fe.size:
                 # Not hashed: the size alone proves the file is not the one recorded.
                 return FileScan(fe, exists=True, size=size)
@@ -89,6 +101,12 @@ class CheckContext:
                 on_bytes=self.on_bytes,
                 values=self.options.get("scan_values", True) is not False,
             )
+        except UnsafeInputError as e:  # swapped for a symlink or FIFO after the lstat
+            if e.code not in ("CK-F009", "CK-F010"):
+                raise
+            if e.code == "CK-F009":
+                return FileScan(fe, exists=True, outside=True)
+            return FileScan(fe, exists=True, not_regular="replaced while being checked")
         except OSError as e:
             return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):

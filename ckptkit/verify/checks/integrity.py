@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ckptkit.errors import IncompleteCheckpointError, UnsafeInputError
+from ckptkit.errors import IncompleteCheckpointError, SignatureError, UnsafeInputError
 from ckptkit.storage import atomic
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, ERROR, WARNING, Finding, check
+from ckptkit.verify.findings import CODES, ERROR, INFO, WARNING, Finding, check
 
 ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
 
@@ -46,6 +46,29 @@ _MANIFEST_CODES = {
         "the manifest changed after it was written; " + ROLLBACK,
         None,
     ),
+    "CK-M008": (
+        "manifest is not a readable regular file",
+        "a manifest is a regular file inside the checkpoint (not a symlink, FIFO, directory "
+        "or device); replace it with the real one or " + ROLLBACK,
+        UnsafeInputError,
+    ),
+    "CK-M009": (
+        "state tree cannot be rebuilt",
+        "load would refuse it: the manifest was damaged, edited or written by a newer "
+        "ckptkit; upgrade ckptkit or " + ROLLBACK,
+        None,
+    ),
+    "CK-M010": (
+        "manifest unsigned but a key was given",
+        "its origin cannot be proven; do not load it unless you wrote it without a key",
+        SignatureError,
+    ),
+    "CK-M011": (
+        "manifest signature does not match the key",
+        "signed with another key or altered after signing; do not load it unless you know "
+        "why, or " + ROLLBACK,
+        SignatureError,
+    ),
 }
 
 
@@ -65,6 +88,23 @@ def _manifest_check(code: str) -> None:
 
 for _code in _MANIFEST_CODES:
     _manifest_check(_code)
+
+
+@check(
+    "CK-M012",
+    family="integrity",
+    severity=INFO,
+    title="signature not checked",
+    hint="pass the key (key=, --key-file or CKPTKIT_HMAC_KEY) to check who wrote it",
+)
+def signature_unchecked(ctx: CheckContext) -> Iterator[Finding]:
+    sig = ctx.manifest.signature if ctx.manifest is not None else None
+    if sig is not None and not ctx.signature_checked:
+        yield CODES["CK-M012"].finding(
+            f"the manifest is signed (key id {sig.key_id}) but no key was given: its digests "
+            "were checked, its origin was not",
+            path=atomic.MANIFEST_NAME,
+        )
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -252,4 +292,23 @@ def outside(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F009"].finding(
                 "file is a symlink or resolves outside the checkpoint directory",
                 path=s.entry.path,
+            )
+
+
+@check(
+    "CK-F010",
+    family="integrity",
+    severity=ERROR,
+    title="listed file is not a regular file",
+    hint="a FIFO, directory or device sits where the manifest lists a file; it is never "
+    "opened; replace it with the real file or " + ROLLBACK,
+    error_class=UnsafeInputError,
+)
+def not_regular(ctx: CheckContext) -> Iterator[Finding]:
+    for s in ctx.scan_all().values():
+        if s.not_regular is not None:
+            yield CODES["CK-F010"].finding(
+                f"is {s.not_regular}, not a regular file; it was not opened",
+                path=s.entry.path,
+                component=s.entry.component or "checkpoint",
             )

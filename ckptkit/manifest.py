@@ -428,6 +428,8 @@ def _strict_json(text: str | bytes, path: str) -> Any:
             raise bad(f"not UTF-8: byte {e.start} is {bytes(text)[e.start:e.start + 1]!r}") from None
     if s.startswith("\ufeff"):
         raise bad("starts with a byte-order mark; manifests are UTF-8 without one")
+    if "\x00" in s:  # never in JSON text; UTF-16/32 without a BOM decodes to ASCII + NULs
+        raise bad("contains NUL characters: UTF-16 or UTF-32 text, not UTF-8")
     try:
         return json.loads(
             s,

@@ -473,9 +473,13 @@ def check(tree: Any, dtypes: Mapping[str, str]) -> None:
         dt = DTYPES.get(dtypes[key])
         if tag == "ndarray" and (dt is None or dt not in _NUMPY_DTYPES):
             raise _Malformed(f"tensor {key!r} of dtype {dt} cannot be a numpy array")
-        return None
+        return _StandIn()  # not a plain value either: refused as a dict key, as a tensor is
 
     rebuild(tree, known=dtypes, leaf=leaf)
+
+
+class _StandIn:
+    """What :func:`check` puts where ``load`` puts a tensor or an array (no bytes read)."""
 
 
 def _hashable(k: Any) -> Any:

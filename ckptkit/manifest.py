@@ -14,11 +14,13 @@ verifies also loads.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import gc
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
@@ -337,7 +339,29 @@ class Manifest:
         cls, text: str | bytes, *, path: str = MANIFEST_NAME, key: bytes | None = None
     ) -> Manifest:
         """Parse and fully validate manifest text (see :func:`parse`)."""
-        return cls.from_dict(parse(text, path=path, key=key))
+        with _gc_paused():
+            return cls.from_dict(parse(text, path=path, key=key))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a manifest is parsed and checked.
+
+    Parsing allocates about ten containers per tensor and creates no reference cycles,
+    so the collector finds nothing, but the allocations trigger full collections that
+    traverse the whole process heap (torch's included): at 10k tensors that was 3/4 of
+    the parse time. Reference counting still frees everything. The collector is
+    re-enabled only if it was on before and is still off (someone else's gc.disable()
+    in the meantime is left alone only if it came first).
+    """
+    was = gc.isenabled()
+    if was:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was and not gc.isenabled():
+            gc.enable()
 
 
 def json_safe(x: Any) -> Any:
@@ -474,6 +498,11 @@ def parse(
         ...
         ckptkit.errors.ManifestError: CK-M002 manifest.json: not valid JSON (duplicate key ...
     """
+    with _gc_paused():
+        return _parse(text, path, key)
+
+
+def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
     obj = _strict_json(text, path)
     if not isinstance(obj, dict):
         raise ManifestError(

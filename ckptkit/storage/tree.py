@@ -165,20 +165,17 @@ def nesting_exceeds(obj: Any, limit: int) -> bool:
         >>> nesting_exceeds([[1]], 2), nesting_exceeds([[[1]]], 2)
         (False, True)
     """
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        x, d = stack.pop()
-        if type(x) is dict:
-            vals: Any = x.values()
-        elif type(x) is list:
-            vals = x
-        else:
-            continue
-        if d > limit:
+    level = [obj] if type(obj) is dict or type(obj) is list else []
+    depth = 0
+    while level:  # one pass per level: no per-node tuples, no recursion
+        depth += 1
+        if depth > limit:
             return True
-        for v in vals:
-            if type(v) is dict or type(v) is list:
-                stack.append((v, d + 1))
+        nxt: list[Any] = []
+        for x in level:
+            vals = x.values() if type(x) is dict else x
+            nxt += [v for v in vals if type(v) is dict or type(v) is list]
+        level = nxt
     return False
 
 
@@ -219,6 +216,7 @@ _TAG_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "npscalar": (frozenset({"dtype", "v"}), frozenset()),
     "bytes": (frozenset({"b64"}), frozenset()),
 }
+_REF_FIELDS = frozenset({TAG, "key"})
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     name: v for name, v in vars(torch).items() if isinstance(v, torch.dtype)
 }
@@ -327,7 +325,8 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
     def dec_tagged(x: dict[str, Any], tag: Any, depth: int) -> Any:
         if not isinstance(tag, str) or tag not in _TAG_FIELDS:
             raise _Malformed(f"unknown tag {tag!r} (written by a newer ckptkit?)")
-        fields(x, tag)
+        if not (tag == "tensor" and x.keys() == _REF_FIELDS):  # the common case, checked fast
+            fields(x, tag)
         if tag in ("tensor", "ndarray"):
             key = x["key"]
             if not isinstance(key, str):

@@ -350,9 +350,9 @@ def _gc_paused() -> Iterator[None]:
     Parsing allocates about ten containers per tensor and creates no reference cycles,
     so the collector finds nothing, but the allocations trigger full collections that
     traverse the whole process heap (torch's included): at 10k tensors that was 3/4 of
-    the parse time. Reference counting still frees everything. The collector is
-    re-enabled only if it was on before and is still off (someone else's gc.disable()
-    in the meantime is left alone only if it came first).
+    the parse time. Reference counting still frees everything. A collector that was
+    off stays off; one that was on is turned back on at the end (so a gc.disable() made
+    by another thread during a parse would be undone: a rare race, and a harmless one).
     """
     was = gc.isenabled()
     if was:

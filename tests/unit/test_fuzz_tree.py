@@ -290,9 +290,10 @@ def test_newest_checkpoint_mutated(ops: list[tuple[Any, ...]]) -> None:
 
 
 _MANAGER_GAP = (
-    "manager side (lead): restore lets KeyError escape TrainState.restore_tree for a tree "
-    "missing optimizer/param_groups, and does not fall back when the newest checkpoint's "
-    "tree lacks 'model' (StateError raised as a run mismatch, no fallback)"
+    "restore path (lead): with a damaged newest checkpoint, non-ckptkit exceptions escape "
+    "capture/rng.py restore (TypeError, ValueError), capture/optim.py (KeyError, TypeError) "
+    "and TrainState.restore_tree (TypeError, KeyError 'param_groups'), and a tree without "
+    "'model' is raised as a run mismatch (StateError) instead of falling back"
 )
 
 

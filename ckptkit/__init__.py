@@ -7,6 +7,7 @@ from ckptkit.capture.state import TrainState
 from ckptkit.errors import (
     CheckpointExistsError,
     CkptkitError,
+    CommittedError,
     DrillError,
     IncompleteCheckpointError,
     IntegrityError,
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointManager",
     "CkptkitError",
+    "CommittedError",
     "DrillError",
     "IncompleteCheckpointError",
     "IntegrityError",

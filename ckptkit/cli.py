@@ -581,7 +581,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     Example:
         ckptkit rollback runs/exp1/ckpt
     """
-    from ckptkit.stability import rollback as pick
+    from ckptkit.manager import rollback as pick
 
     choice = pick(run_dir)
     if as_json:
@@ -591,7 +591,8 @@ def rollback(run_dir: Path, as_json: bool) -> None:
         click.echo(f"roll back to: {c.path}" if c else "no healthy checkpoint in this run")
         for r in choice.reasons:
             click.echo(f"  {r}")
-        click.echo("suggestions (nothing is changed for you):")
-        for h in choice.hints:
-            click.echo(f"  - {h}")
+        if choice.hints:
+            click.echo("suggestions (nothing is changed for you):")
+            for h in choice.hints:
+                click.echo(f"  - {h}")
     sys.exit(0 if choice.checkpoint is not None else 1)

@@ -8,6 +8,9 @@ from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit import signing
+from ckptkit.foreign.detect import detect
+from ckptkit.foreign.report import describe_foreign
+from ckptkit.storage.atomic import MANIFEST_NAME
 
 
 def describe(
@@ -40,14 +43,9 @@ def describe(
         >>> info = describe(d); info["step"], info["tensors"][0]["shape"]
         (5, [2, 3])
     """
-    from ckptkit.foreign.detect import detect
-    from ckptkit.storage.atomic import MANIFEST_NAME
-
     if format is not None or (
         not os.path.lexists(Path(path) / MANIFEST_NAME) and detect(path) is not None
     ):
-        from ckptkit.foreign.report import describe_foreign
-
         return describe_foreign(path, format)
     k = signing.resolve_key(key)
     m = mf.read(path, key=k)

@@ -105,6 +105,35 @@ class DistributedError(CkptkitError, RuntimeError):
     """A collective save or restore failed on another rank (every rank raises together)."""
 
 
+class CommittedError(CkptkitError, OSError):
+    """A save committed its checkpoint, then a later step failed (verify, record, rotate).
+
+    The checkpoint directory is whole and listed; do not retry the same step (that would
+    raise :class:`CheckpointExistsError`). ``committed`` names it.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        committed: Path | str,
+        path: Path | str | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.committed = Path(committed)
+        super().__init__(what, path=path, code=code, hint=hint)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_committed, (self.what, self.committed, self.path, self.code, self.hint))
+
+
+def _rebuild_committed(
+    what: str, committed: Path, path: Path | None, code: str | None, hint: str | None
+) -> CommittedError:
+    return CommittedError(what, committed=committed, path=path, code=code, hint=hint)
+
+
 class DrillError(CkptkitError):
     """A resume drill could not run (the script crashed, no checkpoint appeared)."""
 
@@ -112,6 +141,7 @@ class DrillError(CkptkitError):
 __all__ = [
     "CheckpointExistsError",
     "CkptkitError",
+    "CommittedError",
     "DistributedError",
     "DrillError",
     "IncompleteCheckpointError",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ckptkit.verify.findings import CODES, WARNING, Finding, register_code
+from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
     from ckptkit.capture.state import TrainState
@@ -39,31 +39,6 @@ PROBE_RTOL = 1e-6
 """Relative tolerance of the probe loss (bitwise where the run is deterministic)."""
 
 ProbeFn = Callable[[torch.nn.Module], Any]
-
-_HINT_SAMPLER = (
-    "the data order did not come back: restore the sampler (pass sampler= to TrainState) "
-    "and do not rebuild or re-seed it after restore"
-)
-for _code, _title, _hint, _comp in (
-    ("CK-D001", "resume guard: step label differs", "restore progress (TrainState step=) and "
-     "do not reset the step counter after restore", "progress"),
-    ("CK-D002", "resume guard: next sample ids differ", _HINT_SAMPLER, "sampler"),
-    ("CK-D003", "resume guard: learning rate differs", "restore the scheduler (pass "
-     "scheduler=) and do not step it or change param-group LRs after restore", "scheduler"),
-    ("CK-D004", "resume guard: loss scale differs", "restore the GradScaler (pass scaler=)",
-     "scaler"),
-    ("CK-D005", "resume guard: optimizer step count differs", "restore the optimizer state "
-     "(pass optimizer=); a fresh optimizer has empty Adam moments", "optimizer"),
-    ("CK-D006", "resume guard: RNG state differs", "do not seed after restore; TrainState "
-     "restores every generator (Python, NumPy, torch CPU/CUDA) per rank", "rng"),
-    ("CK-D007", "resume guard: probe loss differs", "the weights are not what was saved "
-     "(model not restored, restored into another architecture, or changed after restore)",
-     "model"),
-):
-    if _code not in CODES:
-        register_code(_code, family="drill", severity=WARNING, title=_title, hint=_hint,
-                      component=_comp)
-
 
 def _fp(data: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(data)

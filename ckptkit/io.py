@@ -8,15 +8,17 @@ written or read on any path; every byte is verified while it is read.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
+from ckptkit import commit, signing
 from ckptkit import manifest as mf
-from ckptkit import signing
+from ckptkit.fit import FitReport
 from ckptkit.manifest import Manifest
-from ckptkit.storage import atomic, checkpoint, codec
+from ckptkit.storage import atomic, checkpoint, codec, shards
 
 
 def save(
@@ -24,7 +26,7 @@ def save(
     path: str | Path,
     *,
     compress: codec.Compression | None = None,
-    shard_bytes: int = checkpoint.DEFAULT_SHARD_BYTES,
+    shard_bytes: int = shards.DEFAULT_SHARD_BYTES,
     overwrite: bool = True,
     step: int | None = None,
     progress: bool | None = None,
@@ -68,7 +70,7 @@ def save(
     """
     k = signing.resolve_key(key)
     signed: list[Manifest] = []
-    written = checkpoint.write_checkpoint(
+    written = commit.save_tree(
         state,
         path,
         compress=compress,
@@ -85,7 +87,7 @@ def save(
 def _sign_pending(tmp: Path, key: bytes) -> Manifest:
     """Replace the manifest of a not yet committed checkpoint by its signed copy.
 
-    Until ``write_checkpoint`` takes the key itself, the signature is added in its
+    Until the commit path takes the key itself, the signature is added in its
     ``before_commit`` hook: the directory is still temporary, so the rewrite is as atomic
     as the save.
     """
@@ -95,11 +97,48 @@ def _sign_pending(tmp: Path, key: bytes) -> Manifest:
     return m
 
 
+@dataclass(frozen=True)
+class PartialLoad:
+    """What ``load(..., into=..., strict=False)`` returns: the state and what was loaded."""
+
+    state: Any
+    """The loaded object (sharing the ``into`` tensors that received bytes)."""
+    report: FitReport
+    """Which tensors were loaded, missing, unexpected or of another shape/dtype."""
+
+
+@overload
+def load(
+    path: str | Path,
+    map_location: str | torch.device | None = ...,
+    *,
+    into: Any = ...,
+    strict: Literal[True] = ...,
+    progress: bool | None = ...,
+    max_bytes: int | None = ...,
+    key: signing.KeyLike | None = ...,
+) -> Any: ...
+
+
+@overload
+def load(
+    path: str | Path,
+    map_location: str | torch.device | None = ...,
+    *,
+    into: Any = ...,
+    strict: Literal[False],
+    progress: bool | None = ...,
+    max_bytes: int | None = ...,
+    key: signing.KeyLike | None = ...,
+) -> PartialLoad: ...
+
+
 def load(
     path: str | Path,
     map_location: str | torch.device | None = "cpu",
     *,
     into: Any = None,
+    strict: bool = True,
     progress: bool | None = None,
     max_bytes: int | None = None,
     key: signing.KeyLike | None = None,
@@ -109,18 +148,26 @@ def load(
     Args:
         path: the checkpoint directory.
         map_location: device of the returned tensors.
-        into: an object shaped like the saved state (e.g. ``{"model":
-            model.state_dict()}``); its tensors receive the bytes in place when dtype and
-            shape match, so no second copy of the state is held in RAM. The returned
-            object then shares those tensors. If an integrity error is raised, those
-            tensors may already hold damaged bytes: restore another checkpoint into them.
+        into: an object shaped like (part of) the saved state, e.g. ``{"model":
+            model.state_dict()}``; its tensors receive the bytes (in place on the CPU,
+            without a second copy of the state in RAM) and the returned object shares
+            them. If an integrity error is raised, those tensors may already hold damaged
+            bytes: load another checkpoint into them.
+        strict: with ``into``: refuse, before reading anything, any tensor of ``into``
+            without a saved counterpart, any saved tensor inside a mapping of ``into``
+            without a counterpart there, and any shape or dtype mismatch, each named
+            (``CK-R010``). ``strict=False`` loads what fits, leaves the rest untouched,
+            and returns :class:`PartialLoad` (the state and a report of what was and was
+            not loaded): the mode for fine-tuning from a checkpoint of another head or
+            loading weights into a changed model on purpose.
         progress: show a progress bar (default: on a terminal, for big loads).
         max_bytes: refuse checkpoints declaring more tensor bytes (default: physical RAM).
         key: HMAC key the manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
             ``CKPTKIT_HMAC_KEY_FILE``, else none: a signature is then not checked).
 
     Returns:
-        The saved object, with its container types, shared tensors and scalars.
+        The saved object, with its container types, shared tensors and scalars; with
+        ``into`` and ``strict=False``, a :class:`PartialLoad`.
 
     Raises:
         IncompleteCheckpointError: no manifest (``CK-M001``) or a listed file missing
@@ -128,26 +175,38 @@ def load(
         ManifestError: the manifest is malformed (``CK-M002/3/4/7/9``).
         UnsafeInputError: hostile manifest (``CK-M005/6/8``), decompression bomb
             (``CK-F008``), a listed file that is a symlink (``CK-F009``) or not a regular
-            file (``CK-F010``).
+            file (``CK-F022``).
         IntegrityError: size (``CK-F002``), digest (``CK-F003``) or header
             (``CK-F004/5``) mismatch.
         SignatureError: a key was given and the manifest is unsigned (``CK-M010``) or
             not signed with it (``CK-M011``).
+        StateError: ``CK-R010`` the tensors of ``into`` do not fit (``strict``).
 
     Example:
         >>> import tempfile, torch, ckptkit
         >>> d = tempfile.mkdtemp() + "/ckpt"
-        >>> _ = ckptkit.save({"w": torch.arange(3)}, d)
-        >>> ckptkit.load(d)["w"].tolist()
-        [0, 1, 2]
+        >>> _ = ckptkit.save({"model": {"w": torch.arange(3.0), "b": torch.zeros(1)}}, d)
+        >>> ckptkit.load(d)["model"]["w"].tolist()
+        [0.0, 1.0, 2.0]
+        >>> live = {"model": {"w": torch.zeros(3), "head": torch.zeros(2)}}
+        >>> ckptkit.load(d, into=live)
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.StateError: CK-R010 ...: the tensors to load into do not fit the checkpoint: 1 missing from the checkpoint (model/head); 1 in the checkpoint but not here (model/b). Fix: ...
+        >>> r = ckptkit.load(d, into=live, strict=False).report
+        >>> r.loaded, r.missing, live["model"]["w"].tolist()
+        (['model/w'], ['model/head'], [0.0, 1.0, 2.0])
     """
-    m = mf.read(path, key=signing.resolve_key(key))
-    obj, _ = checkpoint.read_checkpoint(
+    obj, _, fit = checkpoint.read_checkpoint(
         path,
         targets_from=into,
+        strict=strict,
         map_location=map_location,
         progress=progress,
         max_bytes=max_bytes,
-        manifest=m,
+        manifest=mf.read(path, key=signing.resolve_key(key)),
     )
+    if into is not None and not strict:
+        assert fit is not None
+        return PartialLoad(obj, fit)
     return obj

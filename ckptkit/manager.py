@@ -1,113 +1,78 @@
-"""``CheckpointManager``: step directories, the lock, commit, verify, ``latest``, then rotate.
+"""``CheckpointManager``: lock -> capture -> commit -> verify -> point ``latest`` -> rotate; restore.
 
-The public methods keep the guard and commit logic (as torchtitan's
-``BaseCheckpointManager.save`` does); bytes go through the storage engine. Order of a
-save, each step only after the previous one succeeded:
+The public methods keep the guard and order (as torchtitan's ``BaseCheckpointManager.save``
+does); every step lives in its own module:
 
-1. take the run lock (one writer per run directory; a dead writer's lock is taken over);
-2. write into a temporary sibling directory, manifest last, rename into place;
-3. verify the new checkpoint (digests, completeness, consistency);
-4. point ``latest`` at it (atomic replace);
-5. rotate: delete what the retention policy releases, never the newest verified one.
+1. take the run lock (:mod:`ckptkit.storage.lock`: one writer per run directory);
+2. capture the state on every rank (:class:`ckptkit.commit.StateSave`);
+3. commit (:func:`ckptkit.commit.commit`: the one protocol for every world size, shards
+   through safetensors or DCP, manifest last, rename into place);
+4. verify the new checkpoint by reading it back (:mod:`ckptkit.verify`) and record the
+   outcome (:class:`ckptkit.catalog.Catalog`);
+5. point ``latest`` at the newest verified checkpoint;
+6. rotate (:mod:`ckptkit.rotation` decides, after re-checking the newest kept one).
+
+Steps 4-6 run in the background by default, off the training loop's critical path: a
+checkpoint becomes ``latest`` and counts for retention only after its read-back verify, and
+the next save (or :meth:`wait`, :meth:`close`, any listing) joins them first. Restore takes
+the newest checkpoint that verifies while it is read and falls back past any that fails.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import errno
-import glob
-import json
 import logging
-import os
-import re
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import torch
-
+from ckptkit import codes, rotation
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
-from ckptkit import rotation
-from ckptkit.capture.state import RestoreResult, TrainState, grouper, rank_key
+from ckptkit.capture.state import RestoreResult, TrainState
+from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
+from ckptkit.collective import Collective, TorchGroup, consensus, current
+from ckptkit.commit import Stager, StateSave, commit
 from ckptkit.errors import (
     CkptkitError,
-    DistributedError,
+    CommittedError,
     IncompleteCheckpointError,
     LockHeldError,
-    StateError,
 )
-from ckptkit.storage import atomic, checkpoint, codec
-from ckptkit.storage import dist as dist_mod
-from ckptkit.storage import tree as tree_mod
+from ckptkit.stability import EmergencyPolicy
+from ckptkit.storage import checkpoint, codec
 from ckptkit.storage.lock import RunLock
+from ckptkit.verify.runner import verify_one
 
 log = logging.getLogger("ckptkit")
-
-STEP_RE = re.compile(r"^step-(\d+)$")
-LATEST = "latest"
-INDEX = ".ckptkit-index.json"
-"""Run-level record of which checkpoints verified (and extra pins); written under the lock."""
-
-Status = Literal["verified", "committed", "corrupt", "incomplete"]
-
-
-def step_dir_name(step: int) -> str:
-    """Directory name of a step (``step-00001000``)."""
-    return f"step-{step:08d}"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One checkpoint of a run directory, as ``ls`` shows it."""
-
-    step: int
-    path: Path
-    status: Status
-    size: int
-    time: float
-    pins: tuple[str, ...] = ()
-    health: str | None = None
-    problem: str | None = None
-    """Why it is corrupt or incomplete."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "path": str(self.path),
-            "status": self.status,
-            "size": self.size,
-            "time": self.time,
-            "pins": list(self.pins),
-            "health": self.health,
-            "problem": self.problem,
-        }
-
-
-@dataclass
-class _Pending:
-    thread: threading.Thread
-    step: int
-    error: BaseException | None = None
 
 
 @dataclass
 class SaveStats:
-    """Timings of the last save (seconds): what the caller waited for, and the total."""
+    """Timings of the last save (seconds): what the caller waited for, and each step."""
 
     step: int = -1
     blocked: float = 0.0
+    """What the training loop waited for (capture and commit; staging for async)."""
     capture: float = 0.0
     write: float = 0.0
+    """Commit: write, hash, manifest, rename."""
     verify: float = 0.0
+    """The read-back verify (in the background unless ``background_verify=False``)."""
     total: float = 0.0
+    """Until the checkpoint was verified, pointed at and rotation done."""
     deleted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    thread: threading.Thread
+    step: int
+    error: BaseException | None = None
 
 
 class CheckpointManager:
@@ -120,14 +85,19 @@ class CheckpointManager:
         max_bytes: drop the oldest unprotected checkpoints to stay under this many bytes.
         compress: ``"zstd"`` to compress every file.
         lock_timeout: seconds a save waits for another writer's lock before failing.
-        verify_after_save: verify each new checkpoint before it becomes ``latest`` and
-            before rotation (turn off only if you verify elsewhere).
+        verify_after_save: verify each new checkpoint (a read-back of every byte) before it
+            becomes ``latest`` and counts for retention (turn off only if you verify
+            elsewhere: ``latest`` then follows the newest committed checkpoint).
+        background_verify: run the read-back verify, ``latest`` and rotation in a
+            background thread, joined by the next save; False runs them inside ``save``.
         readonly: open for listing and restoring only: create nothing, clean nothing,
             refuse ``save``/``prune`` (what ``ckptkit ls`` uses).
+        watch: a :class:`~ckptkit.StabilityWatch` whose snapshot goes into every manifest.
+        emergency: when :meth:`observe` saves a pinned emergency checkpoint.
 
-    On open, temporary directories left by an interrupted save are reported and, when
-    no live writer holds the run, removed under the writer lock; a committed checkpoint
-    is never touched (one caught mid-overwrite is put back in place).
+    On open, leftovers of an interrupted save (temporary directories, half-written
+    ``latest``/index replacements) are reported and, when no live writer holds the run,
+    removed under the writer lock; a committed checkpoint is never touched.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -150,100 +120,57 @@ class CheckpointManager:
         compress: codec.Compression | None = None,
         lock_timeout: float = 0.0,
         verify_after_save: bool = True,
+        background_verify: bool = True,
         readonly: bool = False,
         watch: Any = None,
-        emergency: Any = None,
+        emergency: EmergencyPolicy | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
         self.root = Path(root)
+        self.catalog = Catalog(self.root)
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.max_bytes = max_bytes
         self.compress = compress
         self.lock_timeout = lock_timeout
         self.verify_after_save = verify_after_save
+        self.background_verify = background_verify
         self.readonly = readonly
-        # Stability integration (ckptkit.stability): the watch's snapshot goes into every
-        # manifest's health field; observe() saves a pinned emergency checkpoint.
         self.watch = watch
-        if emergency is None and watch is not None:
-            from ckptkit.stability import EmergencyPolicy
-
-            emergency = EmergencyPolicy()
-        self.emergency = emergency
-        self._lock: RunLock | None = None
-        self._pending: _Pending | None = None
-        self._staging: dict[str, torch.Tensor] = {}
-        self._manifests: dict[str, tuple[tuple[int, int, int], mf.Manifest, str]] = {}
+        self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
         self.last_save = SaveStats()
+        self._lock: RunLock | None = None
+        self._job: _Job | None = None
+        self._stager = Stager()
+        self._bg_coll: Collective | None = None
+        self._fresh: set[str] = set()
+        """Checkpoints this process verified by reading every byte since it last saved."""
         if not readonly:
             self.root.mkdir(parents=True, exist_ok=True)
         self._clean_on_open()
 
-    def _clean_on_open(self) -> None:
-        """Report leftovers of an interrupted save; remove them if no live writer runs."""
-        g = dist_mod.group()
-        if g is not None and g.rank != 0:
-            return  # rank 0 owns the run directory's housekeeping in a multi-rank run
-        left = atomic.leftovers(self.root)
-        if not left:
-            return
-        what = (
-            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
-            f"{self.root} from an interrupted save: {', '.join(p.name for p in left)}"
-        )
-        if self.readonly:
-            log.warning("ckptkit: %s (left in place: opened read-only)", what)
-            return
-        lock = RunLock(self.root, timeout=0.0)
-        try:
-            lock.acquire()
-        except LockHeldError as e:
-            # A live writer may be writing them right now: they are its business.
-            log.warning("ckptkit: %s (left in place: %s)", what, e.what)
-            return
-        try:
-            log.warning("ckptkit: %s; cleaning up", what)
-            self._clean_leftovers()
-        finally:
-            lock.release()
+    # --- lifecycle ---------------------------------------------------------------------------
 
-    def _clean_leftovers(self) -> None:
-        """Remove leftovers of interrupted saves and deletions; call only under the lock.
+    def wait(self) -> None:
+        """Join the background job (an async save, or a save's verify and rotation).
 
-        ``X.ckptkit-old.*`` is a committed checkpoint moved aside by an overwrite; if the
-        crash came before the new ``X`` was renamed in, it is put back, never deleted.
+        Raises:
+            CkptkitError: what the job failed with (a save that committed but failed a
+                later step raises :class:`~ckptkit.errors.CommittedError`).
         """
-        for p in atomic.leftovers(self.root):
-            if atomic.OLD_SUFFIX in p.name:
-                final = self.root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
-                if not final.exists() and _whole(p):
-                    os.rename(p, final)
-                    atomic.fsync_dir(self.root)
-                    log.warning(
-                        "ckptkit: %s was moved aside by an overwrite that never committed; "
-                        "restored it as %s",
-                        p.name,
-                        final.name,
-                    )
-                    continue
-            log.warning(
-                "ckptkit: removing %s (left by an interrupted save or delete; "
-                "never a committed checkpoint)",
-                p.name,
-            )
-            shutil.rmtree(p, ignore_errors=True)
-        # Half-written replacements of the run's small files (``latest``, the index).
-        for name in (LATEST, INDEX):
-            for f in self.root.glob(f"{glob.escape(name)}.*.tmp"):
-                with contextlib.suppress(OSError):
-                    f.unlink()
+        self._join()
+        job, self._job = self._job, None
+        if job is not None and job.error is not None:
+            raise job.error
 
-    # --- lifecycle -----------------------------------------------------------------------
+    def _join(self) -> None:
+        """Let the background job finish; its error stays for :meth:`wait` (or the next save)."""
+        if self._job is not None:
+            self._job.thread.join()
 
     def close(self) -> None:
-        """Wait for a pending async save, then release the writer lock."""
+        """Wait for the background job, then release the writer lock."""
         try:
             self.wait()
         finally:
@@ -275,7 +202,7 @@ class CheckpointManager:
         lock = RunLock(self.root, timeout=self.lock_timeout)
         lock.acquire()
         self._lock = lock
-        self._clean_leftovers()
+        self.catalog.clean_leftovers()
 
     @contextlib.contextmanager
     def _maybe_writer(self) -> Iterator[bool]:
@@ -287,12 +214,8 @@ class CheckpointManager:
         if self._lock is not None:
             yield True
             return
-        if self.readonly:
+        if self.readonly or current().rank != 0:
             yield False
-            return
-        g = dist_mod.group()
-        if g is not None and g.rank != 0:
-            yield False  # only rank 0 records (one writer per run directory)
             return
         lock = RunLock(self.root, timeout=0.0)
         try:
@@ -305,60 +228,43 @@ class CheckpointManager:
         finally:
             lock.release()
 
-    # --- listing -------------------------------------------------------------------------
-
-    def _index(self) -> dict[str, Any]:
+    def _clean_on_open(self) -> None:
+        """Report leftovers of an interrupted save; remove them if no live writer runs."""
+        if current().rank != 0:
+            return  # rank 0 owns the run directory's housekeeping
+        left = [p.name for p in self.catalog.leftovers()]
+        if not left:
+            if not self.readonly:
+                with self._maybe_writer() as mine:
+                    if mine:  # half-written replacements of latest/the index
+                        self.catalog.clean_leftovers()
+            return
+        what = (
+            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
+            f"{self.root} from an interrupted save: {', '.join(left)}"
+        )
+        if self.readonly:
+            log.warning("ckptkit: %s (left in place: opened read-only)", what)
+            return
+        holder = RunLock(self.root, timeout=0.0)
         try:
-            data = json.loads((self.root / INDEX).read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _write_index(self, data: Mapping[str, Any]) -> None:
-        _replace_text(self.root / INDEX, json.dumps(data, indent=1, sort_keys=True))
-
-    def _record(self, path: Path, man: mf.Manifest, ok: bool, why: str | None) -> None:
-        """Record a verify outcome for this exact manifest and these exact files."""
-        idx = self._index()
-        ver = idx.setdefault("verified", {})
-        ver[path.name] = {
-            "digest": man.to_dict()["manifest_digest"],
-            "ok": ok,
-            "at": time.time(),
-            "problem": why,
-            "files": _fingerprint(path, man),
-        }
-        self._write_index(idx)
-
-    def _manifest(self, ckpt: Path) -> tuple[mf.Manifest, str]:
-        """Read (and validate) a checkpoint's manifest once per version of the file.
-
-        A save lists the run three times (latest, plan, rotate); re-validating every
-        manifest each time dominated saves of models with many tensors. The cache key
-        is the manifest file's inode, size and mtime, so a rewrite is read again.
-        """
-        p = ckpt / atomic.MANIFEST_NAME
+            holder.acquire()
+        except LockHeldError as e:
+            log.warning("ckptkit: %s (left in place: %s)", what, e.what)
+            return
         try:
-            st_ = p.stat()
-        except OSError:
-            return mf.read(ckpt), ""  # raises IncompleteCheckpointError (CK-M001)
-        key = (st_.st_ino, st_.st_size, st_.st_mtime_ns)
-        hit = self._manifests.get(str(ckpt))
-        if hit is not None and hit[0] == key:
-            return hit[1], hit[2]
-        man = mf.read(ckpt)
-        digest = man.to_dict()["manifest_digest"]
-        self._manifests[str(ckpt)] = (key, man, digest)
-        return man, digest
+            log.warning("ckptkit: %s; cleaning up", what)
+            self.catalog.clean_leftovers()
+        finally:
+            holder.release()
 
-    def list(self, *, verify: bool = False) -> list[CheckpointInfo]:
+    # --- listing -----------------------------------------------------------------------------
+
+    def list(self, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
         """Every checkpoint directory of the run, oldest first, with its status.
 
-        ``verified``: verify passed for this exact manifest and its files have not changed
-        since (size and mtime); ``committed``: has a valid manifest, not verified yet (or
-        its files changed since); ``corrupt``: verify failed (at save, restore or
-        ``verify=True``) or the manifest is invalid; ``incomplete``: a step directory
-        without a manifest. Temporary directories of unfinished saves are not listed.
+        See :mod:`ckptkit.catalog` for the statuses. The listing first joins this
+        manager's background job, so it sees the outcome of its own last save.
 
         Args:
             verify: re-verify every committed checkpoint now (reads every byte) and
@@ -371,73 +277,35 @@ class CheckpointManager:
             >>> [(c.step, c.status) for c in mgr.list()]
             [(3, 'verified')]
         """
+        self._join()
         if verify:
-            self.wait()
-        index = self._index()
-        idx = index.get("verified", {})
-        extra_pins = index.get("pins", {})
-        out: list[CheckpointInfo] = []
-        if not self.root.is_dir():
-            return out
-        for p in self.root.iterdir():
-            m = STEP_RE.match(p.name)
-            if not m or not p.is_dir():
-                continue
-            step = int(m.group(1))
-            size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-            mtime = p.stat().st_mtime
-            try:
-                man, digest = self._manifest(p)
-            except IncompleteCheckpointError as e:
-                out.append(CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what))
-                continue
-            except CkptkitError as e:
-                out.append(
-                    CheckpointInfo(step, p, "corrupt", size, mtime, problem=f"{e.code}: {e.what}")
-                )
-                continue
-            rec = idx.get(p.name)
-            status: Status = "committed"
-            problem = None
-            if verify:
-                from ckptkit.verify.runner import verify_one
-
-                bad = verify_one(p, progress=False).errors
-                status = "corrupt" if bad else "verified"
-                problem = _why(bad)
-                with self._maybe_writer() as can_record:
-                    if can_record:
-                        self._record(p, man, not bad, problem)
-            elif rec and rec.get("digest") == digest:
-                if rec.get("files") not in (None, _fingerprint(p, man)):
-                    problem = (
-                        "files changed since it was verified; 'ckptkit ls --verify' "
-                        "checks them again"
-                    )
-                else:
-                    status = "verified" if rec.get("ok") else "corrupt"
-                    problem = rec.get("problem")
-            pins = tuple(sorted(set(man.pins) | set(extra_pins.get(p.name, []))))
-            health = (man.health or {}).get("level") if man.health else None
-            out.append(CheckpointInfo(step, p, status, size, mtime, pins, health, problem))
-        return sorted(out, key=lambda c: c.step)
+            for c in self.catalog.list():
+                if c.status in ("verified", "committed", "corrupt"):
+                    self._verify(c.path)
+        return self.catalog.list()
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest verified checkpoint (None when there is none).
+        """The checkpoint ``latest`` names: the newest verified one (None when there is none).
+
+        With ``verify_after_save=False``, the newest committed one, as the file says.
 
         Example:
             >>> import tempfile, torch, ckptkit
             >>> ckptkit.CheckpointManager(tempfile.mkdtemp()).latest() is None
             True
         """
-        good = [c for c in self.list() if c.status == "verified"]
+        good = [c for c in self.list() if c.status in self._good_statuses]
         return good[-1] if good else None
 
     def leftovers(self) -> builtins.list[Path]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
-        return atomic.leftovers(self.root)
+        return self.catalog.leftovers()
 
-    # --- save ----------------------------------------------------------------------------
+    @property
+    def _good_statuses(self) -> tuple[str, ...]:
+        return ("verified",) if self.verify_after_save else ("verified", "committed")
+
+    # --- save --------------------------------------------------------------------------------
 
     def save(
         self,
@@ -452,93 +320,163 @@ class CheckpointManager:
     ) -> Path:
         """Save ``state`` as ``step-NNNNNNNN``: commit, verify, point ``latest``, rotate.
 
+        With a process group initialised, ``save`` is collective: call it on every rank.
+        Every rank writes its own files (its RNG state, a share of the replicated
+        model/optimizer shards, its DCP shards); rank 0 writes the manifest last and
+        commits. A failure on any rank commits nothing and raises on every rank.
+
         Args:
             state: the :class:`TrainState` to capture.
             step: the step label (default: ``state.step``).
-            pin: label(s) that protect this checkpoint from rotation (``"best"``,
-                ``"emergency"``).
+            pin: label(s) that protect this checkpoint from rotation (``"best"``).
             async_: copy the state to host memory now (a consistent snapshot), write it
                 in a background thread and return; the next save, :meth:`wait` or
                 :meth:`close` joins it and raises its error if it failed.
-            health: stability level and window statistics recorded in the manifest.
+            health: stability level and window statistics recorded in the manifest
+                (default: the attached watch's snapshot).
             lookahead: what the run will do next (resume guard), recorded in the manifest.
             overwrite: replace an existing checkpoint of the same step.
 
         Returns:
-            The checkpoint directory (it exists once the save has committed; for an
-            async save, after :meth:`wait`).
-
-        With a process group of more than one rank initialised, ``save`` is collective:
-        call it on every rank. Every rank writes its own files (its RNG state, a share
-        of the replicated model/optimizer shards, its DCP shards); rank 0 gathers the
-        file digests and every rank's cursor, writes the manifest last and commits. A
-        failure on any rank commits nothing and raises on every rank.
+            The checkpoint directory (committed when ``save`` returns; for an async save,
+            after :meth:`wait`).
 
         Raises:
             LockHeldError: another live writer holds the run directory.
-            CkptkitError: the write or verification failed; older checkpoints are intact.
+            CkptkitError: the capture or write failed; older checkpoints are intact.
+            CommittedError: (from the next call that joins the background job) the
+                checkpoint committed but its verify, record or rotation failed.
             DistributedError: the save failed on another rank.
         """
         t0 = time.perf_counter()
+        self.wait()  # one save in flight at most; surfaces a failed background job
         step = state.step if step is None else int(step)
+        coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
-        g = dist_mod.group()
-        if g is not None:
-            if async_:
-                log.info(
-                    "ckptkit: async_=True is not supported for multi-rank saves; saving "
-                    "synchronously"
-                )
-            fields0: dict[str, Any] = {"pins": pins}
-            if health is None and self.watch is not None:
-                health = self.watch.snapshot()
-            if health is not None:
-                fields0["health"] = dict(health)
-            fields0["lookahead"] = self._lookahead(state, lookahead)
-            return self._save_dist(state, g, step, fields0, overwrite=overwrite, t0=t0)
-        self.wait()  # one save in flight at most; surfaces a failed async save
-        self._writer()
-        guard_la = self._lookahead(state, lookahead)
-        tree, comps = state.capture()
-        t_cap = time.perf_counter()
-        encoded = tree_mod.encode(tree)
-        final = self.root / step_dir_name(step)
-        fields: dict[str, Any] = {"pins": pins}
         if health is None and self.watch is not None:
             health = self.watch.snapshot()
+        fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)
-        fields["lookahead"] = guard_la
-        env = state.env()
-        stats = SaveStats(step=step, capture=t_cap - t0)
+        stats = SaveStats(step=step)
+        err: BaseException | None = None
+        snap: StateSave | None = None
+        try:
+            snap = StateSave.capture(state, coll, step=step, fields=fields, compress=self.compress)
+        except BaseException as e:
+            err = e
+        # Every rank captured before any rank enters a collective write (DCP's save).
+        consensus(coll, err, what=f"capture for step {step}")
+        assert snap is not None
+        stats.capture = time.perf_counter() - t0
+        final = self.root / step_dir_name(step)
         if async_:
-            job = (self._stage(encoded), final, comps, env, step, fields, overwrite, stats, t0)
-
-            def run() -> None:
-                # The error goes on this save's own record (not self._pending, which
-                # wait() may have cleared already) so wait() always sees it.
-                try:
-                    self._commit(*job)
-                except BaseException as e:
-                    pending.error = e
-                    log.error("ckptkit: async save of step %d failed: %s", step, e)
-
-            th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
-            pending = _Pending(thread=th, step=step)
-            self._pending = pending
+            bg = self._background(coll)
+            snap = snap.staged(self._stager)
+            snap.process_group = getattr(bg, "group", None)
+            self._start(
+                step, lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0)
+            )
             stats.blocked = time.perf_counter() - t0
-            th.start()
             self.last_save = stats
             return final
-        self._commit(encoded, final, comps, env, step, fields, overwrite, stats, t0)
-        stats.blocked = stats.total
+        man = self._commit(snap, coll, final, overwrite, stats)
+        stats.blocked = time.perf_counter() - t0
         self.last_save = stats
+        if man is not None:  # rank 0
+            if self.background_verify:
+                self._start(step, lambda: self._settle(final, man, stats, t0))
+            else:
+                self._settle(final, man, stats, t0)
         return final
 
+    def _commit(
+        self, snap: StateSave, coll: Collective, final: Path, overwrite: bool, stats: SaveStats
+    ) -> mf.Manifest | None:
+        tw = time.perf_counter()
+        man = commit(
+            final,
+            coll,
+            write=lambda tmp: snap.write(tmp, coll),
+            build=snap.build,
+            overwrite=overwrite,
+            prepare=self._writer,
+        )
+        stats.write = time.perf_counter() - tw
+        return man
+
+    def _commit_and_settle(
+        self,
+        snap: StateSave,
+        coll: Collective,
+        final: Path,
+        overwrite: bool,
+        stats: SaveStats,
+        t0: float,
+    ) -> None:
+        man = self._commit(snap, coll, final, overwrite, stats)
+        if man is not None:
+            self._settle(final, man, stats, t0)
+
+    def _settle(self, final: Path, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
+        """After the commit: verify by reading back, record, point ``latest``, rotate.
+
+        Raises:
+            CommittedError: the checkpoint committed, but this step failed.
+        """
+        tv = time.perf_counter()
+        try:
+            if self.verify_after_save:
+                bad = self._verify(final, man=man, scan_values=True)
+                if bad:
+                    first = bad[0]
+                    raise CommittedError(
+                        f"{final.name} committed, but its read-back verify failed: "
+                        f"{first.code} {first.message}; it is recorded corrupt and never "
+                        "becomes latest or counts for retention",
+                        committed=final,
+                        path=final / first.path if first.path else final,
+                        code=first.code,
+                        hint=first.hint,
+                    )
+            stats.verify = time.perf_counter() - tv
+            self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+            stats.deleted = self._rotate()
+        except CommittedError:
+            raise
+        except (CkptkitError, OSError) as e:
+            raise CommittedError(
+                f"{final.name} committed, but recording it failed: {e}",
+                committed=final,
+                hint="the checkpoint is whole and restorable; do not save this step again. "
+                "Fix the cause (disk space, permissions) and the next save records it",
+            ) from e
+        stats.total = time.perf_counter() - t0
+
+    def _start(self, step: int, fn: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # surfaced by wait(); logged now in case nobody waits
+                job.error = e
+                log.error("ckptkit: background work for step %d failed: %s", step, e)
+
+        th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
+        job = _Job(thread=th, step=step)
+        self._job = job
+        th.start()
+
+    def _background(self, coll: Collective) -> Collective:
+        """The collective a background save uses: a dedicated group once multi-rank."""
+        if coll.world_size == 1:
+            return coll
+        if self._bg_coll is None:
+            assert isinstance(coll, TorchGroup)
+            self._bg_coll = coll.dedicated()
+        return self._bg_coll
+
     @staticmethod
-    def _lookahead(
-        state: TrainState, user: Mapping[str, Any] | None
-    ) -> dict[str, Any]:
+    def _lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, Any]:
         """The user's look-ahead plus the automatic resume-guard one (``guard`` key).
 
         Computed before capture, from the same instant: peeking the sampler and hashing
@@ -551,373 +489,14 @@ class CheckpointManager:
             out[guard_mod.GUARD_KEY] = la
         return out
 
-    def _save_dist(
-        self,
-        state: TrainState,
-        g: dist_mod.Group,
-        step: int,
-        fields: dict[str, Any],
-        *,
-        overwrite: bool,
-        t0: float,
-    ) -> Path:
-        """The collective save (see :meth:`save`); every rank returns or raises together."""
-        final = self.root / step_dir_name(step)
-        stats = SaveStats(step=step)
-        pending: atomic.PendingCheckpoint | None = None
-        what = f"multi-rank save of {final.name}"
-        # 1. rank 0 takes the run lock and makes the temporary directory; all learn its name.
-        err: BaseException | None = None
-        if g.rank == 0:
-            try:
-                self.wait()
-                self._writer()
-                pending = atomic.PendingCheckpoint.create(final, overwrite=overwrite)
-            except BaseException as e:
-                err = e
-        tmp_name, msg = dist_mod.broadcast(
-            (str(pending.tmp), None)
-            if pending is not None
-            else (None, dist_mod.describe(err) if err else None)
-        )
-        if tmp_name is None:
-            if err is not None:
-                raise err
-            raise DistributedError(
-                f"{what} failed on rank 0: {msg}",
-                path=final,
-                hint="see rank 0's log; nothing was written",
-            )
-        tmp = Path(tmp_name)
-        try:
-            payload = self._write_rank(state, g, tmp, stats)
-        except BaseException as e:
-            payload, err = None, e
-        # 2. every rank's files and cursors to rank 0; a dead rank fails this gather.
-        try:
-            gathered = dist_mod.all_gather(
-                (None if err is None else dist_mod.describe(err), payload)
-            )
-        except BaseException as e:
-            if pending is not None:
-                pending.abort()
-            raise DistributedError(
-                f"{what}: the gather of per-rank results failed ({dist_mod.describe(e)}); "
-                "a rank died or timed out mid-save",
-                path=final,
-                hint="nothing was committed; the previous checkpoints are intact",
-            ) from e
-        failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
-        if failed:
-            if pending is not None:
-                pending.abort()
-            if err is not None:
-                raise err
-            raise DistributedError(
-                f"{what} failed on rank(s) {', '.join(str(r) for r, _ in failed)}: "
-                + " | ".join(f"rank {r}: {m}" for r, m in failed),
-                path=final,
-                hint="nothing was committed; see that rank's log for the cause",
-            )
-        # 3. rank 0 merges, writes the manifest (the commit), verifies, points latest, rotates.
-        outcome: str | None = None
-        if g.rank == 0:
-            assert pending is not None
-            try:
-                self._commit_dist(state, pending, [p for _, p in gathered], step, fields, stats)
-            except BaseException as e:
-                err = e
-                outcome = dist_mod.describe(e)
-        outcome = dist_mod.broadcast(outcome)
-        if outcome is not None:
-            if err is not None:
-                raise err
-            raise DistributedError(
-                f"{what} failed on rank 0 at commit: {outcome}", path=final, hint="see rank 0's log"
-            )
-        stats.total = stats.blocked = time.perf_counter() - t0
-        self.last_save = stats
-        return final
-
-    def _write_rank(
-        self, state: TrainState, g: dist_mod.Group, tmp: Path, stats: SaveStats
-    ) -> dict[str, Any]:
-        """One rank's part of a multi-rank save: capture, write and hash its own files."""
-        if (state.parallel.world_size, state.parallel.rank) != (g.world_size, g.rank):
-            raise StateError(
-                f"TrainState.parallel says rank {state.parallel.rank} of "
-                f"{state.parallel.world_size}, the process group rank {g.rank} of "
-                f"{g.world_size}",
-                hint="build the TrainState after init_process_group, or pass "
-                "parallel=ckptkit.ParallelConfig.from_env(...)",
-            )
-        tc = time.perf_counter()
-        err: BaseException | None = None
-        try:
-            tree, comps = state.capture()
-        except BaseException as e:
-            err = e
-        # Agree that every rank captured before entering DCP's collective save.
-        dist_mod.consensus(err, what="capture")
-        stats.capture = time.perf_counter() - tc
-        tw = time.perf_counter()
-        files: list[mf.FileEntry] = []
-        if state.uses_dcp:
-            dist_mod.dcp_save(state.dcp_state(), tmp)
-            files += dist_mod.hash_files(
-                tmp,
-                dist_mod.dcp_files_of(tmp, g.rank),
-                component=dist_mod.DCP_COMPONENT,
-                rank=g.rank,
-            )
-        encoded = tree_mod.encode(tree)
-        mine = rank_key(g.rank)
-        spread = {k: t for k, t in encoded.tensors.items() if k.split("/", 1)[0] in _SPREAD}
-        own = {k: t for k, t in encoded.tensors.items() if k.startswith(f"rng/{mine}/")}
-        rest = {k: t for k, t in encoded.tensors.items() if k not in spread and k not in own}
-        # Replicated model/optimizer shards: every rank holds the same bytes (DDP), so the
-        # files are planned identically everywhere and split over the ranks to write in
-        # parallel. Other replicated state comes from rank 0; per-rank state from its rank.
-        total = sum(t.numel() * t.element_size() for t in spread.values())
-        shard = min(
-            checkpoint.DEFAULT_SHARD_BYTES, max(_MIN_SPREAD_SHARD, -(-total // (2 * g.world_size)))
-        )
-        plan_spread = checkpoint.plan_shards(
-            tree_mod.Encoded(encoded.tree, spread),
-            grouper=grouper,
-            shard_bytes=shard,
-            compress=self.compress,
-        )
-        owner = dist_mod.assign(
-            [
-                (n, sum(spread[k].numel() * spread[k].element_size() for k in ks))
-                for n, ks in plan_spread.files.items()
-            ],
-            g.world_size,
-        )
-        parts: builtins.list[tuple[checkpoint.ShardPlan, builtins.list[str] | None]] = [
-            (plan_spread, [n for n, r in owner.items() if r == g.rank])
-        ]
-        parts.append(
-            (
-                checkpoint.plan_shards(
-                    tree_mod.Encoded(encoded.tree, own), grouper=grouper, compress=self.compress
-                ),
-                None,
-            )
-        )
-        if g.rank == 0:
-            parts.append(
-                (
-                    checkpoint.plan_shards(
-                        tree_mod.Encoded(encoded.tree, rest),
-                        grouper=grouper,
-                        compress=self.compress,
-                    ),
-                    None,
-                )
-            )
-        tensors: list[mf.TensorEntry] = []
-        for plan, names in parts:
-            fes, tes = checkpoint.write_shards(
-                encoded, plan, tmp, names=names, compress=self.compress, rank=g.rank
-            )
-            files += fes
-            tensors += tes
-        stats.write = time.perf_counter() - tw
-        samp = encoded.tree.get("sampler")
-        out: dict[str, Any] = {
-            "files": files,
-            "tensors": tensors,
-            "rng": encoded.tree.get("rng", {}).get(mine),
-            "rng_fingerprint": comps["rng"].summary.get("fingerprints", {}).get(mine),
-            "sampler": samp.get("state") if isinstance(samp, dict) else None,
-        }
-        if g.rank == 0:
-            out.update(tree=encoded.tree, comps=comps, env=state.env())
-        return out
-
-    def _commit_dist(
-        self,
-        state: TrainState,
-        pending: atomic.PendingCheckpoint,
-        parts: builtins.list[dict[str, Any]],
-        step: int,
-        fields: Mapping[str, Any],
-        stats: SaveStats,
-    ) -> None:
-        """Rank 0: merge every rank's entries into one manifest and commit it."""
-        try:
-            head = parts[0]
-            tree = dict(head["tree"])
-            comps: dict[str, mf.Component] = dict(head["comps"])
-            files = [fe for p in parts for fe in p["files"]]
-            tensors = [te for p in parts for te in p["tensors"]]
-            rng_tree = dict(tree.get("rng") or {})
-            prints: dict[str, Any] = {}
-            for r, p in enumerate(parts):
-                if p["rng"] is not None:
-                    rng_tree[rank_key(r)] = p["rng"]
-                if p["rng_fingerprint"] is not None:
-                    prints[rank_key(r)] = p["rng_fingerprint"]
-            tree["rng"] = rng_tree
-            rc = comps["rng"]
-            comps["rng"] = replace(
-                rc,
-                summary={
-                    **dict(rc.summary),
-                    "ranks": sorted(int(k[4:]) for k in rng_tree),
-                    "fingerprints": prints,
-                },
-            )
-            if isinstance(tree.get("sampler"), dict):
-                tree["sampler"] = {
-                    **tree["sampler"],
-                    "ranks": {
-                        rank_key(r): p["sampler"]
-                        for r, p in enumerate(parts)
-                        if p["sampler"] is not None
-                    },
-                }
-            by_comp: dict[str, list[str]] = {}
-            for fe in files:
-                if fe.component == dist_mod.DCP_COMPONENT:
-                    for c in (tree.get("dcp") or {}).get("keys", []):
-                        by_comp.setdefault(c, []).append(fe.path)
-                elif fe.component:
-                    by_comp.setdefault(fe.component, []).append(fe.path)
-            for name, c in comps.items():
-                if c.present and not c.where:
-                    comps[name] = replace(
-                        c, where=tuple(by_comp.get(name, ())) or (f"manifest:tree/{name}",)
-                    )
-            man = mf.Manifest(
-                files=tuple(sorted(files, key=lambda f: f.path)),
-                tensors=tuple(tensors),
-                tree=tree,
-                components=comps,
-                env=dict(head["env"]),
-                step=step,
-                **{**fields, "pins": tuple(fields.get("pins", ()))},
-            )
-            mf.write(pending.tmp, man)
-            pending.finalize()
-        except OSError as e:
-            pending.abort()
-            if isinstance(e, CkptkitError):
-                raise
-            raise _save_error(e, pending.final) from e
-        except BaseException:
-            pending.abort()
-            raise
-        final = pending.final
-        self._verify_then_rotate(final, man, stats)
-
-    def _verify_then_rotate(self, final: Path, man: mf.Manifest, stats: SaveStats) -> None:
-        """Verify a just-committed checkpoint, then point ``latest`` and rotate.
-
-        Rotation runs only after the new checkpoint committed and verified: a failed
-        verify raises here, so nothing is deleted on its account.
-        """
-        tv = time.perf_counter()
-        if self.verify_after_save:
-            from ckptkit.verify.runner import verify_one
-
-            bad = verify_one(final, progress=False).errors
-            self._record(final, man, not bad, _why(bad))
-            if bad:
-                raise bad[0].to_error(base=str(final))
-        stats.verify = time.perf_counter() - tv
-        self._update_latest()
-        stats.deleted = self._rotate()
-
-    def _stage(self, encoded: tree_mod.Encoded) -> tree_mod.Encoded:
-        """Copy tensors into reusable host buffers: one staging copy, reused across saves."""
-        staged: dict[str, torch.Tensor] = {}
-        pin = torch.cuda.is_available()
-        for k, t in encoded.tensors.items():
-            buf = self._staging.get(k)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin and t.is_cuda)
-                self._staging[k] = buf
-            buf.copy_(t.detach(), non_blocking=t.is_cuda)
-            staged[k] = buf
-        for dev in {t.device for t in encoded.tensors.values() if t.is_cuda}:
-            torch.cuda.synchronize(dev)  # every device copied from, not only the current one
-        for k in set(self._staging) - set(encoded.tensors):
-            del self._staging[k]  # keys gone from the state: free their buffers
-        return tree_mod.Encoded(tree=encoded.tree, tensors=staged)
-
-    def _commit(
-        self,
-        encoded: tree_mod.Encoded,
-        final: Path,
-        comps: dict[str, mf.Component],
-        env: Mapping[str, Any],
-        step: int,
-        fields: Mapping[str, Any],
-        overwrite: bool,
-        stats: SaveStats,
-        t0: float,
-    ) -> None:
-        tw = time.perf_counter()
-        try:
-            man = checkpoint.write_checkpoint(
-                None,
-                final,
-                encoded=encoded,
-                compress=self.compress,
-                grouper=grouper,
-                components=lambda enc, plan: checkpoint.fill_where(comps, enc, plan),
-                env=env,
-                step=step,
-                overwrite=overwrite,
-                progress=False,
-                manifest_fields=fields,
-            )
-        except OSError as e:
-            if isinstance(e, CkptkitError):
-                raise
-            raise _save_error(e, final) from e
-        stats.write = time.perf_counter() - tw
-        self._verify_then_rotate(final, man, stats)
-        stats.total = time.perf_counter() - t0
-
-    def _update_latest(self) -> None:
-        """Point ``latest`` at the newest verified checkpoint (atomic replace); under the lock."""
-        infos = self.list()
-        ok = ("verified",) if self.verify_after_save else ("verified", "committed")
-        good = [c for c in infos if c.status in ok]
-        target = self.root / LATEST
-        if not good:
-            # A pointer to a checkpoint that is not good would be worse than none.
-            with contextlib.suppress(FileNotFoundError):
-                target.unlink()
-            return
-        name = good[-1].path.name
-        with contextlib.suppress(OSError):
-            if target.read_text().strip() == name:
-                return
-        _replace_text(target, name + "\n")
-        atomic.fsync_dir(self.root)
-
-    def wait(self) -> None:
-        """Join a pending async save; raise its error if it failed."""
-        p, self._pending = self._pending, None
-        if p is None:
-            return
-        p.thread.join()
-        if p.error is not None:
-            raise p.error
-
     def observe(self, state: TrainState, verdict: Any = None) -> Path | None:
         """Act on a stability verdict: save and pin an emergency checkpoint when due.
 
         Call once per step after feeding the watch (``verdict`` defaults to
         ``self.watch.last``). On the first ``warn`` of an episode (see
-        :class:`ckptkit.stability.EmergencyPolicy`: level, rate limit, pin label) the
-        current state is saved synchronously and pinned, with the watch's snapshot as its
-        health. If a checkpoint of this step exists already, it is pinned instead.
+        :class:`ckptkit.stability.EmergencyPolicy`) the current state is saved and
+        pinned, with the watch's snapshot as its health. If a checkpoint of this step
+        exists already, it is pinned instead.
 
         Returns:
             The emergency checkpoint's directory, or None when nothing was saved.
@@ -936,15 +515,11 @@ class CheckpointManager:
         policy = self.emergency
         if v is None or policy is None or not policy.should_save(v):
             return None
-        self.wait()  # an async save of this very step may still be renaming into place
+        self.wait()  # a save of this very step may still be settling
         existing = self.root / step_dir_name(state.step)
         if existing.exists():
             self._writer()
-            idx = self._index()
-            pins = idx.setdefault("pins", {}).setdefault(existing.name, [])
-            if policy.pin not in pins:
-                pins.append(policy.pin)
-            self._write_index(idx)
+            self.catalog.pin(existing, policy.pin)
             path = existing
         else:
             path = self.save(state, pin=policy.pin)
@@ -952,7 +527,25 @@ class CheckpointManager:
         log.warning("ckptkit: emergency checkpoint %s (%s)", path.name, v.summary())
         return path
 
-    # --- rotation ------------------------------------------------------------------------
+    # --- verify, retention -------------------------------------------------------------------
+
+    def _verify(
+        self, path: Path, *, man: mf.Manifest | None = None, scan_values: bool = True
+    ) -> builtins.list[codes.Finding]:
+        """Verify one checkpoint by reading every byte; record the outcome if we may."""
+        rep = verify_one(path, progress=False, options={"scan_values": scan_values})
+        if rep.gone:
+            return []
+        bad = rep.errors
+        why = "; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None
+        with self._maybe_writer() as mine:
+            if mine:
+                m = man or rep.manifest
+                if m is not None:
+                    self.catalog.record(path, m, ok=not bad, why=why)
+        if not bad:
+            self._fresh.add(path.name)
+        return bad
 
     def plan(
         self,
@@ -963,20 +556,18 @@ class CheckpointManager:
         delete_corrupt: bool = False,
     ) -> rotation.RetentionPlan:
         """The retention plan for the run as it is now (nothing is deleted)."""
-        infos = self.list()
+        good = self._good_statuses
         ck = [
             rotation.CkptInfo(
                 step=c.step,
                 size=c.size,
-                # With verify_after_save off, a committed checkpoint is as good as it gets.
-                verified=c.status == "verified"
-                or (not self.verify_after_save and c.status == "committed"),
+                verified=c.status in good,
                 corrupt=c.status in ("corrupt", "incomplete"),
                 pinned=frozenset(c.pins),
                 health=c.health,
                 time=c.time,
             )
-            for c in infos
+            for c in self.catalog.list()
         ]
         return rotation.plan(
             ck,
@@ -989,8 +580,11 @@ class CheckpointManager:
     def prune(self, *, dry_run: bool = False, **policy: Any) -> rotation.RetentionPlan:
         """Apply the retention plan (or only return it with ``dry_run``).
 
-        Takes the writer lock first (``LockHeldError`` while a training run holds it),
-        so the plan is made and applied with no save in between.
+        Takes the writer lock first (``LockHeldError`` while a training run holds it), so
+        the plan is made and applied with no save in between. Before anything is deleted,
+        the newest checkpoint the plan keeps is verified again by reading every byte: if
+        it fails, it is recorded corrupt, the plan is made again and nothing it justified
+        is deleted.
 
         Example:
             >>> import tempfile, torch, ckptkit
@@ -1002,10 +596,12 @@ class CheckpointManager:
             ['delete: beyond keep_last=1', 'delete: beyond keep_last=1']
         """
         if dry_run:
+            self._join()
             return self.plan(**policy)
         self.wait()
         self._writer()
-        plan = self.plan(**policy)
+        self._fresh.clear()  # a hand prune re-checks from bytes, whatever was read before
+        plan = self._checked_plan(**policy)
         self._delete(plan)
         return plan
 
@@ -1013,14 +609,36 @@ class CheckpointManager:
         if self.verify_after_save:
             # A checkpoint that committed but was never verified (its writer died in
             # between) is verified now, so keep_last counts it instead of deleting it.
-            from ckptkit.verify.runner import verify_one
-
-            for c in self.list():
+            for c in self.catalog.list():
                 if c.status == "committed":
-                    bad = verify_one(c.path, progress=False).errors
-                    with contextlib.suppress(CkptkitError):
-                        self._record(c.path, mf.read(c.path), not bad, _why(bad))
-        return self._delete(self.plan())
+                    self._verify(c.path)
+        deleted = self._delete(self._checked_plan())
+        self._fresh.clear()
+        return deleted
+
+    def _checked_plan(self, **policy: Any) -> rotation.RetentionPlan:
+        """A plan whose newest kept good checkpoint was just verified from its bytes."""
+        while True:
+            plan = self.plan(**policy)
+            if not plan.delete or not self.verify_after_save:
+                return plan
+            keep = [d.ckpt for d in plan.decisions if d.keep and d.ckpt.good]
+            if not keep:
+                return plan
+            newest = max(keep, key=lambda c: c.step)
+            name = step_dir_name(newest.step)
+            if name in self._fresh:
+                return plan
+            bad = self._verify(self.root / name)
+            if not bad:
+                return plan
+            log.error(
+                "ckptkit: %s failed its re-verify before rotation (%s %s); it is recorded "
+                "corrupt and nothing it would have justified is deleted",
+                name,
+                bad[0].code,
+                bad[0].message,
+            )
 
     def _delete(self, plan: rotation.RetentionPlan) -> builtins.list[str]:
         newest_good = max((c.step for c in plan.keep if c.good), default=None)
@@ -1029,25 +647,19 @@ class CheckpointManager:
             if d.keep:
                 continue
             if d.ckpt.good and (newest_good is None or d.ckpt.step > newest_good):
-                # Belt and braces: the plan never releases the newest verified checkpoint.
                 log.error("ckptkit: refusing to delete step %d: newest verified", d.ckpt.step)
                 continue
             path = self.root / step_dir_name(d.ckpt.step)
-            if not path.exists():
-                continue
-            # Rename first: a crash mid-delete leaves a marked leftover, never a
-            # half-deleted directory that still looks committed. The temporary suffix
-            # (not the overwrite one) tells cleanup to finish the delete, not undo it.
-            doomed = path.with_name(f"{path.name}{atomic.TMP_SUFFIX}.del-{uuid.uuid4().hex[:8]}")
-            os.rename(path, doomed)
-            atomic.fsync_dir(self.root)
-            shutil.rmtree(doomed, ignore_errors=True)
-            why = d.reason.removeprefix("delete: ")
-            log.info("ckptkit: deleted %s: %s", path.name, why)
-            deleted.append(f"{path.name}: {why}")
+            if self.catalog.remove(path):
+                why = d.reason.removeprefix("delete: ")
+                log.info("ckptkit: deleted %s: %s", path.name, why)
+                deleted.append(f"{path.name}: {why}")
+        if deleted:
+            self.catalog.forget(d.split(":", 1)[0] for d in deleted)
+        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
         return deleted
 
-    # --- restore -------------------------------------------------------------------------
+    # --- restore -----------------------------------------------------------------------------
 
     def restore(
         self,
@@ -1059,40 +671,41 @@ class CheckpointManager:
     ) -> RestoreResult | None:
         """Restore the newest checkpoint that verifies (or exactly ``step``).
 
-        Candidates are tried newest first; one that fails verification while it is read
-        (digest, size, header) or lacks a required component is skipped with a warning
-        saying why, and the next older one is tried. One that failed verification before
-        (status ``corrupt``) is skipped without reading it. A failure found here is
-        recorded (``ls`` then shows it corrupt, rotation no longer counts it as good) and
-        ``latest`` re-pointed, when no other writer holds the run. Returns None when the
-        run has no checkpoint at all (a fresh start).
+        Candidates are tried newest first. One that fails while it is read (digest,
+        size, header, a malformed tree, a file of the wrong kind, a DCP checkpoint for a
+        run that does not use DCP) is skipped with a warning saying why, recorded corrupt
+        when the fault is in its bytes, and the next older one is tried. One recorded
+        corrupt before is skipped unread. ``latest`` is re-pointed to what is really
+        newest and verified. Returns None when the run has no checkpoint (a fresh start).
 
-        With ``healthy=True`` only checkpoints whose recorded health level is ``ok`` are
-        candidates (the rollback after an instability; see :mod:`ckptkit.stability`): each
-        newer one passed over is logged with its health signals, and an attached watch is
-        reset.
+        A checkpoint that is fine but does not fit the run (``strict``: the run passes
+        state it lacks; the model's keys, shapes or dtypes differ) raises at once: an
+        older checkpoint of the same run would not fit either, and falling back would
+        hide the mismatch.
 
-        Tensors are read into ``state``'s own tensors; if a candidate fails halfway, the
-        next one overwrites them, and if every candidate fails ``state`` must not be used.
+        With ``healthy=True`` only checkpoints whose recorded health is ``ok`` are
+        candidates (the rollback after an instability); an attached watch is reset.
 
         Raises:
             IncompleteCheckpointError: checkpoints exist but none could be restored
                 (each reason listed), or ``step`` does not exist.
+            StateError: the run does not fit the checkpoint (see above).
             CkptkitError: ``step`` was given and that checkpoint fails.
         """
-        self.wait()
-        infos = [c for c in self.list() if c.status in ("verified", "committed", "corrupt")]
-        unhealthy: list[str] = []
+        self._join()
+        coll = current()
+        infos = coll.broadcast(self.catalog.list() if coll.rank == 0 else None)
+        infos = [c for c in infos if c.status in ("verified", "committed", "corrupt")]
+        notes: builtins.list[str] = []
         if healthy:
-            # healthy=True: only checkpoints whose recorded health is "ok" (the rollback
-            # target); each one passed over is logged with why (ckptkit.stability.rollback).
-            from ckptkit.stability import choose_healthy
-
-            pick = choose_healthy(infos)
+            pick = rotation.choose_rollback(infos)
             for why in pick.reasons[:-1] if pick.checkpoint is not None else pick.reasons:
                 log.warning("ckptkit: restore(healthy=True): %s", why)
-            unhealthy = [f"{r} (healthy=True)" for r in pick.reasons if ": skipped" in r]
-            infos = [c for c in infos if c.health == "ok"]
+            notes += [f"{r} (healthy=True)" for r in pick.reasons if ": skipped" in r]
+            allowed = {c.step for c in infos if c.health == "ok"}
+            if not pick.health_data and pick.checkpoint is not None:
+                allowed = {pick.checkpoint.step}
+            infos = [c for c in infos if c.step in allowed]
             if not infos:
                 raise IncompleteCheckpointError(
                     "no checkpoint with health ok: " + " | ".join(pick.reasons or ["none saved"]),
@@ -1100,7 +713,7 @@ class CheckpointManager:
                     hint="restore without healthy=True to take the newest verified one anyway",
                 )
             if self.watch is not None:
-                self.watch.reset()  # its windows describe the run we are rolling back from
+                self.watch.reset()  # its windows describe the run we roll back from
         if step is not None:
             infos = [c for c in infos if c.step == step]
             if not infos:
@@ -1110,44 +723,38 @@ class CheckpointManager:
                     hint="'ckptkit ls RUN' lists the steps that exist",
                 )
         elif not infos:
-            if any(True for _ in self.list()):
+            if self.catalog.list():
                 raise IncompleteCheckpointError(
                     "no committed checkpoint: every step directory is incomplete",
                     path=self.root,
                     hint="the saves were interrupted; start fresh",
                 )
             return None
-        skipped: list[str] = []
+        skipped: builtins.list[str] = []
         for c in reversed(infos):
             if c.status == "corrupt" and step is None:
-                msg = f"{c.path.name}: failed verification earlier ({c.problem})"
-                skipped.append(msg)
-                log.warning("ckptkit: skipping %s", msg)
+                skipped.append(f"{c.path.name}: failed verification earlier ({c.problem})")
+                log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
             try:
-                result = self._restore_one(state, c.path, strict=strict)
-            except _RunMismatch as m:
-                # The checkpoint is fine, the run differs from it (strict mismatch): not
-                # corruption, and an older checkpoint would not match either.
-                raise m.error from None
-            except CkptkitError as e:
-                self._note(c.path, ok=False, why=f"{e.code or 'error'}: {e.what}")
+                result = self._restore_one(state, c.path, strict=strict, coll=coll)
+            except _Skip as s:
+                if s.damaged:
+                    self._note(c.path, ok=False, why=f"{s.error.code or 'error'}: {s.error.what}")
                 if step is not None:
-                    raise
-                msg = f"{c.path.name}: {e}"
-                skipped.append(msg)
-                log.warning("ckptkit: skipping %s", msg)
+                    raise s.error from None
+                skipped.append(f"{c.path.name}: {s.error}")
+                log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
             if c.status == "committed":
                 self._note(c.path, ok=True, why=None)  # every byte was verified while read
             if skipped:
                 log.warning(
-                    "ckptkit: restored %s after skipping %d newer checkpoint%s",
+                    "ckptkit: restored %s after skipping %d newer checkpoint(s)",
                     c.path.name,
                     len(skipped),
-                    "" if len(skipped) == 1 else "s",
                 )
-            result.notes[:0] = [f"skipped {s}" for s in [*unhealthy, *skipped]]
+            result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
             return result
         raise IncompleteCheckpointError(
             "no checkpoint could be restored: " + " | ".join(skipped),
@@ -1158,61 +765,68 @@ class CheckpointManager:
     def _note(self, path: Path, *, ok: bool, why: str | None) -> None:
         """Record what a restore found and re-point ``latest``, if no other writer runs."""
         try:
-            man = mf.read(path)
+            man, _ = self.catalog.manifest(path)
         except CkptkitError:
             return  # an invalid manifest is listed as corrupt without a record
-        with self._maybe_writer() as can_record:
-            if can_record:
-                self._record(path, man, ok, why)
-                self._update_latest()
+        with self._maybe_writer() as mine:
+            if mine:
+                self.catalog.record(path, man, ok=ok, why=why)
+                self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
 
-    def _restore_one(self, state: TrainState, path: Path, *, strict: bool) -> RestoreResult:
-        from ckptkit.verify.runner import verify_one
-
-        g = dist_mod.group()
+    def _restore_one(
+        self, state: TrainState, path: Path, *, strict: bool, coll: Collective
+    ) -> RestoreResult:
+        """Read and restore one candidate on every rank, or raise :class:`_Skip` on all."""
         err: CkptkitError | None = None
+        damaged = True
+        obj: Any = None
+        man: mf.Manifest | None = None
+        rep = None
         try:
-            # Manifest-level checks only: the read below verifies every digest, and the
-            # values were scanned when the checkpoint was verified after its save.
+            # Manifest-level checks only: the read below verifies every digest.
             rep = verify_one(
                 path,
                 families=("completeness", "consistency"),
                 progress=False,
-                options={"scan_values": False},
+                options={"scan_values": False, "read_files": False},
             )
+            if rep.gone:
+                raise codes.error("CK-F020", "deleted while it was being restored", path=path)
             if rep.errors:
                 raise rep.errors[0].to_error(base=str(path))
-            obj, man = checkpoint.read_checkpoint(
-                path, targets_from=state.targets(), progress=False
+            # Targets are best effort here: restore_tree judges the fit, with its own codes.
+            obj, man, _ = checkpoint.read_checkpoint(
+                path,
+                targets_from=state.targets(),
+                strict=False,
+                progress=False,
+                manifest=rep.manifest,
             )
-            # DCP files are not read through the verifying reader: check their digests
-            # first (split over the ranks of a multi-rank restore).
-            dcp_files = [f for f in man.files if f.component == dist_mod.DCP_COMPONENT]
-            if g is not None:
-                dcp_files = dcp_files[g.rank :: g.world_size]
-            dist_mod.verify_files(path, dcp_files)
         except CkptkitError as e:
             err = e
-        if g is not None:
-            # Every rank takes the same candidate or skips it together.
-            dist_mod.consensus(err, what=f"restore of {path.name}")
-        elif err is not None:
-            raise err
-        mismatch: CkptkitError | None = None
+        except Exception as e:  # untrusted input: any failure is a finding, never a traceback
+            err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
         try:
-            result = state.restore_tree(obj, man, strict=strict, path=path)
+            consensus(coll, err, what=f"restore of {path.name}")
         except CkptkitError as e:
-            mismatch = e
-        if g is not None:
-            try:
-                dist_mod.consensus(mismatch, what=f"restore of {path.name}")
-            except CkptkitError as e:
-                raise _RunMismatch(e) from e
-        elif mismatch is not None:
-            raise _RunMismatch(mismatch) from mismatch
+            raise _Skip(e, damaged=damaged) from None
+        assert man is not None and rep is not None
+        try:
+            result = state.restore_tree(obj, man, strict=strict, path=path, coll=coll)
+        except CkptkitError as e:
+            if e.code == "CK-R010":
+                raise  # the run does not fit a good checkpoint: not a reason to fall back
+            err, damaged = e, e.code not in ("CK-R011",)
+        except Exception as e:
+            err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
+        else:
+            err = None
+        try:
+            consensus(coll, err, what=f"restore of {path.name}")
+        except CkptkitError as e:
+            raise _Skip(e, damaged=damaged) from None
         result.path = path
-        for f in rep.findings:
-            result.notes.append(f"{f.code} {f.message}")
+        result.notes += [f"{f.code} {f.message}" for f in rep.findings]
         saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)
         if saved and state.guard_k > 0:
             # Sample ids and the RNG fingerprint are rank 0's and only mean something at
@@ -1223,94 +837,43 @@ class CheckpointManager:
                 per_rank=saved.get("world_size") == state.parallel.world_size
                 and state.parallel.rank == 0,
             )
-            for f in rg.check_restored(state):
-                result.notes.append(f"{f.code} {f.message}")
+            result.notes += [f"{f.code} {f.message}" for f in rg.check_restored(state)]
             result.guard = rg
             guard_mod.attach(state.recorder, rg)
         return result
 
 
-# --- helpers ------------------------------------------------------------------------------
+class _Skip(Exception):
+    """A candidate checkpoint that cannot be restored; restore takes the next older one."""
 
-_SPREAD = ("model", "optimizer")
-"""Top-level state whose replicated shards every rank of a multi-rank save helps write."""
-_MIN_SPREAD_SHARD = 64 << 20
-"""Smallest shard when replicated state is split over ranks (tiny models stay one file)."""
-
-
-class _RunMismatch(Exception):
-    """A good checkpoint that does not fit the run (``restore_tree`` refused it)."""
-
-    def __init__(self, error: CkptkitError) -> None:
+    def __init__(self, error: CkptkitError, *, damaged: bool) -> None:
         super().__init__(str(error))
         self.error = error
+        self.damaged = damaged
+        """The fault is in its bytes (recorded corrupt), not only in its kind."""
 
 
-def _why(bad: Iterable[Any]) -> str | None:
-    """Summarise error findings (at most three) for the run index and ``ls``."""
-    return "; ".join(f"{f.code} {f.message}" for f in list(bad)[:3]) or None
+def rollback(run_dir: str | Path) -> rotation.RollbackChoice:
+    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
 
+    Read-only: lists the run, changes nothing. Resume from the chosen checkpoint with
+    ``mgr.restore(ts, healthy=True)``. Without any health data in the run (no
+    StabilityWatch), the newest verified checkpoint, and the choice says so.
 
-def _fingerprint(path: Path, man: mf.Manifest) -> dict[str, list[int]]:
-    """Size and mtime of the manifest and every file it lists: a change means re-verify."""
-    out: dict[str, list[int]] = {}
-    for rel in [atomic.MANIFEST_NAME, *(f.path for f in man.files)]:
-        try:
-            st = (path / rel).stat()
-        except OSError:
-            out[rel] = [-1, -1]
-            continue
-        out[rel] = [st.st_size, st.st_mtime_ns]
-    return out
+    Raises:
+        CkptkitError: ``run_dir`` is not a directory.
 
-
-def _whole(path: Path) -> bool:
-    """Return whether ``path`` holds a valid manifest and every file it lists, at full size."""
-    try:
-        man = mf.read(path)
-    except CkptkitError:
-        return False
-    for f in man.files:
-        try:
-            if (path / f.path).stat().st_size != f.size:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def _replace_text(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` atomically (temp file, fsync, replace); no temp left behind."""
-    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_text(text)
-        atomic.fsync_file(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-_SAVE_ERRNO = {
-    errno.ENOSPC: ("disk full", "free space on that filesystem, or lower keep_last/max_bytes"),
-    errno.EDQUOT: ("disk quota exceeded", "free space or raise the quota"),
-    errno.EACCES: ("permission denied", "make the run directory writable by this user"),
-    errno.EPERM: ("operation not permitted", "make the run directory writable by this user"),
-    errno.EROFS: ("read-only filesystem", "save to a writable filesystem"),
-}
-
-
-def _save_error(e: OSError, final: Path) -> OSError:
-    """Restate an OS error of a save: what failed, that nothing was lost, and the fix.
-
-    Stays an ``OSError`` of the same errno (``PermissionError`` for EACCES), so
-    existing ``except OSError`` clauses keep working.
+    Example:
+        >>> import tempfile
+        >>> rollback(tempfile.mkdtemp()).checkpoint is None
+        True
     """
-    what, fix = _SAVE_ERRNO.get(e.errno or 0, (e.strerror or str(e), "see the OS error"))
-    where = f" ({e.filename})" if e.filename else ""
-    msg = (
-        f"{what} while saving {final.name}{where}; the partial save was removed and older "
-        f"checkpoints are intact. Fix: {fix}"
-    )
-    return OSError(e.errno if e.errno is not None else errno.EIO, msg, str(final))
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise CkptkitError(
+            "not a run directory", path=root, hint="pass the run's checkpoint directory"
+        )
+    return rotation.choose_rollback(Catalog(root).list())
+
+
+__all__ = ["CheckpointManager", "SaveStats", "rollback"]

@@ -20,9 +20,11 @@ Conventions shared by every policy:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ckptkit.stability import HINTS
 
 Health = Literal["ok", "warn", "critical"]
 _BAD_HEALTH = frozenset({"warn", "critical"})
@@ -448,8 +450,137 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+
+# --- rollback -------------------------------------------------------------------------------------
+
+
+class Candidate(Protocol):
+    """What rollback selection reads of a checkpoint (``ckptkit.catalog.CheckpointInfo``)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def health(self) -> str | None: ...
+    @property
+    def problem(self) -> str | None: ...
+    @property
+    def pins(self) -> tuple[str, ...]: ...
+    @property
+    def health_record(self) -> Mapping[str, Any] | None: ...
+    @property
+    def path(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RollbackChoice:
+    """What :func:`choose_rollback` picked and why."""
+
+    checkpoint: Any
+    """The checkpoint to resume from (None when none qualifies)."""
+    reasons: list[str]
+    """One line per newer checkpoint passed over, then why this one was picked."""
+    hints: list[str]
+    """Recovery suggestions for the signals that fired; ckptkit never applies them."""
+    health_data: bool = True
+    """False when no checkpoint of the run carries a health record (no StabilityWatch)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict."""
+        c = self.checkpoint
+        return {
+            "checkpoint": c.to_dict() if c is not None and hasattr(c, "to_dict") else None,
+            "reasons": list(self.reasons),
+            "hints": list(self.hints),
+            "health_data": self.health_data,
+        }
+
+
+def choose_rollback(ckpts: Iterable[Candidate]) -> RollbackChoice:
+    """Pick the checkpoint to roll back to: the newest good one whose health is ``ok``.
+
+    Pure: reads the records it is given, no I/O. Corrupt and incomplete checkpoints and
+    those whose recorded health is ``warn``/``critical`` are passed over, each with the
+    reason. When no checkpoint of the run has a health record at all (saved without a
+    :class:`~ckptkit.StabilityWatch`), there is nothing to judge health by: the newest
+    good checkpoint is picked and the choice says that no health data exists. Hints name
+    fixes only for signals that actually fired.
+
+    Example:
+        >>> from types import SimpleNamespace as C
+        >>> c = lambda s, h: C(step=s, status="verified", health=h, problem=None, pins=(),
+        ...                    health_record={"level": h} if h else None, path=f"step-{s}")
+        >>> choose_rollback([c(1, "ok"), c(2, "warn")]).checkpoint.step
+        1
+        >>> r = choose_rollback([c(1, None), c(2, None)]); r.checkpoint.step, r.health_data
+        (2, False)
+    """
+    order = sorted(ckpts, key=lambda c: c.step, reverse=True)
+    usable = [c for c in order if c.status in ("verified", "committed")]
+    fired: list[str] = []
+    reasons: list[str] = []
+    if usable and all(c.health is None and not c.health_record for c in order):
+        pick = usable[0]
+        for c in order:
+            if c is pick:
+                break
+            reasons.append(f"{_name(c)}: skipped, {c.status} ({c.problem or 'no detail'})")
+        reasons.append(
+            f"{_name(pick)}: picked, the newest {pick.status} checkpoint; no checkpoint of "
+            "this run has health data (saved without a StabilityWatch), so health was not judged"
+        )
+        return RollbackChoice(pick, reasons, [], health_data=False)
+    for c in order:
+        if c.status not in ("verified", "committed"):
+            reasons.append(f"{_name(c)}: skipped, {c.status} ({c.problem or 'no detail'})")
+            continue
+        if c.health == "ok":
+            pins = f", pinned {','.join(c.pins)}" if c.pins else ""
+            reasons.append(
+                f"{_name(c)}: picked, the newest {c.status} checkpoint with health ok{pins}"
+            )
+            return RollbackChoice(c, reasons, _hints(fired))
+        rec = dict(c.health_record or {})
+        sigs = rec.get("signals") if isinstance(rec.get("signals"), Mapping) else {}
+        fired.extend(str(k) for k in sigs)
+        if c.health is None:
+            why = "no health record (saved without a StabilityWatch): cannot vouch for it"
+        else:
+            named = "; ".join(
+                f"{n}: {s.get('detail', '') if isinstance(s, Mapping) else s}"
+                for n, s in list(sigs.items())[:3]
+            ) or "no signal recorded"
+            first = rec.get("first_warn_step")
+            since = f", first warning at step {first}" if first is not None else ""
+            why = f"health {c.health}{since} ({named})"
+        reasons.append(f"{_name(c)}: skipped, {why}")
+    return RollbackChoice(None, reasons, _hints(fired))
+
+
+def _name(c: Candidate) -> str:
+    p = c.path
+    return getattr(p, "name", None) or str(p)
+
+
+def _hints(signal_names: Iterable[str]) -> list[str]:
+    """Fixes for the signals that fired (none when none fired), then the one standing note."""
+    out: list[str] = []
+    for name in signal_names:
+        metric, _, test = name.partition(".")
+        for k in (test, metric):
+            if k in HINTS and HINTS[k] not in out:
+                out.append(HINTS[k])
+    if out:
+        out.append(
+            "ckptkit changes no hyper-parameter: apply a fix deliberately, and keep the run's "
+            "metrics file for the post-mortem"
+        )
+    return out
+
 __all__ = [
     "AnyOf",
+    "Candidate",
     "CkptInfo",
     "Decision",
     "KeepEvery",
@@ -460,5 +591,7 @@ __all__ = [
     "Pinned",
     "Policy",
     "RetentionPlan",
+    "RollbackChoice",
+    "choose_rollback",
     "plan",
 ]

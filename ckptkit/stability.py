@@ -741,129 +741,6 @@ HINTS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class RollbackChoice:
-    """What :func:`rollback` picked and why."""
-
-    checkpoint: Any
-    """The :class:`~ckptkit.manager.CheckpointInfo` to resume from (None when none is healthy)."""
-    reasons: list[str]
-    """One line per newer checkpoint that was passed over, then why this one was picked."""
-    hints: list[str]
-    """Recovery suggestions; ckptkit never applies them."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able dict."""
-        return {
-            "checkpoint": self.checkpoint.to_dict() if self.checkpoint is not None else None,
-            "reasons": list(self.reasons),
-            "hints": list(self.hints),
-        }
-
-
-def health_of(path: Any) -> dict[str, Any] | None:
-    """Read the ``health`` record of a checkpoint manifest (None when absent or unreadable)."""
-    from ckptkit import manifest as mf
-    from ckptkit.errors import CkptkitError
-
-    try:
-        man = mf.read(path)
-    except CkptkitError:
-        return None
-    return dict(man.health) if man.health else None
-
-
-def choose_healthy(infos: Iterable[Any]) -> RollbackChoice:
-    """Pick the newest committed/verified checkpoint whose health level is ``ok``.
-
-    Args:
-        infos: :class:`~ckptkit.manager.CheckpointInfo` objects (any order).
-
-    Returns:
-        A :class:`RollbackChoice`; ``checkpoint`` is None when no checkpoint is healthy.
-
-    Example:
-        >>> choose_healthy([]).checkpoint is None
-        True
-    """
-    reasons: list[str] = []
-    bad_signals: list[str] = []
-    for c in sorted(infos, key=lambda c: c.step, reverse=True):
-        if c.status not in ("verified", "committed"):
-            reasons.append(f"{c.path.name}: skipped, {c.status} ({c.problem or 'no detail'})")
-            continue
-        if c.health == "ok":
-            pins = f", pinned {','.join(c.pins)}" if c.pins else ""
-            reasons.append(
-                f"{c.path.name}: picked, the newest {c.status} checkpoint with health ok{pins}"
-            )
-            return RollbackChoice(c, reasons, _hints(bad_signals))
-        rec = health_of(c.path) or {}
-        sigs = rec.get("signals") or {}
-        bad_signals.extend(sigs)
-        if c.health is None:
-            why = "no health record (saved without a StabilityWatch): cannot vouch for it"
-        else:
-            named = (
-                "; ".join(f"{n}: {s.get('detail', '')}" for n, s in list(sigs.items())[:3])
-                or "no signal recorded"
-            )
-            first = rec.get("first_warn_step")
-            since = f", first warning at step {first}" if first is not None else ""
-            why = f"health {c.health}{since} ({named})"
-        reasons.append(f"{c.path.name}: skipped, {why}")
-    return RollbackChoice(None, reasons, _hints(bad_signals))
-
-
-def rollback(run_dir: Any) -> RollbackChoice:
-    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
-
-    Read-only: lists the run, reads manifests, changes nothing. Resume from the chosen
-    checkpoint with ``mgr.restore(ts, healthy=True)`` or by pointing the run at it.
-
-    Args:
-        run_dir: the run's checkpoint directory.
-
-    Returns:
-        A :class:`RollbackChoice` with the checkpoint, the reasons and recovery hints.
-
-    Raises:
-        CkptkitError: ``run_dir`` is not a directory.
-
-    Example:
-        >>> import tempfile
-        >>> rollback(tempfile.mkdtemp()).checkpoint is None
-        True
-    """
-    from pathlib import Path
-
-    from ckptkit.errors import CkptkitError
-    from ckptkit.manager import CheckpointManager
-
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise CkptkitError(
-            "not a run directory", path=root, hint="pass the run's checkpoint directory"
-        )
-    return choose_healthy(CheckpointManager(root, readonly=True).list())
-
-
-def _hints(signal_names: Iterable[str]) -> list[str]:
-    out: list[str] = []
-    keys: list[str] = []
-    for name in signal_names:
-        metric, _, test = name.partition(".")
-        keys.extend(k for k in (test, metric) if k in HINTS)
-    for k in [*keys, "std_shift", "loss"]:  # always: lower LR, inspect the batch window
-        if HINTS[k] not in out:
-            out.append(HINTS[k])
-    out.append(
-        "ckptkit changes no hyper-parameter: apply a fix deliberately, and keep the run's "
-        "metrics file for the post-mortem"
-    )
-    return out
-
-
 # --- helpers ----------------------------------------------------------------------------------
 
 
@@ -890,13 +767,9 @@ __all__ = [
     "LEVELS",
     "EmergencyPolicy",
     "Level",
-    "RollbackChoice",
     "Signal",
     "SignalSpec",
     "StabilityWatch",
     "Verdict",
-    "choose_healthy",
-    "health_of",
-    "rollback",
     "worse",
 ]

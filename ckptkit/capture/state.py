@@ -31,8 +31,10 @@ from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture import scheduler as scheduler_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.capture.progress import Progress
+from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
-from ckptkit.storage import dist as dist_mod
+from ckptkit.fit import fit_report
+from ckptkit.storage import dcp as dcp_store
 from ckptkit.storage import tree as tree_mod
 
 log = logging.getLogger("ckptkit")
@@ -163,15 +165,20 @@ class TrainState:
         msd, osd = get_state_dict(self.model, self.optimizer)
         return {"model": msd, "optimizer": osd}
 
-    def load_dcp(self, root: Path) -> None:
-        """Read model and optimizer from ``root/dcp``, resharded to the current layout."""
+    def load_dcp(self, root: Path, manifest: mf.Manifest, coll: Collective | None = None) -> None:
+        """Read model and optimizer from ``root/dcp``, resharded to the current layout.
+
+        Every DCP file is checked against the manifest while it is read, ``.metadata``
+        before it is unpickled (with an allow-list): see :mod:`ckptkit.storage.dcp`.
+        """
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict,
             set_state_dict,
         )
 
+        c = coll if coll is not None else Solo()
         state = self.dcp_state()
-        dist_mod.dcp_load(state, root)
+        dcp_store.load(state, root, manifest, verify_rank=c.rank, verify_world=c.world_size)
         if self.optimizer is None:
             set_model_state_dict(self.model, state["model"])
         else:
@@ -204,7 +211,7 @@ class TrainState:
         tree: dict[str, Any] = {}
         if dcp:
             keys = ["model"] + (["optimizer"] if self.optimizer is not None else [])
-            tree["dcp"] = {"dir": dist_mod.DCP_DIR, "keys": keys}
+            tree["dcp"] = {"dir": dcp_store.DCP_DIR, "keys": keys}
         else:
             tree["model"] = self.model.state_dict()
         comps: dict[str, mf.Component] = {}
@@ -285,7 +292,8 @@ class TrainState:
     # --- restore ---------------------------------------------------------------------------
 
     def restore_tree(self, tree: Mapping[str, Any], manifest: mf.Manifest | None = None, *,
-                     strict: bool = True, path: Path | None = None) -> RestoreResult:
+                     strict: bool = True, path: Path | None = None,
+                     coll: Collective | None = None) -> RestoreResult:
         """Put a loaded state tree back into the live objects.
 
         At another world size than the save's: the sampler continues from the merged
@@ -299,9 +307,14 @@ class TrainState:
             strict: raise when the checkpoint lacks state this TrainState has (e.g. a
                 scaler passed here but none saved); otherwise note and continue.
             path: the checkpoint directory (needed for DCP-stored model/optimizer state).
+            coll: the ranks restoring together (DCP files are verified split over them).
 
         Raises:
-            StateError: a component cannot be restored, naming it and the fix.
+            StateError: ``CK-R010`` the run does not fit the checkpoint (a component it
+                passes is missing under ``strict``; model keys, shapes or dtypes differ);
+                ``CK-R011`` the checkpoint is of another kind (not a TrainState tree, or
+                DCP storage for a run that does not use it). Both are raised before
+                anything is loaded.
         """
         restored: list[str] = []
         notes: list[str] = []
@@ -309,36 +322,58 @@ class TrainState:
         def missing(name: str) -> None:
             msg = f"the checkpoint has no {name} state but this run passes one"
             if strict:
-                raise StateError(msg, hint=f"save with {name}= passed, or restore with "
-                                 "strict=False to start it fresh (the resume is then not exact)")
+                raise StateError(msg, code="CK-R010",
+                                 hint=f"save with {name}= passed, or restore with strict=False "
+                                 "to start it fresh (the resume is then not exact)")
             notes.append(msg + "; it starts fresh")
 
+        if not isinstance(tree, Mapping):
+            raise StateError(f"the checkpoint holds a {type(tree).__name__}, not a TrainState tree",
+                             code="CK-R011", hint="restore a checkpoint written by "
+                             "CheckpointManager/TrainState; read others with ckptkit.load")
         dcp_keys: list[str] = list((tree.get("dcp") or {}).get("keys") or [])
+        # Everything that can refuse the checkpoint is checked before anything is loaded.
         if dcp_keys:
-            if path is None:
+            if not self.uses_dcp:
+                raise StateError(
+                    "the checkpoint stores model/optimizer with torch.distributed.checkpoint; "
+                    "this run does not use DCP storage, so its files are not read",
+                    code="CK-R011",
+                    hint="restore it with TrainState(storage='dcp') (or 'auto' with a sharded "
+                    "DTensor model); DCP files are only ever read for a run that writes them",
+                )
+            if path is None or manifest is None:
                 raise StateError("model/optimizer state is stored with DCP; restore_tree needs "
-                                 "the checkpoint path", hint="pass path= (CheckpointManager does)")
+                                 "the checkpoint path and manifest", code="CK-R011",
+                                 hint="pass path= and manifest= (CheckpointManager does)")
             if "optimizer" in dcp_keys and self.optimizer is None:
                 notes.append("the checkpoint holds optimizer state but this run passes none")
             if self.optimizer is not None and "optimizer" not in dcp_keys:
                 missing("optimizer")
-            try:
-                self.load_dcp(path)
-            except (RuntimeError, ValueError, KeyError) as e:
-                raise StateError(f"DCP model/optimizer state does not fit: {e}",
-                                 hint="build the same architecture as at save time") from None
+        elif "model" not in tree:
+            raise StateError("the checkpoint holds no model state", code="CK-R011",
+                             hint="is this a TrainState checkpoint? use ckptkit.load for others")
+        else:
+            report = fit_report(self.model.state_dict(), tree["model"])
+            if not report.ok:
+                raise StateError(f"model state does not fit the model: {report.summary()}",
+                                 code="CK-R010",
+                                 hint="build the same architecture (and dtype) as at save time; "
+                                 "to load weights into another model on purpose, use "
+                                 "ckptkit.load(path, into={'model': model.state_dict()}, "
+                                 "strict=False) and read its report")
+        for name, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler),
+                          ("scaler", self.scaler), ("fp8", self.fp8), ("sampler", self.sampler)):
+            if obj is not None and name not in tree and not (name == "optimizer" and dcp_keys):
+                missing(name)
+        if dcp_keys:
+            assert path is not None and manifest is not None
+            self.load_dcp(path, manifest, coll)
             restored.append("model")
             if self.optimizer is not None and "optimizer" in dcp_keys:
                 restored.append("optimizer")
-        elif "model" not in tree:
-            raise StateError("the checkpoint holds no model state",
-                             hint="is this a TrainState checkpoint? use ckptkit.load for others")
         else:
-            try:
-                self.model.load_state_dict(tree["model"])
-            except RuntimeError as e:
-                raise StateError(f"model state does not fit the model: {e}",
-                                 hint="build the same architecture as at save time") from None
+            self.model.load_state_dict(tree["model"])
             restored.append("model")
         saved_world = _saved_world(tree)
         world = self.parallel.world_size
@@ -357,8 +392,7 @@ class TrainState:
                     notes.append(f"the checkpoint holds {name} state but this run passes none")
                 continue
             if name not in tree:
-                missing(name)
-                continue
+                continue  # refused or noted above, before anything was loaded
             if name == "fp8":
                 fp8_capture.restore(obj, tree[name], recipe=self.fp8_recipe)
             elif name == "sampler":

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptkit.catalog import step_of
 from ckptkit.errors import DrillError
+from ckptkit.manager import CheckpointManager
 from ckptkit.recorder import ENV_METRICS
 
 if TYPE_CHECKING:
     from ckptkit.capture.state import RestoreResult, TrainState
-    from ckptkit.manager import CheckpointManager
 
 ENV_SAVE_AT = "CKPTKIT_DRILL_SAVE_AT"
 """Save a checkpoint exactly after this step."""
@@ -173,8 +174,6 @@ class DrillEnv:
             >>> DrillEnv().restore(ts, ckptkit.CheckpointManager(tempfile.mkdtemp())) is None
             True
         """
-        from ckptkit.manager import STEP_RE, CheckpointManager
-
         if self.resume_from is None:
             return manager.restore(state, strict=strict)
         path = self.resume_from
@@ -186,10 +185,9 @@ class DrillEnv:
             )
         # Read-only: the --from run belongs to someone else; restoring from it must not
         # clean, lock, re-point ``latest`` or record anything there.
-        m = STEP_RE.match(path.name)
-        if m:
-            src = CheckpointManager(path.parent, readonly=True)
-            return src.restore(state, int(m.group(1)), strict=strict)
+        step = step_of(path.name)
+        if step is not None:
+            return CheckpointManager(path.parent, readonly=True).restore(state, step, strict=strict)
         return CheckpointManager(path, readonly=True).restore(state, strict=strict)
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckptkit import manifest as mf
+from ckptkit.catalog import step_dir_name
 from ckptkit.drill import compare, diagnose
 from ckptkit.drill.contract import (
     ENV_CKPT_DIR,
@@ -241,8 +242,6 @@ def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = N
     ckpt = find_checkpoint(refs[0].ckpt_dir, save_at)
     if ckpt is None and config.isolate:
         # A script that ignores $CKPTKIT_CKPT_DIR wrote under its own run directory.
-        from ckptkit.manager import step_dir_name
-
         found = sorted(
             p
             for p in refs[0].run_dir.rglob(step_dir_name(save_at))
@@ -353,8 +352,6 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
         >>> find_checkpoint(Path("/nonexistent"), 10) is None
         True
     """
-    from ckptkit.manager import step_dir_name
-
     if not ckpt_dir.is_dir():
         return None
     direct = ckpt_dir / step_dir_name(step)

@@ -6,8 +6,8 @@ format (``hf_trainer``, ``accelerate``, ``lightning``, ``dcp``, ``torch_save``) 
 :class:`~ckptkit.foreign._scan.Scan`; :mod:`ckptkit.foreign.report` turns it into the
 ``Report`` the native verify returns; :mod:`ckptkit.foreign.adopt` writes a manifest beside.
 
-This package only re-exports detection (import-light: the verify runner imports
-:mod:`ckptkit.foreign.codes` to register the finding codes).
+This package only re-exports detection (import-light). Their finding codes are declared
+with every other code in :mod:`ckptkit.codes`.
 """
 
 from ckptkit.foreign.detect import FORMATS, detect

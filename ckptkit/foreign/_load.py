@@ -23,6 +23,10 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from ckptkit.errors import IntegrityError
+from ckptkit.storage import dcp
+from ckptkit.storage import tensors as st
+
 ZIP_CHUNK = 1 << 20
 MAX_PICKLE_BYTES = 256 << 20
 """A ``data.pkl`` (or DCP ``.metadata``) larger than this is not parsed (hostile input)."""
@@ -372,9 +376,6 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
     Returns:
         ``(header entries, None)`` or ``(None, CK-F104 problem)``.
     """
-    from ckptkit.errors import IntegrityError
-    from ckptkit.storage import tensors as st
-
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -395,44 +396,8 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 # --- DCP metadata -------------------------------------------------------------------------------
 
-_DCP_ALLOWED: dict[str, frozenset[str]] = {
-    "torch.distributed.checkpoint.metadata": frozenset(
-        {
-            "Metadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        }
-    ),
-    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch.distributed.checkpoint._extension": frozenset(),
-    "torch.serialization": frozenset({"_get_layout"}),
-    "torch": frozenset({"Size"}),
-    "collections": frozenset({"OrderedDict"}),
-    "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"}),
-    "builtins": frozenset({"set", "frozenset", "slice", "complex"}),
-}
-
-
-class _DcpUnpickler(pickle.Unpickler):
-    """Unpickle a DCP ``.metadata``: torch's metadata dataclasses, dtypes, nothing else."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if name in _DCP_ALLOWED.get(module, frozenset()):
-            import importlib
-
-            return getattr(importlib.import_module(module), name)
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
-
-
 def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
-    """Read a DCP ``.metadata`` file with a restricted unpickler (never plain pickle.load)."""
+    """Read a DCP ``.metadata`` file with the restricted unpickler of :mod:`ckptkit.storage.dcp`."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -440,7 +405,7 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
     if len(data) > MAX_PICKLE_BYTES:
         return None, Problem("CK-F108", f"{len(data)} bytes: absurdly large metadata")
     try:
-        return _DcpUnpickler(io.BytesIO(data)).load(), None
+        return dcp.loads_metadata(data), None
     except pickle.UnpicklingError as e:
         if "not allowed" in str(e):
             return None, Problem("CK-F103", f"{e}; not executed")

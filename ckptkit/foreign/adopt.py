@@ -23,6 +23,7 @@ from typing import Any
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
+from ckptkit.foreign.read import scan
 from ckptkit.storage import digest
 from ckptkit.storage.atomic import fsync_dir
 from ckptkit.verify.findings import ERROR
@@ -65,8 +66,6 @@ def adopt(path: Path | str, fmt: str | None = None, *, force: bool = False) -> P
         >>> adopt(p).name
         'ck.pt.ckptkit-manifest.json'
     """
-    from ckptkit.foreign.report import scan
-
     s = scan(path, fmt)
     bad = [
         f for f in s.findings if f.severity is ERROR and f.code.startswith(("CK-F", "CK-M", "CK-S"))
@@ -202,7 +201,7 @@ def check_adopted(s: Scan) -> bool | None:
         try:
             hexd, _ = digest.hash_file(p)
         except UnsafeInputError as e:  # a FIFO or device where a file was: never opened
-            s.add(e.code or "CK-F010", e.what, path=rel, hint=e.hint)
+            s.add(e.code or "CK-F022", e.what, path=rel, hint=e.hint)
             continue
         if hexd != f["xxh3_128"]:
             s.add(

@@ -12,29 +12,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptkit.errors import CkptkitError, IncompleteCheckpointError
-from ckptkit.foreign import accelerate, dcp, hf_trainer, lightning, torch_save
-from ckptkit.foreign._scan import Scan
-from ckptkit.foreign.adopt import adopted_path, check_adopted
-from ckptkit.foreign.detect import FORMATS, detect
+from ckptkit.foreign import _load
+from ckptkit.foreign.adopt import adopted_path, check_adopted, read_adopted
+from ckptkit.foreign.read import scan
 from ckptkit.verify.findings import CODES, Severity
-from ckptkit.verify.runner import Report
-
-SCANNERS: dict[str, Callable[[Scan], None]] = {
-    "hf-trainer": hf_trainer.scan,
-    "accelerate": accelerate.scan,
-    "lightning": lightning.scan,
-    "dcp": dcp.scan,
-    "torch-save": torch_save.scan,
-}
-"""Format name → the function that fills a :class:`Scan` (keys match ``FORMATS``)."""
-
-assert set(SCANNERS) == set(FORMATS)
+from ckptkit.verify.report import Report
 
 _SEV = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
@@ -49,37 +35,6 @@ class ForeignReport(Report):
     @property
     def step(self) -> int | None:
         return self.detected_step
-
-
-def resolve_format(path: Path, fmt: str | None) -> str:
-    """Return ``fmt`` if given (validated), else the detected format; raise if none."""
-    if fmt is not None:
-        if fmt not in FORMATS:
-            raise CkptkitError(
-                f"unknown format {fmt!r}", path=path, hint="use one of: " + ", ".join(FORMATS)
-            )
-        return fmt
-    found = detect(path)
-    if found is None:
-        raise CkptkitError(
-            "not a ckptkit checkpoint (no manifest.json) and not a recognised foreign layout",
-            path=path,
-            hint="ckptkit reads "
-            + "; ".join(f"{k}: {v}" for k, v in FORMATS.items())
-            + ". Pass --format NAME if detection is wrong",
-        )
-    return found
-
-
-def scan(path: Path | str, fmt: str | None = None, *, scan_values: bool = True) -> Scan:
-    """Read a foreign checkpoint into a :class:`Scan` (components and findings)."""
-    p = Path(path)
-    if not p.exists():
-        raise IncompleteCheckpointError("no such file or directory", path=p, hint="check the path")
-    name = resolve_format(p, fmt)
-    s = Scan.start(p, name, scan_values=scan_values)
-    SCANNERS[name](s)
-    return s
 
 
 def verify_foreign(
@@ -139,16 +94,12 @@ def describe_foreign(path: Path | str, fmt: str | None = None) -> dict[str, Any]
     digest when ``ckptkit adopt`` recorded one, else an empty string.
     """
     s = scan(path, fmt, scan_values=False)
-    from ckptkit.foreign.adopt import read_adopted
-
     adopted = read_adopted(s)
     digests = {f["path"]: f["xxh3_128"] for f in (adopted or {}).get("files", [])}
     files = [{"path": f, "size": _size(s.path(f)), "xxh3_128": digests.get(f, "")} for f in s.files]
     tensors = []
     for f in s.files:
         if f.endswith(".safetensors"):
-            from ckptkit.foreign import _load
-
             hdr, _ = _load.check_safetensors(s.path(f), f)
             for key, h in (hdr or {}).items():
                 tensors.append(

@@ -13,6 +13,7 @@ from typing import BinaryIO, Literal
 
 import zstandard
 
+from ckptkit import codes
 from ckptkit.errors import UnsafeInputError
 
 Compression = Literal["zstd"]
@@ -77,23 +78,16 @@ class LimitedReader(io.RawIOBase):
                 return 0
             n = self._reader.readinto(mv[: min(want, room)])
         except zstandard.ZstdError as e:
-            raise UnsafeInputError(
-                f"zstd stream is corrupt ({e})",
-                path=self.path,
-                code="CK-F008",
-                hint="the compressed file is damaged; restore it from a replica or roll back "
-                "to the previous verified checkpoint",
-            ) from e
+            raise codes.error("CK-F008", f"zstd stream is corrupt ({e})", path=self.path) from e
         self.produced += n
         return n
 
     def _bomb(self) -> UnsafeInputError:
-        return UnsafeInputError(
+        return codes.error(
+            "CK-F008",
             f"decompresses to more than the {self.limit} bytes the manifest declares "
             "(decompression bomb or tampered file)",
             path=self.path,
-            code="CK-F008",
-            hint="do not use this file; restore it from a trusted replica",
         )
 
     def check_exhausted(self) -> None:

@@ -72,10 +72,10 @@ def open_regular(
     Example:
         >>> import tempfile, os, pathlib
         >>> d = pathlib.Path(tempfile.mkdtemp()); os.mkfifo(d / "p")
-        >>> open_regular(d / "p", code="CK-F010", rel="p")
+        >>> open_regular(d / "p", code="CK-F022", rel="p")
         Traceback (most recent call last):
         ...
-        ckptkit.errors.UnsafeInputError: CK-F010 p: is a FIFO (named pipe), not a regular file...
+        ckptkit.errors.UnsafeInputError: CK-F022 p: is a FIFO (named pipe), not a regular file...
     """
     name = rel if rel is not None else Path(path)
     fix = hint or (

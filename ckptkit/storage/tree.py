@@ -487,6 +487,19 @@ def _hashable(k: Any) -> Any:
     return k
 
 
+def decode_key(k: Any) -> Any:
+    """Decode one tagged dict key of a tree (an undecodable key comes back as its repr).
+
+    Example:
+        >>> decode_key(3), decode_key({"$t": "tuple", "items": [1, 2]})
+        (3, (1, 2))
+    """
+    try:
+        return _hashable(decode(k, {}))
+    except (ManifestError, TypeError):
+        return repr(k)
+
+
 def iter_tensor_refs(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
     """Yield ``(container path, tensor key)`` for every tensor reference in an encoded tree."""
     if isinstance(tree, list):

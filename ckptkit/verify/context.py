@@ -102,7 +102,7 @@ class CheckContext:
                 values=self.options.get("scan_values", True) is not False,
             )
         except UnsafeInputError as e:  # swapped for a symlink or FIFO after the lstat
-            if e.code not in ("CK-F009", "CK-F010"):
+            if e.code not in ("CK-F009", "CK-F022"):
                 raise
             if e.code == "CK-F009":
                 return FileScan(fe, exists=True, outside=True)

@@ -1,177 +1,37 @@
-"""Findings, severities and the one registry of finding codes and checks.
+"""The check registry: small functions, each owning one registered finding code.
 
-A *code* (``CK-F003``) is registered once, with its family, severity, title and
-default fix; codes are never reused. A *check* is a small function registered with
-:func:`check` that looks at a :class:`~ckptkit.verify.context.CheckContext` and
-yields findings of its own code only. `ckptkit verify` runs every registered check
-of the families asked for; ``load`` raises the error matching the first error
-finding, with the same code.
+Codes themselves (title, severity, fix, error class) are declared once in
+:mod:`ckptkit.codes`; a check names the code it reports with :func:`check`, which
+refuses at import time an unknown code or a code that already has a check. `ckptkit
+verify` runs every registered check of the families asked for; ``load`` raises the error
+matching the first error finding, with the same code.
+
+The code-level names (``CODES``, ``Finding``, ``Severity`` ...) are re-exported here so a
+check module imports what it needs from one place.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-from ckptkit import errors
+from ckptkit.codes import (
+    CODES,
+    ERROR,
+    FAMILY_ORDER,
+    FAMILY_PREFIXES,
+    INFO,
+    WARNING,
+    Code,
+    Family,
+    Finding,
+    Severity,
+    register_code,
+)
 
 if TYPE_CHECKING:
     from ckptkit.verify.context import CheckContext
-
-Family = Literal["integrity", "completeness", "consistency", "compat", "drill"]
-
-# Which code prefixes each family may use (style.md: CK-M manifest, CK-F files, ...).
-FAMILY_PREFIXES: dict[str, tuple[str, ...]] = {
-    "integrity": ("CK-M", "CK-F"),
-    "completeness": ("CK-C",),
-    "consistency": ("CK-S",),
-    "compat": ("CK-R",),
-    "drill": ("CK-D",),
-}
-FAMILY_ORDER: tuple[str, ...] = ("integrity", "completeness", "consistency", "compat", "drill")
-
-
-class Severity(enum.StrEnum):
-    """How bad a finding is. Only ``error`` makes verify exit 1 (``--strict``: warnings too)."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-
-ERROR = Severity.ERROR
-WARNING = Severity.WARNING
-INFO = Severity.INFO
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing verify found.
-
-    Example:
-        >>> f = CODES["CK-F003"].finding("digest mismatch", path="model.safetensors")
-        >>> f.severity
-        <Severity.ERROR: 'error'>
-    """
-
-    code: str
-    """Stable code, e.g. ``CK-F003``; documented in docs/verify-codes.md."""
-    severity: Severity
-    """error / warning / info."""
-    component: str
-    """Spec §1 component concerned (``model``, ``rng`` ...) or ``checkpoint``."""
-    message: str
-    """What is wrong, naming the file or key."""
-    hint: str
-    """How to fix it."""
-    path: str | None = None
-    """File concerned, relative to the checkpoint directory when inside it."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form used by ``verify --json`` (schemas/verify-report.schema.json)."""
-        out: dict[str, Any] = {
-            "code": self.code,
-            "severity": str(self.severity),
-            "component": self.component,
-            "message": self.message,
-            "hint": self.hint,
-        }
-        if self.path is not None:
-            out["path"] = self.path
-        return out
-
-    def to_error(self, base: str | None = None) -> errors.CkptkitError:
-        """Return the exception ``load`` raises for this finding (same code, path and hint)."""
-        cls = CODES[self.code].error_class if self.code in CODES else errors.CkptkitError
-        path = self.path if base is None or self.path is None else f"{base}/{self.path}"
-        return cls(self.message, path=path, code=self.code, hint=self.hint)
-
-
-@dataclass(frozen=True)
-class Code:
-    """A registered finding code: its family, severity, title and default fix."""
-
-    code: str
-    family: Family
-    severity: Severity
-    title: str
-    hint: str
-    component: str = "checkpoint"
-    error_class: type[errors.CkptkitError] = errors.CkptkitError
-
-    def finding(
-        self,
-        message: str,
-        *,
-        component: str | None = None,
-        path: str | None = None,
-        hint: str | None = None,
-        severity: Severity | None = None,
-    ) -> Finding:
-        """Build a finding of this code; ``hint``/``component`` default to the registered ones."""
-        return Finding(
-            code=self.code,
-            severity=severity or self.severity,
-            component=component or self.component,
-            message=message,
-            hint=hint or self.hint,
-            path=path,
-        )
-
-
-CODES: dict[str, Code] = {}
-"""Every registered code, by code string."""
-
-
-def register_code(
-    code: str,
-    *,
-    family: Family,
-    severity: Severity,
-    title: str,
-    hint: str,
-    component: str = "checkpoint",
-    error_class: type[errors.CkptkitError] | None = None,
-) -> Code:
-    """Register a finding code; raise at import time on a duplicate or a wrong family prefix.
-
-    Example:
-        >>> register_code("CK-X999", family="integrity", severity=ERROR, title="t", hint="h")
-        Traceback (most recent call last):
-        ...
-        ValueError: CK-X999: family 'integrity' codes start with ('CK-M', 'CK-F')
-    """
-    if code in CODES:
-        raise ValueError(f"{code}: finding code registered twice (codes are never reused)")
-    prefixes = FAMILY_PREFIXES[family]
-    if not code.startswith(prefixes):
-        raise ValueError(f"{code}: family {family!r} codes start with {prefixes}")
-    spec = Code(
-        code=code,
-        family=family,
-        severity=severity,
-        title=title,
-        hint=hint,
-        component=component,
-        error_class=error_class or _default_error_class(code),
-    )
-    CODES[code] = spec
-    return spec
-
-
-def _default_error_class(code: str) -> type[errors.CkptkitError]:
-    if code.startswith("CK-M"):
-        return errors.ManifestError
-    if code.startswith("CK-F"):
-        return errors.IntegrityError
-    if code.startswith("CK-C"):
-        return errors.IncompleteCheckpointError
-    if code.startswith(("CK-S", "CK-R")):
-        return errors.StateError
-    return errors.CkptkitError
-
 
 CheckFn = Callable[["CheckContext"], Iterable[Finding]]
 
@@ -192,7 +52,9 @@ class Check:
         """Run the check; refuse findings of a code other than its own (a programming error)."""
         for f in self.fn(ctx):
             if f.code != self.code.code:
-                raise AssertionError(f"check {self.fn.__name__} emitted {f.code}, owns {self.code.code}")
+                raise AssertionError(
+                    f"check {self.fn.__name__} emitted {f.code}, owns {self.code.code}"
+                )
             yield f
 
 
@@ -200,40 +62,50 @@ CHECKS: list[Check] = []
 """Every registered check, in registration (and run) order."""
 
 
-def check(
-    code: str,
-    *,
-    family: Family,
-    severity: Severity,
-    title: str,
-    hint: str,
-    component: str = "checkpoint",
-    needs: Iterable[str] = ("manifest",),
-    error_class: type[errors.CkptkitError] | None = None,
-) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as the check owning ``code`` (registered here too).
+def check(code: str, *, needs: Iterable[str] = ("manifest",)) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as the check owning ``code`` (declared in :mod:`ckptkit.codes`).
 
     ``needs`` names what the context must hold for the check to run: ``manifest``
     (a schema-valid manifest was read) is the default; ``()`` runs always.
 
+    Raises:
+        ValueError: at import time, when ``code`` is not declared or already has a check.
+
     Example:
-        >>> @check("CK-F900", family="integrity", severity=ERROR, title="demo", hint="fix")
+        >>> @check("CK-X404")
         ... def _demo(ctx):
         ...     return []
-        >>> CODES.pop("CK-F900") and CHECKS.pop() and None
+        Traceback (most recent call last):
+        ...
+        ValueError: CK-X404: no such finding code; declare it in ckptkit/codes.py first
     """
-    spec = register_code(
-        code,
-        family=family,
-        severity=severity,
-        title=title,
-        hint=hint,
-        component=component,
-        error_class=error_class,
-    )
+    spec = CODES.get(code)
+    if spec is None:
+        raise ValueError(f"{code}: no such finding code; declare it in ckptkit/codes.py first")
+    if any(c.code.code == code for c in CHECKS):
+        raise ValueError(f"{code}: already has a check (one check owns one code)")
 
     def deco(fn: CheckFn) -> CheckFn:
         CHECKS.append(Check(code=spec, fn=fn, needs=frozenset(needs)))
         return fn
 
     return deco
+
+
+__all__ = [
+    "CHECKS",
+    "CODES",
+    "ERROR",
+    "FAMILY_ORDER",
+    "FAMILY_PREFIXES",
+    "INFO",
+    "WARNING",
+    "Check",
+    "CheckFn",
+    "Code",
+    "Family",
+    "Finding",
+    "Severity",
+    "check",
+    "register_code",
+]

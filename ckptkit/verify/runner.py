@@ -5,101 +5,23 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ckptkit import _progress, signing
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError
-from ckptkit.foreign import codes as _foreign_codes  # noqa: F401  (registers CK-F1xx, CK-C1xx)
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.foreign.detect import detect
+from ckptkit.foreign.read import resolve_format
+from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+from ckptkit.verify.report import Report, VerifyResult, empty_components
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
-
-
-@dataclass
-class Report:
-    """Findings for one checkpoint directory."""
-
-    path: Path
-    findings: list[Finding]
-    components: dict[str, mf.Component]
-    manifest: mf.Manifest | None = None
-    strict: bool = False
-    files_checked: int = 0
-    bytes_checked: int = 0
-    seconds: float = 0.0
-    format: str = "ckptkit"
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.ERROR]
-
-    @property
-    def ok(self) -> bool:
-        """No error findings (``strict``: no warnings either)."""
-        bad = {Severity.ERROR, Severity.WARNING} if self.strict else {Severity.ERROR}
-        return not any(f.severity in bad for f in self.findings)
-
-    @property
-    def step(self) -> int | None:
-        return self.manifest.step if self.manifest is not None else None
-
-    def raise_first(self) -> None:
-        """Raise the exception matching the first error finding (what ``load`` would)."""
-        errs = self.errors
-        if errs:
-            raise errs[0].to_error(base=str(self.path))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form (schemas/verify-report.schema.json, ``$defs/report``)."""
-        return {
-            "path": str(self.path),
-            "ok": self.ok,
-            "format": self.format,
-            "step": self.step,
-            "files_checked": self.files_checked,
-            "bytes_checked": self.bytes_checked,
-            "seconds": round(self.seconds, 4),
-            "findings": [f.to_dict() for f in self.findings],
-            "components": {
-                name: {"present": c.present, "required": c.required, "where": list(c.where)}
-                for name, c in self.components.items()
-            },
-        }
-
-
-@dataclass
-class VerifyResult:
-    """What :func:`verify` returns: one report per checkpoint found."""
-
-    path: Path
-    reports: list[Report] = field(default_factory=list)
-    strict: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.reports) and all(r.ok for r in self.reports)
-
-    @property
-    def findings(self) -> list[Finding]:
-        return [f for r in self.reports for f in r.findings]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "path": str(self.path),
-            "strict": self.strict,
-            "reports": [r.to_dict() for r in self.reports],
-        }
-
-
-def _empty_components() -> dict[str, mf.Component]:
-    return {n: mf.Component(name=n, present=False, required=False) for n in mf.COMPONENTS}
 
 
 def verify_one(
@@ -127,6 +49,7 @@ def verify_one(
     """
     root = Path(path)
     t0 = time.perf_counter()
+    existed = os.path.lexists(root)
     m: mf.Manifest | None = manifest
     err: CkptkitError | None = None
     if m is None:
@@ -152,9 +75,16 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
-    comps = _empty_components()
+    gone = existed and not os.path.lexists(root)
+    if gone:
+        # Rotation of a live run deleted it while we read: not damage, and not a finding
+        # about the bytes we saw half of.
+        findings = [
+            CODES["CK-F020"].finding("deleted while it was being checked (a live run rotated it)")
+        ]
+    comps = empty_components()
     if m is not None:
-        comps.update(m.components)
+        comps.update(_proven(m, findings))
     order = {code: i for i, code in enumerate(CODES)}
     findings.sort(key=lambda f: (_SEV_ORDER[f.severity], order.get(f.code, 0)))
     return Report(
@@ -166,7 +96,26 @@ def verify_one(
         files_checked=len(ctx._scans),
         bytes_checked=sum(s.size or 0 for s in ctx._scans.values()),
         seconds=time.perf_counter() - t0,
+        gone=gone,
     )
+
+
+_DAMAGE = frozenset(
+    {"CK-F001", "CK-F002", "CK-F003", "CK-F004", "CK-F005", "CK-F008", "CK-F009", "CK-F022"}
+)
+
+
+def _proven(m: mf.Manifest, findings: list[Finding]) -> dict[str, mf.Component]:
+    """The component table as the bytes prove it: a component whose files are damaged or
+    whose bytes are absent (``CK-C010``) is reported not present, whatever the table says."""
+    damaged = {f.path for f in findings if f.code in _DAMAGE and f.path}
+    unproven = {f.component for f in findings if f.code == "CK-C010"}
+    out: dict[str, mf.Component] = {}
+    for name, c in m.components.items():
+        if c.present and (name in unproven or any(w in damaged for w in c.where)):
+            c = replace(c, present=False)
+        out[name] = c
+    return out
 
 
 _SEV_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
@@ -234,8 +183,6 @@ def verify(
     root = Path(path)
     k = signing.resolve_key(key)
     if not root.exists():
-        from ckptkit.errors import IncompleteCheckpointError
-
         raise IncompleteCheckpointError(
             "no such file or directory", path=root, hint="check the path"
         )
@@ -245,8 +192,6 @@ def verify(
     result = VerifyResult(path=root, strict=strict)
     foreign = _foreign_targets(root, format)
     if foreign is not None:
-        from ckptkit.foreign.report import verify_foreign
-
         result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
         return result
     for ck in find_checkpoints(root):
@@ -262,8 +207,6 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
 
     None means: verify natively (a manifest is there, or nothing foreign was found).
     """
-    from ckptkit.foreign.detect import detect
-
     if fmt is not None:
         return [(root, fmt)]
     if os.path.lexists(root / atomic.MANIFEST_NAME):
@@ -272,8 +215,6 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
     if found is not None:
         return [(root, found)]
     if not root.is_dir():
-        from ckptkit.foreign.report import resolve_format
-
         resolve_format(root, None)  # raises: not a recognised layout
     if find_checkpoints(root) != [root]:
         return None

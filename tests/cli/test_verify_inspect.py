@@ -33,8 +33,10 @@ def test_verify_json_conforms_to_schema(saved_ckpt) -> None:  # type: ignore[no-
     rep = report["reports"][0]
     assert not report["ok"] and rep["findings"][0]["code"] == "CK-F002"
     assert set(rep["components"]) == set(mf.COMPONENTS)
-    assert rep["components"]["model"] == {"present": True, "required": False,
+    # The table reports what the bytes prove: the model's only file is garbage.
+    assert rep["components"]["model"] == {"present": False, "required": False,
                                           "where": ["model.safetensors"]}
+    assert "CK-C010" in [f["code"] for f in rep["findings"]]
     f = rep["findings"][0]
     assert f["path"] == "model.safetensors" and f["hint"] and f["severity"] == "error"
 

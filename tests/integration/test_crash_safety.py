@@ -27,7 +27,8 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.manager import LATEST, STEP_RE, CheckpointManager
+from ckptkit.catalog import LATEST, STEP_RE
+from ckptkit.manager import CheckpointManager
 from ckptkit.storage import atomic
 from ckptkit.verify.runner import verify_one
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from ckptkit import manifest as mf
+from ckptkit.catalog import step_dir_name
 from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
-from ckptkit.manager import step_dir_name
 
 W, N = 15, 15
 """Save after step W, compare steps W+1..W+N."""

@@ -50,7 +50,7 @@ def test_truncated_file(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     err = _load_error(d)
     assert isinstance(err, ckptkit.IntegrityError) and err.code == "CK-F002"
     assert "model.safetensors" in str(err) and "truncated" in str(err) and "Fix:" in str(err)
-    assert _codes(d) == ["CK-F002"]
+    assert _codes(d) == ["CK-F002", "CK-C010"]  # the model's bytes are not proven present
     assert _snapshot(d) == before  # nothing written or deleted
 
 
@@ -74,7 +74,7 @@ def test_missing_file(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     err = _load_error(d)
     assert isinstance(err, ckptkit.IncompleteCheckpointError) and isinstance(err, FileNotFoundError)
     assert err.code == "CK-F001" and "model.safetensors" in str(err)
-    assert _codes(d) == ["CK-F001"]
+    assert _codes(d) == ["CK-F001", "CK-C010"]
 
 
 def test_extra_file_is_a_warning(saved_ckpt) -> None:  # type: ignore[no-untyped-def]

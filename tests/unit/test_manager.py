@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.manager import LATEST, CheckpointManager, step_dir_name
-from ckptkit.storage import atomic, checkpoint
+from ckptkit import manager as manager_mod
+from ckptkit.catalog import LATEST, step_dir_name
+from ckptkit.manager import CheckpointManager
+from ckptkit.storage import atomic
 
 
 def _state(step: int = 0) -> ckptkit.TrainState:
@@ -25,6 +27,7 @@ def _save_steps(mgr: CheckpointManager, steps: list[int], **pins: str) -> ckptki
     for s in steps:
         ts.step = s
         mgr.save(ts, pin=pins.get(f"s{s}"))
+    mgr.wait()  # the last save's read-back verify and rotation run in the background
     return ts
 
 
@@ -89,17 +92,19 @@ def test_budget_smaller_than_one_checkpoint_keeps_newest(tmp_path: Path) -> None
 def test_failed_verify_deletes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = CheckpointManager(tmp_path, keep_last=1)
     ts = _save_steps(mgr, [10])
-    real = checkpoint.write_checkpoint
+    real = manager_mod.commit
 
-    def write_then_rot(*a, **kw):  # type: ignore[no-untyped-def]
-        man = real(*a, **kw)
-        _flip(Path(a[1]) / "model.safetensors")
+    def commit_then_rot(final, *a, **kw):  # type: ignore[no-untyped-def]
+        man = real(final, *a, **kw)
+        _flip(Path(final) / "model.safetensors")
         return man
 
-    monkeypatch.setattr(checkpoint, "write_checkpoint", write_then_rot)
+    monkeypatch.setattr(manager_mod, "commit", commit_then_rot)
     ts.step = 20
-    with pytest.raises(ckptkit.IntegrityError, match="digest mismatch"):
-        mgr.save(ts)
+    mgr.save(ts)  # committed; the read-back verify runs in the background
+    with pytest.raises(ckptkit.CommittedError, match="read-back verify failed: CK-F003") as ei:
+        mgr.wait()
+    assert ei.value.committed == tmp_path / step_dir_name(20) and ei.value.code == "CK-F003"
     monkeypatch.undo()
     status = {c.step: c.status for c in mgr.list()}
     assert status == {10: "verified", 20: "corrupt"}  # 10 kept although keep_last=1
@@ -168,7 +173,7 @@ def test_async_reuses_one_staging_copy(tmp_path: Path) -> None:
     for s in (1, 2, 3):
         ts.step = s
         mgr.save(ts, async_=True)
-        ptrs.append(sorted(t.data_ptr() for t in mgr._staging.values()))
+        ptrs.append(sorted(t.data_ptr() for t in mgr._stager._bufs.values()))
     mgr.wait()
     assert ptrs[0] == ptrs[1] == ptrs[2]
     assert _steps(mgr) == [2, 3]
@@ -183,7 +188,7 @@ def test_async_error_surfaces_at_next_call(tmp_path: Path, monkeypatch: pytest.M
     def boom(*a, **kw):  # type: ignore[no-untyped-def]
         raise RuntimeError("injected background failure")
 
-    monkeypatch.setattr(checkpoint, "write_checkpoint", boom)
+    monkeypatch.setattr(manager_mod, "commit", boom)
     ts.step = 2
     mgr.save(ts, async_=True)
     with pytest.raises(RuntimeError, match="injected background failure"):
@@ -254,16 +259,21 @@ def test_readonly_creates_and_cleans_nothing(tmp_path: Path) -> None:
     assert ro.restore(_state()) is not None
 
 
-def test_changed_files_need_reverify(tmp_path: Path) -> None:
+def test_status_follows_bytes_not_mtimes(tmp_path: Path) -> None:
     mgr = CheckpointManager(tmp_path)
     _save_steps(mgr, [1])
     f = tmp_path / step_dir_name(1) / "model.safetensors"
+    # A copy (cp -r) changes modification times, not content: still verified.
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     (info,) = mgr.list()
-    assert info.status == "committed" and "changed since" in (info.problem or "")
+    assert info.status == "verified" and info.verified_at is not None
+    # A resized file is no longer vouched for until verified again.
+    with open(f, "ab") as fh:
+        fh.write(b"x")
+    (info,) = mgr.list()
+    assert info.status == "committed" and "resized" in (info.problem or "")
     (info,) = mgr.list(verify=True)
-    assert info.status == "verified"
-    assert mgr.list()[0].status == "verified"
+    assert info.status == "corrupt" and "CK-F002" in (info.problem or "")
     mgr.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from ckptkit.rotation import (
     KeepLast,
     Pinned,
     RetentionPlan,
+    choose_rollback,
     plan,
 )
 
@@ -269,3 +272,56 @@ def test_prop_corrupt_deleted_only_when_asked(cks: list[CkptInfo], args: dict) -
     for d in p.decisions:
         if d.ckpt.corrupt and not d.ckpt.pinned:
             assert d.keep is not args["delete_corrupt"]
+
+
+# --- rollback selection ------------------------------------------------------------------------
+
+
+def _info(tmp: Path, step: int, status: str, health: str | None, signals: dict | None = None):  # type: ignore[no-untyped-def]
+    from ckptkit.catalog import CheckpointInfo
+
+    rec = None if health is None else {"level": health, "signals": signals or {}}
+    return CheckpointInfo(
+        step, tmp / f"step-{step:08d}", status, 1, 0.0, health=health, health_record=rec  # type: ignore[arg-type]
+    )
+
+
+def test_choose_rollback_skips_unhealthy_and_corrupt(tmp_path: Path) -> None:
+    grad = {"grad_norm.zscore": {"detail": "z 7.1 over 5 of 8 steps"}}
+    pick = choose_rollback(
+        [
+            _info(tmp_path, 1, "verified", "ok"),
+            _info(tmp_path, 2, "verified", "ok"),
+            _info(tmp_path, 3, "corrupt", "ok"),
+            _info(tmp_path, 4, "verified", "warn", grad),
+            _info(tmp_path, 5, "verified", "critical", {"loss.nonfinite": {"detail": "nan"}}),
+        ]
+    )
+    assert pick.checkpoint is not None and pick.checkpoint.step == 2 and pick.health_data
+    assert [r.split(":")[0] for r in pick.reasons] == [
+        "step-00000005",
+        "step-00000004",
+        "step-00000003",
+        "step-00000002",
+    ]
+    assert "picked" in pick.reasons[-1]
+    # Hints only for what fired: grad norm and the non-finite loss, not the std-shift one.
+    assert any("clipping" in h for h in pick.hints)
+    assert any("anomaly detection" in h for h in pick.hints)
+    assert not any("noise level rose" in h for h in pick.hints)
+
+
+def test_choose_rollback_without_any_health_data(tmp_path: Path) -> None:
+    # Saved without a StabilityWatch: nothing to judge health by. The newest verified
+    # checkpoint is picked, the choice says so, and no hint is invented.
+    pick = choose_rollback(
+        [
+            _info(tmp_path, 1, "verified", None),
+            _info(tmp_path, 2, "verified", None),
+            _info(tmp_path, 3, "corrupt", None),
+        ]
+    )
+    assert pick.checkpoint is not None and pick.checkpoint.step == 2
+    assert not pick.health_data and pick.hints == []
+    assert "no checkpoint of this run has health data" in pick.reasons[-1]
+    assert pick.reasons[0].startswith("step-00000003: skipped, corrupt")

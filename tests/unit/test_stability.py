@@ -14,7 +14,6 @@ from ckptkit.stability import (
     SignalSpec,
     StabilityWatch,
     Verdict,
-    choose_healthy,
     worse,
 )
 
@@ -241,40 +240,6 @@ def test_emergency_policy_first_warn_and_rate_limit() -> None:
     crit_only = EmergencyPolicy(on="critical")
     assert not crit_only.should_save(Verdict("warn", [], 1))
     assert crit_only.should_save(Verdict("critical", [], 2))
-
-
-def test_choose_healthy_skips_unhealthy_and_corrupt(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ckptkit.manager import CheckpointInfo
-
-    def info(step: int, status: str, health: str | None) -> CheckpointInfo:
-        return CheckpointInfo(
-            step,
-            tmp_path / f"step-{step:08d}",
-            status,
-            1,
-            0.0,  # type: ignore[arg-type]
-            health=health,
-        )
-
-    pick = choose_healthy(
-        [
-            info(1, "verified", "ok"),
-            info(2, "verified", "ok"),
-            info(3, "corrupt", "ok"),
-            info(4, "verified", "warn"),
-            info(5, "verified", "critical"),
-        ]
-    )
-    assert pick.checkpoint is not None and pick.checkpoint.step == 2
-    assert [r.split(":")[0] for r in pick.reasons] == [
-        "step-00000005",
-        "step-00000004",
-        "step-00000003",
-        "step-00000002",
-    ]
-    assert "picked" in pick.reasons[-1]
-    assert any("lower the LR" in h for h in pick.hints)
-    assert any("batch window" in h for h in pick.hints)
 
 
 def test_worse_and_bad_args() -> None:

@@ -28,7 +28,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.storage import tree as tree_mod
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, WARNING, Finding, check
+from ckptkit.verify.findings import CODES, Finding, check
 
 # --- CK-R001 environment ---------------------------------------------------------------------
 
@@ -51,15 +51,7 @@ def _current_env(ctx: CheckContext) -> Mapping[str, Any]:
     return env_capture.capture()
 
 
-@check(
-    "CK-R001",
-    family="compat",
-    severity=WARNING,
-    title="software environment changed",
-    component="env",
-    hint="resume with the versions of the save for an exact continuation; otherwise expect "
-    "the drift the message names and watch the first steps after resume",
-)
+@check("CK-R001")
 def env_changed(ctx: CheckContext) -> Iterator[Finding]:
     saved = st.manifest(ctx).env
     if not isinstance(saved, Mapping) or not saved:
@@ -132,16 +124,7 @@ def _current_parallel(ctx: CheckContext) -> tuple[dict[str, Any], bool]:
     return {"world_size": int(env_ws) if env_ws.isdigit() else 1}, False
 
 
-@check(
-    "CK-R002",
-    family="compat",
-    severity=WARNING,
-    title="parallel layout changed",
-    component="parallel",
-    hint="launch with the saved layout for an exact resume; a deliberate change needs "
-    "resharded model/optimizer state and a sampler that can re-split the epoch "
-    "(ckptkit.sampler.ResumableSampler)",
-)
+@check("CK-R002")
 def layout_changed(ctx: CheckContext) -> Iterator[Finding]:
     saved = st.summary(ctx, "parallel") or st.mapping(st.tree_part(ctx, "parallel"))
     if not saved:
@@ -191,15 +174,7 @@ def _data_effect(key: str) -> str:
     return _DATA_DEFAULT
 
 
-@check(
-    "CK-R003",
-    family="compat",
-    severity=WARNING,
-    title="data identity changed",
-    component="data",
-    hint="resume on the saved data snapshot and tokenizer; if the change is deliberate, "
-    "expect a step in the loss curve and treat the resume as a new run segment",
-)
+@check("CK-R003")
 def data_changed(ctx: CheckContext) -> Iterator[Finding]:
     cur = ctx.options.get("current_data")
     if not isinstance(cur, Mapping) or not cur:

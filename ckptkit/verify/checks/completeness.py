@@ -7,27 +7,24 @@ passed: a scaler makes the scaler required, a world size W means W RNG states); 
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
+from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit.storage import dcp
+from ckptkit.storage import tree as tree_mod
+from ckptkit.storage.dcp import DCP_DIR, METADATA
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, ERROR, WARNING, Finding, check
-
-ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
+from ckptkit.verify.findings import CODES, WARNING, Finding, check
 
 # Components whose state lives in the tree under their own name in a TrainState save.
 _IN_TREE = tuple(n for n in mf.COMPONENTS if n not in ("env",))
 
 
-@check(
-    "CK-C001",
-    family="completeness",
-    severity=ERROR,
-    title="required component missing",
-    hint="the run uses this state but the checkpoint lacks it, so a resume would start it "
-    "fresh; pass it to TrainState (e.g. scaler=, scheduler=) and save again, or " + ROLLBACK,
-)
+@check("CK-C001")
 def required_missing(ctx: CheckContext) -> Iterator[Finding]:
     m = st.manifest(ctx)
     tree = st.mapping(m.tree)
@@ -54,16 +51,7 @@ def required_missing(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check(
-    "CK-C002",
-    family="completeness",
-    severity=WARNING,
-    title="training state without a sampler cursor",
-    component="sampler",
-    hint="the data order restarts at the beginning of the epoch on resume (samples are "
-    "replayed) unless the loader is stateless; pass sampler= a ckptkit.sampler."
-    "ResumableSampler or a torchdata StatefulDataLoader",
-)
+@check("CK-C002")
 def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
     opt = st.component(ctx, "optimizer")
     if opt is None or opt.required is not True or opt.present is not True:
@@ -78,16 +66,7 @@ def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-@check(
-    "CK-C003",
-    family="completeness",
-    severity=ERROR,
-    title="RNG states do not match the recorded world size",
-    component="rng",
-    hint="every rank must save its own RNG state; a resume on the missing ranks starts "
-    "fresh streams (different dropout and augmentation), so the curve drifts; save from "
-    "every rank (spec §7), or " + ROLLBACK,
-)
+@check("CK-C003")
 def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     if not st.present(ctx, "rng"):
         return
@@ -136,3 +115,144 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
 def _few(xs: list[int], n: int = 8) -> str:
     head = ", ".join(str(x) for x in xs[:n])
     return head + (f" … (+{len(xs) - n})" if len(xs) > n else "")
+
+
+# --- components proven from bytes -----------------------------------------------------------
+
+_FILE_DAMAGE = frozenset(
+    {"CK-F001", "CK-F002", "CK-F003", "CK-F004", "CK-F005", "CK-F008", "CK-F009", "CK-F022"}
+)
+"""Integrity codes that mean a file does not hold what the manifest says."""
+
+
+def _file_problem(ctx: CheckContext, rel: str) -> str | None:
+    """Why the listed file ``rel`` does not prove anything (None when it is whole).
+
+    With ``options["read_files"] = False`` (restore, whose reader checks every digest as it
+    reads) only the listing, the file's kind and its size are checked here.
+    """
+    if ctx.options.get("read_files", True) is False:
+        return _file_stat_problem(ctx, rel)
+    scan = ctx.scan_all().get(rel)
+    if scan is None:
+        return "is not listed in the manifest"
+    if not scan.exists:
+        return "is missing"
+    if scan.outside:
+        return "resolves outside the checkpoint"
+    if scan.io_error is not None:
+        return f"cannot be read ({scan.io_error})"
+    if scan.size != scan.entry.size:
+        return f"has the wrong size ({scan.size} of {scan.entry.size} bytes)"
+    if scan.digest != scan.entry.xxh3_128:
+        return "fails its digest"
+    if scan.header_error is not None:
+        return f"has a bad header ({scan.header_error})"
+    return None
+
+
+def _file_stat_problem(ctx: CheckContext, rel: str) -> str | None:
+    m = st.manifest(ctx)
+    fe = m.file(rel)
+    if fe is None:
+        return "is not listed in the manifest"
+    try:
+        info = os.lstat(ctx.root / rel)
+    except OSError:
+        return "is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if info.st_size != fe.size:
+        return f"has the wrong size ({info.st_size} of {fe.size} bytes)"
+    return None
+
+
+def _tree_at(tree: Any, parts: list[str]) -> tuple[bool, Any]:
+    node = tree
+    for p in parts:
+        m = st.mapping(node)
+        if p not in m:
+            return False, None
+        node = m[p]
+    return True, node
+
+
+@check("CK-C010")
+def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
+    """Every component the table calls present is held by whole files or existing keys."""
+    m = st.manifest(ctx)
+    tensor_file = {te.key: te.file for te in m.tensors}
+    dcp_meta = f"{DCP_DIR}/{METADATA}"
+    for name, c in m.components.items():
+        if c.present is not True:
+            continue
+        where = [w for w in c.where if isinstance(w, str)]
+        if not where:
+            yield CODES["CK-C010"].finding(
+                f"{name} is marked present but the table names no file or key holding it",
+                component=name,
+            )
+            continue
+        for w in where:
+            if w == "manifest:env":
+                if not m.env:
+                    yield CODES["CK-C010"].finding(
+                        f"{name} lives in the manifest's env record, which is empty",
+                        component=name,
+                    )
+                continue
+            if w.startswith("manifest:tree/"):
+                found, node = _tree_at(m.tree, w.removeprefix("manifest:tree/").split("/"))
+                if not found:
+                    yield CODES["CK-C010"].finding(
+                        f"{name} is marked present at '{w}', but the state tree has no such key",
+                        component=name,
+                    )
+                    continue
+                for _path, key in st_tree_refs(node):
+                    rel = tensor_file.get(key)
+                    why = (
+                        "is not listed among the manifest's tensors" if rel is None
+                        else _file_problem(ctx, rel)
+                    )
+                    if why is not None:
+                        yield CODES["CK-C010"].finding(
+                            f"{name}: tensor '{key}' "
+                            + (why if rel is None else f"lives in {rel}, which {why}"),
+                            component=name,
+                            path=rel,
+                        )
+                        break
+                continue
+            why = _file_problem(ctx, w)
+            if why is not None:
+                yield CODES["CK-C010"].finding(
+                    f"{name} is held by {w}, which {why}", component=name, path=w
+                )
+            elif w.startswith(f"{DCP_DIR}/") and w != dcp_meta and not _dcp_has(ctx, name):
+                yield CODES["CK-C010"].finding(
+                    f"{name} is marked as stored with DCP, but {dcp_meta} holds no '{name}.' "
+                    "items (or cannot be read)",
+                    component=name,
+                    path=dcp_meta,
+                )
+                break
+
+
+def st_tree_refs(node: Any) -> list[tuple[tuple[str, ...], str]]:
+    """Tensor references inside a subtree of the state tree (tolerating damaged JSON)."""
+    try:
+        return list(tree_mod.iter_tensor_refs(node))
+    except (TypeError, ValueError, KeyError, RecursionError):
+        return []
+
+
+def _dcp_has(ctx: CheckContext, component: str) -> bool:
+    """Whether the (digest-checked) DCP metadata lists items of ``component``."""
+    m = st.manifest(ctx)
+    try:
+        md = dcp.read_metadata(ctx.root, m)
+        keys = dict(getattr(md, "state_dict_metadata", None) or {})
+    except Exception:  # damaged/hostile metadata: integrity findings say why
+        return False
+    return any(isinstance(k, str) and k.startswith(component + ".") for k in keys)

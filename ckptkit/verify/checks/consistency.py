@@ -12,11 +12,10 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ckptkit.codes import ROLLBACK
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, ERROR, INFO, WARNING, Finding, check
-
-ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
+from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
 
 STATEFUL_OPTIMIZERS = frozenset(
     {
@@ -83,15 +82,7 @@ def _stateful(ctx: CheckContext, kind: Any) -> bool:
 # --- optimizer -------------------------------------------------------------------------------
 
 
-@check(
-    "CK-S001",
-    family="consistency",
-    severity=ERROR,
-    title="optimizer moments missing",
-    component="optimizer",
-    hint="a resume would restart these parameters' moments from zero (a loss spike and a "
-    "different trajectory); save the optimizer after it has stepped, or " + ROLLBACK,
-)
+@check("CK-S001")
 def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
     view = _optimizer_view(ctx)
     if view is None:
@@ -124,15 +115,7 @@ def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
 _FACTORED = ("row", "col", "factored")
 
 
-@check(
-    "CK-S002",
-    family="consistency",
-    severity=ERROR,
-    title="optimizer state shape differs from its parameter",
-    component="optimizer",
-    hint="the optimizer state belongs to another model configuration or is corrupt; "
-    "resuming would fail in load_state_dict or apply wrong moments; " + ROLLBACK,
-)
+@check("CK-S002")
 def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
     view = _optimizer_view(ctx)
     if view is None:
@@ -177,16 +160,7 @@ def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
 # --- counters --------------------------------------------------------------------------------
 
 
-@check(
-    "CK-S003",
-    family="consistency",
-    severity=WARNING,
-    title="optimizer step and global step disagree",
-    component="optimizer",
-    hint="one of them came back from another checkpoint or was not saved with the rest: "
-    "Adam's bias correction, the LR schedule and the data position then disagree on "
-    "resume; make sure progress (step=) and the optimizer are captured together",
-)
+@check("CK-S003")
 def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     osumm = st.summary(ctx, "optimizer")
     prog = st.summary(ctx, "progress")
@@ -212,16 +186,7 @@ def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
 _PER_STEP_EXEMPT = ("ReduceLROnPlateau", "ChainedScheduler")
 
 
-@check(
-    "CK-S004",
-    family="consistency",
-    severity=WARNING,
-    title="scheduler position and global step disagree",
-    component="scheduler",
-    hint="the learning rate after resume follows another point of the schedule (warmup "
-    "again, or a jump ahead); save the scheduler and progress together, and step the "
-    "scheduler once per optimizer step (or per epoch)",
-)
+@check("CK-S004")
 def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     ssumm = st.summary(ctx, "scheduler")
     prog = st.summary(ctx, "progress")
@@ -247,16 +212,7 @@ def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-@check(
-    "CK-S005",
-    family="consistency",
-    severity=WARNING,
-    title="sampler position and global step × global batch disagree",
-    component="sampler",
-    hint="on resume the data cursor replays samples already trained on (behind) or skips "
-    "unseen ones (ahead); capture the sampler and progress in the same save, and count "
-    "consumed samples per optimizer step. Runs with a batch-size ramp-up can ignore this",
-)
+@check("CK-S005")
 def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     gbs = st.integer(st.summary(ctx, "parallel").get("global_batch_size"))
     prog = st.summary(ctx, "progress")
@@ -298,17 +254,7 @@ def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
 # --- per-rank and layout ---------------------------------------------------------------------
 
 
-@check(
-    "CK-S006",
-    family="consistency",
-    severity=WARNING,
-    title="identical RNG states on several ranks",
-    component="rng",
-    hint="ranks that should draw different dropout masks and augmentations resume on the "
-    "same stream; seed each data-parallel rank differently (seed + rank), and make sure "
-    "each rank saves its own state rather than a copy of rank 0's. Ignore if every rank "
-    "is seeded identically on purpose",
-)
+@check("CK-S006")
 def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
     prints = st.mapping(st.summary(ctx, "rng").get("fingerprints"))
     by_print: dict[str, list[str]] = {}
@@ -322,16 +268,7 @@ def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check(
-    "CK-S007",
-    family="consistency",
-    severity=ERROR,
-    title="parallel layout inconsistent",
-    component="parallel",
-    hint="the recorded degrees do not describe a valid layout (dp×tp×pp×cp must equal the "
-    "world size), so shards and RNG streams cannot be mapped back to ranks on resume; "
-    "pass the real ParallelConfig to TrainState(parallel=...)",
-)
+@check("CK-S007")
 def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "parallel")
     problems = summ.get("problems")
@@ -346,15 +283,7 @@ def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
 # --- scaling state ---------------------------------------------------------------------------
 
 
-@check(
-    "CK-S008",
-    family="consistency",
-    severity=ERROR,
-    title="loss scale unusable",
-    component="scaler",
-    hint="a resumed fp16 run with this scale skips every step (non-finite or zero scale) or "
-    "underflows gradients to zero; " + ROLLBACK + ", or restore with a fresh GradScaler",
-)
+@check("CK-S008")
 def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "scaler")
     if summ.get("enabled") is not True:
@@ -379,15 +308,7 @@ def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check(
-    "CK-S009",
-    family="consistency",
-    severity=ERROR,
-    title="FP8 scaling state unusable",
-    component="fp8",
-    hint="FP8 casts with a non-finite or zero scale turn activations into NaN or zero after "
-    "resume; " + ROLLBACK,
-)
+@check("CK-S009")
 def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "fp8")
     if not summ:
@@ -418,16 +339,7 @@ def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
 # --- tensor values ---------------------------------------------------------------------------
 
 
-@check(
-    "CK-S010",
-    family="consistency",
-    severity=ERROR,
-    title="NaN/Inf in model tensors",
-    component="model",
-    hint="the model diverged before this save; resuming continues from NaN weights. "
-    + ROLLBACK
-    + " (an earlier one: check the loss curve for the first spike)",
-)
+@check("CK-S010")
 def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
     found = st.nonfinite(ctx)["model"]
     if not found:
@@ -455,16 +367,7 @@ def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check(
-    "CK-S011",
-    family="consistency",
-    severity=ERROR,
-    title="NaN/Inf in optimizer tensors",
-    component="optimizer",
-    hint="the next optimizer step after resume writes NaN into the weights; "
-    + ROLLBACK
-    + " (an earlier one), or restart the optimizer state",
-)
+@check("CK-S011")
 def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
     found = st.nonfinite(ctx)["optimizer"]
     if found:

@@ -54,12 +54,24 @@ def param_hash(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def opt_hash(opt: torch.optim.Optimizer) -> str:
+    """Digest of this rank's optimizer state (local shards for FSDP)."""
+    h = xxhash.xxh3_64()
+    for i, st in sorted(opt.state_dict()["state"].items()):
+        for k, v in sorted(st.items()):
+            t = v.to_local() if hasattr(v, "to_local") else v
+            h.update(f"{i}/{k}".encode())
+            h.update(t.detach().contiguous().numpy().tobytes() if torch.is_tensor(t) else repr(t).encode())
+    return h.hexdigest()
+
+
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
     rank, world = int(spec["rank"]), int(spec["world"])
     out = Path(spec["out"])
     torch.set_num_threads(1)
-    if world > 1:
+    use_pg = world > 1 or bool(spec.get("pg"))
+    if use_pg:
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{spec['port']}",
@@ -73,7 +85,7 @@ def main() -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    fsdp = bool(spec.get("fsdp")) and world > 1
+    fsdp = bool(spec.get("fsdp")) and use_pg
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -112,8 +124,9 @@ def main() -> None:
     scenario = spec["scenario"]
     if scenario == "save":
         result["before"] = train(3)
-        mgr.save(ts)
+        mgr.save(ts, async_=bool(spec.get("async")))
         result["hash_at_save"] = param_hash(model)
+        result["opt_at_save"] = opt_hash(opt)
         result["after"] = train(2)
         result["hash_after"] = param_hash(model)
         result["rand_after"] = torch.rand(3).tolist()
@@ -124,6 +137,7 @@ def main() -> None:
         result["notes"] = res.notes
         result["restored"] = list(res.restored)
         result["hash_at_restore"] = param_hash(model)
+        result["opt_at_restore"] = opt_hash(opt)
         result["after"] = train(2)
         result["hash_after"] = param_hash(model)
         result["rand_after"] = torch.rand(3).tolist()
@@ -159,8 +173,11 @@ def main() -> None:
         except Exception as e:
             result["raised"] = f"{type(e).__name__}: {e}"
         result["steps"] = [(c.step, c.status) for c in mgr.list()]
+    if scenario in ("save", "restore"):
+        mgr.close()  # joins an async save and the background verify
+        result["listed"] = [(c.step, c.status) for c in mgr.list()]
     (out / f"result-{rank}.json").write_text(json.dumps(result))
-    if world > 1 and scenario != "kill":  # a killed peer leaves nothing to meet
+    if use_pg and scenario != "kill":  # a killed peer leaves nothing to meet
         dist.barrier()
         dist.destroy_process_group()
 

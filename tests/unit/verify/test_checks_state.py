@@ -19,9 +19,8 @@ import torch
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.capture.parallel import ParallelConfig
-from ckptkit.capture.state import grouper
+from ckptkit.commit import save_state
 from ckptkit.sampler import ResumableSampler
-from ckptkit.storage import checkpoint
 from ckptkit.verify.findings import Finding, Severity
 from ckptkit.verify.runner import verify_one
 
@@ -100,16 +99,7 @@ def build(
 
 def write(ts: ckptkit.TrainState, path: Path) -> Path:
     """Write a TrainState without the manager's verify-after-save (which refuses errors)."""
-    tree, comps = ts.capture()
-    checkpoint.write_checkpoint(
-        tree,
-        path,
-        grouper=grouper,
-        step=ts.step,
-        fsync=False,
-        progress=False,
-        components=lambda enc, plan: checkpoint.fill_where(comps, enc, plan),
-    )
+    save_state(ts, path, fsync=False)
     return path
 
 
@@ -388,7 +378,9 @@ def test_damaged_file_skips_value_scan(tmp_path: Path) -> None:
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 0xFF
     f.write_bytes(bytes(raw))
-    assert codes(d) == ["CK-F003"]  # integrity says it; the NaN scan stays quiet
+    # Integrity says it, the component table names the consequence (the model is no longer
+    # proven by its bytes), and the NaN scan stays quiet.
+    assert codes(d) == ["CK-F003", "CK-C010"]
 
 
 # --- compat ----------------------------------------------------------------------------------
@@ -432,7 +424,7 @@ def test_nan_found_in_aligned_and_misaligned_tensors_in_one_read(tmp_path) -> No
     from ckptkit.storage import digest
 
     calls = []
-    real = digest.hash_open
+    real = digest.hash_fd
 
     def spy(*a, **k):  # type: ignore[no-untyped-def]
         calls.append(a[0])
@@ -444,11 +436,11 @@ def test_nan_found_in_aligned_and_misaligned_tensors_in_one_read(tmp_path) -> No
     odd[0] = float("inf")
     state = {"model": {"a_mask": torch.tensor([True, False, True]), "b": bad, "c": odd}}
     ckptkit.save(state, tmp_path / "c")
-    digest.hash_open = spy
+    digest.hash_fd = spy
     try:
         res = ckptkit.verify(tmp_path / "c")
     finally:
-        digest.hash_open = real
+        digest.hash_fd = real
     msgs = " ".join(f.message for f in res.findings if f.code == "CK-S010")
     assert "model/b" in msgs and "model/c" in msgs
     assert len(calls) == 1  # the file was hashed (and scanned) once

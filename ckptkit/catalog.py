@@ -1,0 +1,422 @@
+"""The run catalog: which checkpoints a run directory holds, and what is known of each.
+
+A run directory holds ``step-NNNNNNNN/`` checkpoint directories, the ``latest`` pointer,
+the run index (``.ckptkit-index.json``: the outcome of every verify, and pins added after
+a save) and the run lock. The catalog reads them and, for a caller that holds the run
+lock, records verify outcomes, pins and the ``latest`` pointer. It never decides what to
+keep (:mod:`ckptkit.rotation`) and never writes a checkpoint (:mod:`ckptkit.commit`).
+
+What exists is decided by the commit marker, as in torchtitan's ``_find_load_step``: a
+step directory with a valid ``manifest.json`` is a checkpoint; one without is an
+interrupted save (``incomplete``) and is never loaded; temporary directories of an
+unfinished save or delete are leftovers, not checkpoints.
+
+A checkpoint's status:
+
+``verified``
+    verify passed for this exact manifest (its digest is recorded in the index) and every
+    file it lists is there at its recorded size. File modification times do not count: a
+    ``cp -r`` of a run keeps its checkpoints verified. Bit rot that keeps sizes is found
+    by the re-verify that precedes every deletion and by ``ls --verify``.
+``committed``
+    a valid manifest, not verified yet (or files missing or resized since).
+``corrupt``
+    verify failed (at save, restore or ``ls --verify``) or the manifest is invalid.
+``incomplete``
+    a step directory without a manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ckptkit import manifest as mf
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.storage import atomic
+
+log = logging.getLogger("ckptkit")
+
+STEP_RE = re.compile(r"^step-(\d+)$")
+"""Name of a checkpoint directory in a run directory."""
+LATEST = "latest"
+"""The pointer file: the name of the newest verified checkpoint, one line."""
+INDEX = ".ckptkit-index.json"
+"""Run-level record of verify outcomes (and pins added after a save); written under the lock."""
+
+Status = Literal["verified", "committed", "corrupt", "incomplete"]
+
+
+def step_dir_name(step: int) -> str:
+    """Directory name of a step.
+
+    Example:
+        >>> step_dir_name(1000)
+        'step-00001000'
+    """
+    return f"step-{step:08d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint directory name, or None when it is not one.
+
+    Example:
+        >>> step_of("step-00000042"), step_of("step-00000042.ckptkit-tmp.ab12cd34")
+        (42, None)
+    """
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint of a run directory, as ``ckptkit ls`` shows it."""
+
+    step: int
+    path: Path
+    status: Status
+    size: int
+    """Bytes on disk (every file of the directory)."""
+    time: float
+    """Modification time of the directory (informational; never used for ordering)."""
+    pins: tuple[str, ...] = ()
+    health: str | None = None
+    """Training health recorded at save: ``ok``, ``warn``, ``critical`` or None (no watch)."""
+    problem: str | None = None
+    """Why it is corrupt, incomplete, or no longer counted as verified."""
+    verified_at: float | None = None
+    """When verify last read every byte of it (Unix seconds), None when never."""
+    health_record: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    """The manifest's whole ``health`` record (signals, first warning step)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used by ``ckptkit ls --json``."""
+        return {
+            "step": self.step,
+            "path": str(self.path),
+            "status": self.status,
+            "size": self.size,
+            "time": self.time,
+            "pins": list(self.pins),
+            "health": self.health,
+            "problem": self.problem,
+            "verified_at": self.verified_at,
+        }
+
+
+class Catalog:
+    """Read (and, under the run lock, record) the checkpoints of one run directory.
+
+    Args:
+        root: the run directory.
+
+    Example:
+        >>> import tempfile
+        >>> Catalog(tempfile.mkdtemp()).list()
+        []
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._manifests: dict[str, tuple[tuple[int, int, int], mf.Manifest, str]] = {}
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def manifest(self, ckpt: Path) -> tuple[mf.Manifest, str]:
+        """Read and validate a checkpoint's manifest once per version of the file.
+
+        Returns ``(manifest, manifest digest)``. A save lists the run several times; the
+        cache (keyed by the manifest file's inode, size and mtime) keeps that to one
+        validation per manifest version.
+
+        Raises:
+            IncompleteCheckpointError: no manifest (``CK-M001``).
+            ManifestError: the manifest is invalid (its ``CK-M`` code).
+        """
+        p = ckpt / atomic.MANIFEST_NAME
+        try:
+            st = p.lstat()
+        except OSError:
+            return mf.read(ckpt), ""  # raises the right CK-M001/M00x error
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = self._manifests.get(str(ckpt))
+        if hit is not None and hit[0] == key:
+            return hit[1], hit[2]
+        man = mf.read(ckpt)
+        digest = man.to_dict()["manifest_digest"]
+        self._manifests[str(ckpt)] = (key, man, digest)
+        return man, digest
+
+    def index(self) -> dict[str, Any]:
+        """The run index (``{}`` when absent or unreadable: it is advisory)."""
+        try:
+            data = json.loads((self.root / INDEX).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint directory of the run, oldest first, with its status.
+
+        Cheap: reads manifests (cached) and stats files, never file contents. A
+        checkpoint deleted while it is listed (a live run rotating) is left out.
+        """
+        if not self.root.is_dir():
+            return []
+        index = self.index()
+        records = index.get("verified") if isinstance(index.get("verified"), dict) else {}
+        extra_pins = index.get("pins") if isinstance(index.get("pins"), dict) else {}
+        out: list[CheckpointInfo] = []
+        for p in self.root.iterdir():
+            step = step_of(p.name)
+            if step is None:
+                continue
+            try:
+                info = self._info(p, step, records.get(p.name), extra_pins.get(p.name))
+            except FileNotFoundError:
+                if p.exists():
+                    raise
+                continue  # deleted while we looked (rotation of a live run)
+            if info is not None:
+                out.append(info)
+        return sorted(out, key=lambda c: c.step)
+
+    def _info(self, p: Path, step: int, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
+        if p.is_symlink() or not p.is_dir():
+            return None
+        size = _tree_size(p)
+        mtime = p.stat().st_mtime
+        try:
+            man, digest = self.manifest(p)
+        except IncompleteCheckpointError as e:
+            if not p.exists():
+                raise FileNotFoundError(p) from e
+            return CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what)
+        except CkptkitError as e:
+            return CheckpointInfo(step, p, "corrupt", size, mtime, problem=f"{e.code}: {e.what}")
+        status: Status = "committed"
+        problem: str | None = None
+        verified_at: float | None = None
+        if isinstance(rec, dict) and rec.get("digest") == digest:
+            verified_at = rec.get("at") if isinstance(rec.get("at"), (int, float)) else None
+            changed = _changed_files(p, man)
+            if not rec.get("ok"):
+                status, problem = "corrupt", rec.get("problem")
+            elif changed:
+                problem = (
+                    f"files missing or resized since it was verified ({', '.join(changed[:3])}); "
+                    "'ckptkit ls --verify' checks them again"
+                )
+            else:
+                status = "verified"
+        pins = set(man.pins)
+        if isinstance(pins_extra, list):
+            pins |= {x for x in pins_extra if isinstance(x, str)}
+        health = man.health.get("level") if isinstance(man.health, Mapping) else None
+        return CheckpointInfo(
+            step,
+            p,
+            status,
+            size,
+            mtime,
+            tuple(sorted(pins)),
+            health if isinstance(health, str) else None,
+            problem,
+            verified_at,
+            dict(man.health) if isinstance(man.health, Mapping) else None,
+        )
+
+    def latest_name(self) -> str | None:
+        """What the ``latest`` pointer names (None when there is no pointer)."""
+        try:
+            name = (self.root / LATEST).read_text().strip()
+        except OSError:
+            return None
+        return name or None
+
+    def leftovers(self) -> list[Path]:
+        """Temporary directories of unfinished saves or deletions (never checkpoints)."""
+        return atomic.leftovers(self.root)
+
+    # --- recording (the caller holds the run lock) -------------------------------------------
+
+    def record(self, path: Path, man: mf.Manifest, *, ok: bool, why: str | None) -> None:
+        """Record a verify outcome for this exact manifest (by its digest)."""
+        idx = self.index()
+        ver = idx.get("verified")
+        if not isinstance(ver, dict):
+            ver = idx["verified"] = {}
+        ver[path.name] = {
+            "digest": man.to_dict()["manifest_digest"],
+            "ok": ok,
+            "at": time.time(),
+            "problem": why,
+        }
+        self._write_index(idx)
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the index records of deleted checkpoints."""
+        idx = self.index()
+        names = set(names)
+        for key in ("verified", "pins"):
+            sub = idx.get(key)
+            if isinstance(sub, dict):
+                for n in names & set(sub):
+                    del sub[n]
+        self._write_index(idx)
+
+    def pin(self, path: Path, label: str) -> None:
+        """Pin an existing checkpoint (it is never rotated away)."""
+        idx = self.index()
+        pins = idx.get("pins")
+        if not isinstance(pins, dict):
+            pins = idx["pins"] = {}
+        mine = pins.setdefault(path.name, [])
+        if label not in mine:
+            mine.append(label)
+        self._write_index(idx)
+
+    def point_latest(
+        self,
+        infos: list[CheckpointInfo] | None = None,
+        *,
+        accept: tuple[Status, ...] = ("verified",),
+    ) -> str | None:
+        """Point ``latest`` at the newest checkpoint whose status is in ``accept``.
+
+        With none, the pointer is removed: a pointer to a checkpoint that is not good
+        would be worse than none. Returns the name pointed at.
+        """
+        infos = self.list() if infos is None else infos
+        good = [c for c in infos if c.status in accept]
+        target = self.root / LATEST
+        if not good:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+                atomic.fsync_dir(self.root)
+            return None
+        name = good[-1].path.name
+        if self.latest_name() != name:
+            replace_text(target, name + "\n")
+            atomic.fsync_dir(self.root)
+        return name
+
+    def remove(self, path: Path) -> bool:
+        """Delete a checkpoint directory: rename aside first, then remove.
+
+        A crash mid-delete leaves a marked leftover (cleaned on the next open), never a
+        half-deleted directory that still looks committed. Returns False when it was
+        already gone.
+        """
+        if not path.exists():
+            return False
+        doomed = path.with_name(f"{path.name}{atomic.TMP_SUFFIX}.del-{uuid.uuid4().hex[:8]}")
+        os.rename(path, doomed)
+        atomic.fsync_dir(self.root)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def clean_leftovers(self) -> list[str]:
+        """Remove leftovers of interrupted saves and deletions; call only under the lock.
+
+        ``X.ckptkit-old.*`` is a committed checkpoint moved aside by an overwrite; if the
+        crash came before the new ``X`` was renamed in, it is put back, never deleted.
+        Half-written replacements of ``latest`` and the index go too. Returns what was
+        done, one line each.
+        """
+        done: list[str] = []
+        for p in atomic.leftovers(self.root):
+            if atomic.OLD_SUFFIX in p.name:
+                final = self.root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
+                if not final.exists() and whole(p):
+                    os.rename(p, final)
+                    atomic.fsync_dir(self.root)
+                    done.append(
+                        f"{p.name} was moved aside by an overwrite that never committed; "
+                        f"restored it as {final.name}"
+                    )
+                    continue
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed {p.name} (left by an interrupted save or delete)")
+        for name in (LATEST, INDEX):
+            for f in self.root.glob(f"{glob.escape(name)}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+                    done.append(f"removed {f.name} (a half-written replacement)")
+        for line in done:
+            log.warning("ckptkit: %s", line)
+        return done
+
+    def _write_index(self, data: Mapping[str, Any]) -> None:
+        replace_text(self.root / INDEX, json.dumps(data, indent=1, sort_keys=True))
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _tree_size(p: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(p):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def _changed_files(path: Path, man: mf.Manifest) -> list[str]:
+    """Listed files that are missing or whose size differs from the manifest's."""
+    out = []
+    for f in man.files:
+        try:
+            if (path / f.path).stat().st_size != f.size:
+                out.append(f.path)
+        except OSError:
+            out.append(f.path)
+    return out
+
+
+def whole(path: Path) -> bool:
+    """Return whether ``path`` holds a valid manifest and every file it lists, at full size."""
+    try:
+        man = mf.read(path)
+    except CkptkitError:
+        return False
+    return not _changed_files(path, man)
+
+
+def replace_text(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` atomically (temp file, fsync, replace); no temp left behind."""
+    tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
+        atomic.fsync_file(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+__all__ = [
+    "INDEX",
+    "LATEST",
+    "STEP_RE",
+    "Catalog",
+    "CheckpointInfo",
+    "Status",
+    "replace_text",
+    "step_dir_name",
+    "step_of",
+    "whole",
+]

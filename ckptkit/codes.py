@@ -1,0 +1,744 @@
+"""The one registry of finding codes: title, severity, hint, error class and docs anchor.
+
+Every code (``CK-F003``) is declared here once, below storage, so that the storage layer,
+``verify`` and the foreign readers speak of the same thing with the same words: a raise
+site calls :func:`error` (the registered exception class, the registered fix), a check
+emits :meth:`Code.finding`. Codes are never reused; every one is documented in
+``docs/verify-codes.md`` (a test holds the two together).
+
+Families and prefixes (``style.md``): ``CK-M`` manifest, ``CK-F`` files and digests,
+``CK-C`` completeness, ``CK-S`` state consistency, ``CK-R`` resume compatibility, ``CK-D``
+drill and resume-guard verdicts. ``1xx`` codes are about checkpoints of other tools.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ckptkit import errors
+
+Family = Literal["integrity", "completeness", "consistency", "compat", "drill"]
+
+FAMILY_PREFIXES: dict[str, tuple[str, ...]] = {
+    "integrity": ("CK-M", "CK-F"),
+    "completeness": ("CK-C",),
+    "consistency": ("CK-S",),
+    "compat": ("CK-R",),
+    "drill": ("CK-D",),
+}
+"""Which code prefixes each family may use."""
+FAMILY_ORDER: tuple[str, ...] = ("integrity", "completeness", "consistency", "compat", "drill")
+
+DOCS = "docs/verify-codes.md"
+"""Where every code is documented; each has the anchor ``#ck-xnnn``."""
+
+ROLLBACK = "roll back to the previous verified checkpoint ('ckptkit ls RUN' lists them)"
+"""The fix shared by most damage findings."""
+RESTORE = "restore the file from a replica, or resume from an earlier checkpoint"
+"""The fix shared by foreign damage findings."""
+ADOPT = "run 'ckptkit adopt PATH' on a known-good copy so later verifies can detect corruption"
+
+
+class Severity(enum.StrEnum):
+    """How bad a finding is. Only ``error`` makes verify exit 1 (``--strict``: warnings too)."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+ERROR = Severity.ERROR
+WARNING = Severity.WARNING
+INFO = Severity.INFO
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing verify (or a reader, or the resume guard) found.
+
+    Example:
+        >>> f = CODES["CK-F003"].finding("digest mismatch", path="model.safetensors")
+        >>> f.severity
+        <Severity.ERROR: 'error'>
+    """
+
+    code: str
+    """Stable code, e.g. ``CK-F003``; documented in docs/verify-codes.md."""
+    severity: Severity
+    """error / warning / info."""
+    component: str
+    """Spec §1 component concerned (``model``, ``rng`` ...) or ``checkpoint``."""
+    message: str
+    """What is wrong, naming the file or key."""
+    hint: str
+    """How to fix it."""
+    path: str | None = None
+    """File concerned, relative to the checkpoint directory when inside it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used by ``verify --json`` (schemas/verify-report.schema.json)."""
+        out: dict[str, Any] = {
+            "code": self.code,
+            "severity": str(self.severity),
+            "component": self.component,
+            "message": self.message,
+            "hint": self.hint,
+        }
+        if self.path is not None:
+            out["path"] = self.path
+        return out
+
+    def to_error(self, base: str | Path | None = None) -> errors.CkptkitError:
+        """Return the exception ``load`` raises for this finding (same code, path and hint)."""
+        cls = CODES[self.code].error_class if self.code in CODES else errors.CkptkitError
+        path = self.path if base is None or self.path is None else f"{base}/{self.path}"
+        return cls(self.message, path=path, code=self.code, hint=self.hint)
+
+
+@dataclass(frozen=True)
+class Code:
+    """A registered finding code: its family, severity, title, default fix and error class."""
+
+    code: str
+    family: Family
+    severity: Severity
+    title: str
+    """A few words, used as the heading in docs/verify-codes.md."""
+    hint: str
+    """The default fix, shown after ``Fix:``."""
+    component: str = "checkpoint"
+    error_class: type[errors.CkptkitError] = errors.CkptkitError
+    """What a raise site (and ``load`` after a failed check) raises for this code."""
+
+    @property
+    def anchor(self) -> str:
+        """Link to this code's entry in the docs (``docs/verify-codes.md#ck-f003``)."""
+        return f"{DOCS}#{self.code.lower()}"
+
+    def finding(
+        self,
+        message: str,
+        *,
+        component: str | None = None,
+        path: str | None = None,
+        hint: str | None = None,
+        severity: Severity | None = None,
+    ) -> Finding:
+        """Build a finding of this code; ``hint``/``component`` default to the registered ones."""
+        return Finding(
+            code=self.code,
+            severity=severity or self.severity,
+            component=component or self.component,
+            message=message,
+            hint=hint or self.hint,
+            path=path,
+        )
+
+    def error(
+        self, what: str, *, path: str | Path | None = None, hint: str | None = None
+    ) -> errors.CkptkitError:
+        """Build the exception of this code (see :func:`error`)."""
+        return self.error_class(what, path=path, code=self.code, hint=hint or self.hint)
+
+
+CODES: dict[str, Code] = {}
+"""Every registered code, by code string, in declaration order."""
+
+
+def register_code(
+    code: str,
+    *,
+    family: Family,
+    severity: Severity,
+    title: str,
+    hint: str,
+    component: str = "checkpoint",
+    error_class: type[errors.CkptkitError] | None = None,
+) -> Code:
+    """Register a finding code; raise at import time on a duplicate or a wrong family prefix.
+
+    Example:
+        >>> register_code("CK-X999", family="integrity", severity=ERROR, title="t", hint="h")
+        Traceback (most recent call last):
+        ...
+        ValueError: CK-X999: family 'integrity' codes start with ('CK-M', 'CK-F')
+    """
+    if code in CODES:
+        raise ValueError(f"{code}: finding code registered twice (codes are never reused)")
+    prefixes = FAMILY_PREFIXES[family]
+    if not code.startswith(prefixes):
+        raise ValueError(f"{code}: family {family!r} codes start with {prefixes}")
+    spec = Code(
+        code=code,
+        family=family,
+        severity=severity,
+        title=title,
+        hint=hint,
+        component=component,
+        error_class=error_class or _default_error_class(code),
+    )
+    CODES[code] = spec
+    return spec
+
+
+def _default_error_class(code: str) -> type[errors.CkptkitError]:
+    if code.startswith("CK-M"):
+        return errors.ManifestError
+    if code.startswith("CK-F"):
+        return errors.IntegrityError
+    if code.startswith("CK-C"):
+        return errors.IncompleteCheckpointError
+    if code.startswith(("CK-S", "CK-R")):
+        return errors.StateError
+    return errors.CkptkitError
+
+
+def error(
+    code: str, what: str, *, path: str | Path | None = None, hint: str | None = None
+) -> errors.CkptkitError:
+    """The exception a raise site raises for ``code``: registered class, code and fix.
+
+    Args:
+        code: a registered code.
+        what: what is wrong, naming the specifics (sizes, keys, digests).
+        path: the file or directory concerned.
+        hint: a fix more specific than the registered one (rarely needed).
+
+    Example:
+        >>> e = error("CK-F002", "size is 3 bytes, the manifest records 8", path="m.safetensors")
+        >>> type(e).__name__, e.code, e.hint == CODES["CK-F002"].hint
+        ('IntegrityError', 'CK-F002', True)
+    """
+    return CODES[code].error(what, path=path, hint=hint)
+
+
+# --- the codes ------------------------------------------------------------------------------
+# Grouped by family; the order here is the order of findings in a report and in the docs.
+
+register_code(
+    "CK-M001",
+    family="integrity",
+    severity=ERROR,
+    title="manifest missing: incomplete checkpoint",
+    hint="the save was interrupted before its commit marker; " + ROLLBACK,
+    error_class=errors.IncompleteCheckpointError,
+)
+register_code(
+    "CK-M002",
+    family="integrity",
+    severity=ERROR,
+    title="manifest is not valid JSON",
+    hint="the manifest is damaged; " + ROLLBACK,
+)
+register_code(
+    "CK-M003",
+    family="integrity",
+    severity=ERROR,
+    title="manifest fails its schema",
+    hint="the manifest was damaged or hand-edited; " + ROLLBACK,
+)
+register_code(
+    "CK-M004",
+    family="integrity",
+    severity=ERROR,
+    title="unknown manifest schema_version",
+    hint="upgrade ckptkit if the checkpoint is newer; otherwise " + ROLLBACK,
+)
+register_code(
+    "CK-M005",
+    family="integrity",
+    severity=ERROR,
+    title="manifest path escapes the checkpoint directory",
+    hint="do not load this checkpoint: its manifest may be hostile",
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-M006",
+    family="integrity",
+    severity=ERROR,
+    title="absurd or incoherent sizes or shapes in the manifest",
+    hint="do not load this checkpoint: its manifest is incoherent or hostile",
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-M007",
+    family="integrity",
+    severity=ERROR,
+    title="manifest digest mismatch",
+    hint="the manifest changed after it was written; " + ROLLBACK,
+)
+register_code(
+    "CK-M008",
+    family="integrity",
+    severity=ERROR,
+    title="manifest is not a readable regular file",
+    hint="a manifest is a regular file inside the checkpoint (not a symlink, FIFO, directory "
+    "or device); replace it with the real one or " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-M009",
+    family="integrity",
+    severity=ERROR,
+    title="state tree cannot be rebuilt",
+    hint="load would refuse it: the manifest was damaged, edited or written by a newer "
+    "ckptkit; upgrade ckptkit or " + ROLLBACK,
+)
+register_code(
+    "CK-M010",
+    family="integrity",
+    severity=ERROR,
+    title="manifest unsigned but a key was given",
+    hint="its origin cannot be proven; do not load it unless you wrote it without a key "
+    "(docs/security.md)",
+    error_class=errors.SignatureError,
+)
+register_code(
+    "CK-M011",
+    family="integrity",
+    severity=ERROR,
+    title="manifest signature does not match the key",
+    hint="signed with another key or altered after signing; do not load it unless you know "
+    "why, or " + ROLLBACK,
+    error_class=errors.SignatureError,
+)
+register_code(
+    "CK-M012",
+    family="integrity",
+    severity=INFO,
+    title="signature not checked",
+    hint="pass the key (key=, --key-file or CKPTKIT_HMAC_KEY) to check who wrote it",
+)
+register_code(
+    "CK-F001",
+    family="integrity",
+    severity=ERROR,
+    title="listed file missing",
+    hint="restore the file from a replica or " + ROLLBACK,
+    error_class=errors.IncompleteCheckpointError,
+)
+register_code(
+    "CK-F002",
+    family="integrity",
+    severity=ERROR,
+    title="file size mismatch",
+    hint="the file was truncated or rewritten; restore it or " + ROLLBACK,
+)
+register_code(
+    "CK-F003",
+    family="integrity",
+    severity=ERROR,
+    title="file digest mismatch",
+    hint="the bytes changed after the save (bit flip, partial overwrite); restore the file from a replica or "
+    + ROLLBACK,
+)
+register_code(
+    "CK-F004",
+    family="integrity",
+    severity=ERROR,
+    title="safetensors header invalid",
+    hint="the file is damaged or not a safetensors file; restore it or " + ROLLBACK,
+)
+register_code(
+    "CK-F005",
+    family="integrity",
+    severity=ERROR,
+    title="tensor disagrees with file header",
+    hint="the file and manifest disagree (file replaced or manifest edited); " + ROLLBACK,
+)
+register_code(
+    "CK-F006",
+    family="integrity",
+    severity=WARNING,
+    title="unlisted file in checkpoint",
+    hint="a file not covered by the manifest is not protected by digests and is never loaded; remove it or move it out of the checkpoint directory",
+)
+register_code(
+    "CK-F007",
+    family="integrity",
+    severity=WARNING,
+    title="leftover temporary directory",
+    hint="an interrupted save left it; it is never loaded; delete it, or let CheckpointManager clean it on open",
+)
+register_code(
+    "CK-F008",
+    family="integrity",
+    severity=ERROR,
+    title="compressed file will not decompress",
+    hint="the compressed file is damaged or a decompression bomb; restore it or " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F009",
+    family="integrity",
+    severity=ERROR,
+    title="listed file resolves outside",
+    hint="a listed file is a symlink or resolves outside the checkpoint directory; it is never read; replace it with the real file",
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F020",
+    family="integrity",
+    severity=INFO,
+    title="checkpoint deleted during the check",
+    hint="rotation of a live run deleted it while it was being read; nothing is wrong "
+    "with it or the run; run the check again to see the checkpoints that exist now",
+)
+register_code(
+    "CK-F021",
+    family="integrity",
+    severity=ERROR,
+    title="a file the checkpoint reads is not listed in the manifest",
+    hint="every file a load reads must be listed with a digest that is checked before it "
+    "is parsed; this checkpoint asks to read one that is not, so it was refused unread. "
+    "Do not load it: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F022",
+    family="integrity",
+    severity=ERROR,
+    title="not a regular file",
+    hint="a FIFO, device, directory or symlink sits where the manifest lists a file; it is "
+    "never opened (a FIFO would block every reader); replace it with the real file or " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F023",
+    family="integrity",
+    severity=ERROR,
+    title="pickle names a global outside the allow-list",
+    hint="DCP metadata is unpickled with an allow-list of its own classes; this file names "
+    "another global (code that would run on a plain pickle.load), so it was not executed. "
+    "Do not load this checkpoint: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F024",
+    family="integrity",
+    severity=ERROR,
+    title="checkpoint cannot be read",
+    hint="reading it failed in a way no other finding names (a malformed state tree, a "
+    "value of the wrong type, an unparsable device); the message says what; " + ROLLBACK,
+)
+register_code(
+    "CK-F101",
+    family="integrity",
+    severity=ERROR,
+    title="zip archive CRC mismatch",
+    hint="a byte changed after the save (torch.load would not notice); restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-F102",
+    family="integrity",
+    severity=ERROR,
+    title="torch file truncated or not a valid archive",
+    hint="the file is cut short or damaged (interrupted copy, disk full); restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-F103",
+    family="integrity",
+    severity=WARNING,
+    title="pickle needs code to load: not read",
+    hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Re-save that state as plain tensors/dicts if it matters for resume",
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F104",
+    family="integrity",
+    severity=ERROR,
+    title="safetensors header or size inconsistent with file length",
+    hint="the weights file is truncated or damaged; restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-F105",
+    family="integrity",
+    severity=ERROR,
+    title="DCP shard missing",
+    hint="a .distcp file named in .metadata is absent (partial copy, lost rank); torch.distributed.checkpoint.load would raise CheckpointException. restore the file from a replica, or resume from an earlier checkpoint",
+    error_class=errors.IncompleteCheckpointError,
+)
+register_code(
+    "CK-F106",
+    family="integrity",
+    severity=ERROR,
+    title="DCP shard smaller than its items",
+    hint="a .distcp file ends before the byte ranges .metadata records (truncated copy); restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-F107",
+    family="integrity",
+    severity=WARNING,
+    title="no digests: silent corruption cannot be detected",
+    hint="run 'ckptkit adopt PATH' on a known-good copy so later verifies can detect corruption",
+)
+register_code(
+    "CK-F108",
+    family="integrity",
+    severity=ERROR,
+    title="foreign file unreadable",
+    hint="the file is damaged or not what its name says; restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-C001",
+    family="completeness",
+    severity=ERROR,
+    title="required component missing",
+    hint="the run uses this state but the checkpoint lacks it, so a resume would start it fresh; pass it to TrainState (e.g. scaler=, scheduler=) and save again, or "
+    + ROLLBACK,
+)
+register_code(
+    "CK-C002",
+    family="completeness",
+    severity=WARNING,
+    title="training state without a sampler cursor",
+    hint="the data order restarts at the beginning of the epoch on resume (samples are replayed) unless the loader is stateless; pass sampler= a ckptkit.sampler.ResumableSampler or a torchdata StatefulDataLoader",
+    component="sampler",
+)
+register_code(
+    "CK-C003",
+    family="completeness",
+    severity=ERROR,
+    title="RNG states do not match the recorded world size",
+    hint="every rank must save its own RNG state; a resume on the missing ranks starts fresh streams (different dropout and augmentation), so the curve drifts; save from every rank (spec §7), or "
+    + ROLLBACK,
+    component="rng",
+)
+register_code(
+    "CK-C010",
+    family="completeness",
+    severity=ERROR,
+    title="component claimed present but its bytes are absent",
+    hint="the component table says the state is there, but the files or keys that hold it "
+    "are missing, unlisted or fail their digests, so a resume would not find it; save "
+    "again, or " + ROLLBACK,
+)
+register_code(
+    "CK-C101",
+    family="completeness",
+    severity=ERROR,
+    title="resume-critical state missing from a foreign checkpoint",
+    hint="resume from a checkpoint that has it, or save it (the message says what the tool does without it)",
+)
+register_code(
+    "CK-C102",
+    family="completeness",
+    severity=WARNING,
+    title="no data-loader position in a foreign checkpoint",
+    hint="on resume the data order restarts or replays samples; save the loader state (torchdata StatefulDataLoader, or ckptkit.sampler.ResumableSampler)",
+)
+register_code(
+    "CK-C103",
+    family="completeness",
+    severity=WARNING,
+    title="no RNG state in a foreign checkpoint",
+    hint="resume runs on fresh RNG streams (dropout, shuffling, augmentation differ); save torch/numpy/python RNG state per rank",
+    component="rng",
+)
+register_code(
+    "CK-C104",
+    family="completeness",
+    severity=INFO,
+    title="content not recognised",
+    hint="ckptkit did not map these keys/files to a spec component; rename them to a common key (model, optimizer, scheduler, scaler, step, rng, sampler) or ignore this if they are not resume state",
+)
+register_code(
+    "CK-S001",
+    family="consistency",
+    severity=ERROR,
+    title="optimizer moments missing",
+    hint="a resume would restart these parameters' moments from zero (a loss spike and a different trajectory); save the optimizer after it has stepped, or "
+    + ROLLBACK,
+    component="optimizer",
+)
+register_code(
+    "CK-S002",
+    family="consistency",
+    severity=ERROR,
+    title="optimizer state shape differs from its parameter",
+    hint="the optimizer state belongs to another model configuration or is corrupt; resuming would fail in load_state_dict or apply wrong moments; "
+    + ROLLBACK,
+    component="optimizer",
+)
+register_code(
+    "CK-S003",
+    family="consistency",
+    severity=WARNING,
+    title="optimizer step and global step disagree",
+    hint="one of them came back from another checkpoint or was not saved with the rest: Adam's bias correction, the LR schedule and the data position then disagree on resume; make sure progress (step=) and the optimizer are captured together",
+    component="optimizer",
+)
+register_code(
+    "CK-S004",
+    family="consistency",
+    severity=WARNING,
+    title="scheduler position and global step disagree",
+    hint="the learning rate after resume follows another point of the schedule (warmup again, or a jump ahead); save the scheduler and progress together, and step the scheduler once per optimizer step (or per epoch)",
+    component="scheduler",
+)
+register_code(
+    "CK-S005",
+    family="consistency",
+    severity=WARNING,
+    title="sampler position and global step × global batch disagree",
+    hint="on resume the data cursor replays samples already trained on (behind) or skips unseen ones (ahead); capture the sampler and progress in the same save, and count consumed samples per optimizer step. Runs with a batch-size ramp-up can ignore this",
+    component="sampler",
+)
+register_code(
+    "CK-S006",
+    family="consistency",
+    severity=WARNING,
+    title="identical RNG states on several ranks",
+    hint="ranks that should draw different dropout masks and augmentations resume on the same stream; seed each data-parallel rank differently (seed + rank), and make sure each rank saves its own state rather than a copy of rank 0's. Ignore if every rank is seeded identically on purpose",
+    component="rng",
+)
+register_code(
+    "CK-S007",
+    family="consistency",
+    severity=ERROR,
+    title="parallel layout inconsistent",
+    hint="the recorded degrees do not describe a valid layout (dp×tp×pp×cp must equal the world size), so shards and RNG streams cannot be mapped back to ranks on resume; pass the real ParallelConfig to TrainState(parallel=...)",
+    component="parallel",
+)
+register_code(
+    "CK-S008",
+    family="consistency",
+    severity=ERROR,
+    title="loss scale unusable",
+    hint="a resumed fp16 run with this scale skips every step (non-finite or zero scale) or underflows gradients to zero; "
+    + ROLLBACK
+    + ", or restore with a fresh GradScaler",
+    component="scaler",
+)
+register_code(
+    "CK-S009",
+    family="consistency",
+    severity=ERROR,
+    title="FP8 scaling state unusable",
+    hint="FP8 casts with a non-finite or zero scale turn activations into NaN or zero after resume; "
+    + ROLLBACK,
+    component="fp8",
+)
+register_code(
+    "CK-S010",
+    family="consistency",
+    severity=ERROR,
+    title="NaN/Inf in model tensors",
+    hint="the model diverged before this save; resuming continues from NaN weights. "
+    + ROLLBACK
+    + " (an earlier one: check the loss curve for the first spike)",
+    component="model",
+)
+register_code(
+    "CK-S011",
+    family="consistency",
+    severity=ERROR,
+    title="NaN/Inf in optimizer tensors",
+    hint="the next optimizer step after resume writes NaN into the weights; "
+    + ROLLBACK
+    + " (an earlier one), or restart the optimizer state",
+    component="optimizer",
+)
+register_code(
+    "CK-R001",
+    family="compat",
+    severity=WARNING,
+    title="software environment changed",
+    hint="resume with the versions of the save for an exact continuation; otherwise expect the drift the message names and watch the first steps after resume",
+    component="env",
+)
+register_code(
+    "CK-R002",
+    family="compat",
+    severity=WARNING,
+    title="parallel layout changed",
+    hint="launch with the saved layout for an exact resume; a deliberate change needs resharded model/optimizer state and a sampler that can re-split the epoch (ckptkit.sampler.ResumableSampler)",
+    component="parallel",
+)
+register_code(
+    "CK-R003",
+    family="compat",
+    severity=WARNING,
+    title="data identity changed",
+    hint="resume on the saved data snapshot and tokenizer; if the change is deliberate, expect a step in the loss curve and treat the resume as a new run segment",
+    component="data",
+)
+register_code(
+    "CK-R010",
+    family="compat",
+    severity=ERROR,
+    title="the run does not fit the checkpoint",
+    hint="the checkpoint is fine but this run differs from the one that wrote it (a "
+    "component it passes is not saved, or the model's keys, shapes or dtypes differ); an "
+    "older checkpoint of the run would not fit either, so restore stops here. Build the run "
+    "as it was saved, or restore with strict=False and read what was not restored",
+)
+register_code(
+    "CK-R011",
+    family="compat",
+    severity=ERROR,
+    title="checkpoint of another kind",
+    hint="this checkpoint was not written for a run like this one (a plain ckptkit.save "
+    "directory, or model/optimizer stored with DCP for a run that does not use DCP); "
+    "restore skips it and takes an older one; restore it with the matching TrainState "
+    "(storage='dcp') or read it with ckptkit.load",
+)
+register_code(
+    "CK-D001",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: step label differs",
+    hint="restore progress (TrainState step=) and do not reset the step counter after restore",
+    component="progress",
+)
+register_code(
+    "CK-D002",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: next sample ids differ",
+    hint="the data order did not come back: restore the sampler (pass sampler= to TrainState) and do not rebuild or re-seed it after restore",
+    component="sampler",
+)
+register_code(
+    "CK-D003",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: learning rate differs",
+    hint="restore the scheduler (pass scheduler=) and do not step it or change param-group LRs after restore",
+    component="scheduler",
+)
+register_code(
+    "CK-D004",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: loss scale differs",
+    hint="restore the GradScaler (pass scaler=)",
+    component="scaler",
+)
+register_code(
+    "CK-D005",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: optimizer step count differs",
+    hint="restore the optimizer state (pass optimizer=); a fresh optimizer has empty Adam moments",
+    component="optimizer",
+)
+register_code(
+    "CK-D006",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: RNG state differs",
+    hint="do not seed after restore; TrainState restores every generator (Python, NumPy, torch CPU/CUDA) per rank",
+    component="rng",
+)
+register_code(
+    "CK-D007",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: probe loss differs",
+    hint="the weights are not what was saved (model not restored, restored into another architecture, or changed after restore)",
+    component="model",
+)

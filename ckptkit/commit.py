@@ -1,0 +1,523 @@
+"""The one commit protocol: every save, at every world size, commits the same way.
+
+1. rank 0 prepares (the manager takes the run lock) and creates the temporary sibling
+   directory; every rank learns its name (a broadcast);
+2. every rank writes and hashes its own files into it through a
+   :class:`~ckptkit.storage.shards.ShardWriter` (safetensors shards or DCP);
+3. every rank's file entries and per-rank state reach rank 0 (an all-gather); any rank's
+   failure travels in that gather, so every rank raises and nothing is committed;
+4. rank 0 builds the manifest, writes it last (the commit marker) and renames the
+   directory into place; every rank learns the outcome (a broadcast).
+
+A world of one is this protocol with identity collectives (:class:`~ckptkit.collective.Solo`):
+``ckptkit.save``, a one-process ``CheckpointManager`` save and a multi-rank save differ
+only in the collective and in what each rank writes. :class:`StateSave` is what one rank
+of a :class:`~ckptkit.TrainState` save writes and how rank 0 merges the ranks' parts;
+:func:`save_tree` is the plain nested-state save under :func:`ckptkit.save`.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptkit import _progress
+from ckptkit import manifest as mf
+from ckptkit.capture import env as env_capture
+from ckptkit.capture.state import TrainState, grouper, rank_key
+from ckptkit.collective import Collective, Solo, describe
+from ckptkit.errors import CkptkitError, DistributedError, StateError
+from ckptkit.storage import atomic, codec, tree
+from ckptkit.storage.checkpoint import fill_where, infer_components
+from ckptkit.storage.dcp import DCP_COMPONENT
+from ckptkit.storage.shards import (
+    DEFAULT_SHARD_BYTES,
+    DcpShards,
+    RankFiles,
+    SafetensorsShards,
+)
+
+SPREAD = ("model", "optimizer")
+"""Top-level state whose replicated shards every rank of a multi-rank save helps write."""
+
+
+def commit(
+    final: Path,
+    coll: Collective,
+    *,
+    write: Callable[[Path], Any],
+    build: Callable[[list[Any]], mf.Manifest],
+    overwrite: bool = False,
+    fsync: bool = True,
+    prepare: Callable[[], None] | None = None,
+    before_commit: Callable[[Path], None] | None = None,
+) -> mf.Manifest | None:
+    """Commit one checkpoint at ``final``: the protocol above, on every rank of ``coll``.
+
+    Args:
+        final: the checkpoint directory to create.
+        coll: the ranks taking part (``Solo()`` for one process).
+        write: called on every rank with the temporary directory; writes this rank's
+            files and returns what rank 0 needs to build the manifest (picklable).
+        build: called on rank 0 with every rank's ``write`` result, in rank order;
+            returns the manifest to commit.
+        overwrite: replace a committed checkpoint at ``final``.
+        fsync: flush files and directories (turn off only in tests of other things).
+        prepare: called on rank 0 before anything is created (the manager's lock).
+        before_commit: called on rank 0 with the temporary directory after the manifest
+            is written and before the rename (fault-injection tests use it).
+
+    Returns:
+        The committed manifest on rank 0, None on the other ranks.
+
+    Raises:
+        CkptkitError: any rank failed; nothing was committed (every rank raises). A
+            plain ``OSError`` of this rank (disk full, permissions) is restated with the
+            fix and stays an ``OSError`` of the same errno.
+        DistributedError: another rank failed or died.
+    """
+    what = f"save of {final.name}"
+    err: BaseException | None = None
+    pending: atomic.PendingCheckpoint | None = None
+    if coll.rank == 0:
+        try:
+            if prepare is not None:
+                prepare()
+            pending = atomic.PendingCheckpoint.create(final, overwrite=overwrite)
+        except BaseException as e:
+            err = e
+    tmp_name, msg = coll.broadcast(
+        (str(pending.tmp), None)
+        if pending is not None
+        else (None, describe(err) if err is not None else "no temporary directory")
+    )
+    if tmp_name is None:
+        if err is not None:
+            raise _restated(err, final) from err
+        raise DistributedError(
+            f"{what} failed on rank 0: {msg}",
+            path=final,
+            hint="see rank 0's log; nothing was written",
+        )
+    part: Any = None
+    try:
+        part = write(Path(tmp_name))
+    except BaseException as e:
+        err = e
+    try:
+        gathered = coll.all_gather((describe(err) if err is not None else None, part))
+    except BaseException as e:
+        if pending is not None:
+            pending.abort()
+        raise DistributedError(
+            f"{what}: the gather of per-rank results failed ({describe(e)}); a rank died or "
+            "timed out mid-save",
+            path=final,
+            hint="nothing was committed; the previous checkpoints are intact",
+        ) from e
+    failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
+    if failed:
+        if pending is not None:
+            pending.abort()
+        if err is not None:
+            raise _restated(err, final) from err
+        raise DistributedError(
+            f"{what} failed on rank(s) {', '.join(str(r) for r, _ in failed)}: "
+            + " | ".join(f"rank {r}: {m}" for r, m in failed),
+            path=final,
+            hint="nothing was committed; see that rank's log for the cause",
+        )
+    man: mf.Manifest | None = None
+    outcome: str | None = None
+    if pending is not None:
+        try:
+            man = build([p for _, p in gathered])
+            mf.write(pending.tmp, man, fsync=fsync)
+            if before_commit is not None:
+                before_commit(pending.tmp)
+            pending.finalize(fsync=fsync)
+        except BaseException as e:
+            pending.abort()
+            err, outcome = e, describe(e)
+    outcome = coll.broadcast(outcome)
+    if outcome is not None:
+        if err is not None:
+            raise _restated(err, final) from err
+        raise DistributedError(
+            f"{what} failed on rank 0 at commit: {outcome}", path=final, hint="see rank 0's log"
+        )
+    return man
+
+
+# --- a plain nested state (ckptkit.save) ---------------------------------------------------------
+
+
+def save_tree(
+    obj: Any,
+    path: Path | str,
+    *,
+    encoded: tree.Encoded | None = None,
+    compress: codec.Compression | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    grouper: tree.Grouper = tree.default_group,
+    components: Mapping[str, mf.Component] | None = None,
+    env: Mapping[str, Any] | None = None,
+    step: int | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    fsync: bool = True,
+    manifest_fields: Mapping[str, Any] | None = None,
+    before_commit: Callable[[Path], None] | None = None,
+) -> mf.Manifest:
+    """Write nested ``obj`` as a committed checkpoint at ``path`` (one process).
+
+    Args:
+        obj: nested state (dicts, lists, tuples, tensors, plain scalars).
+        path: the checkpoint directory to create.
+        encoded: ``obj`` already split by :func:`ckptkit.storage.tree.encode`.
+        compress: ``"zstd"`` to compress each file (streaming, multithreaded).
+        shard_bytes: split a group into several files past this size.
+        grouper: tensor key -> file group (default: the top-level key).
+        components: the component table (``where`` is filled in); default: inferred
+            from the top-level keys, nothing required.
+        env: environment record (default: captured now).
+        step: training step recorded in the manifest.
+        overwrite: replace an existing checkpoint at ``path``.
+        progress: force the progress bar on/off (default: on a terminal for big saves).
+        fsync: flush files and directories (turn off only in tests of other things).
+        manifest_fields: extra manifest fields (``lookahead``, ``health``, ``pins``, ``user``).
+        before_commit: fault-injection hook (see :func:`commit`).
+
+    Returns:
+        The manifest written.
+    """
+    if compress is not None and compress not in codec.SUFFIX:
+        raise ValueError(f"compress must be None or 'zstd', not {compress!r}")
+    enc = encoded if encoded is not None else tree.encode(obj)
+    total = sum(t.numel() * t.element_size() for t in enc.tensors.values())
+    final = Path(path)
+
+    def write(tmp: Path) -> RankFiles:
+        with _progress.bar(f"saving {final.name}", total, progress) as on_bytes:
+            return SafetensorsShards(
+                enc,
+                "rank0",
+                grouper=grouper,
+                compress=compress,
+                shard_bytes=shard_bytes,
+                fsync=fsync,
+                on_bytes=on_bytes,
+            ).write(tmp, Solo())
+
+    def build(parts: list[RankFiles]) -> mf.Manifest:
+        files = parts[0]
+        comps = (
+            fill_where(components, files.tensors)
+            if components is not None
+            else infer_components(enc.tree, files.tensors)
+        )
+        return _manifest(enc.tree, files, comps, env, step, manifest_fields)
+
+    man = commit(
+        final,
+        Solo(),
+        write=write,
+        build=build,
+        overwrite=overwrite,
+        fsync=fsync,
+        before_commit=before_commit,
+    )
+    assert man is not None
+    return man
+
+
+def _manifest(
+    tree_: Any,
+    files: RankFiles,
+    comps: Mapping[str, mf.Component],
+    env: Mapping[str, Any] | None,
+    step: int | None,
+    fields: Mapping[str, Any] | None,
+) -> mf.Manifest:
+    extra = dict(fields or {})
+    if "pins" in extra:
+        extra["pins"] = tuple(extra["pins"])
+    return mf.Manifest(
+        files=tuple(sorted(files.files, key=lambda f: f.path)),
+        tensors=tuple(files.tensors),
+        tree=tree_,
+        components=dict(comps),
+        env=dict(env if env is not None else env_capture.capture()),
+        step=step,
+        **extra,
+    )
+
+
+# --- a TrainState --------------------------------------------------------------------------------
+
+
+@dataclass
+class RankPart:
+    """What one rank sends rank 0 after writing its share of a TrainState save."""
+
+    files: RankFiles
+    rng: Any = None
+    """This rank's RNG tree (tensor references into its own file)."""
+    rng_fingerprint: str | None = None
+    sampler: Any = None
+    """This rank's sampler cursor."""
+
+
+@dataclass
+class StateSave:
+    """One rank's capture of a :class:`~ckptkit.TrainState`, ready to be committed.
+
+    :meth:`capture` snapshots the live state (tensors are the live ones);
+    :meth:`staged` swaps them for copies in reusable host buffers (async saves);
+    :meth:`write` is this rank's part of :func:`commit`, :meth:`build` rank 0's merge.
+    """
+
+    tree: dict[str, Any]
+    comps: dict[str, mf.Component]
+    encoded: tree.Encoded
+    rank: int
+    world_size: int
+    dcp_state: dict[str, Any] | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)
+    compress: codec.Compression | None = None
+    fsync: bool = True
+    process_group: Any = None
+    """The process group DCP uses (a dedicated one when the save runs in the background)."""
+
+    @classmethod
+    def capture(
+        cls,
+        state: TrainState,
+        coll: Collective,
+        *,
+        step: int,
+        fields: Mapping[str, Any],
+        compress: codec.Compression | None = None,
+    ) -> StateSave:
+        """Snapshot ``state`` on this rank (cheap: references, not copies).
+
+        Raises:
+            StateError: the state's parallel layout disagrees with the collective.
+        """
+        par = state.parallel
+        if coll.world_size > 1 and (par.world_size, par.rank) != (coll.world_size, coll.rank):
+            raise StateError(
+                f"TrainState.parallel says rank {par.rank} of {par.world_size}, the process "
+                f"group rank {coll.rank} of {coll.world_size}",
+                hint="build the TrainState after init_process_group, or pass "
+                "parallel=ckptkit.ParallelConfig.from_env(...)",
+            )
+        tree_, comps = state.capture()
+        return cls(
+            tree=tree_,
+            comps=comps,
+            encoded=tree.encode(tree_),
+            rank=coll.rank,
+            world_size=coll.world_size,
+            dcp_state=state.dcp_state() if state.uses_dcp else None,
+            env=state.env() if coll.rank == 0 else {},
+            step=step,
+            fields=dict(fields),
+            compress=compress,
+        )
+
+    def staged(self, stager: Stager) -> StateSave:
+        """A copy whose tensors live in host buffers: the live state may change after this."""
+        return replace(
+            self,
+            encoded=stager.stage(self.encoded),
+            dcp_state=stager.stage_dcp(self.dcp_state) if self.dcp_state is not None else None,
+        )
+
+    def write(self, tmp: Path, coll: Collective) -> RankPart:
+        """This rank's share: DCP (collective) first, then its safetensors shards."""
+        files = RankFiles()
+        if self.dcp_state is not None:
+            files.extend(
+                DcpShards(self.dcp_state, fsync=self.fsync, process_group=self.process_group).write(
+                    tmp, coll
+                )
+            )
+        mine = rank_key(self.rank)
+        spread, own, rest = {}, {}, {}
+        for k, t in self.encoded.tensors.items():
+            head = k.split("/", 1)[0]
+            if head in SPREAD:
+                spread[k] = t
+            elif k.startswith(f"rng/{mine}/"):
+                own[k] = t
+            else:
+                rest[k] = t
+        for tensors_, owner in ((spread, "spread"), (own, "rank"), (rest, "rank0")):
+            files.extend(
+                SafetensorsShards(
+                    tree.Encoded(self.encoded.tree, tensors_),
+                    owner,  # type: ignore[arg-type]
+                    grouper=grouper,
+                    compress=self.compress,
+                    fsync=self.fsync,
+                ).write(tmp, coll)
+            )
+        samp = self.encoded.tree.get("sampler")
+        return RankPart(
+            files=files,
+            rng=self.encoded.tree.get("rng", {}).get(mine),
+            rng_fingerprint=self.comps["rng"].summary.get("fingerprints", {}).get(mine),
+            sampler=samp.get("state") if isinstance(samp, dict) else None,
+        )
+
+    def build(self, parts: list[RankPart]) -> mf.Manifest:
+        """Rank 0: merge every rank's part into one manifest (the identity for one rank)."""
+        tree_ = dict(self.encoded.tree)
+        comps = dict(self.comps)
+        files = RankFiles()
+        for p in parts:
+            files.extend(p.files)
+        if len(parts) > 1:
+            rng_tree = dict(tree_.get("rng") or {})
+            prints: dict[str, Any] = {}
+            for r, p in enumerate(parts):
+                if p.rng is not None:
+                    rng_tree[rank_key(r)] = p.rng
+                if p.rng_fingerprint is not None:
+                    prints[rank_key(r)] = p.rng_fingerprint
+            tree_["rng"] = rng_tree
+            rc = comps["rng"]
+            comps["rng"] = replace(
+                rc,
+                summary={
+                    **dict(rc.summary),
+                    "ranks": sorted(int(k[4:]) for k in rng_tree),
+                    "fingerprints": prints,
+                },
+            )
+            if isinstance(tree_.get("sampler"), dict):
+                tree_["sampler"] = {
+                    **tree_["sampler"],
+                    "ranks": {
+                        rank_key(r): p.sampler for r, p in enumerate(parts) if p.sampler is not None
+                    },
+                }
+        dcp_files = [f.path for f in files.files if f.component == DCP_COMPONENT]
+        if dcp_files:
+            for name in (tree_.get("dcp") or {}).get("keys", []):
+                if name in comps and comps[name].present:
+                    comps[name] = replace(comps[name], where=tuple(sorted(dcp_files)))
+        comps = fill_where(comps, files.tensors)
+        return _manifest(tree_, files, comps, self.env, self.step, self.fields)
+
+
+def save_state(
+    state: TrainState,
+    path: Path | str,
+    *,
+    step: int | None = None,
+    fields: Mapping[str, Any] | None = None,
+    compress: codec.Compression | None = None,
+    overwrite: bool = False,
+    fsync: bool = True,
+    coll: Collective | None = None,
+) -> mf.Manifest | None:
+    """Commit a :class:`~ckptkit.TrainState` at ``path``: no lock, no verify, no rotation.
+
+    The building block under :meth:`CheckpointManager.save`; use the manager in training
+    code. Collective when ``coll`` spans several ranks.
+
+    Returns:
+        The manifest on rank 0, None on the other ranks.
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> m = save_state(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4),
+        ...                tempfile.mkdtemp() + "/c")
+        >>> m.step, m.components["model"].where
+        (4, ('model.safetensors',))
+    """
+    c = coll if coll is not None else Solo()
+    snap = StateSave.capture(
+        state, c, step=state.step if step is None else step, fields=fields or {}, compress=compress
+    )
+    snap.fsync = fsync
+    return commit(
+        Path(path),
+        c,
+        write=lambda tmp: snap.write(tmp, c),
+        build=snap.build,
+        overwrite=overwrite,
+        fsync=fsync,
+    )
+
+
+class Stager:
+    """Reusable host buffers for async saves: one staging copy, reused across saves."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def stage(self, encoded: tree.Encoded) -> tree.Encoded:
+        """Copy every tensor into its host buffer (pinned when CUDA is there)."""
+        staged: dict[str, torch.Tensor] = {}
+        pin = torch.cuda.is_available()
+        for k, t in encoded.tensors.items():
+            buf = self._bufs.get(k)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin and t.is_cuda)
+                self._bufs[k] = buf
+            buf.copy_(t.detach(), non_blocking=t.is_cuda)
+            staged[k] = buf
+        for dev in {t.device for t in encoded.tensors.values() if t.is_cuda}:
+            torch.cuda.synchronize(dev)  # every device copied from, not only the current one
+        for k in set(self._bufs) - set(encoded.tensors):
+            del self._bufs[k]  # keys gone from the state: free their buffers
+        return tree.Encoded(tree=encoded.tree, tensors=staged)
+
+    @staticmethod
+    def stage_dcp(state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A CPU copy of a DCP state dict (DTensors keep their layout), as DCP's async save does."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        cpu = _create_cpu_state_dict(state_dict)
+        return dict(_copy_state_dict(state_dict, cpu))
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+_SAVE_ERRNO = {
+    errno.ENOSPC: ("disk full", "free space on that filesystem, or lower keep_last/max_bytes"),
+    errno.EDQUOT: ("disk quota exceeded", "free space or raise the quota"),
+    errno.EACCES: ("permission denied", "make the run directory writable by this user"),
+    errno.EPERM: ("operation not permitted", "make the run directory writable by this user"),
+    errno.EROFS: ("read-only filesystem", "save to a writable filesystem"),
+}
+
+
+def _restated(e: BaseException, final: Path) -> BaseException:
+    """Restate a plain OS error of a save: what failed, that nothing was lost, and the fix.
+
+    Stays an ``OSError`` of the same errno (``PermissionError`` for EACCES), so existing
+    ``except OSError`` clauses keep working. Other exceptions are returned as they are.
+    """
+    if not isinstance(e, OSError) or isinstance(e, CkptkitError):
+        return e
+    what, fix = _SAVE_ERRNO.get(e.errno or 0, (e.strerror or str(e), "see the OS error"))
+    where = f" ({e.filename})" if e.filename else ""
+    msg = (
+        f"{what} while saving {final.name}{where}; the partial save was removed and older "
+        f"checkpoints are intact. Fix: {fix}"
+    )
+    return OSError(e.errno if e.errno is not None else errno.EIO, msg, str(final))
+
+
+__all__ = ["SPREAD", "RankPart", "Stager", "StateSave", "commit", "save_tree"]

@@ -1,0 +1,102 @@
+"""What verify returns: a :class:`Report` per checkpoint, a :class:`VerifyResult` per call.
+
+A leaf module (it imports only the manifest and the code registry) so that every reader —
+the native runner and the foreign-format readers — returns the same type without importing
+each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptkit import manifest as mf
+from ckptkit.codes import Finding, Severity
+
+
+@dataclass
+class Report:
+    """Findings for one checkpoint directory."""
+
+    path: Path
+    findings: list[Finding]
+    components: dict[str, mf.Component]
+    manifest: mf.Manifest | None = None
+    strict: bool = False
+    files_checked: int = 0
+    bytes_checked: int = 0
+    seconds: float = 0.0
+    format: str = "ckptkit"
+    gone: bool = False
+    """The checkpoint was deleted while it was checked (rotation of a live run)."""
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def ok(self) -> bool:
+        """No error findings (``strict``: no warnings either)."""
+        bad = {Severity.ERROR, Severity.WARNING} if self.strict else {Severity.ERROR}
+        return not any(f.severity in bad for f in self.findings)
+
+    @property
+    def step(self) -> int | None:
+        return self.manifest.step if self.manifest is not None else None
+
+    def raise_first(self) -> None:
+        """Raise the exception matching the first error finding (what ``load`` would)."""
+        errs = self.errors
+        if errs:
+            raise errs[0].to_error(base=str(self.path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (schemas/verify-report.schema.json, ``$defs/report``)."""
+        return {
+            "path": str(self.path),
+            "ok": self.ok,
+            "format": self.format,
+            "step": self.step,
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+            "seconds": round(self.seconds, 4),
+            "findings": [f.to_dict() for f in self.findings],
+            "components": {
+                name: {"present": c.present, "required": c.required, "where": list(c.where)}
+                for name, c in self.components.items()
+            },
+        }
+
+
+@dataclass
+class VerifyResult:
+    """What :func:`verify` returns: one report per checkpoint found."""
+
+    path: Path
+    reports: list[Report] = field(default_factory=list)
+    strict: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.reports) and all(r.ok for r in self.reports)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for r in self.reports for f in r.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "path": str(self.path),
+            "strict": self.strict,
+            "reports": [r.to_dict() for r in self.reports],
+        }
+
+
+def empty_components() -> dict[str, mf.Component]:
+    """A component table with every spec §1 component absent and not required."""
+    return {n: mf.Component(name=n, present=False, required=False) for n in mf.COMPONENTS}
+
+
+__all__ = ["Report", "VerifyResult", "empty_components"]

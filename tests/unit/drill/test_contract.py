@@ -75,7 +75,8 @@ def test_restore_from_opens_the_source_run_read_only(
     from ckptkit import manager as manager_mod
 
     src = tmp_path / "src"
-    ckptkit.CheckpointManager(src).save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4))
+    with ckptkit.CheckpointManager(src) as writer:  # closing joins the background verify
+        writer.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4))
     opened: list[bool] = []
     real_init = manager_mod.CheckpointManager.__init__
 

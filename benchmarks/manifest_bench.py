@@ -143,9 +143,11 @@ def count_validations(ckpt: Path) -> dict[str, int]:
             mgr = ckptkit.CheckpointManager(run)
             ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=1)
             mgr.save(ts)
+            mgr.wait()  # the post-save verify may run in the background
             calls[0] = 0
             mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=2))
-            out["CheckpointManager.save (2nd)"] = calls[0]
+            mgr.wait()
+            out["CheckpointManager.save (2nd, with its verify)"] = calls[0]
             mgr2 = ckptkit.CheckpointManager(run)
             calls[0] = 0
             mgr2.restore(ckptkit.TrainState(model=torch.nn.Linear(2, 2)))

@@ -13,6 +13,7 @@ from ckptkit.errors import (
     IntegrityError,
     LockHeldError,
     ManifestError,
+    SignatureError,
     StateError,
     UnsafeInputError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Progress",
     "Recorder",
     "ResumableSampler",
+    "SignatureError",
     "StabilityWatch",
     "StateError",
     "TrainState",

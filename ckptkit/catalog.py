@@ -130,8 +130,10 @@ class Catalog:
         []
     """
 
-    def __init__(self, root: str | Location) -> None:
+    def __init__(self, root: str | Location, *, key: bytes | None = None) -> None:
         self.root = fs.location(root)
+        self.key = key
+        """An HMAC key manifests must be signed with (a bad one lists as corrupt)."""
         self._manifests: dict[str, tuple[Any, mf.Manifest, str]] = {}
 
     # --- reading -----------------------------------------------------------------------------
@@ -147,16 +149,15 @@ class Catalog:
             IncompleteCheckpointError: no manifest (``CK-M001``).
             ManifestError: the manifest is invalid (its ``CK-M`` code).
         """
-        key = fs.fingerprint(ckpt / atomic.MANIFEST_NAME)
-        if key is None:
-            return mf.read(ckpt), ""  # raises the right CK-M001/M00x error
+        version = fs.fingerprint(ckpt / atomic.MANIFEST_NAME)
+        if version is None:
+            return mf.read(ckpt, key=self.key), ""  # raises the right CK-M001/M00x error
         hit = self._manifests.get(str(ckpt))
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == version:
             return hit[1], hit[2]
-        man = mf.read(ckpt)
-        digest = man.to_dict()["manifest_digest"]
-        self._manifests[str(ckpt)] = (key, man, digest)
-        return man, digest
+        man = mf.read(ckpt, key=self.key)
+        self._manifests[str(ckpt)] = (version, man, man.digest)
+        return man, man.digest
 
     def index(self) -> dict[str, Any]:
         """The run index (``{}`` when absent or unreadable: it is advisory)."""
@@ -259,7 +260,7 @@ class Catalog:
         if not isinstance(ver, dict):
             ver = idx["verified"] = {}
         ver[path.name] = {
-            "digest": man.to_dict()["manifest_digest"],
+            "digest": man.digest,
             "ok": ok,
             "at": time.time(),
             "problem": why,

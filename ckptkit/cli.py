@@ -18,6 +18,7 @@ import click
 from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
+from ckptkit.signing import key_from_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +39,21 @@ def _edge(fn: F) -> F:
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _key_option(fn: F) -> F:
+    """``--key-file``: the HMAC key to check (and require) manifest signatures with."""
+    return click.option(
+        "--key-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="HMAC key file: manifests must be signed with this key (default: "
+        "$CKPTKIT_HMAC_KEY or $CKPTKIT_HMAC_KEY_FILE; see docs/security.md).",
+    )(fn)
+
+
+def _key(key_file: Path | None) -> bytes | None:
+    return key_from_file(key_file) if key_file is not None else None
 
 
 def _out_file(path: str | Path) -> Path:
@@ -62,9 +78,10 @@ def main() -> None:
 @click.option("--no-progress", is_flag=True, help="Never show a progress bar.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
+@_key_option
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
-           no_progress: bool, fmt: str | None) -> None:
+           no_progress: bool, fmt: str | None, key_file: Path | None) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
     Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
@@ -75,12 +92,14 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify runs/exp1/ckpt --json > report.json
         ckptkit verify out/checkpoint-500            # HF Trainer, detected
         ckptkit verify last.ckpt --format lightning
+        ckptkit verify runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key   # signatures required
     """
     from ckptkit.render import RENDERERS
     from ckptkit.verify import verify as run_verify
 
     result = run_verify(path, strict=strict, against_env=against_env,
-                        progress=False if no_progress or as_json else None, format=fmt)
+                        progress=False if no_progress or as_json else None, format=fmt,
+                        key=_key(key_file))
     RENDERERS["json" if as_json else "text"](result, sys.stdout)
     if junit_file is not None:
         with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
@@ -94,18 +113,21 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @click.option("--no-tensors", is_flag=True, help="Do not list tensors.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
+@_key_option
 @_edge
-def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None) -> None:
+def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None,
+            key_file: Path | None) -> None:
     """Show what a checkpoint holds: step, components, files, tensors (dtype, shape, size).
 
     \b
     Example:
         ckptkit inspect runs/exp1/ckpt/step-00001000 --no-tensors
+        ckptkit inspect runs/exp1/ckpt/step-00001000 --json | jq .manifest_digest
     """
     from ckptkit.describe import describe
     from ckptkit.render.text import render_inspect
 
-    info = describe(path, format=fmt)
+    info = describe(path, format=fmt, key=_key(key_file))
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:

@@ -138,7 +138,7 @@ class Code:
         )
 
     def error(
-        self, what: str, *, path: str | Path | None = None, hint: str | None = None
+        self, what: str, *, path: object = None, hint: str | None = None
     ) -> errors.CkptkitError:
         """Build the exception of this code (see :func:`error`)."""
         return self.error_class(what, path=path, code=self.code, hint=hint or self.hint)
@@ -197,7 +197,7 @@ def _default_error_class(code: str) -> type[errors.CkptkitError]:
 
 
 def error(
-    code: str, what: str, *, path: str | Path | None = None, hint: str | None = None
+    code: str, what: str, *, path: object = None, hint: str | None = None
 ) -> errors.CkptkitError:
     """The exception a raise site raises for ``code``: registered class, code and fix.
 
@@ -269,6 +269,48 @@ register_code(
     severity=ERROR,
     title="manifest digest mismatch",
     hint="the manifest changed after it was written; " + ROLLBACK,
+)
+register_code(
+    "CK-M008",
+    family="integrity",
+    severity=ERROR,
+    title="manifest is not a readable regular file",
+    hint="a manifest is a regular file inside the checkpoint (not a symlink, FIFO, directory "
+    "or device); replace it with the real one or " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-M009",
+    family="integrity",
+    severity=ERROR,
+    title="state tree cannot be rebuilt",
+    hint="load would refuse it: the manifest was damaged, edited or written by a newer "
+    "ckptkit; upgrade ckptkit or " + ROLLBACK,
+)
+register_code(
+    "CK-M010",
+    family="integrity",
+    severity=ERROR,
+    title="manifest unsigned but a key was given",
+    hint="its origin cannot be proven; do not load it unless you wrote it without a key "
+    "(docs/security.md)",
+    error_class=errors.SignatureError,
+)
+register_code(
+    "CK-M011",
+    family="integrity",
+    severity=ERROR,
+    title="manifest signature does not match the key",
+    hint="signed with another key or altered after signing; do not load it unless you know "
+    "why, or " + ROLLBACK,
+    error_class=errors.SignatureError,
+)
+register_code(
+    "CK-M012",
+    family="integrity",
+    severity=INFO,
+    title="signature not checked",
+    hint="pass the key (key=, --key-file or CKPTKIT_HMAC_KEY) to check who wrote it",
 )
 register_code(
     "CK-F001",

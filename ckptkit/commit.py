@@ -57,6 +57,7 @@ def commit(
     fsync: bool = True,
     prepare: Callable[[], None] | None = None,
     fence: Callable[[], None] | None = None,
+    key: bytes | None = None,
     before_commit: Callable[[Location], None] | None = None,
 ) -> mf.Manifest | None:
     """Commit one checkpoint at ``final``: the protocol above, on every rank of ``coll``.
@@ -74,6 +75,7 @@ def commit(
         fence: called on rank 0 right before the manifest is written; raises if this
             writer lost the run lock meanwhile (an object-store lease taken over), so a
             fenced-off writer never commits.
+        key: an HMAC key (resolved): the manifest is signed with it (``docs/security.md``).
         before_commit: called on rank 0 with the temporary directory after the manifest
             is written and before the rename (fault-injection tests use it).
 
@@ -142,6 +144,8 @@ def commit(
     if pending is not None:
         try:
             man = build([p for _, p in gathered])
+            if key is not None:
+                man = man.signed(key)
             if fence is not None:
                 fence()
             mf.write(pending.tmp, man, fsync=fsync)
@@ -179,6 +183,7 @@ def save_tree(
     progress: bool | None = None,
     fsync: bool = True,
     manifest_fields: Mapping[str, Any] | None = None,
+    key: bytes | None = None,
     before_commit: Callable[[Location], None] | None = None,
 ) -> mf.Manifest:
     """Write nested ``obj`` as a committed checkpoint at ``path`` (one process).
@@ -198,6 +203,7 @@ def save_tree(
         progress: force the progress bar on/off (default: on a terminal for big saves).
         fsync: flush files and directories (turn off only in tests of other things).
         manifest_fields: extra manifest fields (``lookahead``, ``health``, ``pins``, ``user``).
+        key: sign the manifest with this HMAC key (resolved).
         before_commit: fault-injection hook (see :func:`commit`).
 
     Returns:
@@ -237,6 +243,7 @@ def save_tree(
         build=build,
         overwrite=overwrite,
         fsync=fsync,
+        key=key,
         before_commit=before_commit,
     )
     assert man is not None
@@ -436,6 +443,7 @@ def save_state(
     overwrite: bool = False,
     fsync: bool = True,
     coll: Collective | None = None,
+    key: bytes | None = None,
 ) -> mf.Manifest | None:
     """Commit a :class:`~ckptkit.TrainState` at ``path``: no lock, no verify, no rotation.
 
@@ -464,6 +472,7 @@ def save_state(
         build=snap.build,
         overwrite=overwrite,
         fsync=fsync,
+        key=key,
     )
 
 

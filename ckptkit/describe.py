@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit import signing
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import describe_foreign
 from ckptkit.storage.atomic import MANIFEST_NAME
 
 
-def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
+def describe(
+    path: Path | str, *, format: str | None = None, key: signing.KeyLike | None = None
+) -> dict[str, Any]:
     """Return a JSON-able description of a checkpoint: step, components, files, tensors.
 
-    Only the manifest is read (and validated); use :func:`ckptkit.verify` to check bytes.
-    A foreign checkpoint (no ``manifest.json``; detected, or named by ``format``) is
-    described by :func:`ckptkit.foreign.report.describe_foreign`.
+    Only the manifest is read (and validated, once); use :func:`ckptkit.verify` to check
+    bytes. A foreign checkpoint (no ``manifest.json``; detected, or named by ``format``)
+    is described by :func:`ckptkit.foreign.report.describe_foreign`.
+
+    ``manifest_digest`` is what to pin to refuse a replayed older checkpoint (see
+    docs/security.md); ``signature`` says whether the manifest is signed, by which key
+    id, and whether that was checked (``"verified"``) or not (``"not checked"``).
+
+    Args:
+        path: the checkpoint directory.
+        format: a foreign format name overriding detection.
+        key: HMAC key the manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` /
+            ``CKPTKIT_HMAC_KEY_FILE``, else none).
 
     Raises:
-        IncompleteCheckpointError / ManifestError: as :func:`ckptkit.manifest.read`.
+        IncompleteCheckpointError / ManifestError / SignatureError: as
+            :func:`ckptkit.manifest.read`.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -29,10 +44,18 @@ def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
         (5, [2, 3])
     """
     if format is not None or (
-        not (Path(path) / MANIFEST_NAME).exists() and detect(path) is not None
+        not os.path.lexists(Path(path) / MANIFEST_NAME) and detect(path) is not None
     ):
         return describe_foreign(path, format)
-    m = mf.read(path)
+    k = signing.resolve_key(key)
+    m = mf.read(path, key=k)
+    sig = None
+    if m.signature is not None:
+        sig = {
+            "alg": m.signature.alg,
+            "key_id": m.signature.key_id,
+            "status": "verified" if k is not None else "not checked",
+        }
     return {
         "path": str(path),
         "format": "ckptkit",
@@ -40,6 +63,8 @@ def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
         "created_at": m.created_at,
         "ckptkit_version": m.ckptkit_version,
         "schema_version": m.schema_version,
+        "manifest_digest": m.digest,
+        "signature": sig,
         "total_bytes": m.total_bytes,
         "components": {n: c.to_dict() for n, c in m.components.items()},
         "files": [f.to_dict() for f in m.files],

@@ -93,6 +93,10 @@ class UnsafeInputError(ManifestError):
     """Hostile or absurd input: a path escaping the checkpoint, an absurd size, a zstd bomb."""
 
 
+class SignatureError(ManifestError):
+    """A key was given and the manifest is unsigned, signed with another key, or altered."""
+
+
 class IntegrityError(CkptkitError):
     """Bytes on disk differ from what the manifest recorded (size, digest, header)."""
 
@@ -160,6 +164,7 @@ __all__ = [
     "IntegrityError",
     "LockHeldError",
     "ManifestError",
+    "SignatureError",
     "StateError",
     "UnsafeInputError",
 ]

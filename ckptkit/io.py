@@ -13,7 +13,8 @@ from typing import Any, Literal, overload
 
 import torch
 
-from ckptkit import commit
+from ckptkit import commit, signing
+from ckptkit import manifest as mf
 from ckptkit.fit import FitReport
 from ckptkit.manifest import Manifest
 from ckptkit.storage import checkpoint, codec, shards
@@ -29,6 +30,7 @@ def save(
     step: int | None = None,
     progress: bool | None = None,
     user: dict[str, Any] | None = None,
+    key: signing.KeyLike | None = None,
 ) -> Manifest:
     """Save nested ``state`` as a checkpoint directory at ``path``, atomically.
 
@@ -48,6 +50,8 @@ def save(
         step: training step to record in the manifest.
         progress: show a progress bar (default: on a terminal, for big saves).
         user: free-form JSON metadata stored in the manifest.
+        key: HMAC key to sign the manifest with (default: ``CKPTKIT_HMAC_KEY`` or
+            ``CKPTKIT_HMAC_KEY_FILE``, else unsigned); see docs/security.md.
 
     Returns:
         The :class:`~ckptkit.manifest.Manifest` written.
@@ -72,6 +76,7 @@ def save(
         step=step,
         progress=progress,
         manifest_fields={"user": user} if user is not None else None,
+        key=signing.resolve_key(key),
     )
 
 
@@ -94,6 +99,7 @@ def load(
     strict: Literal[True] = ...,
     progress: bool | None = ...,
     max_bytes: int | None = ...,
+    key: signing.KeyLike | None = ...,
 ) -> Any: ...
 
 
@@ -106,6 +112,7 @@ def load(
     strict: Literal[False],
     progress: bool | None = ...,
     max_bytes: int | None = ...,
+    key: signing.KeyLike | None = ...,
 ) -> PartialLoad: ...
 
 
@@ -117,6 +124,7 @@ def load(
     strict: bool = True,
     progress: bool | None = None,
     max_bytes: int | None = None,
+    key: signing.KeyLike | None = None,
 ) -> Any:
     """Load a checkpoint saved by :func:`save`, verifying every byte as it is read.
 
@@ -137,6 +145,8 @@ def load(
             loading weights into a changed model on purpose.
         progress: show a progress bar (default: on a terminal, for big loads).
         max_bytes: refuse checkpoints declaring more tensor bytes (default: physical RAM).
+        key: HMAC key the manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
+            ``CKPTKIT_HMAC_KEY_FILE``, else none: a signature is then not checked).
 
     Returns:
         The saved object, with its container types, shared tensors and scalars; with
@@ -145,11 +155,14 @@ def load(
     Raises:
         IncompleteCheckpointError: no manifest (``CK-M001``) or a listed file missing
             (``CK-F001``).
-        ManifestError: the manifest is malformed (``CK-M002/3/4/7``).
-        UnsafeInputError: hostile manifest (``CK-M005/6``) or decompression bomb
-            (``CK-F008``).
+        ManifestError: the manifest is malformed (``CK-M002/3/4/7/9``).
+        UnsafeInputError: hostile manifest (``CK-M005/6/8``), decompression bomb
+            (``CK-F008``), a listed file that is a symlink (``CK-F009``) or not a regular
+            file (``CK-F022``).
         IntegrityError: size (``CK-F002``), digest (``CK-F003``) or header
             (``CK-F004/5``) mismatch.
+        SignatureError: a key was given and the manifest is unsigned (``CK-M010``) or
+            not signed with it (``CK-M011``).
         StateError: ``CK-R010`` the tensors of ``into`` do not fit (``strict``).
 
     Example:
@@ -174,6 +187,7 @@ def load(
         map_location=map_location,
         progress=progress,
         max_bytes=max_bytes,
+        manifest=mf.read(path, key=signing.resolve_key(key)),
     )
     if into is not None and not strict:
         assert fit is not None

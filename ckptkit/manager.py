@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptkit import codes, rotation
+from ckptkit import codes, rotation, signing
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
@@ -93,6 +93,10 @@ class CheckpointManager:
             background thread, joined by the next save; False runs them inside ``save``.
         lease_ttl: on an object store, the run lock is a lease renewed every third of this
             many seconds; a writer that died is taken over once it expired.
+        key: an HMAC key (bytes, or text; default: ``CKPTKIT_HMAC_KEY`` /
+            ``CKPTKIT_HMAC_KEY_FILE``): every manifest is signed with it, and listing,
+            verify and restore refuse a checkpoint that is unsigned or signed with another
+            key (``docs/security.md``).
         readonly: open for listing and restoring only: create nothing, clean nothing,
             refuse ``save``/``prune`` (what ``ckptkit ls`` uses).
         watch: a :class:`~ckptkit.StabilityWatch` whose snapshot goes into every manifest.
@@ -125,6 +129,7 @@ class CheckpointManager:
         verify_after_save: bool = True,
         background_verify: bool = True,
         lease_ttl: float = 60.0,
+        key: signing.KeyLike | None = None,
         readonly: bool = False,
         watch: Any = None,
         emergency: EmergencyPolicy | None = None,
@@ -132,7 +137,8 @@ class CheckpointManager:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
         self.root = fs.location(root)
-        self.catalog = Catalog(self.root)
+        self.key = signing.resolve_key(key)
+        self.catalog = Catalog(self.root, key=self.key)
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.max_bytes = max_bytes
@@ -412,6 +418,7 @@ class CheckpointManager:
             overwrite=overwrite,
             prepare=self._writer,
             fence=self._fence,
+            key=self.key,
         )
         stats.write = time.perf_counter() - tw
         return man
@@ -544,7 +551,7 @@ class CheckpointManager:
         self, path: Location, *, man: mf.Manifest | None = None, scan_values: bool = True
     ) -> builtins.list[codes.Finding]:
         """Verify one checkpoint by reading every byte; record the outcome if we may."""
-        rep = verify_one(path, progress=False, options={"scan_values": scan_values})
+        rep = verify_one(path, progress=False, options={"scan_values": scan_values}, key=self.key)
         if rep.gone:
             return []
         bad = rep.errors
@@ -691,10 +698,11 @@ class CheckpointManager:
         corrupt before is skipped unread. ``latest`` is re-pointed to what is really
         newest and verified. Returns None when the run has no checkpoint (a fresh start).
 
-        A checkpoint that is fine but does not fit the run (``strict``: the run passes
-        state it lacks; the model's keys, shapes or dtypes differ) raises at once: an
-        older checkpoint of the same run would not fit either, and falling back would
-        hide the mismatch.
+        A checkpoint that is whole but does not fit the run (``strict``: the run passes
+        state it lacks; the model's keys, shapes or dtypes differ, ``CK-R010``) is passed
+        over only for an older checkpoint that does fit (an edited or foreign newest one),
+        with a warning; when none fits, that error is raised: the run differs from the one
+        that saved, and no fallback would hide it.
 
         With ``healthy=True`` only checkpoints whose recorded health is ``ok`` are
         candidates (the rollback after an instability); an attached watch is reset.
@@ -744,18 +752,21 @@ class CheckpointManager:
                 )
             return None
         skipped: builtins.list[str] = []
+        mismatch: CkptkitError | None = None
         for c in reversed(infos):
             if c.status == "corrupt" and step is None:
                 skipped.append(f"{c.path.name}: failed verification earlier ({c.problem})")
                 log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
             try:
-                result = restore_candidate(state, c.path, strict=strict, coll=coll)
+                result = restore_candidate(state, c.path, strict=strict, coll=coll, key=self.key)
             except Skip as s:
                 if s.damaged:
                     self._note(c.path, ok=False, why=f"{s.error.code or 'error'}: {s.error.what}")
                 if step is not None:
                     raise s.error from None
+                if s.mismatch and mismatch is None:
+                    mismatch = s.error
                 skipped.append(f"{c.path.name}: {s.error}")
                 log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
@@ -767,12 +778,19 @@ class CheckpointManager:
                         self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
             if skipped:
                 log.warning(
-                    "ckptkit: restored %s after skipping %d newer checkpoint(s)",
+                    "ckptkit: restored %s after skipping %d newer checkpoint(s)%s",
                     c.path.name,
                     len(skipped),
+                    "; a newer one did not fit this run although it is whole: check that "
+                    "the run is built as it was when it saved"
+                    if mismatch is not None
+                    else "",
                 )
             result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
             return result
+        if mismatch is not None:
+            # No checkpoint fits: the run differs from what saved them. Say so, not "lost".
+            raise mismatch
         raise IncompleteCheckpointError(
             "no checkpoint could be restored: " + " | ".join(skipped),
             path=self.root,

@@ -10,7 +10,6 @@ else while reading it (``CK-F024``). A run that does not fit a good checkpoint
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ckptkit import codes
@@ -20,21 +19,31 @@ from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.collective import Collective, consensus
 from ckptkit.errors import CkptkitError
 from ckptkit.storage import checkpoint
+from ckptkit.storage.fs import Location
 from ckptkit.verify.runner import verify_one
 
 
 class Skip(Exception):
     """A candidate checkpoint that cannot be restored; restore takes the next older one."""
 
-    def __init__(self, error: CkptkitError, *, damaged: bool) -> None:
+    def __init__(self, error: CkptkitError, *, damaged: bool, mismatch: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.damaged = damaged
         """The fault is in its bytes (recorded corrupt), not only in its kind."""
+        self.mismatch = mismatch
+        """The checkpoint is whole but does not fit the run (``CK-R010``): the caller falls
+        back only if an older checkpoint does fit, and raises this error otherwise."""
 
 
 def restore_candidate(
-    state: TrainState, path: Path, *, strict: bool, coll: Collective
+    state: TrainState,
+    path: Location,
+    *,
+    strict: bool,
+    coll: Collective,
+    key: bytes | None = None,
+    manifest: mf.Manifest | None = None,
 ) -> RestoreResult:
     """Read and restore one candidate checkpoint on every rank, or raise :class:`Skip` on all.
 
@@ -43,9 +52,14 @@ def restore_candidate(
     state's own tensors, then :meth:`TrainState.restore_tree` puts it back (DCP files are
     read and verified there). Every rank takes the candidate or skips it together.
 
+    Args:
+        key: an HMAC key the manifest must be signed with.
+        manifest: the candidate's manifest when the caller already read it (read once).
+
     Raises:
-        Skip: the candidate cannot be restored; the caller tries an older one.
-        StateError: ``CK-R010`` the run does not fit this good checkpoint (no fallback).
+        Skip: the candidate cannot be restored; the caller tries an older one (for a
+            run that does not fit a whole checkpoint, ``Skip.mismatch``, only as long as
+            an older one fits).
     """
     err: CkptkitError | None = None
     damaged = True
@@ -59,6 +73,8 @@ def restore_candidate(
             families=("completeness", "consistency"),
             progress=False,
             options={"scan_values": False, "read_files": False},
+            manifest=manifest,
+            key=key,
         )
         if rep.gone:
             raise codes.error("CK-F020", "deleted while it was being restored", path=path)
@@ -84,9 +100,7 @@ def restore_candidate(
     try:
         result = state.restore_tree(obj, man, strict=strict, path=path, coll=coll)
     except CkptkitError as e:
-        if e.code == "CK-R010":
-            raise  # the run does not fit a good checkpoint: not a reason to fall back
-        err, damaged = e, e.code not in ("CK-R011",)
+        err, damaged = e, e.code not in ("CK-R010", "CK-R011")
     except Exception as e:
         err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
     else:
@@ -94,7 +108,7 @@ def restore_candidate(
     try:
         consensus(coll, err, what=f"restore of {path.name}")
     except CkptkitError as e:
-        raise Skip(e, damaged=damaged) from None
+        raise Skip(e, damaged=damaged, mismatch=e.code == "CK-R010") from None
     result.path = path
     result.notes += [f"{f.code} {f.message}" for f in rep.findings]
     saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)

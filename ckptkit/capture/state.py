@@ -12,7 +12,6 @@ import logging
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +35,7 @@ from ckptkit.errors import StateError
 from ckptkit.fit import fit_report
 from ckptkit.storage import dcp as dcp_store
 from ckptkit.storage import tree as tree_mod
+from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
 
@@ -61,7 +61,7 @@ class RestoreResult:
     restored: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
     manifest: mf.Manifest | None = None
-    path: Path | None = None
+    path: Location | None = None
     guard: Any = None
     """The :class:`~ckptkit.guard.ResumeGuard` checking this resume (its ``findings``)."""
 
@@ -165,7 +165,9 @@ class TrainState:
         msd, osd = get_state_dict(self.model, self.optimizer)
         return {"model": msd, "optimizer": osd}
 
-    def load_dcp(self, root: Path, manifest: mf.Manifest, coll: Collective | None = None) -> None:
+    def load_dcp(
+        self, root: Location, manifest: mf.Manifest, coll: Collective | None = None
+    ) -> None:
         """Read model and optimizer from ``root/dcp``, resharded to the current layout.
 
         Every DCP file is checked against the manifest while it is read, ``.metadata``
@@ -292,7 +294,7 @@ class TrainState:
     # --- restore ---------------------------------------------------------------------------
 
     def restore_tree(self, tree: Mapping[str, Any], manifest: mf.Manifest | None = None, *,
-                     strict: bool = True, path: Path | None = None,
+                     strict: bool = True, path: Location | None = None,
                      coll: Collective | None = None) -> RestoreResult:
         """Put a loaded state tree back into the live objects.
 

@@ -20,9 +20,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ckptkit import codes
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError, IntegrityError
+from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.foreign.read import scan
 from ckptkit.storage import digest
@@ -140,13 +139,13 @@ def read_adopted(s: Scan) -> dict[str, Any] | None:
     and an empty record is returned.
     """
     p = adopted_path(s.target)
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None
     rel = p.name
     try:
-        if p.stat().st_size > mf.MAX_MANIFEST_BYTES:
-            raise codes.error("CK-M006", "adopted manifest is absurdly large")
-        m = mf.Manifest.from_json(p.read_bytes(), path=rel)
+        # The same reader as native manifests: a regular file only (never a symlink or a
+        # FIFO, CK-M008), size-capped, strict JSON, validated once.
+        m = mf.read_path(p)
     except CkptkitError as e:
         s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
         return {}
@@ -199,7 +198,11 @@ def check_adopted(s: Scan) -> bool | None:
         if size != f["size"]:
             s.add("CK-F002", f"size {size} differs from the adopted {f['size']} bytes", path=rel)
             continue
-        hexd, _ = digest.hash_file(p)
+        try:
+            hexd, _ = digest.hash_file(p)
+        except UnsafeInputError as e:  # a FIFO or device where a file was: never opened
+            s.add(e.code or "CK-F022", e.what, path=rel, hint=e.hint)
+            continue
         if hexd != f["xxh3_128"]:
             s.add(
                 "CK-F003",

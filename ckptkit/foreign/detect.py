@@ -6,6 +6,7 @@ foreign. Detection is ordered from the most specific marker to the least.
 
 from __future__ import annotations
 
+import os
 import pickletools
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def detect(path: Path | str) -> str | None:
     """
     p = Path(path)
     if p.is_dir():
-        if (p / MANIFEST_NAME).exists():
+        if os.path.lexists(p / MANIFEST_NAME):  # even a dangling link: native, refused there
             return None
         names = {c.name for c in p.iterdir() if c.is_file()}
         if ".metadata" in names or any(n.endswith(".distcp") for n in names):

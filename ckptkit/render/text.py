@@ -76,6 +76,12 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
         f"[bold]{_e(info['path'])}[/]  step={info['step']}  written {info['created_at']} by {by}"
         f"  total {human_bytes(info['total_bytes'])}"
     )
+    if info.get("manifest_digest"):
+        sig = info.get("signature")
+        signed = (
+            f"signed (key id {sig['key_id']}, {sig['status']})" if sig else "unsigned"
+        )
+        con.print(f"manifest_digest {info['manifest_digest']}  {signed}")
     comps = Table(show_header=True, header_style="bold", box=None, title="components")
     for col in ("component", "present", "required", "where", "summary"):
         comps.add_column(col, overflow="fold")

@@ -20,7 +20,8 @@ from ckptkit import _progress, codes
 from ckptkit import manifest as mf
 from ckptkit.errors import ManifestError
 from ckptkit.fit import FitReport, match_targets
-from ckptkit.storage import atomic, tensors, tree
+from ckptkit.storage import atomic, fs, remote, tensors, tree
+from ckptkit.storage.fs import Location
 
 IO_WORKERS = 2
 """Files read at once: enough to overlap hashing, syscalls and the disk queue."""
@@ -112,7 +113,7 @@ def _max_bytes_default() -> int:
 
 
 def read_checkpoint(
-    path: Path | str,
+    path: Location | str,
     *,
     targets_from: Any = None,
     strict: bool = True,
@@ -143,7 +144,7 @@ def read_checkpoint(
     Raises:
         StateError: ``CK-R010`` a target does not fit (``strict``).
     """
-    root = Path(path)
+    root = fs.location(path)
     m = manifest or mf.read(root)
     limit = max_bytes if max_bytes is not None else _max_bytes_default()
     need = sum(t.nbytes for t in m.tensors)
@@ -173,15 +174,17 @@ def read_checkpoint(
     # Only tensor shards are read here; other listed files (DCP shards of a multi-rank
     # save) are checked by their own reader path (storage.dist.verify_files) or verify.
     jobs: Sequence[mf.FileEntry] = [f for f in m.files if f.path.endswith(_TENSOR_SUFFIXES)]
-    real_root = root.resolve()
-    for fe in m.files:
-        p = root / fe.path
-        if p.is_symlink() or (p.exists() and not p.resolve().is_relative_to(real_root)):
-            raise codes.error(
-                "CK-F009",
-                "file is a symlink or resolves outside the checkpoint directory",
-                path=fe.path,
-            )
+    local = fs.is_local(root)
+    if local:
+        real_root = Path(str(root)).resolve()
+        for fe in m.files:
+            p = Path(str(root / fe.path))
+            if p.is_symlink() or (p.exists() and not p.resolve().is_relative_to(real_root)):
+                raise codes.error(
+                    "CK-F009",
+                    "file is a symlink or resolves outside the checkpoint directory",
+                    path=fe.path,
+                )
     out: dict[str, torch.Tensor] = {}
     with _progress.bar(f"loading {root.name}", need, progress) as on_bytes:
 
@@ -193,8 +196,13 @@ def read_checkpoint(
                 compression=fe.compression,  # type: ignore[arg-type]
                 raw_size=fe.raw_size,
             )
+            if not local:  # an object store: parallel ranges into the destination tensors
+                return remote.read_file(
+                    root / fe.path, exp, by_file[fe.path], targets=targets, on_bytes=on_bytes
+                )
             return tensors.read_file(
-                root / fe.path, exp, by_file[fe.path], targets=targets, on_bytes=on_bytes
+                Path(str(root / fe.path)), exp, by_file[fe.path], targets=targets,
+                on_bytes=on_bytes,
             )
 
         workers = max(1, min(IO_WORKERS, len(jobs)))

@@ -34,7 +34,6 @@ import mmap
 import os
 import pickle
 import re
-import stat
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import PurePosixPath
@@ -45,7 +44,7 @@ import torch
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, DistributedError
-from ckptkit.storage import digest, fs
+from ckptkit.storage import digest, files, fs
 from ckptkit.storage.fs import Location
 
 DCP_DIR = "dcp"
@@ -276,47 +275,18 @@ def read_verified(path: Location, fe: mf.FileEntry, *, rel: str) -> bytes:
 
 @contextlib.contextmanager
 def open_regular(path: Location, *, rel: str) -> Iterator[io.BufferedReader]:
-    """Open ``path`` for reading only if it is a regular file (never blocks on a FIFO).
+    """Open a listed local file for reading, only if it is a regular file (never blocks).
 
     Raises:
         IncompleteCheckpointError: ``CK-F001`` it does not exist.
         UnsafeInputError: ``CK-F022`` it is a FIFO, device, directory or symlink.
     """
     try:
-        fd = os.open(
-            str(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        )
+        raw = files.open_regular(str(path), code="CK-F022", rel=rel)
     except FileNotFoundError:
         raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
-    except OSError as e:
-        raise codes.error(
-            "CK-F022", f"cannot be opened as a regular file ({e.strerror})", path=rel
-        ) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise codes.error("CK-F022", f"is a {_kind(mode)}, not a regular file", path=rel)
-        os.set_blocking(fd, True)
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    with f:
+    with io.BufferedReader(cast(Any, raw)) as f:
         yield f
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISLNK, "symlink"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def load(

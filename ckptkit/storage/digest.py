@@ -16,6 +16,8 @@ from typing import Any
 
 import xxhash
 
+from ckptkit.storage import files
+
 ALGORITHM = "xxh3_128"
 CHUNK = 8 << 20
 """Bytes per write/read/hash step: large enough to amortise syscalls, small enough for RAM."""
@@ -107,7 +109,7 @@ def hash_file(
     on_chunk: Callable[[int, memoryview], None] | None = None,
     read_ahead: int = READ_AHEAD,
 ) -> tuple[str, int]:
-    """Return ``(xxh3-128 hex digest, size)`` of a file, reading it once.
+    """Return ``(xxh3-128 hex digest, size)`` of a regular file, reading it once.
 
     ``read_ahead`` reader threads ``pread`` the next chunks into their own buffers while
     this thread hashes the current one (xxh3 releases the GIL), so reading and hashing
@@ -115,57 +117,72 @@ def hash_file(
     every chunk in file order (verify scans tensor values there, so the file is read once).
     The size is the one ``fstat`` gave when the file was opened.
 
+    Raises:
+        UnsafeInputError: ``CK-F022`` the path is a FIFO, directory or device (never
+            opened, so never a hang); ``CK-F009`` it is a symlink.
+
     Example:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "f"; _ = p.write_bytes(b"abc")
         >>> hash_file(p) == (hexdigest_bytes(b"abc"), 3)
         True
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        size = os.fstat(fd).st_size
-        if hasattr(os, "posix_fadvise"):
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
-        h = new()
-        n_chunks = -(-size // chunk)
-        depth = max(1, min(read_ahead, n_chunks))
+    with files.open_regular(path, code="CK-F022", symlink_code="CK-F009") as f:
+        return hash_fd(
+            f.fileno(), chunk=chunk, on_bytes=on_bytes, on_chunk=on_chunk, read_ahead=read_ahead
+        )
 
-        def read_into(buf: bytearray, off: int) -> int:
-            want = min(chunk, size - off)
-            mv = memoryview(buf)[:want]
-            got = 0
-            while got < want:
-                k = os.preadv(fd, [mv[got:]], off + got)
-                if k == 0:
-                    break  # truncated while we read: the digest will not match
-                got += k
-            return got
 
-        with ThreadPoolExecutor(depth, thread_name_prefix="ckptkit-read") as pool:
-            pending: collections.deque[tuple[int, bytearray, Future[int]]] = collections.deque()
-            free = [bytearray(min(chunk, size) or 1) for _ in range(depth + 1)]
-            nxt = 0
-            while nxt < n_chunks and free and len(pending) < depth:
-                buf = free.pop()
-                pending.append((nxt * chunk, buf, pool.submit(read_into, buf, nxt * chunk)))
+def hash_fd(
+    fd: int,
+    *,
+    chunk: int = CHUNK,
+    on_bytes: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int, memoryview], None] | None = None,
+    read_ahead: int = READ_AHEAD,
+) -> tuple[str, int]:
+    """:func:`hash_file` of an open file descriptor (whole file, whatever its position)."""
+    size = os.fstat(fd).st_size
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
+    h = new()
+    n_chunks = -(-size // chunk)
+    depth = max(1, min(read_ahead, n_chunks))
+
+    def read_into(buf: bytearray, off: int) -> int:
+        want = min(chunk, size - off)
+        mv = memoryview(buf)[:want]
+        got = 0
+        while got < want:
+            k = os.preadv(fd, [mv[got:]], off + got)
+            if k == 0:
+                break  # truncated while we read: the digest will not match
+            got += k
+        return got
+
+    with ThreadPoolExecutor(depth, thread_name_prefix="ckptkit-read") as pool:
+        pending: collections.deque[tuple[int, bytearray, Future[int]]] = collections.deque()
+        free = [bytearray(min(chunk, size) or 1) for _ in range(depth + 1)]
+        nxt = 0
+        while nxt < n_chunks and free and len(pending) < depth:
+            buf = free.pop()
+            pending.append((nxt * chunk, buf, pool.submit(read_into, buf, nxt * chunk)))
+            nxt += 1
+        while pending:
+            off, buf, fut = pending.popleft()
+            n = fut.result()
+            view = memoryview(buf)[:n]
+            if nxt < n_chunks and free:
+                b2 = free.pop()
+                pending.append((nxt * chunk, b2, pool.submit(read_into, b2, nxt * chunk)))
                 nxt += 1
-            while pending:
-                off, buf, fut = pending.popleft()
-                n = fut.result()
-                view = memoryview(buf)[:n]
-                if nxt < n_chunks and free:
-                    b2 = free.pop()
-                    pending.append((nxt * chunk, b2, pool.submit(read_into, b2, nxt * chunk)))
-                    nxt += 1
-                h.update(view)
-                if on_chunk is not None:
-                    on_chunk(off, view)
-                if on_bytes is not None:
-                    on_bytes(n)
-                free.append(buf)
-                if n < min(chunk, size - off):
-                    break
-        return str(h.hexdigest()), size
-    finally:
-        os.close(fd)
+            h.update(view)
+            if on_chunk is not None:
+                on_chunk(off, view)
+            if on_bytes is not None:
+                on_bytes(n)
+            free.append(buf)
+            if n < min(chunk, size - off):
+                break
+    return str(h.hexdigest()), size

@@ -208,7 +208,7 @@ def _read_compressed(
     got = fs.read_into(loc, raw)
     if got != expected.size:
         raise codes.error("CK-F002", f"read {got} of {expected.size} bytes", path=rel)
-    hexd = digest.hexdigest_bytes(raw)
+    hexd = digest.hexdigest_bytes(memoryview(raw))
     if hexd != expected.digest:
         raise codes.error(
             "CK-F003",

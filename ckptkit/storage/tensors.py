@@ -28,7 +28,7 @@ import torch
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError, StateError, UnsafeInputError
-from ckptkit.storage import codec, digest
+from ckptkit.storage import codec, digest, files
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -492,6 +492,8 @@ def read_file(
 
     Raises:
         IncompleteCheckpointError: ``CK-F001``, the file is missing.
+        UnsafeInputError: ``CK-F022`` a FIFO, directory or device (never opened); ``CK-F009``
+            a symlink.
         IntegrityError: ``CK-F002`` wrong size, ``CK-F004`` bad header, ``CK-F005``
             header disagrees with the manifest, ``CK-F003`` digest mismatch.
         UnsafeInputError: ``CK-F008`` a compressed file expands past its declared size.
@@ -501,9 +503,16 @@ def read_file(
     """
     rel = expected.rel
     try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in finally
-    except FileNotFoundError:
+        # Regular files only: a FIFO here would block the read forever, a directory raise
+        # IsADirectoryError (CK-F022; a symlink is CK-F009).
+        f = files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009")
+    except (FileNotFoundError, NotADirectoryError):
         raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
+    except OSError as e:
+        raise codes.error(
+            "CK-F004", f"cannot be read: {e.strerror or e}", path=rel,
+            hint="check permissions and the disk, then load again",
+        ) from None
     try:
         size = os.fstat(f.fileno()).st_size
         if size != expected.size:
@@ -750,20 +759,23 @@ def scan_file(
         header: dict[str, HeaderEntry] | None = None
         err: tuple[str, str] | None = None
         finite: FiniteScan | None = None
-        try:
-            with open(path, "rb") as f:
+        with files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009") as f:
+            try:
                 fsize = os.fstat(f.fileno()).st_size
                 n, raw = read_header_from(f, path=rel, file_size=fsize)
-            header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
-            if values:
-                finite = FiniteScan(header, 8 + n)
-        except (IntegrityError, UnsafeInputError) as e:
-            err = (e.code or "CK-F004", e.what)
-        hexd, size = digest.hash_file(
-            path, on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
-        )
+                header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
+                if values:
+                    finite = FiniteScan(header, 8 + n)
+            except (IntegrityError, UnsafeInputError) as e:
+                err = (e.code or "CK-F004", e.what)
+            hexd, size = digest.hash_fd(
+                f.fileno(), on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
+            )
         return hexd, size, header, err, finite
-    with open(path, "rb", buffering=0) as f, digest.PipelinedHasher() as hasher:
+    with (
+        files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009") as f,
+        digest.PipelinedHasher() as hasher,
+    ):
         hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
         buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
         size = os.fstat(f.fileno()).st_size

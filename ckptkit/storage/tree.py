@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ckptkit.errors import ManifestError, StateError
+from ckptkit.storage.tensors import DTYPES
 
 TAG = "$t"
 
@@ -94,6 +95,11 @@ def encode(obj: Any) -> Encoded:
     def enc(x: Any, path: list[str]) -> Any:
         if x is None or type(x) in (bool, int, str):
             return x
+        if len(path) > MAX_NESTING:
+            raise StateError(
+                f"state nested deeper than {MAX_NESTING} levels at '{'/'.join(path[:8])}/…'",
+                hint="flatten the state; checkpoints hold state_dicts and plain records",
+            )
         if type(x) is float:
             if math.isfinite(x):
                 return x
@@ -130,7 +136,7 @@ def encode(obj: Any) -> Encoded:
             if x.dtype.kind not in _NP_KINDS or x.dtype.byteorder == ">":
                 raise _unsupported(x, path, f"numpy array of dtype {x.dtype}")
             return tensor_ref(torch.from_numpy(np.ascontiguousarray(x)), path, tag="ndarray")
-        if isinstance(x, np.generic) and x.dtype.kind in _NP_KINDS:
+        if isinstance(x, np.generic) and x.dtype.str.lstrip("<=|") in _NP_SCALARS:
             return {TAG: "npscalar", "dtype": x.dtype.str.lstrip("<=|"), "v": enc(x.item(), path)}
         if type(x) is bytes:
             return {TAG: "bytes", "b64": base64.b64encode(x).decode("ascii")}
@@ -139,12 +145,38 @@ def encode(obj: Any) -> Encoded:
     def enc_key(k: Any, path: list[str]) -> Any:
         if k is None or type(k) in (bool, int, str, float):
             return enc(k, path)
-        if type(k) is tuple:
+        if type(k) is tuple and _key_ok(k):
             return enc(k, path)
         raise _unsupported(k, path, f"dict key of type {type(k).__name__}")
 
     out.tree = enc(obj, [])
+    if nesting_exceeds(out.tree, MAX_NESTING):
+        raise StateError(
+            f"state nested deeper than {MAX_NESTING} JSON levels once encoded",
+            hint="flatten the state; checkpoints hold state_dicts and plain records",
+        )
     return out
+
+
+def nesting_exceeds(obj: Any, limit: int) -> bool:
+    """Return whether JSON value ``obj`` nests containers deeper than ``limit`` (no recursion).
+
+    Example:
+        >>> nesting_exceeds([[1]], 2), nesting_exceeds([[[1]]], 2)
+        (False, True)
+    """
+    level = [obj] if type(obj) is dict or type(obj) is list else []
+    depth = 0
+    while level:  # one pass per level: no per-node tuples, no recursion
+        depth += 1
+        if depth > limit:
+            return True
+        nxt: list[Any] = []
+        for x in level:
+            vals = x.values() if type(x) is dict else x
+            nxt += [v for v in vals if type(v) is dict or type(v) is list]
+        level = nxt
+    return False
 
 
 def _is_plain_mapping(x: Any) -> bool:
@@ -162,11 +194,243 @@ def _unsupported(x: Any, path: list[str], what: str | None = None) -> StateError
     )
 
 
-def decode(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+MAX_NESTING = 100
+"""Deepest JSON nesting of an encoded tree. Real training state nests a few levels (a
+tagged dict takes three); the bound keeps every recursive walk of a hostile tree far
+from Python's recursion limit. :func:`encode` refuses deeper state, so whatever saves
+also loads."""
+
+Leaf = Callable[[str, str, Mapping[str, Any]], Any]
+"""``(tag, key, reference) -> value`` for a ``tensor`` / ``ndarray`` reference."""
+
+_TAG_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    # tag: (required fields besides "$t", optional fields)
+    "tensor": (frozenset({"key"}), frozenset({"requires_grad"})),
+    "ndarray": (frozenset({"key"}), frozenset()),
+    "tuple": (frozenset({"items"}), frozenset()),
+    "dict": (frozenset({"items"}), frozenset()),
+    "float": (frozenset({"v"}), frozenset()),
+    "size": (frozenset({"items"}), frozenset()),
+    "dtype": (frozenset({"v"}), frozenset()),
+    "device": (frozenset({"v"}), frozenset()),
+    "npscalar": (frozenset({"dtype", "v"}), frozenset()),
+    "bytes": (frozenset({"b64"}), frozenset()),
+}
+_REF_FIELDS = frozenset({TAG, "key"})
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: v for name, v in vars(torch).items() if isinstance(v, torch.dtype)
+}
+"""``torch.<name>`` dtypes, looked up without ``getattr`` (which imports lazy submodules)."""
+_NP_SCALARS: dict[str, np.dtype[Any]] = {
+    np.dtype(c).str.lstrip("<=|"): np.dtype(c)
+    for c in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8")
+}
+"""numpy scalar dtypes :func:`encode` writes (``x.dtype.str`` without byte order)."""
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_SIZE_MAX = 1 << 63
+_DECODE_ERRORS = (
+    KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OverflowError,
+)
+
+
+class _Malformed(Exception):
+    """A tree value :func:`decode` cannot rebuild; carries the path to it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+        self.where: list[str] = []
+
+
+def tree_error(why: str, where: str = "") -> ManifestError:
+    """Return the ``CK-M009`` error for a state tree that cannot be rebuilt."""
+    at = f"tree/{where}" if where else "tree"
+    return ManifestError(
+        f"the state tree cannot be rebuilt at '{at}': {why}",
+        code="CK-M009",
+        hint="the manifest was damaged, edited or written by a newer ckptkit; roll back to "
+        "the previous verified checkpoint ('ckptkit ls RUN'), or upgrade ckptkit",
+    )
+
+
+def _converts_to_numpy(dt: torch.dtype) -> bool:
+    try:
+        torch.empty(0, dtype=dt).numpy()
+    except (TypeError, RuntimeError):
+        return False
+    return True
+
+
+_NUMPY_DTYPES = frozenset(dt for dt in DTYPES.values() if _converts_to_numpy(dt))
+"""Tensor dtypes that ``Tensor.numpy()`` converts (not bf16, not fp8): what an ndarray holds."""
+
+
+def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
+    """Rebuild the object an encoded tree describes; ``leaf`` supplies each tensor.
+
+    This is the one decoder: :func:`decode` (load) and :func:`check` (every manifest
+    read, so verify) both run it, so a tree that verifies also loads.
+
+    Args:
+        tree: the encoded tree (JSON).
+        known: tensor keys the manifest lists.
+        leaf: returns the value of a tensor or ndarray reference whose key is known.
+
+    Raises:
+        ManifestError: ``CK-M009``, naming the place in the tree and what is wrong.
+    """
+    tag_of: dict[str, str] = {}
+
+    def dec(x: Any, depth: int) -> Any:
+        if depth > MAX_NESTING:
+            raise _Malformed(f"nested deeper than {MAX_NESTING} levels")
+        if isinstance(x, list):
+            out = []
+            for i, v in enumerate(x):
+                try:
+                    out.append(dec(v, depth + 1))
+                except _Malformed as e:
+                    e.where.append(str(i))
+                    raise
+            return out
+        if not isinstance(x, dict):
+            return x  # a JSON scalar (the parser admits finite numbers only)
+        tag = x.get(TAG)
+        if tag is None:
+            res = {}
+            for k, v in x.items():
+                try:
+                    res[k] = dec(v, depth + 1)
+                except _Malformed as e:
+                    e.where.append(_seg(k))
+                    raise
+            return res
+        return dec_tagged(x, tag, depth)
+
+    def fields(x: dict[str, Any], tag: str) -> None:
+        need, opt = _TAG_FIELDS[tag]
+        have = set(x) - {TAG}
+        if not need <= have or not have <= need | opt:
+            raise _Malformed(
+                f"a {tag!r} value has fields {sorted(have)}; it needs {sorted(need)}"
+                + (f" and may have {sorted(opt)}" if opt else "")
+            )
+
+    def items_of(x: dict[str, Any], tag: str) -> list[Any]:
+        v = x["items"]
+        if not isinstance(v, list):
+            raise _Malformed(f"the items of a {tag!r} value are {type(v).__name__}, not a list")
+        return v
+
+    def dec_tagged(x: dict[str, Any], tag: Any, depth: int) -> Any:
+        if not isinstance(tag, str) or tag not in _TAG_FIELDS:
+            raise _Malformed(f"unknown tag {tag!r} (written by a newer ckptkit?)")
+        if not (tag == "tensor" and x.keys() == _REF_FIELDS):  # the common case, checked fast
+            fields(x, tag)
+        if tag in ("tensor", "ndarray"):
+            key = x["key"]
+            if not isinstance(key, str):
+                raise _Malformed(f"a {tag} reference has a key of type {type(key).__name__}")
+            if key not in known:
+                raise _Malformed(f"references tensor {key!r}, which the manifest does not list")
+            if tag_of.setdefault(key, tag) != tag:
+                raise _Malformed(f"tensor {key!r} is referenced both as a tensor and an ndarray")
+            if not isinstance(x.get("requires_grad", False), bool):
+                raise _Malformed("requires_grad is not a boolean")
+            return leaf(tag, key, x)
+        if tag == "tuple":
+            vals = []
+            for i, v in enumerate(items_of(x, tag)):
+                try:
+                    vals.append(dec(v, depth + 2))
+                except _Malformed as e:
+                    e.where.append(str(i))
+                    raise
+            return tuple(vals)
+        if tag == "dict":
+            out: dict[Any, Any] = {}
+            for i, kv in enumerate(items_of(x, tag)):
+                try:
+                    if not isinstance(kv, list) or len(kv) != 2:
+                        raise _Malformed("a dict item is not a [key, value] pair")
+                    k = _hashable(dec(kv[0], depth + 3))
+                    if not _key_ok(k):
+                        raise _Malformed(f"a dict key of type {type(k).__name__} (unhashable "
+                                         "or not a plain value)")
+                    out[k] = dec(kv[1], depth + 3)
+                except _Malformed as e:
+                    e.where.append(str(i))
+                    raise
+            return out
+        v = x.get("v")
+        if tag == "float":
+            if v not in _NONFINITE:
+                raise _Malformed(f"a float tag holds {v!r}, not 'nan', 'inf' or '-inf'")
+            return _NONFINITE[v]
+        if tag == "size":
+            dims = items_of(x, tag)
+            if not all(type(d) is int and 0 <= d < _SIZE_MAX for d in dims):
+                raise _Malformed("a torch.Size holds something other than non-negative ints")
+            return torch.Size(dims)
+        if tag == "dtype":
+            dt = _TORCH_DTYPES.get(v) if isinstance(v, str) else None
+            if dt is None:
+                raise _Malformed(f"unknown torch dtype {v!r}")
+            return dt
+        if tag == "device":
+            if not isinstance(v, str) or len(v) > 64:
+                raise _Malformed(f"a device is {type(v).__name__}, not a short string")
+            try:
+                return torch.device(v)
+            except RuntimeError:
+                raise _Malformed(f"torch cannot parse the device {v!r}") from None
+        if tag == "npscalar":
+            return _npscalar(x["dtype"], dec(v, depth + 1))
+        # bytes
+        b64 = x["b64"]
+        if not isinstance(b64, str):
+            raise _Malformed("a bytes value is not a base64 string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except ValueError:
+            raise _Malformed("a bytes value is not valid base64") from None
+
+    try:
+        return dec(tree, 1)
+    except _Malformed as e:
+        raise tree_error(e.why, "/".join(reversed(e.where))) from None
+    except RecursionError:
+        raise tree_error("nested too deeply") from None
+
+
+def _npscalar(name: Any, v: Any) -> Any:
+    dt = _NP_SCALARS.get(name) if isinstance(name, str) else None
+    if dt is None:
+        raise _Malformed(f"unsupported numpy scalar dtype {name!r}")
+    if dt.kind == "b":
+        ok = type(v) is bool
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        ok = type(v) is int and info.min <= v <= info.max
+    else:
+        ok = type(v) in (int, float)
+    if not ok:
+        raise _Malformed(f"{v!r} is not a value of numpy {dt.name}")
+    return dt.type(v)
+
+
+def _key_ok(k: Any) -> bool:
+    if k is None or type(k) in (bool, int, float, str):
+        return True
+    return type(k) is tuple and all(_key_ok(v) for v in k)
+
+
+def decode(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     """Rebuild the object :func:`encode` split, sharing tensors referenced twice.
 
     Raises:
-        ManifestError: on an unknown tag or a reference to a tensor that does not exist.
+        ManifestError: ``CK-M009`` for anything :func:`encode` would not have written (an
+            unknown tag, a reference to a tensor that does not exist, a malformed value).
 
     Example:
         >>> e = encode({"a": (1, 2), 3: float("inf")})
@@ -174,66 +438,47 @@ def decode(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
         {'a': (1, 2), 3: inf}
     """
 
-    def dec(x: Any) -> Any:
-        if isinstance(x, list):
-            return [dec(v) for v in x]
-        if not isinstance(x, dict):
-            return x
-        tag = x.get(TAG)
-        if tag is None:
-            return {k: dec(v) for k, v in x.items()}
-        if tag == "tensor" or tag == "ndarray":
-            key = x.get("key")
-            if key not in tensors:
-                raise ManifestError(
-                    f"tree references tensor {key!r} that the manifest does not list",
-                    code="CK-M003",
-                    hint="the manifest is inconsistent; roll back to the previous checkpoint",
-                )
-            t = tensors[key]
-            if tag == "ndarray":
-                return t.numpy()
-            if x.get("requires_grad") and t.is_floating_point():
-                t.requires_grad_(True)
-            return t
-        if tag == "tuple":
-            return tuple(dec(v) for v in x["items"])
-        if tag == "dict":
-            return {_hashable(dec(k)): dec(v) for k, v in x["items"]}
-        if tag == "float":
-            return float(x["v"])
-        if tag == "size":
-            return torch.Size(x["items"])
-        if tag == "dtype":
-            dt = getattr(torch, str(x["v"]), None)
-            if not isinstance(dt, torch.dtype):
-                raise ManifestError(f"unknown dtype {x['v']!r} in tree", code="CK-M003")
-            return dt
-        if tag == "device":
-            return torch.device(str(x["v"]))
-        if tag == "npscalar":
-            return np.dtype(str(x["dtype"])).type(dec(x["v"]))
-        if tag == "bytes":
-            return base64.b64decode(str(x["b64"]))
-        raise ManifestError(
-            f"unknown tag {tag!r} in the state tree",
-            code="CK-M003",
-            hint="written by a newer ckptkit? upgrade ckptkit to read it",
-        )
+    def leaf(tag: str, key: str, ref: Mapping[str, Any]) -> Any:
+        t = tensors[key]
+        if tag == "ndarray":
+            if t.dtype not in _NUMPY_DTYPES:
+                raise _Malformed(f"tensor {key!r} of dtype {t.dtype} cannot be a numpy array")
+            return t.detach().cpu().numpy()
+        if ref.get("requires_grad") and t.is_floating_point():
+            t.requires_grad_(True)
+        return t
 
-    try:
-        return dec(tree)
-    except ManifestError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
-        # A schema-valid manifest can still carry a malformed tagged value (hand-edited or
-        # hostile): report it as a manifest problem, never a traceback.
-        raise ManifestError(
-            f"the state tree is malformed ({type(e).__name__}: {e})",
-            code="CK-M003",
-            hint="the manifest was damaged or edited; roll back to the previous verified "
-            "checkpoint",
-        ) from None
+    return rebuild(tree, known=tensors, leaf=leaf)
+
+
+def check(tree: Any, dtypes: Mapping[str, str]) -> None:
+    """Run :func:`decode` on a tree without tensor bytes: raise what ``load`` would raise.
+
+    Args:
+        tree: the encoded tree.
+        dtypes: tensor key -> safetensors dtype name, as the manifest lists them.
+
+    Raises:
+        ManifestError: ``CK-M009``, as :func:`decode`.
+
+    Example:
+        >>> check({"$t": "tensor", "key": "w"}, {"w": "F32"})
+        >>> check({"$t": "bytes", "b64": "!"}, {})
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.ManifestError: CK-M009 the state tree cannot be rebuilt at 'tree': ...
+    """
+    def leaf(tag: str, key: str, ref: Mapping[str, Any]) -> Any:
+        dt = DTYPES.get(dtypes[key])
+        if tag == "ndarray" and (dt is None or dt not in _NUMPY_DTYPES):
+            raise _Malformed(f"tensor {key!r} of dtype {dt} cannot be a numpy array")
+        return _StandIn()  # not a plain value either: refused as a dict key, as a tensor is
+
+    rebuild(tree, known=dtypes, leaf=leaf)
+
+
+class _StandIn:
+    """What :func:`check` puts where ``load`` puts a tensor or an array (no bytes read)."""
 
 
 def _hashable(k: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptkit import codes
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError
-from ckptkit.storage import tensors
+from ckptkit.errors import CkptkitError, UnsafeInputError
+from ckptkit.storage import files, fs, remote, tensors
+from ckptkit.storage.fs import Location
 
 SCAN_WORKERS = 2
 
@@ -25,6 +28,8 @@ class FileScan:
     exists: bool
     outside: bool = False
     """The path resolves outside the checkpoint (a symlink): never read."""
+    not_regular: str | None = None
+    """What sits there instead of a regular file (``"a FIFO (named pipe)"`` ...): never opened."""
     size: int | None = None
     digest: str | None = None
     header: dict[str, tensors.HeaderEntry] | None = None
@@ -40,9 +45,11 @@ class FileScan:
 class CheckContext:
     """Everything checks need; file scans are computed once and shared between checks."""
 
-    root: Path
+    root: Location
     manifest: mf.Manifest | None
     manifest_error: CkptkitError | None = None
+    signature_checked: bool = False
+    """The manifest's signature was checked against a key (it had to be valid to get here)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     on_bytes: Callable[[int], None] | None = None
     _scans: dict[str, FileScan] = field(default_factory=dict)
@@ -53,11 +60,9 @@ class CheckContext:
         """What this context holds, matched against a check's ``needs``."""
         return frozenset({"manifest"} if self.manifest is not None else set())
 
-    def rel(self, p: Path) -> str:
-        try:
-            return p.relative_to(self.root).as_posix()
-        except ValueError:
-            return str(p)
+    def rel(self, p: Location) -> str:
+        base, here = str(self.root).rstrip("/") + "/", str(p)
+        return here[len(base):] if here.startswith(base) else here
 
     def scan_all(self) -> dict[str, FileScan]:
         """Scan every listed file (size, digest, header), in parallel, once."""
@@ -70,14 +75,24 @@ class CheckContext:
         return self._scans
 
     def _scan(self, fe: mf.FileEntry) -> FileScan:
-        p = self.root / fe.path
-        if not (p.exists() or p.is_symlink()):
-            return FileScan(fe, exists=False)
-        real_root = self.root.resolve()
-        if p.is_symlink() or not p.resolve().is_relative_to(real_root):
-            return FileScan(fe, exists=True, outside=True)
+        if not fs.is_local(self.root):
+            return self._scan_remote(fe, self.root / fe.path)
+        root = Path(str(self.root))
+        p = root / fe.path
         try:
-            size = os.stat(p).st_size
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            return FileScan(fe, exists=False)
+        except OSError as e:
+            return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+        real_root = root.resolve()
+        if stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(real_root):
+            return FileScan(fe, exists=True, outside=True)
+        what = files.kind(st.st_mode)
+        if what is not None:
+            return FileScan(fe, exists=True, not_regular=what)
+        try:
+            size = st.st_size
             if size != fe.size:
                 # Not hashed: the size alone proves the file is not the one recorded.
                 return FileScan(fe, exists=True, size=size)
@@ -89,10 +104,55 @@ class CheckContext:
                 on_bytes=self.on_bytes,
                 values=self.options.get("scan_values", True) is not False,
             )
+        except UnsafeInputError as e:  # swapped for a symlink or FIFO after the lstat
+            if e.code not in ("CK-F009", "CK-F022"):
+                raise
+            if e.code == "CK-F009":
+                return FileScan(fe, exists=True, outside=True)
+            return FileScan(fe, exists=True, not_regular="replaced while being checked")
         except OSError as e:
             return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):
             header, err = None, None
+        return FileScan(
+            fe, exists=True, size=size, digest=hexd, header=header,
+            header_error=err[1] if err else None, header_error_code=err[0] if err else None,
+            finite=finite,
+        )
+
+    def _scan_remote(self, fe: mf.FileEntry, p: Location) -> FileScan:
+        """The same scan on an object store: size, parallel ranged digest, header, values.
+
+        A compressed object's header is checked when it is loaded, not here (it would take
+        a second download); its digest is checked like any other.
+        """
+        try:
+            if fs.kind(p) is None:
+                return FileScan(fe, exists=False)
+            size = fs.size(p)
+            if size != fe.size:
+                return FileScan(fe, exists=True, size=size)
+            header: dict[str, tensors.HeaderEntry] | None = None
+            err: tuple[str, str] | None = None
+            finite: tensors.FiniteScan | None = None
+            if fe.compression is None and fe.path.endswith(".safetensors"):
+                try:
+                    pre = fs.read_ranges(p, [(0, min(8, size))])[0]
+                    n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
+                    if n < 0 or n > min(tensors.MAX_HEADER, size - 8):
+                        raise codes.error("CK-F004", "safetensors header length is absurd or "
+                                          "the file is truncated", path=fe.path)
+                    raw = fs.read_ranges(p, [(8, 8 + n)])[0]
+                    header = tensors.parse_header(raw, path=fe.path, data_len=size - 8 - n)
+                    if self.options.get("scan_values", True) is not False:
+                        finite = tensors.FiniteScan(header, 8 + n)
+                except CkptkitError as e:
+                    err = (e.code or "CK-F004", e.what)
+            hexd, size = remote.hash_file(
+                p, on_bytes=self.on_bytes, on_chunk=finite.feed if finite is not None else None
+            )
+        except OSError as e:
+            return FileScan(fe, exists=True, io_error=f"{e}")
         return FileScan(
             fe, exists=True, size=size, digest=hexd, header=header,
             header_error=err[1] if err else None, header_error_code=err[0] if err else None,

@@ -8,18 +8,18 @@ each other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit.codes import Finding, Severity
+from ckptkit.storage.fs import Location
 
 
 @dataclass
 class Report:
     """Findings for one checkpoint directory."""
 
-    path: Path
+    path: Location
     findings: list[Finding]
     components: dict[str, mf.Component]
     manifest: mf.Manifest | None = None
@@ -73,7 +73,7 @@ class Report:
 class VerifyResult:
     """What :func:`verify` returns: one report per checkpoint found."""
 
-    path: Path
+    path: Location
     reports: list[Report] = field(default_factory=list)
     strict: bool = False
 

@@ -9,13 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckptkit import _progress
+from ckptkit import _progress, signing
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.read import resolve_format
 from ckptkit.foreign.report import verify_foreign
-from ckptkit.storage import atomic
+from ckptkit.storage import atomic, fs
+from ckptkit.storage.fs import Location
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
@@ -25,24 +26,45 @@ DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
 
 def verify_one(
-    path: Path | str,
+    path: Location | str,
     *,
     families: Iterable[str] = DEFAULT_FAMILIES,
     strict: bool = False,
     options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    key: bytes | None = None,
+    manifest: mf.Manifest | None = None,
 ) -> Report:
-    """Run the checks of ``families`` on one checkpoint directory and return its report."""
-    root = Path(path)
+    """Run the checks of ``families`` on one checkpoint directory and return its report.
+
+    Args:
+        path: the checkpoint directory.
+        families: which check families run.
+        strict: count warnings as failures.
+        options: options the checks read (``against_env``, ``scan_values`` ...).
+        progress: show a progress bar.
+        key: an HMAC key (resolved, see :func:`ckptkit.signing.resolve_key`): the
+            manifest must be signed with it (``CK-M010``/``CK-M011`` otherwise).
+        manifest: the manifest of ``path`` when the caller has just read it (with the same
+            ``key``): it is not read and validated a second time.
+    """
+    root = fs.location(path)
     t0 = time.perf_counter()
-    existed = os.path.lexists(root)
-    m: mf.Manifest | None = None
+    existed = fs.kind(root) is not None
+    m: mf.Manifest | None = manifest
     err: CkptkitError | None = None
-    try:
-        m = mf.read(root)
-    except CkptkitError as e:
-        err = e
-    ctx = CheckContext(root=root, manifest=m, manifest_error=err, options=dict(options or {}))
+    if m is None:
+        try:
+            m = mf.read(root, key=key)
+        except CkptkitError as e:
+            err = e
+    ctx = CheckContext(
+        root=root,
+        manifest=m,
+        manifest_error=err,
+        signature_checked=key is not None,
+        options=dict(options or {}),
+    )
     fams = set(families)
     findings: list[Finding] = []
     total = m.total_bytes if m is not None else 0
@@ -54,7 +76,7 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
-    gone = existed and not os.path.lexists(root)
+    gone = existed and fs.kind(root) is None
     if gone:
         # Rotation of a live run deleted it while we read: not damage, and not a finding
         # about the bytes we saw half of.
@@ -107,13 +129,13 @@ def find_checkpoints(path: Path) -> list[Path]:
     has a manifest, or looks like an interrupted save (a leftover temporary directory,
     or a step directory without manifest), is included so that verify reports it.
     """
-    if (path / atomic.MANIFEST_NAME).exists() or not path.is_dir():
+    if os.path.lexists(path / atomic.MANIFEST_NAME) or not path.is_dir():
         return [path]
     out = []
     for child in sorted(path.iterdir()):
         if not child.is_dir() or child.is_symlink() or atomic.is_temporary(child):
             continue
-        if (child / atomic.MANIFEST_NAME).exists() or child.name.startswith("step-"):
+        if os.path.lexists(child / atomic.MANIFEST_NAME) or child.name.startswith("step-"):
             out.append(child)
     return out or [path]
 
@@ -126,6 +148,7 @@ def verify(
     families: Iterable[str] | None = None,
     progress: bool | None = None,
     format: str | None = None,
+    key: signing.KeyLike | None = None,
 ) -> VerifyResult:
     """Verify one checkpoint, or every checkpoint under a run directory.
 
@@ -140,6 +163,9 @@ def verify(
         families: override which check families run.
         progress: show a progress bar (default: on a terminal, for big checkpoints).
         format: a foreign format name (``ckptkit.foreign.FORMATS``) overriding detection.
+        key: HMAC key every manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
+            ``CKPTKIT_HMAC_KEY_FILE``, else none). Without a key a signed manifest still
+            verifies and reports ``CK-M012`` (signature not checked).
 
     Returns:
         A :class:`VerifyResult`; ``.ok`` is False when any error finding (``strict``:
@@ -156,6 +182,7 @@ def verify(
         True
     """
     root = Path(path)
+    k = signing.resolve_key(key)
     if not root.exists():
         raise IncompleteCheckpointError(
             "no such file or directory", path=root, hint="check the path"
@@ -170,7 +197,7 @@ def verify(
         return result
     for ck in find_checkpoints(root):
         result.reports.append(
-            verify_one(ck, families=fams, strict=strict, progress=progress,
+            verify_one(ck, families=fams, strict=strict, progress=progress, key=k,
                        options={"against_env": against_env})
         )
     return result
@@ -183,7 +210,7 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
     """
     if fmt is not None:
         return [(root, fmt)]
-    if (root / atomic.MANIFEST_NAME).exists():
+    if os.path.lexists(root / atomic.MANIFEST_NAME):
         return None
     found = detect(root)
     if found is not None:

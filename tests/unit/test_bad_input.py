@@ -238,5 +238,6 @@ def test_malformed_tree_tags(saved_ckpt, tree: dict) -> None:  # type: ignore[no
     d = saved_ckpt()
     _rewrite_manifest(d, lambda o: o.update(tree={"model": o["tree"]["model"], "x": tree}))
     err = _load_error(d)
-    assert isinstance(err, ckptkit.ManifestError) and err.code == "CK-M003"
-    assert "manifest.json" in str(err)
+    assert isinstance(err, ckptkit.ManifestError) and err.code == "CK-M009"
+    assert "manifest.json" in str(err) and "tree/x" in str(err)
+    assert _codes(d) == ["CK-M009"]  # verify refuses what load refuses

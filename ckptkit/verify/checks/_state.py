@@ -25,9 +25,11 @@ import torch
 
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
+from ckptkit.storage import fs, remote
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.checkpoint import COMPONENT_ALIASES
+from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
 
 TAG = tree_mod.TAG
@@ -279,14 +281,47 @@ def nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
             want = {k: v for k, v in want.items() if k in look}
             if not want:
                 continue
-        reader = _mapped if fe.compression is None else _read
-        for key, nf in reader(ctx.root, fe, want):
+        if not fs.is_local(ctx.root):
+            found: Iterator[tuple[str, NonFinite | None]] = _remote(ctx.root, fe, want)
+        elif fe.compression is None:
+            found = _mapped(Path(str(ctx.root)), fe, want)
+        else:
+            found = _read(Path(str(ctx.root)), fe, want)
+        for key, nf in found:
             comp = tensor_component(key)
             if comp in out and nf is not None:
                 out[comp].append(nf)
     _CACHE[id(ctx)] = out
     weakref.finalize(ctx, _CACHE.pop, id(ctx), None)
     return out
+
+
+def _remote(
+    root: Location, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+) -> Iterator[tuple[str, NonFinite | None]]:
+    """The second look on an object store: the flagged tensors' byte ranges, fetched."""
+    p = root / fe.path
+    try:
+        if fe.compression is not None:
+            obj = remote.read_file(
+                p,
+                tensors_mod.Expected(rel=fe.path, size=fe.size, digest=fe.xxh3_128,
+                                     compression=fe.compression, raw_size=fe.raw_size),  # type: ignore[arg-type]
+                wanted,
+            )
+            for key, t in obj.items():
+                if key in wanted and _floating(wanted[key].dtype):
+                    yield key, _count(key, t)
+            return
+        n = int.from_bytes(fs.read_ranges(p, [(0, 8)])[0], "little")
+        base = 8 + n
+        keys = [k for k, e in wanted.items() if _floating(e.dtype) and e.offsets[1] > e.offsets[0]]
+        spans = [(base + wanted[k].offsets[0], base + wanted[k].offsets[1]) for k in keys]
+        for key, data in zip(keys, fs.read_ranges(p, spans), strict=True):
+            dt = tensors_mod.DTYPES[wanted[key].dtype]
+            yield key, _count(key, torch.frombuffer(bytearray(data), dtype=dt))
+    except (CkptkitError, OSError, ValueError):
+        return
 
 
 def _floating(dtype: str) -> bool:

@@ -7,13 +7,11 @@ passed: a scaler makes the scaler required, a world size W means W RNG states); 
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Iterator
 from typing import Any
 
 from ckptkit import manifest as mf
-from ckptkit.storage import dcp
+from ckptkit.storage import dcp, fs
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.dcp import DCP_DIR, METADATA
 from ckptkit.verify.checks import _state as st
@@ -156,14 +154,14 @@ def _file_stat_problem(ctx: CheckContext, rel: str) -> str | None:
     fe = m.file(rel)
     if fe is None:
         return "is not listed in the manifest"
-    try:
-        info = os.lstat(ctx.root / rel)
-    except OSError:
+    kind = fs.kind(ctx.root / rel)
+    if kind is None:
         return "is missing"
-    if not stat.S_ISREG(info.st_mode):
+    if kind != "file":
         return "is not a regular file"
-    if info.st_size != fe.size:
-        return f"has the wrong size ({info.st_size} of {fe.size} bytes)"
+    size = fs.size(ctx.root / rel)
+    if size != fe.size:
+        return f"has the wrong size ({size} of {fe.size} bytes)"
     return None
 
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import atomic, dcp
+from ckptkit.storage import atomic, dcp, fs
 from ckptkit.verify.context import CheckContext
-from ckptkit.verify.findings import CODES, Finding, check
+from ckptkit.verify.findings import CODES, ERROR, Finding, check
 
 # --- manifest ------------------------------------------------------------------------------
 # The manifest is read once by the runner; each of these reports one way it can fail.
 
-_MANIFEST_CODES = tuple(c for c in CODES if c.startswith("CK-M"))
+_MANIFEST_CODES = tuple(
+    c for c in CODES if c.startswith("CK-M") and CODES[c].severity is ERROR
+)
+"""Manifest codes raised by the manifest reader (``CK-M012`` is a note, made below)."""
 
 
 def _manifest_check(code: str) -> None:
@@ -27,6 +31,17 @@ def _manifest_check(code: str) -> None:
 
 for _code in _MANIFEST_CODES:
     _manifest_check(_code)
+
+
+@check("CK-M012")
+def signature_unchecked(ctx: CheckContext) -> Iterator[Finding]:
+    sig = ctx.manifest.signature if ctx.manifest is not None else None
+    if sig is not None and not ctx.signature_checked:
+        yield CODES["CK-M012"].finding(
+            f"the manifest is signed (key id {sig.key_id}) but no key was given: its digests "
+            "were checked, its origin was not",
+            path=atomic.MANIFEST_NAME,
+        )
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -119,7 +134,12 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
 def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     listed = {f.path for f in ctx.manifest.files} | {atomic.MANIFEST_NAME}
-    for p in sorted(ctx.root.rglob("*")):
+    if not fs.is_local(ctx.root):
+        for rel, _size in fs.walk_files(ctx.root):
+            if rel not in listed:
+                yield CODES["CK-F006"].finding("file is not listed in the manifest", path=rel)
+        return
+    for p in sorted(Path(str(ctx.root)).rglob("*")):
         rel = ctx.rel(p)
         if p.is_dir() and not p.is_symlink():
             continue
@@ -130,10 +150,14 @@ def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
 @check("CK-F007", needs=())
 def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
     # Leftovers of *this* checkpoint's saves sit beside it; inside, none should exist.
-    name = ctx.root.name
-    candidates = [p for p in atomic.leftovers(ctx.root.parent) if p.name.startswith(name + ".")]
-    if ctx.root.is_dir():
-        candidates += [p for p in ctx.root.rglob("*") if p.is_dir() and atomic.is_temporary(p)]
+    # (Object stores have no temporary directories: uploads go to the final prefix.)
+    if not fs.is_local(ctx.root):
+        return
+    root = Path(str(ctx.root))
+    name = root.name
+    candidates = [p for p in atomic.leftovers(root.parent) if p.name.startswith(name + ".")]
+    if root.is_dir():
+        candidates += [p for p in root.rglob("*") if p.is_dir() and atomic.is_temporary(p)]
     for p in candidates:
         yield CODES["CK-F007"].finding("temporary directory of an unfinished save", path=str(p))
 
@@ -184,3 +208,14 @@ def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
     except CkptkitError as e:
         if e.code == "CK-F023":
             yield CODES["CK-F023"].finding(e.what, path=rel)
+
+
+@check("CK-F022")
+def not_regular(ctx: CheckContext) -> Iterator[Finding]:
+    for s in ctx.scan_all().values():
+        if s.not_regular is not None:
+            yield CODES["CK-F022"].finding(
+                f"is {s.not_regular}, not a regular file; it was not opened",
+                path=s.entry.path,
+                component=s.entry.component or "checkpoint",
+            )

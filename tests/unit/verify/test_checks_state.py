@@ -424,7 +424,7 @@ def test_nan_found_in_aligned_and_misaligned_tensors_in_one_read(tmp_path) -> No
     from ckptkit.storage import digest
 
     calls = []
-    real = digest.hash_file
+    real = digest.hash_fd
 
     def spy(*a, **k):  # type: ignore[no-untyped-def]
         calls.append(a[0])
@@ -436,11 +436,11 @@ def test_nan_found_in_aligned_and_misaligned_tensors_in_one_read(tmp_path) -> No
     odd[0] = float("inf")
     state = {"model": {"a_mask": torch.tensor([True, False, True]), "b": bad, "c": odd}}
     ckptkit.save(state, tmp_path / "c")
-    digest.hash_file = spy
+    digest.hash_fd = spy
     try:
         res = ckptkit.verify(tmp_path / "c")
     finally:
-        digest.hash_file = real
+        digest.hash_fd = real
     msgs = " ".join(f.message for f in res.findings if f.code == "CK-S010")
     assert "model/b" in msgs and "model/c" in msgs
     assert len(calls) == 1  # the file was hashed (and scanned) once

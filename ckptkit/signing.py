@@ -1,0 +1,172 @@
+"""Authenticated checkpoints: an optional HMAC-SHA256 over a manifest's canonical content.
+
+Digests prove the bytes are the ones the manifest lists (rot, truncation, partial
+writes); anyone who can write the directory can also rewrite the manifest and its
+digests. A signature made with a key the writer of the directory does not hold proves
+the manifest, and through its digests every file, came from a key holder. See
+docs/security.md for the threat model.
+
+The key comes from the ``key=`` argument, else from the environment:
+``CKPTKIT_HMAC_KEY`` (the key itself) or ``CKPTKIT_HMAC_KEY_FILE`` (a file holding it).
+A key is at least :data:`MIN_KEY_BYTES` bytes; surrounding whitespace of a key file or
+variable is ignored (``echo $KEY > file`` adds a newline).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckptkit.errors import CkptkitError
+
+ALG = "hmac-sha256"
+"""The only signature algorithm (the ``signature.alg`` field)."""
+ENV_KEY = "CKPTKIT_HMAC_KEY"
+"""Environment variable holding the key itself (UTF-8 text)."""
+ENV_KEY_FILE = "CKPTKIT_HMAC_KEY_FILE"
+"""Environment variable naming a file that holds the key."""
+MIN_KEY_BYTES = 16
+"""Shorter keys are refused: an HMAC is only as strong as its key."""
+_MAC_CONTEXT = b"ckptkit manifest v1\x00"
+_ID_CONTEXT = b"ckptkit key id v1"
+
+KeyLike = bytes | str
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The ``signature`` field of a manifest."""
+
+    key_id: str
+    """First 16 hex digits of an HMAC of a constant under the key: names the key (to tell
+    "signed with another key" from "changed after signing") without revealing it."""
+    mac: str
+    """HMAC-SHA256 (hex) of the manifest's canonical content under the key."""
+    alg: str = ALG
+
+    def to_dict(self) -> dict[str, str]:
+        return {"alg": self.alg, "key_id": self.key_id, "mac": self.mac}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Signature:
+        return cls(key_id=d["key_id"], mac=d["mac"], alg=d["alg"])
+
+
+def _as_key(key: KeyLike, *, source: str) -> bytes:
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    raw = raw.strip()
+    if len(raw) < MIN_KEY_BYTES:
+        raise CkptkitError(
+            f"HMAC key from {source} is {len(raw)} bytes; at least {MIN_KEY_BYTES} are needed",
+            hint="generate one with: python -c 'import secrets; print(secrets.token_hex(32))'",
+        )
+    return raw
+
+
+def key_from_file(path: Path | str) -> bytes:
+    """Read a key file (surrounding whitespace ignored).
+
+    Raises:
+        CkptkitError: the file cannot be read or holds a key that is too short.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "k"; _ = p.write_text("0123456789abcdef\\n")
+        >>> key_from_file(p)
+        b'0123456789abcdef'
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise CkptkitError(
+            f"cannot read the HMAC key file ({e.strerror or e})",
+            path=path,
+            hint=f"point --key-file or {ENV_KEY_FILE} at a readable file holding the key",
+        ) from None
+    return _as_key(data, source=str(path))
+
+
+def resolve_key(key: KeyLike | None = None) -> bytes | None:
+    """Return the key to sign and check with: ``key`` if given, else the environment's.
+
+    Args:
+        key: the key (bytes, or text taken as UTF-8); None looks at ``CKPTKIT_HMAC_KEY``
+            and ``CKPTKIT_HMAC_KEY_FILE``.
+
+    Returns:
+        The key bytes, or None when no key is configured (checkpoints are then neither
+        signed nor required to be).
+
+    Raises:
+        CkptkitError: the key is too short, both variables are set, or the file is unreadable.
+
+    Example:
+        >>> resolve_key("correct horse battery staple")
+        b'correct horse battery staple'
+    """
+    if key is not None:
+        return _as_key(key, source="the key argument")
+    text, file = os.environ.get(ENV_KEY), os.environ.get(ENV_KEY_FILE)
+    if text and file:
+        raise CkptkitError(
+            f"both {ENV_KEY} and {ENV_KEY_FILE} are set",
+            hint="set only one of them",
+        )
+    if text:
+        return _as_key(text, source=ENV_KEY)
+    if file:
+        return key_from_file(file)
+    return None
+
+
+def key_id(key: bytes) -> str:
+    """Return the public name of ``key`` (16 hex digits; does not reveal the key).
+
+    Example:
+        >>> len(key_id(b"0123456789abcdef"))
+        16
+    """
+    return hmac.new(key, _ID_CONTEXT, hashlib.sha256).hexdigest()[:16]
+
+
+def sign(content: bytes, key: bytes) -> Signature:
+    """Sign canonical manifest content.
+
+    Example:
+        >>> s = sign(b"{}", b"0123456789abcdef")
+        >>> s.alg, len(s.mac)
+        ('hmac-sha256', 64)
+    """
+    mac = hmac.new(key, _MAC_CONTEXT + content, hashlib.sha256).hexdigest()
+    return Signature(key_id=key_id(key), mac=mac)
+
+
+def check(content: bytes, signature: Signature | None, key: bytes) -> str | None:
+    """Return None if ``signature`` is a valid signature of ``content`` under ``key``, else why not.
+
+    The comparison is constant-time (``hmac.compare_digest``).
+
+    Example:
+        >>> k = b"0123456789abcdef"
+        >>> check(b"{}", sign(b"{}", k), k) is None
+        True
+        >>> check(b"{ }", sign(b"{}", k), k)
+        'the manifest changed after it was signed (the signature does not match its content)'
+    """
+    if signature is None:
+        return "unsigned"
+    if signature.alg != ALG:
+        return f"signed with an unknown algorithm {signature.alg!r}"
+    want = sign(content, key)
+    if hmac.compare_digest(want.mac, signature.mac):
+        return None
+    if signature.key_id != want.key_id:
+        return (
+            f"signed with another key (key id {signature.key_id}; the key given has id "
+            f"{want.key_id})"
+        )
+    return "the manifest changed after it was signed (the signature does not match its content)"

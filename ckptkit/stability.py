@@ -739,7 +739,8 @@ class StabilityWatch:
             "params", "time"}``: ``signals`` maps each signal of the current episode to
             ``{level, statistic, threshold, detail}``; ``window`` maps each tracked metric
             to its rolling statistics (baseline median and sigma, recent median, last
-            z-score, std ratio), plus ``loss_scale``.
+            z-score, std ratio; for metrics with drift tests also the healthiest reference
+            median, ``drift_ratio`` and ``spread_drift_ratio``), plus ``loss_scale``.
 
         Example:
             >>> w = StabilityWatch()

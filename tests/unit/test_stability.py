@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ckptkit.recorder import Recorder
 from ckptkit.stability import (
+    HINTS,
     EmergencyPolicy,
     SignalSpec,
     StabilityWatch,
     Verdict,
+    _hints,
     choose_healthy,
     worse,
 )
@@ -446,3 +449,12 @@ def test_drift_spec_and_threshold_validation() -> None:
         StabilityWatch(spread_warn=3.0, spread_critical=2.0)
     with pytest.raises(ValueError, match="ref_horizon"):
         StabilityWatch(window=256, ref_horizon=100)
+
+
+def test_drift_signals_get_their_rollback_hints_and_are_documented() -> None:
+    hints = _hints(["grad_norm.drift", "grad_norm.spread_drift"])
+    assert HINTS["drift"] in hints and HINTS["spread_drift"] in hints
+    assert HINTS["grad_norm"] in hints
+    doc = (Path(__file__).parents[2] / "docs" / "stability.md").read_text()
+    for name in ("<metric>.drift", "<metric>.spread_drift", "drift_warn", "spread_warn"):
+        assert f"`{name}`" in doc, name

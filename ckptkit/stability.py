@@ -26,6 +26,17 @@ recent steps does not contaminate the statistics it is compared against. The tes
     the recent median against the best (lowest) baseline median seen so far: a run that
     diverged and settled on a worse plateau is not "ok" again once the baseline has
     absorbed the jump.
+``<metric>.drift`` (grad norm and max logit, by default)
+    the recent median against the healthiest reference: the lowest baseline median of the
+    last ``ref_horizon`` steps. A build-up that climbs for hundreds of steps (attention-logit
+    growth, an LR past the stable edge) moves the lagging baseline along with it, so the
+    z-score never fires; the healthiest reference does not move. ``warn`` at
+    ``drift_warn`` (2x), ``critical`` at ``drift_critical``. The horizon bounds it: a rise
+    slower than ``drift_warn`` per ``ref_horizon`` steps (the grad norm's slow climb as the
+    LR decays) is not flagged.
+``<metric>.spread_drift`` (grad norm, by default)
+    the same for the noise: the recent step-to-step spread (as in ``std_shift``) against
+    the lower quartile of the baseline spreads of the last ``ref_horizon`` steps.
 ``loss_scale.backoff``
     monotone loss-scale backoff: ``backoff_warn`` decreases with no increase in between
     (within ``backoff_window`` steps) is an overflow cascade, not the isolated backoff of
@@ -37,10 +48,12 @@ saved between two spikes is not labelled healthy.
 
 Cost: O(1) amortised per update. Appending to the windows is O(1); the medians and MADs are
 recomputed every ``recompute_every`` steps (default ``window // 16``) with a linear-time
-selection over ``window + recent`` values, so the amortised cost is
-O((window + recent) / recompute_every), a constant that does not grow with the run. Between
-recomputes each value is scored against the last baseline (at most ``recompute_every``
-steps old).
+selection over ``window + recent`` values, and the drift references take one entry per
+recompute (a sliding minimum, O(1) amortised, and a quartile over the
+``ref_horizon / recompute_every`` = 64 entries kept), so the amortised cost is
+O((window + recent + ref_horizon / recompute_every) / recompute_every), a constant that
+does not grow with the run. Between recomputes each value is scored against the last
+baseline (at most ``recompute_every`` steps old).
 """
 
 from __future__ import annotations
@@ -86,12 +99,28 @@ class SignalSpec:
     """Score ``log(value)``: scale-free, and multiplicative noise becomes additive."""
     regression: bool = False
     """Also compare the recent median with the best baseline median seen (loss-like metrics)."""
+    drift: bool = False
+    """Also compare the recent median with the lowest baseline median seen within
+    ``ref_horizon`` steps: catches a level that climbs for hundreds of steps, which the
+    lagging baseline absorbs (grad norm, max logit). Needs ``log=True``, ``direction="up"``."""
+    spread_drift: bool = False
+    """Also compare the recent step-to-step spread with the lower quartile of the baseline
+    spreads seen within ``ref_horizon`` steps: catches noise that widens for hundreds of
+    steps (grad norm). Needs ``log=True``, ``direction="up"``."""
+
+    def __post_init__(self) -> None:
+        if (self.drift or self.spread_drift) and (not self.log or self.direction != "up"):
+            raise ValueError(
+                "SignalSpec(drift=True / spread_drift=True) needs log=True and "
+                "direction='up': the drift tests compare ratios of a positive metric with "
+                "its lowest healthy level"
+            )
 
 
 DEFAULT_SIGNALS: dict[str, SignalSpec] = {
     "loss": SignalSpec("up", log=True, regression=True),
-    "grad_norm": SignalSpec("up", log=True),
-    "max_logit": SignalSpec("up", log=True),
+    "grad_norm": SignalSpec("up", log=True, drift=True, spread_drift=True),
+    "max_logit": SignalSpec("up", log=True, drift=True),
     "attn_entropy": SignalSpec("down", log=False),
 }
 """Metrics tracked by default. ``loss_scale`` is handled by the backoff test."""
@@ -167,6 +196,15 @@ class _Track:
         self.ready = False
         self.med = self.sig = self.dsig_base = self.dsig_recent = self.med_recent = math.nan
         self.best = math.inf
+        # References for the drift tests, one entry per recompute after the warm-up, over
+        # the last ref_horizon updates. Level: the lowest baseline median, a sliding minimum
+        # ((count, value) pairs with increasing values: the front is the minimum, each entry
+        # is pushed and popped once, O(1) amortised). Spread: the lower quartile of the
+        # baseline spreads (the minimum of noisy spread estimates is biased ~15 % low, which
+        # a ratio test cannot afford); O(ref_horizon / recompute_every) per recompute.
+        self.ref_level: deque[tuple[int, float]] = deque()
+        self.spreads: deque[float] = deque(maxlen=-(-watch.ref_horizon // watch.recompute_every))
+        self.spread_ref = math.nan
         self.last = math.nan
         self.z = 0.0
         self.count = 0
@@ -194,6 +232,12 @@ class _Track:
         recent = vals[len(vals) - n_recent :]
         self.med_recent = float(np.median(recent)) if len(recent) else math.nan
         self.best = min(self.best, self.med)
+        if (self.spec.drift or self.spec.spread_drift) and w.updates > w.warmup:
+            # References only from after the warm-up: early training is not a healthy
+            # level to come back to (logits grow, the grad norm settles).
+            _slide_min(self.ref_level, self.count, self.med, w.ref_horizon)
+            self.spreads.append(self.dsig_base)
+            self.spread_ref = float(np.percentile(np.fromiter(self.spreads, np.float64), 25))
         self.ready = True
 
     def push(self, x: float, w: StabilityWatch) -> list[Signal]:
@@ -251,6 +295,8 @@ class _Track:
                         f"the best baseline median {math.exp(self.best):.4g}",
                     )
                 )
+        if armed and self.ref_level:
+            out.extend(self._drift(w))
         if self.values:
             self.diffs.append(t - self.values[-1])
         self.values.append(t)
@@ -262,6 +308,40 @@ class _Track:
                 self.recompute(w)
             else:
                 self.since = 0
+        return out
+
+    def _drift(self, w: StabilityWatch) -> list[Signal]:
+        """Level and spread against the healthiest baselines of the last ``ref_horizon`` steps."""
+        out: list[Signal] = []
+        ref = self.ref_level[0][1]
+        ratio = math.exp(self.med_recent - ref)
+        if self.spec.drift and w.drift_warn is not None and ratio >= w.drift_warn:
+            crit = w.drift_critical is not None and ratio >= w.drift_critical
+            out.append(
+                Signal(
+                    f"{self.name}.drift",
+                    "critical" if crit else "warn",
+                    ratio,
+                    (w.drift_critical if crit else w.drift_warn) or math.nan,
+                    f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x the lowest "
+                    f"baseline median {math.exp(ref):.4g} of the last {w.ref_horizon} steps",
+                )
+            )
+        if self.spec.spread_drift and w.spread_warn is not None and math.isfinite(self.dsig_recent):
+            sratio = self.dsig_recent / self.spread_ref
+            if sratio >= w.spread_warn:
+                crit = w.spread_critical is not None and sratio >= w.spread_critical
+                out.append(
+                    Signal(
+                        f"{self.name}.spread_drift",
+                        "critical" if crit else "warn",
+                        sratio,
+                        (w.spread_critical if crit else w.spread_warn) or math.nan,
+                        f"step-to-step spread of the last {w.recent} steps is {sratio:.1f}x the "
+                        f"lower quartile of the baseline spreads of the last {w.ref_horizon} "
+                        "steps",
+                    )
+                )
         return out
 
     def _count_trigger(self, trig: int, w: StabilityWatch) -> None:
@@ -288,6 +368,19 @@ class _Track:
             else None,
             "triggers": self.n_warn,
             "log": self.spec.log,
+            **(self._drift_stats() if self.spec.drift or self.spec.spread_drift else {}),
+        }
+
+    def _drift_stats(self) -> dict[str, Any]:
+        if not (self.ready and self.ref_level):
+            return {"reference_median": None, "drift_ratio": None, "spread_drift_ratio": None}
+        ref, sref = self.ref_level[0][1], self.spread_ref
+        return {
+            "reference_median": encode_float(math.exp(ref)),
+            "drift_ratio": encode_float(math.exp(self.med_recent - ref)),
+            "spread_drift_ratio": encode_float(self.dsig_recent / sref)
+            if math.isfinite(self.dsig_recent)
+            else None,
         }
 
 
@@ -318,6 +411,17 @@ class StabilityWatch:
         regress_warn: recent median / best baseline median for ``warn`` (default 1.5;
             None disables).
         regress_critical: ... for ``critical`` (default 2.0; None: never critical).
+        drift_warn: recent median / lowest baseline median of the last ``ref_horizon``
+            steps for ``warn``, for metrics with ``SignalSpec(drift=True)`` (default 2.0;
+            None disables).
+        drift_critical: ... for ``critical`` (default 4.0; None: never critical).
+        spread_warn: recent step-to-step spread / lower quartile of the baseline spreads
+            of the last ``ref_horizon`` steps for ``warn``, for metrics with
+            ``SignalSpec(spread_drift=True)`` (default 2.2; None disables).
+        spread_critical: ... for ``critical`` (default 6.0; None: never critical).
+        ref_horizon: how many steps back the drift tests look for the healthiest
+            baseline (default ``4 * window`` = 1024): a rise slower than this is read as
+            the schedule's.
         loss_scale_key: the metric holding the AMP loss scale (default ``loss_scale``).
         backoff_warn: loss-scale decreases with no increase between for ``warn`` (default 3).
         backoff_critical: ... for ``critical`` (default 6).
@@ -358,6 +462,11 @@ class StabilityWatch:
         std_ratio_critical: float = 6.0,
         regress_warn: float | None = 1.5,
         regress_critical: float | None = 2.0,
+        drift_warn: float | None = 2.0,
+        drift_critical: float | None = 4.0,
+        spread_warn: float | None = 2.2,
+        spread_critical: float | None = 6.0,
+        ref_horizon: int | None = None,
         loss_scale_key: str = "loss_scale",
         backoff_warn: int = 3,
         backoff_critical: int = 6,
@@ -375,6 +484,16 @@ class StabilityWatch:
             raise ValueError("StabilityWatch: need 1 <= trigger_count <= trigger_window")
         if z_critical < z_warn or std_ratio_critical < std_ratio_warn:
             raise ValueError("StabilityWatch: critical thresholds must not be below warn ones")
+        for lo, hi in ((drift_warn, drift_critical), (spread_warn, spread_critical)):
+            if lo is not None and (lo <= 1.0 or (hi is not None and hi < lo)):
+                raise ValueError(
+                    "StabilityWatch: drift/spread thresholds are ratios > 1, critical >= warn"
+                )
+        ref_horizon = 4 * window if ref_horizon is None else ref_horizon
+        if ref_horizon < window:
+            raise ValueError(
+                f"StabilityWatch: ref_horizon ({ref_horizon}) must be >= window ({window})"
+            )
         self.specs: dict[str, SignalSpec] = dict(DEFAULT_SIGNALS if signals is None else signals)
         for name in extra:
             self.specs.setdefault(name, SignalSpec("both", log=False))
@@ -391,6 +510,11 @@ class StabilityWatch:
         self.std_ratio_critical = std_ratio_critical
         self.regress_warn = regress_warn
         self.regress_critical = regress_critical
+        self.drift_warn = drift_warn
+        self.drift_critical = drift_critical
+        self.spread_warn = spread_warn
+        self.spread_critical = spread_critical
+        self.ref_horizon = ref_horizon
         self.loss_scale_key = loss_scale_key
         self.backoff_warn = backoff_warn
         self.backoff_critical = backoff_critical
@@ -615,7 +739,8 @@ class StabilityWatch:
             "params", "time"}``: ``signals`` maps each signal of the current episode to
             ``{level, statistic, threshold, detail}``; ``window`` maps each tracked metric
             to its rolling statistics (baseline median and sigma, recent median, last
-            z-score, std ratio), plus ``loss_scale``.
+            z-score, std ratio; for metrics with drift tests also the healthiest reference
+            median, ``drift_ratio`` and ``spread_drift_ratio``), plus ``loss_scale``.
 
         Example:
             >>> w = StabilityWatch()
@@ -664,13 +789,24 @@ class StabilityWatch:
             "std_ratio_critical": self.std_ratio_critical,
             "regress_warn": self.regress_warn,
             "regress_critical": self.regress_critical,
+            "drift_warn": self.drift_warn,
+            "drift_critical": self.drift_critical,
+            "spread_warn": self.spread_warn,
+            "spread_critical": self.spread_critical,
+            "ref_horizon": self.ref_horizon,
             "backoff_warn": self.backoff_warn,
             "backoff_critical": self.backoff_critical,
             "backoff_window": self.backoff_window,
             "min_loss_scale": self.min_loss_scale,
             "clear_after": self.clear_after,
             "signals": {
-                k: {"direction": v.direction, "log": v.log, "regression": v.regression}
+                k: {
+                    "direction": v.direction,
+                    "log": v.log,
+                    "regression": v.regression,
+                    "drift": v.drift,
+                    "spread_drift": v.spread_drift,
+                }
                 for k, v in sorted(self.specs.items())
             },
         }
@@ -736,12 +872,26 @@ HINTS: dict[str, str] = {
     "consider bf16 or a lower LR",
     "std_shift": "noise level rose before the failure: lower the LR (e.g. x0.5) from the "
     "rollback point",
+    "drift": "the level climbed for hundreds of steps before the failure (LR past the stable "
+    "edge, attention-logit growth): lower the LR (e.g. x0.5) or add QK-norm / z-loss, and "
+    "resume from a checkpoint before the climb began",
+    "spread_drift": "the gradient noise widened for hundreds of steps before the failure: "
+    "lower the LR (e.g. x0.5) from a checkpoint before it began",
     "nonfinite": "a NaN/Inf appeared: find the first non-finite step in the metrics file and "
     "replay that batch with anomaly detection on",
 }
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _slide_min(q: deque[tuple[int, float]], at: int, value: float, horizon: int) -> None:
+    """Push ``(at, value)`` on a sliding-minimum deque and drop entries older than ``horizon``."""
+    while q and q[-1][1] >= value:
+        q.pop()  # never the minimum again: a newer entry is at least as low
+    q.append((at, value))
+    while q[0][0] <= at - horizon:
+        q.popleft()
 
 
 def _mad_sigma(a: np.ndarray) -> float:

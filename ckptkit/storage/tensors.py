@@ -18,6 +18,7 @@ import mmap
 import os
 import queue
 import struct
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -726,7 +727,9 @@ class FiniteScan:
             if hi <= offset or lo >= end or key in self.nonfinite:
                 continue
             a, b = max(lo, offset) - offset, min(hi, end) - offset
-            t = torch.frombuffer(chunk[a:b], dtype=dt)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only chunk: the scan never writes
+                t = torch.frombuffer(chunk[a:b], dtype=dt)
             if t.is_complex():
                 t = torch.view_as_real(t)
             if t.dtype in (torch.float32, torch.float64) and math.isfinite(float(t.sum())):

@@ -19,6 +19,7 @@ from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.signing import key_from_file
+from ckptkit.storage import fs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,6 +64,33 @@ def _out_file(path: str | Path) -> Path:
     return p
 
 
+class _Where(click.ParamType):
+    """A local path or an fsspec URL (``s3://bucket/run``), checked the way ckptkit reads it.
+
+    ``must_exist``: a local path must exist (an object-store prefix is checked by the
+    command itself, with the store's own error).
+    """
+
+    name = "path_or_url"
+
+    def __init__(self, *, must_exist: bool = False, dir_only: bool = False) -> None:
+        self.must_exist = must_exist
+        self.dir_only = dir_only
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            loc = fs.location(value)
+        except CkptkitError as e:
+            self.fail(str(e), param, ctx)
+        if fs.is_local(loc) and self.must_exist:
+            kind = fs.kind(loc)
+            if kind is None:
+                self.fail(f"{value!r} does not exist", param, ctx)
+            if self.dir_only and kind != "dir" and not Path(str(loc)).is_dir():
+                self.fail(f"{value!r} is a file; pass the run directory", param, ctx)
+        return loc
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckptkit")
 def main() -> None:
@@ -70,7 +98,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output (schemas/verify-report.schema.json).")
 @click.option("--junit", "junit_file", type=click.Path(path_type=Path), help="Also write JUnit XML here.")
 @click.option("--strict", is_flag=True, help="Treat warnings as failures.")
@@ -108,7 +136,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 
 
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option("--no-tensors", is_flag=True, help="Do not list tensors.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
@@ -195,7 +223,7 @@ class _Bytes(click.ParamType):
 
 
 @main.command(name="ls")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option(
     "--verify",
@@ -238,7 +266,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
 @click.option(
     "--keep-last",
     type=click.IntRange(min=1),
@@ -565,7 +593,7 @@ def watch(
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @_edge
 def rollback(run_dir: Path, as_json: bool) -> None:

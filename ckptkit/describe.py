@@ -10,6 +10,7 @@ from ckptkit import manifest as mf
 from ckptkit import signing
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import describe_foreign
+from ckptkit.storage import fs
 from ckptkit.storage.atomic import MANIFEST_NAME
 
 
@@ -43,12 +44,15 @@ def describe(
         >>> info = describe(d); info["step"], info["tensors"][0]["shape"]
         (5, [2, 3])
     """
+    loc = fs.location(path)
     if format is not None or (
-        not os.path.lexists(Path(path) / MANIFEST_NAME) and detect(path) is not None
+        fs.is_local(loc)
+        and not os.path.lexists(Path(str(loc)) / MANIFEST_NAME)
+        and detect(Path(str(loc))) is not None
     ):
-        return describe_foreign(path, format)
+        return describe_foreign(Path(str(loc)), format)
     k = signing.resolve_key(key)
-    m = mf.read(path, key=k)
+    m = mf.read(loc, key=k)
     sig = None
     if m.signature is not None:
         sig = {

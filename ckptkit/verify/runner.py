@@ -122,26 +122,27 @@ def _proven(m: mf.Manifest, findings: list[Finding]) -> dict[str, mf.Component]:
 _SEV_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
-def find_checkpoints(path: Path) -> list[Path]:
+def find_checkpoints(path: Location) -> list[Location]:
     """Return the checkpoint directories at ``path``: itself, or its children.
 
     A directory with a manifest is a checkpoint. Otherwise every child directory that
     has a manifest, or looks like an interrupted save (a leftover temporary directory,
     or a step directory without manifest), is included so that verify reports it.
     """
-    if os.path.lexists(path / atomic.MANIFEST_NAME) or not path.is_dir():
+    if fs.kind(path / atomic.MANIFEST_NAME) is not None or fs.kind(path) != "dir":
         return [path]
-    out = []
-    for child in sorted(path.iterdir()):
-        if not child.is_dir() or child.is_symlink() or atomic.is_temporary(child):
+    out: list[Location] = []
+    children: list[Location] = list(path.iterdir())
+    for child in sorted(children, key=str):
+        if fs.kind(child) != "dir" or atomic.is_temporary(child):
             continue
-        if os.path.lexists(child / atomic.MANIFEST_NAME) or child.name.startswith("step-"):
+        if fs.kind(child / atomic.MANIFEST_NAME) is not None or child.name.startswith("step-"):
             out.append(child)
     return out or [path]
 
 
 def verify(
-    path: Path | str,
+    path: Location | str,
     *,
     strict: bool = False,
     against_env: bool = False,
@@ -181,9 +182,9 @@ def verify(
         >>> ckptkit.verify(d).ok
         True
     """
-    root = Path(path)
+    root = fs.location(path)
     k = signing.resolve_key(key)
-    if not root.exists():
+    if fs.kind(root) is None:
         raise IncompleteCheckpointError(
             "no such file or directory", path=root, hint="check the path"
         )
@@ -191,7 +192,7 @@ def verify(
     if against_env and "compat" not in fams:
         fams.append("compat")
     result = VerifyResult(path=root, strict=strict)
-    foreign = _foreign_targets(root, format)
+    foreign = _foreign_targets(Path(str(root)), format) if fs.is_local(root) else None
     if foreign is not None:
         result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
         return result

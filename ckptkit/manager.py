@@ -25,6 +25,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,25 @@ class _Job:
     thread: threading.Thread
     step: int
     error: BaseException | None = None
+
+
+_LIVE: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+"""Managers with possibly unfinished background work (joined at interpreter exit)."""
+
+
+def _finish_background_work() -> None:
+    """Join every manager's background job before the interpreter shuts thread pools down.
+
+    A script that calls ``mgr.save()`` and ends without ``close()`` still gets its
+    checkpoint verified, ``latest`` pointed and rotation done. Registered with the same
+    hook ``concurrent.futures`` uses, later, so it runs first.
+    """
+    for mgr in list(_LIVE):
+        with contextlib.suppress(Exception):
+            mgr._join()
+
+
+threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
 
 
 class CheckpointManager:
@@ -482,6 +502,7 @@ class CheckpointManager:
         th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
         job = _Job(thread=th, step=step)
         self._job = job
+        _LIVE.add(self)
         th.start()
 
     def _background(self, coll: Collective) -> Collective:

@@ -28,8 +28,8 @@ from ckptkit.storage import codec, digest, fs, tensors
 from ckptkit.storage.fs import Location
 from ckptkit.storage.upload import open_upload
 
-RANGE = 16 << 20
-"""Bytes per ranged request."""
+RANGE = 64 << 20
+"""Bytes per ranged request; an object no larger is fetched in one GET (as ``fs.cat``)."""
 RANGES_IN_FLIGHT = 8
 """Ranged requests issued together (then hashed in order)."""
 
@@ -138,6 +138,8 @@ def read_file(
     targets = targets or {}
     if expected.compression is not None:
         return _read_compressed(loc, expected, wanted, targets, on_bytes)
+    if size <= RANGE:
+        return _read_whole(loc, expected, wanted, targets, on_bytes, size)
     pre = fs.read_ranges(loc, [(0, min(8, size))])[0]
     if len(pre) < 8:
         raise codes.error(
@@ -193,6 +195,41 @@ def read_file(
             f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
             path=rel,
         )
+    return out
+
+
+def _read_whole(
+    loc: Location,
+    expected: tensors.Expected,
+    wanted: dict[str, tensors.HeaderEntry],
+    targets: dict[str, torch.Tensor],
+    on_bytes: OnBytes | None,
+    size: int,
+) -> dict[str, torch.Tensor]:
+    """A small object: one GET, then the same checks and copies from memory."""
+    rel = expected.rel
+    data = fs.read_ranges(loc, [(0, size)])[0]
+    if len(data) != size:
+        raise codes.error("CK-F002", f"read {len(data)} of {size} bytes", path=rel)
+    hexd = digest.hexdigest_bytes(data)
+    if hexd != expected.digest:
+        raise codes.error(
+            "CK-F003",
+            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
+            path=rel,
+        )
+    n, raw = tensors.read_header_from(io.BytesIO(data), path=rel, file_size=size)
+    header = tensors.parse_header(raw, path=rel, data_len=size - 8 - n)
+    tensors._match(header, wanted, rel)
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    mv = memoryview(data)
+    for key, e in header.items():
+        ret, dest = tensors._destination(key, e, targets)
+        tensors.tensor_bytes(dest)[:] = mv[base + e.offsets[0] : base + e.offsets[1]]
+        out[key] = ret
+        if on_bytes:
+            on_bytes(e.offsets[1] - e.offsets[0])
     return out
 
 

@@ -22,10 +22,12 @@ from typing import Any, Protocol
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
-PART_SIZE = 32 << 20
-"""Bytes per multipart part (S3 allows 5 MiB to 5 GiB; 10 000 parts at most)."""
-CONCURRENCY = 8
-"""Parts in flight at once per file."""
+PART_SIZE = 50 << 20
+"""Bytes per multipart part (S3 allows 5 MiB to 5 GiB; 10 000 parts at most). A stream
+shorter than one part is a single PUT. 50 MiB is s3fs's own threshold, so ckptkit and
+``fs.put`` make the same requests for the same file."""
+CONCURRENCY = 4
+"""Parts in flight at once per file (each holds a part-sized buffer)."""
 
 
 class Upload(Protocol):
@@ -43,9 +45,11 @@ class Upload(Protocol):
 
 
 def open_upload(
-    loc: Location, *, part_size: int = PART_SIZE, concurrency: int = CONCURRENCY
+    loc: Location, *, part_size: int | None = None, concurrency: int | None = None
 ) -> Upload:
     """A writer for the remote object at ``loc`` (see the module docstring)."""
+    part_size = PART_SIZE if part_size is None else part_size
+    concurrency = CONCURRENCY if concurrency is None else concurrency
     f, path = loc.fs, loc.path  # type: ignore[union-attr]
     if type(f).__name__ == "S3FileSystem" and hasattr(f, "call_s3"):
         return MultipartUpload(f, path, part_size=part_size, concurrency=concurrency)
@@ -85,7 +89,9 @@ class MultipartUpload:
         self.bucket, _, self.key = path.partition("/")
         self.part_size = part_size
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ckptkit-upload")
-        self._free: list[bytearray] = [bytearray(part_size) for _ in range(concurrency + 1)]
+        self._free: list[bytearray] = []  # allocated on demand: a small file needs one
+        self._made = 0
+        self._limit = concurrency + 1
         self._ready = threading.Semaphore(concurrency + 1)
         self._lock = threading.Lock()
         self._cur = self._take()
@@ -110,7 +116,10 @@ class MultipartUpload:
     def _take(self) -> bytearray:
         self._ready.acquire()
         with self._lock:
-            return self._free.pop()
+            if self._free:
+                return self._free.pop()
+            self._made += 1
+            return bytearray(self.part_size)
 
     def _give(self, buf: bytearray) -> None:
         with self._lock:

@@ -115,18 +115,20 @@ def main() -> None:
             samples.setdefault(k, []).append(v)
 
         n = [0]
+        put = [0]
 
         def op_put() -> None:
             n[0] += 1
+            put[0] = n[0]
             t = time.perf_counter()
             for f in files:
-                fs.put_file(str(f), f"{bucket}/put-{n[0]}/{f.name}")
+                fs.put_file(str(f), f"{bucket}/put-{put[0]}/{f.name}")
             add("fs.put", time.perf_counter() - t)
 
         def op_cat() -> None:
             t = time.perf_counter()
             for f in files:
-                fs.cat_file(f"{bucket}/put-{n[0]}/{f.name}")
+                fs.cat_file(f"{bucket}/put-{put[0]}/{f.name}")
             add("fs.cat", time.perf_counter() - t)
 
         def op_save() -> None:
@@ -164,8 +166,6 @@ def main() -> None:
         samples.clear()
         for r in range(args.repeat):
             for op in ops if r % 2 == 0 else list(reversed(ops)):
-                if op is op_cat and not any(k == "fs.put" for k in samples):
-                    op_put()
                 op()
         mgr.close()
         res = {k: med(v) for k, v in samples.items()}

@@ -793,7 +793,9 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
 
 def _read_remote(loc: Location, *, key: bytes | None) -> Manifest:
     where = fs.url(loc)
-    if fs.kind(loc) is None:
+    try:
+        text = fs.read_small(loc, MAX_MANIFEST_BYTES)  # one GET: a missing one is M001
+    except FileNotFoundError:
         raise IncompleteCheckpointError(
             "no manifest: this is not a committed checkpoint (an interrupted save, or the "
             "wrong prefix)",
@@ -801,9 +803,7 @@ def _read_remote(loc: Location, *, key: bytes | None) -> Manifest:
             code="CK-M001",
             hint="point at a step prefix that holds manifest.json, or roll back with "
             "'ckptkit ls RUN'",
-        )
-    try:
-        text = fs.read_small(loc, MAX_MANIFEST_BYTES)
+        ) from None
     except OSError as e:
         raise UnsafeInputError(
             f"cannot be read ({e})", path=where, code="CK-M008",

@@ -150,7 +150,8 @@ class PendingCheckpoint:
                 hint="choose a new path, or move the existing data away; ckptkit never "
                 "deletes data it did not write",
             )
-        fs.remove_tree(final)  # an interrupted save of ours, or the uncommitted old one
+        if files:
+            fs.remove_tree(final)  # an interrupted save of ours, or the uncommitted old one
         return cls(final=final, tmp=final, overwrite=overwrite)
 
     def finalize(self, *, fsync: bool = True) -> None:

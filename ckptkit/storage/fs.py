@@ -325,6 +325,58 @@ def read_ranges(p: Location, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     return [bytes(o) for o in out]
 
 
+def read_ranges_into(p: Location, segments: Sequence[tuple[int, memoryview]]) -> None:
+    """Fill each ``(offset, destination)`` from a remote file, the requests in parallel.
+
+    On S3 the response bodies stream straight into the destinations (no intermediate
+    object of the whole range); elsewhere each range is fetched, then copied.
+
+    Raises:
+        OSError: a range came back short (the object changed or was truncated).
+    """
+    if not segments:
+        return
+    fs, path = _fs(p)
+    if type(fs).__name__ == "S3FileSystem" and hasattr(fs, "_call_s3"):
+        _s3_ranges_into(fs, path, segments)
+        return
+    got = read_ranges(p, [(off, off + len(dst)) for off, dst in segments])
+    for (off, dst), data in zip(segments, got, strict=True):
+        if len(data) != len(dst):
+            raise OSError(f"{path}: short read at byte {off} ({len(data)} of {len(dst)})")
+        dst[:] = data
+
+
+def _s3_ranges_into(fs: Any, path: str, segments: Sequence[tuple[int, memoryview]]) -> None:
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    bucket, _, key = path.partition("/")
+
+    async def one(off: int, dst: memoryview) -> None:
+        resp = await fs._call_s3(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={off}-{off + len(dst) - 1}"
+        )
+        body = resp["Body"]
+        try:
+            got = 0
+            while got < len(dst):
+                n = await body.readinto(dst[got : got + (1 << 20)])
+                if not n:
+                    break
+                got += n
+        finally:
+            body.close()
+        if got != len(dst):
+            raise OSError(f"{path}: short read at byte {off} ({got} of {len(dst)})")
+
+    async def everything() -> None:
+        await asyncio.gather(*(one(off, dst) for off, dst in segments))
+
+    sync(fs.loop, everything)
+
+
 def _lp(p: Location) -> Path:
     """``p`` as the local Path it is (callers checked :func:`is_local`)."""
     return p if isinstance(p, Path) and not isinstance(p, UPath) else Path(str(p))
@@ -347,6 +399,7 @@ __all__ = [
     "put_if_absent",
     "read_into",
     "read_ranges",
+    "read_ranges_into",
     "read_small",
     "remove_file",
     "remove_tree",

@@ -124,10 +124,10 @@ def read_file(
     Raises the same ckptkit errors as the local reader, with the same codes.
     """
     rel = expected.rel
-    kind = fs.kind(loc)
-    if kind is None:
-        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
-    size = fs.size(loc)
+    try:
+        size = fs.size(loc)  # one request: exists, and its size
+    except FileNotFoundError:
+        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
     if size != expected.size:
         raise codes.error(
             "CK-F002",
@@ -138,14 +138,14 @@ def read_file(
     targets = targets or {}
     if expected.compression is not None:
         return _read_compressed(loc, expected, wanted, targets, on_bytes)
-    if size <= RANGE:
-        return _read_whole(loc, expected, wanted, targets, on_bytes, size)
-    pre = fs.read_ranges(loc, [(0, min(8, size))])[0]
-    if len(pre) < 8:
+    # One request for the start of the file: the header, and the first bytes after it.
+    head = bytearray(min(size, HEAD_PREFETCH))
+    _fill(loc, [(0, memoryview(head))], rel)
+    if len(head) < 8:
         raise codes.error(
             "CK-F004", "file is shorter than a safetensors header (truncated)", path=rel
         )
-    (n_head,) = struct.unpack("<Q", pre)
+    (n_head,) = struct.unpack("<Q", head[:8])
     limit = min(tensors.MAX_HEADER, max(size - 8, 0))
     if n_head > limit:
         raise codes.error(
@@ -153,41 +153,33 @@ def read_file(
             f"safetensors header length {n_head} is absurd (file holds at most {limit})",
             path=rel,
         )
-    raw = fs.read_ranges(loc, [(8, 8 + n_head)])[0]
-    header = tensors.parse_header(raw, path=rel, data_len=size - 8 - n_head)
-    tensors._match(header, wanted, rel)
+    if 8 + n_head > len(head):  # a header larger than the prefetch: fetch the rest
+        more = bytearray(8 + n_head - len(head))
+        _fill(loc, [(len(head), memoryview(more))], rel)
+        head += more
     base = 8 + n_head
+    header = tensors.parse_header(bytes(head[8:base]), path=rel, data_len=size - base)
+    tensors._match(header, wanted, rel)
     h = digest.new()
-    h.update(pre)
-    h.update(raw)
+    h.update(head)
     out: dict[str, torch.Tensor] = {}
-    # Every byte after the header, in file order: tensor bytes land in their destination,
-    # gaps and trailing bytes are hashed too.
-    plan: list[tuple[int, int, memoryview | None]] = []
-    pos = base
+    plan = _Plan(len(head), h, on_bytes)
+    head_mv = memoryview(head)
     for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        start, end = base + e.offsets[0], base + e.offsets[1]
-        if start > pos:
-            plan += [(a, b, None) for a, b in _ranges(pos, start)]
         ret, dest = tensors._destination(key, e, targets)
         out[key] = ret
+        start, end = base + e.offsets[0], base + e.offsets[1]
+        if start == end:
+            continue  # an empty tensor: no bytes
         mv = tensors.tensor_bytes(dest)
-        for a, b in _ranges(start, end):
-            plan.append((a, b, mv[a - start : b - start]))
-        pos = max(pos, end)
-    if size > pos:
-        plan += [(a, b, None) for a, b in _ranges(pos, size)]
-    for i in range(0, len(plan), RANGES_IN_FLIGHT):
-        batch = plan[i : i + RANGES_IN_FLIGHT]
-        got = fs.read_ranges(loc, [(a, b) for a, b, _ in batch])
-        for (a, b, dst), data in zip(batch, got, strict=True):
-            if len(data) != b - a:
-                raise codes.error("CK-F002", f"short read at byte {a} (truncated)", path=rel)
-            if dst is not None:
-                dst[:] = data
-            h.update(data)
-            if on_bytes:
-                on_bytes(len(data))
+        if start < len(head):  # already fetched with the header
+            k = min(end, len(head)) - start
+            mv[:k] = head_mv[start : start + k]
+            start, mv = start + k, mv[k:]
+        if start < end:
+            plan.add(start, mv)
+    plan.add_gap_to(size)
+    plan.run(loc, rel)
     hexd = str(h.hexdigest())
     if hexd != expected.digest:
         raise codes.error(
@@ -198,39 +190,79 @@ def read_file(
     return out
 
 
-def _read_whole(
-    loc: Location,
-    expected: tensors.Expected,
-    wanted: dict[str, tensors.HeaderEntry],
-    targets: dict[str, torch.Tensor],
-    on_bytes: OnBytes | None,
-    size: int,
-) -> dict[str, torch.Tensor]:
-    """A small object: one GET, then the same checks and copies from memory."""
-    rel = expected.rel
-    data = fs.read_ranges(loc, [(0, size)])[0]
-    if len(data) != size:
-        raise codes.error("CK-F002", f"read {len(data)} of {size} bytes", path=rel)
-    hexd = digest.hexdigest_bytes(data)
-    if hexd != expected.digest:
-        raise codes.error(
-            "CK-F003",
-            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
-            path=rel,
-        )
-    n, raw = tensors.read_header_from(io.BytesIO(data), path=rel, file_size=size)
-    header = tensors.parse_header(raw, path=rel, data_len=size - 8 - n)
-    tensors._match(header, wanted, rel)
-    base = 8 + n
-    out: dict[str, torch.Tensor] = {}
-    mv = memoryview(data)
-    for key, e in header.items():
-        ret, dest = tensors._destination(key, e, targets)
-        tensors.tensor_bytes(dest)[:] = mv[base + e.offsets[0] : base + e.offsets[1]]
-        out[key] = ret
-        if on_bytes:
-            on_bytes(e.offsets[1] - e.offsets[0])
-    return out
+HEAD_PREFETCH = 1 << 20
+"""Bytes of a shard fetched with its header in the first request."""
+DIRECT = 8 << 20
+"""A tensor at least this large streams straight into its memory; smaller ones (and the
+gaps between tensors) are fetched together in one range and copied out."""
+
+
+def _fill(loc: Location, segments: list[tuple[int, memoryview]], rel: str) -> None:
+    try:
+        fs.read_ranges_into(loc, segments)
+    except OSError as e:
+        raise codes.error("CK-F002", f"{e} (truncated or rewritten)", path=rel) from None
+
+
+class _Plan:
+    """The ranged requests that read a file's data region in file order.
+
+    Large tensors are read straight into their memory in ``RANGE`` pieces; runs of small
+    tensors and gaps are coalesced into one scratch range (up to ``RANGE``) and copied out.
+    Requests go out ``RANGES_IN_FLIGHT`` at a time; every byte is hashed in file order.
+    """
+
+    def __init__(self, pos: int, h: Any, on_bytes: OnBytes | None) -> None:
+        self.pos = pos
+        self.h = h
+        self.on_bytes = on_bytes
+        self.items: list[tuple[int, memoryview, list[tuple[int, memoryview]]]] = []
+        self._group: list[tuple[int, memoryview]] = []  # (file offset, destination)
+        self._group_start = pos
+
+    def add(self, start: int, dest: memoryview) -> None:
+        if start > self.pos:
+            self._extend(start, None)
+        if len(dest) >= DIRECT:
+            self._flush()
+            for a in range(0, len(dest), RANGE):
+                self.items.append((start + a, dest[a : a + RANGE], []))
+            self.pos = self._group_start = start + len(dest)
+        else:
+            self._extend(start + len(dest), (start, dest))
+
+    def add_gap_to(self, end: int) -> None:
+        if end > self.pos:
+            self._extend(end, None)
+        self._flush()
+
+    def _extend(self, end: int, copy: tuple[int, memoryview] | None) -> None:
+        if not self._group:
+            self._group_start = self.pos
+        if copy is not None:
+            self._group.append(copy)
+        self.pos = end
+        if self.pos - self._group_start >= RANGE:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pos > self._group_start:
+            scratch = memoryview(bytearray(self.pos - self._group_start))
+            self.items.append((self._group_start, scratch, list(self._group)))
+        self._group = []
+        self._group_start = self.pos
+
+    def run(self, loc: Location, rel: str) -> None:
+        self._flush()
+        for i in range(0, len(self.items), RANGES_IN_FLIGHT):
+            batch = self.items[i : i + RANGES_IN_FLIGHT]
+            _fill(loc, [(off, buf) for off, buf, _ in batch], rel)
+            for off, buf, copies in batch:
+                self.h.update(buf)
+                for at, dest in copies:
+                    dest[:] = buf[at - off : at - off + len(dest)]
+                if self.on_bytes:
+                    self.on_bytes(len(buf))
 
 
 def _read_compressed(

@@ -76,6 +76,27 @@ class _Buffered:
             self._f.closed = True
 
 
+_SPARE: list[bytearray] = []
+_SPARE_LOCK = threading.Lock()
+SPARE_BUFFERS = 8
+"""Part buffers kept between uploads: new memory is slow to touch on many VMs, and every
+save needs the same few."""
+
+
+def _new_buffer(size: int) -> bytearray:
+    with _SPARE_LOCK:
+        for i, b in enumerate(_SPARE):
+            if len(b) == size:
+                return _SPARE.pop(i)
+    return bytearray(size)
+
+
+def _keep_buffer(buf: bytearray) -> None:
+    with _SPARE_LOCK:
+        if len(_SPARE) < SPARE_BUFFERS:
+            _SPARE.append(buf)
+
+
 class MultipartUpload:
     """An S3 multipart upload fed as a stream, ``concurrency`` parts at a time.
 
@@ -119,7 +140,7 @@ class MultipartUpload:
             if self._free:
                 return self._free.pop()
             self._made += 1
-            return bytearray(self.part_size)
+            return _new_buffer(self.part_size)
 
     def _give(self, buf: bytearray) -> None:
         with self._lock:
@@ -181,7 +202,14 @@ class MultipartUpload:
             raise
         finally:
             self._pool.shutdown(wait=True)
+            self._recycle()
             self.s3.invalidate_cache(f"{self.bucket}/{self.key}")
+
+    def _recycle(self) -> None:
+        with self._lock:
+            bufs, self._free = [*self._free, self._cur], []
+        for b in bufs:
+            _keep_buffer(b)
 
     def abort(self) -> None:
         if self._closed:
@@ -190,6 +218,7 @@ class MultipartUpload:
         for f in self._parts:
             f.cancel()
         self._pool.shutdown(wait=True)
+        self._recycle()
         if self._upload_id is not None:
             # On failure the store's lifecycle rules expire the abandoned parts.
             with contextlib.suppress(Exception):

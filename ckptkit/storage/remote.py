@@ -138,8 +138,9 @@ def read_file(
     targets = targets or {}
     if expected.compression is not None:
         return _read_compressed(loc, expected, wanted, targets, on_bytes)
-    # One request for the start of the file: the header, and the first bytes after it.
-    head = bytearray(min(size, HEAD_PREFETCH))
+    # One request for the start of the file: the header and the bytes after it (a whole
+    # object up to RANGE, as fs.cat would fetch it: the fewest requests).
+    head = bytearray(size if size <= RANGE else HEAD_PREFETCH)
     _fill(loc, [(0, memoryview(head))], rel)
     if len(head) < 8:
         raise codes.error(

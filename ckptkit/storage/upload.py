@@ -26,7 +26,7 @@ PART_SIZE = 50 << 20
 """Bytes per multipart part (S3 allows 5 MiB to 5 GiB; 10 000 parts at most). A stream
 shorter than one part is a single PUT. 50 MiB is s3fs's own threshold, so ckptkit and
 ``fs.put`` make the same requests for the same file."""
-CONCURRENCY = 4
+CONCURRENCY = 8
 """Parts in flight at once per file (each holds a part-sized buffer)."""
 
 

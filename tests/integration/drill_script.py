@@ -79,7 +79,7 @@ def main() -> int:
         if fault == "no-rng":
             torch.manual_seed(0)
         if fault == "no-sampler":
-            sampler.set_epoch(0)
+            sampler = ckptkit.ResumableSampler(N_SAMPLES, seed=7)  # rebuilt: epoch restarts
         if fault == "step-reset":
             state.progress.step = 0
         if fault == "lr-changed":

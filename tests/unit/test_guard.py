@@ -79,7 +79,7 @@ def test_each_broken_component_is_named(fault: str, code: str) -> None:
     if fault == "no-scheduler":
         b["sched"].__init__(b["opt"], lambda s: min(1.0, (s + 1) / 5))  # type: ignore[misc]
     elif fault == "no-sampler":
-        b["sampler"].set_epoch(0)
+        b["ts"].sampler = ckptkit.ResumableSampler(64, seed=3)  # rebuilt: epoch restarts
     elif fault == "no-moments":
         b["opt"].state.clear()
     elif fault == "no-scaler":

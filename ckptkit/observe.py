@@ -291,6 +291,8 @@ class StepObserver:
         if opt.param_groups:
             self._lr_used = float(opt.param_groups[0]["lr"])
         scaler = _calling_scaler()
+        if scaler_state(scaler) is None:
+            scaler = None  # none, or a disabled one (fp32/bf16 runs keep the call for symmetry)
         if scaler is not None:
             self.scaler = scaler
             if self.state.scaler is None and not self._warned_scaler:

@@ -68,6 +68,10 @@ for _code, _title, _hint, _comp in (
     ("CK-D007", "resume guard: probe loss differs", "the weights are not what was saved "
      "(model not restored, restored into another architecture, or changed after restore)",
      "model"),
+    ("CK-D009", "resume guard: the data loader cannot resume its order exactly",
+     "give the StatefulDataLoader's sampler a generator of its own "
+     "(sampler=RandomSampler(ds, generator=g1)) and the loader another (generator=g2)",
+     "sampler"),
     ("CK-D008", "resume guard: RNG drawn between restore and the first step",
      "draw nothing from the global generators between mgr.restore() and the first step: "
      "give the DataLoader a generator= (or iterate it with ResumableSampler.batches), "
@@ -170,6 +174,23 @@ def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None)
     return out
 
 
+def shared_loader_generator(loader: Any) -> bool:
+    """Whether ``loader`` (a StatefulDataLoader) shares its ``generator`` with its sampler.
+
+    torchdata 0.11 draws each ``iter()``'s base seed from ``loader.generator`` and saves the
+    sampler's generator state from before that draw, so with one generator for both the
+    epoch after a mid-epoch resume gets another permutation.
+
+    Example:
+        >>> shared_loader_generator(torch.utils.data.DataLoader([1, 2]))
+        False
+    """
+    gen = getattr(loader, "generator", None)
+    if gen is None or not hasattr(loader, "next_iter_state"):  # not a StatefulDataLoader
+        return False
+    return getattr(getattr(loader, "sampler", None), "generator", None) is gen
+
+
 def _observer(ts: TrainState) -> StepObserver | None:
     obs = getattr(ts.recorder, "observer", None)
     return obs if isinstance(obs, StepObserver) else None
@@ -234,6 +255,11 @@ class ResumeGuard:
                 self._add("CK-D004", f"GradScaler growth tracker {now.get('scale_growth')}, "
                           f"the checkpoint recorded {s['scale_growth']}: the scale will grow "
                           "(or back off) at other steps than in the saved run")
+        if shared_loader_generator(ts.sampler):
+            self._add("CK-D009", "the StatefulDataLoader draws its workers' base seed from "
+                      "the generator its RandomSampler shuffles with, and saves only the "
+                      "sampler's part of it: the epoch after this resume is shuffled "
+                      "differently from the uninterrupted run")
         if "data_id" in s and now.get("data_id") not in (None, s["data_id"]):
             self._add("CK-R003", "the declared data identity (TrainState data=) differs from "
                       "the one saved: the same sample ids now mean other content")

@@ -143,6 +143,20 @@ def _hash_inputs(h: xxhash.xxh3_64, items: Iterable[Any], depth: int = 0) -> Non
             _hash_inputs(h, (x[k] for k in sorted(x, key=str)), depth + 1)
 
 
+_NOT_POSITION = frozenset({"_base_seed", "_shared_seed"})
+"""State keys that are not the data position: a StatefulDataLoader redraws its workers' base
+seed at every ``iter()`` from a generator it does not save, so it differs after a resume
+while every batch is the same (worker-side randomness must be a function of the sample)."""
+
+
+def _position(state: Any) -> Any:
+    if isinstance(state, Mapping):
+        return {k: _position(v) for k, v in state.items() if k not in _NOT_POSITION}
+    if isinstance(state, list | tuple):
+        return [_position(v) for v in state]
+    return state
+
+
 def _opt_step(opt: torch.optim.Optimizer) -> int:
     for group in opt.param_groups:
         for p in group["params"]:
@@ -356,7 +370,7 @@ class StepObserver:
             return None  # a StatefulDataLoader not iterated yet: state_dict() would start it
         try:
             with torch.random.fork_rng(devices=[]):
-                return tree_fingerprint(sampler.state_dict())
+                return tree_fingerprint(_position(sampler.state_dict()))
         except Exception as e:  # an exotic state: the record goes without a cursor
             log.debug("ckptkit: no cursor fingerprint: %s", e)
             return None

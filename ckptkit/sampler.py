@@ -382,16 +382,24 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._restored = False
 
     def next_indices(self, k: int) -> list[int]:
-        """Return the next ``k`` indices this rank will yield, without advancing.
+        """Return the next ``k`` indices the training loop will receive, without advancing.
 
-        Fewer are returned near the end of the epoch. Used by resume guards to check that a
-        restored sampler continues where the saved run would have.
+        At the end of an epoch these are the first of the next epoch (where a loop goes on,
+        with ``set_epoch(epoch + 1)`` or :meth:`batches`); fewer are returned near the end
+        of an epoch. Used by resume guards to check that a restored sampler continues where
+        the saved run would have.
 
         Example:
             >>> s = ResumableSampler(6, shuffle=False)
             >>> s.next_indices(2), list(s)[:2]
             ([0, 1], [0, 1])
         """
+        position = self.position - len(self._undelivered or ())
+        if position >= self.num_samples > 0:
+            probe = copy.deepcopy(self)
+            probe._restored = False
+            probe.set_epoch(self.epoch + 1)
+            return probe.next_indices(k)
         offset, position = self._cursor()
         position -= len(self._undelivered or ())
         return self._rank_indices(offset)[position : position + max(k, 0)].tolist()

@@ -104,19 +104,21 @@ from ckptkit.drill.contract import DrillEnv
 PAD = 0
 """Padding token id; real tokens are 1..vocab-1."""
 
-FAULTS = (
-    "none",
-    "no-rng",
-    "no-sampler",
-    "sampler-reshuffle",
-    "no-scheduler",
-    "sched-off-by-one",
-    "no-moments",
-    "no-scaler",
-    "step-reset",
-    "data-version",
-    "lr-changed",
-)
+FAULT_COMPONENTS = {
+    "none": "none",
+    "no-rng": "rng",
+    "no-sampler": "sampler",
+    "sampler-reshuffle": "sampler",
+    "no-scheduler": "scheduler",
+    "sched-off-by-one": "scheduler",
+    "no-moments": "optimizer",
+    "no-scaler": "scaler",
+    "step-reset": "progress",
+    "data-version": "data-version",
+    "lr-changed": "hyperparameters",
+}
+"""Each ``--fault`` and the component a drill should name for it."""
+FAULTS = tuple(FAULT_COMPONENTS)
 
 
 # --- data ------------------------------------------------------------------------------------

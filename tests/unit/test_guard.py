@@ -135,3 +135,22 @@ def test_attaching_twice_does_not_stack(tmp_path) -> None:  # type: ignore[no-un
     rec.log(1, loss=1.0)
     rec.close()
     assert len(read_jsonl(tmp_path / "m.jsonl")) == 1
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11
+def test_stateful_loader_sharing_its_sampler_generator_is_named() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    data = list(range(8))
+    shared = StatefulDataLoader(data, batch_size=2, shuffle=True, generator=torch.Generator())
+    apart = StatefulDataLoader(data, batch_size=2, generator=torch.Generator(),
+                               sampler=RandomSampler(data, generator=torch.Generator()))
+    assert guard.shared_loader_generator(shared)
+    assert not guard.shared_loader_generator(apart)
+    for loader, want in ((shared, ["CK-D009"]), (apart, [])):
+        next(iter(loader))
+        ts = ckptkit.TrainState(model=torch.nn.Linear(1, 1), sampler=loader)
+        saved = guard.compute(ts)
+        got = [f.code for f in guard.ResumeGuard(saved).check_restored(ts)]
+        assert got == want

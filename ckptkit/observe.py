@@ -37,6 +37,7 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -115,7 +116,7 @@ def scaler_state(scaler: Any) -> tuple[float, int] | None:
 
 def _calling_scaler() -> Any:
     """The GradScaler whose ``step`` is calling ``optimizer.step`` right now, if any."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_FRAMES):
         if frame is None:
             return None

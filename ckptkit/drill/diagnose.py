@@ -115,9 +115,7 @@ class Diagnosis:
     """With ``unknown`` (or a medium guess): the components the evidence leaves."""
 
     def to_dict(self) -> dict[str, Any]:
-        hint = self.hint or HINTS.get(self.component, "")
-        if self.component == "unknown" and self.candidates and not self.hint:
-            hint = " | ".join(f"{c}: {HINTS[c]}" for c in self.candidates if c in HINTS)
+        hint = self.hint or _hint(self.component, self.candidates)
         return jsonable(
             {
                 "component": self.component,
@@ -131,6 +129,13 @@ class Diagnosis:
         )
 
 
+def _hint(component: str, candidates: Sequence[str]) -> str:
+    """The fix for ``component``; for ``unknown``, one fix per candidate."""
+    if component == "unknown" and candidates:
+        return " | ".join(f"{c}: {HINTS[c]}" for c in candidates if c in HINTS)
+    return HINTS.get(component, "")
+
+
 @dataclass
 class _Evidence:
     """What the checks and the resumed records say, gathered once."""
@@ -141,12 +146,14 @@ class _Evidence:
     step: Any
     exposure: CheckResult | None
     continuity: CheckResult | None
-    guard: dict[str, list[str]]
+    guard: dict[Component, list[str]]
     """Resume-guard findings of the resumed run: drill component -> messages."""
     rng_at: str | None
     """Where the resumed records' RNG fingerprint was taken (``data``/``forward``), or None."""
     data_declared: bool
     compared: list[str]
+    saved: Record | None = None
+    """The reference's record of the save step (what both runs stood on at the save)."""
     ev: list[str] = field(default_factory=list)
 
     def first(self, f: str) -> int | None:
@@ -223,6 +230,7 @@ def diagnose(
         rng_at=next((str(r["rng_at"]) for r in resumed if r.get("rng_at")), None),
         data_declared=bool((facts or {}).get("data_declared")),
         compared=list((tw.detail.get("compared") or []) if tw else []),
+        saved=next((r for r in reference if r.get("step") == start), None),
     )
     if not fields:
         unjudged = (tw.detail.get("not_judgeable") or {}) if tw is not None else {}
@@ -249,8 +257,8 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
     f, at = e.fields, e.at
 
     def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
-        return _confirm(e, Diagnosis(comp, conf, e.ev, HINTS[comp], step=e.step, fields=at,
-                                     candidates=list(candidates)))
+        return _confirm(e, Diagnosis(comp, conf, e.ev, _hint(comp, candidates), step=e.step,
+                                     fields=at, candidates=list(candidates)))
 
     if "step" in at or ("length" in at and "step" in f):
         s = f["step"]
@@ -303,7 +311,7 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
     co_rng = _continuity_rng_failed(e)
 
     def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
-        return _confirm(e, Diagnosis(comp, conf, e.ev, HINTS[comp], step=e.step,
+        return _confirm(e, Diagnosis(comp, conf, e.ev, _hint(comp, candidates), step=e.step,
                                      fields=e.at, candidates=list(candidates)))
 
     if batch_diff:
@@ -365,8 +373,9 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
     )
     i = e.i0 or 0
     if isinstance(a, int) and isinstance(b, int) and abs(a - b) == 1 and i < len(res):
-        prev_ref = ref[i - 1].get("opt_step") if i >= 1 else None
-        prev_res = res[i - 1].get("opt_step") if i >= 1 else None
+        before = e.saved.get("opt_step") if e.saved is not None else None
+        prev_ref = ref[i - 1].get("opt_step") if i >= 1 else before
+        prev_res = res[i - 1].get("opt_step") if i >= 1 else before
         skipped = (prev_ref is not None and prev_ref == a) or (prev_res is not None
                                                                and prev_res == b)
         if skipped:
@@ -380,7 +389,7 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
 
 def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     """Weigh the resume guard's findings against the records' verdict."""
-    named = [c for c in e.guard if c != "model"]
+    named: list[Component] = [c for c in e.guard if c != "model"]
     for comp, msgs in e.guard.items():
         for m in msgs[:1]:
             dg.evidence.append(f"resume guard ({comp}): {m}")
@@ -395,14 +404,16 @@ def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     if dg.component == "unknown" and len(named) == 1 and (
         not dg.candidates or named[0] in dg.candidates
     ):
-        comp: Component = named[0]  # type: ignore[assignment]
-        dg.evidence.append(f"the resume guard breaks the tie: {comp}")
-        return Diagnosis(comp, "medium", dg.evidence, HINTS[comp], step=dg.step,
+        tie = named[0]
+        dg.evidence.append(f"the resume guard breaks the tie: {tie}")
+        return Diagnosis(tie, "medium", dg.evidence, HINTS[tie], step=dg.step,
                          fields=dg.fields, candidates=dg.candidates)
+    if dg.component == "unknown":
+        dg.hint = _hint("unknown", dg.candidates)
     if dg.confidence == "high" and dg.component not in ("progress", "hyperparameters"):
         # The records point one way, the guard another: say both.
         dg.confidence = "medium"
-        dg.candidates = [dg.component, *[c for c in named if c != dg.component]][:2]
+        dg.candidates = [str(c) for c in (dg.component, *named) if c][:2]
     return dg
 
 
@@ -433,8 +444,8 @@ def _refused(check: CheckResult) -> Diagnosis:
     return Diagnosis(comp, conf, ev, hint, fields=["restore"])
 
 
-def _guard_findings(resumed: Sequence[Record]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+def _guard_findings(resumed: Sequence[Record]) -> dict[Component, list[str]]:
+    out: dict[Component, list[str]] = {}
     for r in resumed:
         for g in r.get("guard") or []:
             if not isinstance(g, Mapping):

@@ -330,7 +330,7 @@ def _config_dict(config: DrillConfig, start: int) -> dict[str, Any]:
 class _Running:
     role: Role
     index: int
-    launch: launch.Launch
+    spec: launch.Launch
     proc: launch.Proc
     run_dir: Path
     ckpt_dir: Path
@@ -588,13 +588,13 @@ def _run_one(
 
 def _result(r: _Running, rc: int) -> RunResult:
     ended = time.time()
-    stdout = r.launch.stdout.read_text(errors="replace").splitlines()
-    stderr = r.launch.stderr.read_text(errors="replace").splitlines()
+    stdout = r.spec.stdout.read_text(errors="replace").splitlines()
+    stderr = r.spec.stderr.read_text(errors="replace").splitlines()
     records = read_jsonl(r.metrics) if r.metrics.exists() else []
     return RunResult(
         role=r.role,
         index=r.index,
-        argv=r.launch.argv,
+        argv=r.spec.argv,
         returncode=rc,
         wall_s=ended - r.proc.launched_at,
         records=records,
@@ -669,7 +669,7 @@ def cleanup(report: DrillReport) -> None:
     Example:
         >>> cleanup(report)  # doctest: +SKIP
     """
-    if not report.workdir_kept:
+    if not report.workdir_kept and report.workdir is not None:
         shutil.rmtree(report.workdir, ignore_errors=True)
 
 

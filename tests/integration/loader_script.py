@@ -74,7 +74,6 @@ def run(name: str, out: Path, role: str, resume_at: int | None) -> None:
     workers = int(cfg["workers"])  # type: ignore[call-overload]
     if cfg["loader"] == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader
-
         from torchdata.stateful_dataloader.sampler import RandomSampler
 
         order = RandomSampler(ds, generator=torch.Generator().manual_seed(11)) if gen else None

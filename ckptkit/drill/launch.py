@@ -75,6 +75,8 @@ class Proc:
         """``fork`` or ``spawn``."""
         self.launched_at = time.time()
         self.returncode: int | None = None
+        self.warm_s = 0.0
+        """Seconds this start spent warming the drill process first (:func:`warm`)."""
         self._popen = popen
 
     def poll(self) -> int | None:
@@ -174,8 +176,10 @@ def start(launch: Launch, *, method: Method = "auto") -> Proc:
             "interpreter, --threads 1, CUDA not initialised and no PYTHONWARNINGS"
         )
     if method != "spawn" and forkable:
-        warm(launch)
-        return _fork(launch)
+        warm_s = warm(launch)
+        proc = _fork(launch)
+        proc.warm_s = warm_s
+        return proc
     with open(launch.stdout, "wb") as out, open(launch.stderr, "wb") as err:
         # Its own session (process group): on a timeout the whole group is killed, so
         # workers the script started (DataLoader workers, torchrun ranks) die with it.
@@ -194,24 +198,29 @@ def start(launch: Launch, *, method: Method = "auto") -> Proc:
 _WARMED: set[str] = set()
 
 
-def warm(launch: Launch) -> None:
+def warm(launch: Launch) -> float:
     """Import here what a forked run of ``launch`` would import first (once per target).
 
     ``torch._dynamo`` (torch imports it when the first optimizer is built: seconds), then
     every module the script imports at its top level; a module that fails to import is
     skipped (the run imports it itself and reports its own error).
 
+    Returns:
+        The seconds it took (0 when this target was warmed before).
+
     Example:
-        >>> warm(Launch([sys.executable, "-m", "json.tool"], {}, None, Path("o"), Path("e")))
+        >>> s = warm(Launch([sys.executable, "-m", "json.tool"], {}, None, Path("o"), Path("e")))
     """
     target = fork_target(launch.argv)
     if target is None or target[1] in _WARMED:
-        return
+        return 0.0
+    t0 = time.perf_counter()
     _WARMED.add(target[1])
     for name in ("torch._dynamo", *_top_level_imports(target[0], target[1])):
         with warnings.catch_warnings(), contextlib.suppress(Exception):
             warnings.simplefilter("ignore")
             importlib.import_module(name)
+    return time.perf_counter() - t0
 
 
 def _top_level_imports(kind: str, target: str) -> list[str]:

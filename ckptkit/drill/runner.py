@@ -133,6 +133,8 @@ class RunResult:
     """The last JSON object the script printed on stdout (e.g. ``param_hash``), if any."""
     method: str = "spawn"
     """How the process was started: ``fork`` or ``spawn``."""
+    warm_s: float = 0.0
+    """Seconds the drill process spent importing for this run before forking it."""
 
     def to_dict(self) -> dict[str, Any]:
         steps = [r.get("step") for r in self.records]
@@ -607,6 +609,7 @@ def _result(r: _Running, rc: int) -> RunResult:
         ended_at=ended,
         summary=_last_json(stdout),
         method=r.proc.method,
+        warm_s=r.proc.warm_s,
     )
 
 
@@ -873,6 +876,7 @@ def _overhead(
         "total_s": _r(total_s),
         "training_s": _r(train),
         "training_process_s": _r(busy),
+        "warmup_s": _r(sum(r.warm_s for r in (*refs, resumed))),
         "process_start_s": _r(startup - restore),
         "save_s": _r(save),
         "restore_s": _r(restore),
@@ -884,9 +888,11 @@ def _overhead(
         "step_s": _r(ref_t[0].get("step_s", 0.0)),
         "launch": sorted({r.method for r in (*refs, resumed)}),
         "method": "estimated from record timestamps: training is the wall-clock time during "
-        "which at least one run trained (runs overlap); start-up is the time to the first "
-        "record less one step; restore is the resumed start-up less the fresh one; save is "
-        "the excess of the gap after the save step; overhead is the total less training",
+        "which at least one run trained (runs overlap); warm-up is the drill process "
+        "importing what the forked runs need (torch._dynamo ...); start-up is the time to "
+        "the first record after the launch less one step (imports and setup of each run); "
+        "restore is the resumed start-up less the fresh one; save is the excess of the gap "
+        "after the save step; overhead is the total less training",
     }
 
 

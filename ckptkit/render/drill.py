@@ -109,11 +109,12 @@ def render_text(report: DrillReport, out: TextIO) -> None:
         )
         con.print(f"noise floor over {noise['runs']} reference runs: {state}")
     o = d["overhead"]
+    warm = f"warm-up {o['warmup_s']:.1f}s, " if o.get("warmup_s") else ""
     con.print(
         f"time: {o['total_s']:.1f}s total, training {o['training_s']:.1f}s; drill overhead "
-        f"{o['overhead_s']:.1f}s ({100 * (o['overhead_fraction'] or 0):.0f}%): process start "
-        f"{o['process_start_s']:.1f}s, save {o['save_s']:.2f}s, restore {o['restore_s']:.2f}s, "
-        f"statistics {o['statistics_s']:.2f}s"
+        f"{o['overhead_s']:.1f}s ({100 * (o['overhead_fraction'] or 0):.0f}%): {warm}process "
+        f"start {o['process_start_s']:.1f}s, save {o['save_s']:.2f}s, restore "
+        f"{o['restore_s']:.2f}s, statistics {o['statistics_s']:.2f}s"
     )
     if d["workdir"]:
         con.print(f"runs kept in {d['workdir']}")

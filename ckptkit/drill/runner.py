@@ -357,6 +357,8 @@ def _drill(
         ref_env[ENV_RESUME_FROM] = str(Path(config.from_ckpt).resolve())
     waiting = list(range(config.repeat))
     running: list[_Running] = []
+    started: list[_Running] = []
+    polls = 0
     done: dict[tuple[str, int], RunResult] = {}
     ckpt: Path | None = None
     resumed_started = False
@@ -368,12 +370,17 @@ def _drill(
                 say(f"reference {i + 1}/{config.repeat}: steps {start + 1}..{stop_at}, "
                     f"save after {save_at}")
                 running.append(_launch(config, "reference", i, ref_env, workdir))
+                started.append(running[-1])
                 if i == 0:
                     _import_statistics()  # scipy takes seconds: load it while the runs train
             if ckpt is None:
-                ref0 = next((r for r in running if r.role == "reference" and r.index == 0),
+                ref0 = next((r for r in started if r.role == "reference" and r.index == 0),
                             None)
-                ckpt = _committed(config, ref0, save_at, workdir) if ref0 else None
+                # The manager's step directory is a cheap test; a scan for other layouts
+                # reads manifests, so it runs once a second and once the reference ended.
+                polls += 1
+                thorough = polls % 50 == 0 or ("reference", 0) in done
+                ckpt = _committed(config, ref0, save_at, workdir, thorough) if ref0 else None
                 if ckpt is None and ("reference", 0) in done:
                     ref = done[("reference", 0)]
                     raise DrillError(
@@ -483,13 +490,22 @@ def _import_statistics() -> None:
     import ckptkit.drill.stats  # noqa: F401
 
 
-def _committed(config: DrillConfig, ref0: _Running, save_at: int, workdir: Path) -> Path | None:
+def _committed(
+    config: DrillConfig, ref0: _Running, save_at: int, workdir: Path, thorough: bool
+) -> Path | None:
     """The reference's step-W checkpoint once committed, as a private snapshot (or None).
 
     The snapshot hard-links the files (copies across file systems) into the drill's own
-    directory: the reference keeps running and may rotate its checkpoint away.
+    directory: the reference keeps running and may rotate its checkpoint away. Without
+    ``thorough`` only the manager's own ``step-NNNNNNNN`` directory is looked for.
     """
-    found = find_checkpoint(ref0.ckpt_dir, save_at)
+    direct = ref0.ckpt_dir / step_dir_name(save_at)
+    if (direct / mf.MANIFEST_NAME).is_file():
+        found: Path | None = direct
+    elif not thorough:
+        return None
+    else:
+        found = find_checkpoint(ref0.ckpt_dir, save_at)
     if found is None and config.isolate:
         # A script that ignores $CKPTKIT_CKPT_DIR writes under its own run directory.
         hits = sorted(

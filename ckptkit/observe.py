@@ -242,12 +242,28 @@ class StepObserver:
 
         A listener of the same type replaces the previous one (a second restore in one
         process checks against the newer checkpoint only).
+
+        Example:
+            >>> import ckptkit
+            >>> from ckptkit.guard import ResumeGuard
+            >>> rec = ckptkit.Recorder(None)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), recorder=rec)
+            >>> rec.observer.add_listener(ResumeGuard({}))
         """
         self.listeners = [x for x in self.listeners if type(x) is not type(listener)]
         self.listeners.append(listener)
 
     def note(self, findings: Iterable[Any]) -> None:
-        """Put resume-guard findings into the next record (``guard`` field)."""
+        """Put resume-guard findings into the next record (``guard`` field).
+
+        Example:
+            >>> import ckptkit
+            >>> rec = ckptkit.Recorder(None)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), recorder=rec)
+            >>> rec.observer.note([{"code": "CK-D008", "component": "rng", "message": "m"}])
+            >>> rec.log(1, loss=1.0); rec.records[-1]["guard"][0]["code"]
+            'CK-D008'
+        """
         for f in findings:
             d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
             self._findings.append(
@@ -332,6 +348,16 @@ class StepObserver:
         """Return the auto fields for the record being logged (those not in ``given``).
 
         Ends the step: the next data event or forward starts the next one.
+        :meth:`ckptkit.Recorder.log` calls it.
+
+        Example:
+            >>> import ckptkit
+            >>> rec = ckptkit.Recorder(None)
+            >>> m = torch.nn.Linear(1, 1)
+            >>> _ = ckptkit.TrainState(model=m, recorder=rec)
+            >>> _ = m(torch.ones(1, 1))
+            >>> sorted(rec.observer.finish({"loss": 1.0}))
+            ['batch_hash', 'rng', 'rng_at']
         """
         out: dict[str, Any] = {}
 
@@ -363,7 +389,16 @@ class StepObserver:
         return out
 
     def cursor(self) -> str | None:
-        """Fingerprint of the data cursor (``state_dict()`` of the state's sampler/loader)."""
+        """Fingerprint of the data cursor (``state_dict()`` of the state's sampler/loader).
+
+        Example:
+            >>> import ckptkit
+            >>> rec = ckptkit.Recorder(None)
+            >>> s = ckptkit.ResumableSampler(4)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), sampler=s, recorder=rec)
+            >>> len(rec.observer.cursor())
+            16
+        """
         sampler = self.state.sampler
         if sampler is None or not callable(getattr(sampler, "state_dict", None)):
             return None
@@ -380,6 +415,13 @@ class StepObserver:
         """The distinct draws made between a step's record and the next step's start.
 
         Over the last :data:`GAP_WINDOW` steps; ``[{}]`` when nothing drew there.
+
+        Example:
+            >>> import ckptkit
+            >>> rec = ckptkit.Recorder(None)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), recorder=rec)
+            >>> rec.observer.gap_patterns()
+            []
         """
         seen: list[dict[str, int | None]] = []
         for a, b in self.gaps:
@@ -393,6 +435,13 @@ def bind(state: TrainState, recorder: Any) -> StepObserver | None:
     """Bind a new observer of ``state`` to ``recorder`` (replacing an earlier one).
 
     Returns None when the recorder does not take one (``auto=False``, or not a Recorder).
+    :meth:`ckptkit.Recorder.bind` calls it.
+
+    Example:
+        >>> import ckptkit
+        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(1, 1))
+        >>> bind(ts, ckptkit.Recorder(None, auto=False)) is None
+        True
     """
     old = getattr(recorder, "observer", None)
     if isinstance(old, StepObserver):

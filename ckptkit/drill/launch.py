@@ -168,6 +168,13 @@ def start(launch: Launch, *, method: Method = "auto") -> Proc:
     Raises:
         OSError: the command cannot be started.
         ValueError: ``method="fork"`` for a command that cannot be forked.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> p = start(Launch(["true"], dict(os.environ), None, d / "o", d / "e"))
+        >>> p.method, p.wait(60)
+        ('spawn', 0)
     """
     forkable = can_fork(launch)
     if method == "fork" and not forkable:

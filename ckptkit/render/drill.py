@@ -93,9 +93,11 @@ def render_text(report: DrillReport, out: TextIO) -> None:
     con.print(table)
     diag = d["diagnosis"]
     if diag["component"] != "none":
+        cands = diag.get("candidates") or []
         con.print(
             f"[bold]diagnosis:[/] [bold red]{diag['component']}[/] "
             f"({diag['confidence']} confidence)"
+            + (f"; candidates: {', '.join(cands)}" if cands else "")
         )
         for e in diag["evidence"]:
             con.print(f"  - {e}")

@@ -63,9 +63,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     iterate it with :meth:`batches` and the cursor counts only the batches the loop received.
 
     **Observers.** ``add_observer(fn)`` calls ``fn(epoch, index)`` for every index handed to
-    the training loop (the :class:`~ckptkit.Recorder` bound to a ``TrainState`` records them as
+    the training loop, and, inside :meth:`batches`, ``fn(epoch, None)`` before each batch is
+    fetched (the :class:`~ckptkit.Recorder` bound to a ``TrainState`` records the indices as
     ``sample_ids``, with ``dataset.sample_hash(index)`` as content hash when the dataset given
-    to the constructor has such a method).
+    to the constructor has such a method, and fingerprints the RNG at the first event of a
+    step: before the batch's augmentation draws).
 
     **Resuming at another world size.** Ranks advance in lockstep, so ``offset + position ×
     world_size`` indices of the epoch order are consumed globally. Loading a state saved at
@@ -158,7 +160,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         # Indices handed out by a DataLoader iterating inside batches() but not yet received
         # by the loop (prefetched); None when no such iteration runs.
         self._undelivered: deque[int] | None = None
-        self._observers: list[Callable[[int, int], None]] = []
+        self._observers: list[Callable[[int, int | None], None]] = []
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
         # The dataset is shared (not copied) and observers stay with the original: a copy
@@ -177,8 +179,10 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         state["_undelivered"] = None
         return state
 
-    def add_observer(self, fn: Callable[[int, int], None]) -> None:
+    def add_observer(self, fn: Callable[[int, int | None], None]) -> None:
         """Call ``fn(epoch, index)`` for every index the training loop receives.
+
+        Inside :meth:`batches` also ``fn(epoch, None)`` before each batch is fetched.
 
         Example:
             >>> s, seen = ResumableSampler(3, shuffle=False), []
@@ -189,7 +193,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         if fn not in self._observers:
             self._observers.append(fn)
 
-    def remove_observer(self, fn: Callable[[int, int], None]) -> None:
+    def remove_observer(self, fn: Callable[[int, int | None], None]) -> None:
         """Stop calling ``fn`` (no error when it was not registered).
 
         Example:
@@ -350,7 +354,13 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             # loader has no generator): keep the training streams out of it.
             with torch.random.fork_rng(devices=[]):
                 it = iter(loader)
-            for batch in it:
+            while True:
+                for fn in self._observers:
+                    fn(self.epoch, None)  # a batch is about to be fetched (a step starts)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
                 got = [pending.popleft() for _ in range(min(int(size), len(pending)))]
                 for fn in self._observers:
                     for index in got:

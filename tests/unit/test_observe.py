@@ -133,3 +133,23 @@ def test_gap_patterns_record_draws_between_steps() -> None:
     assert set(pattern) == {"torch"} and pattern["torch"] >= 8
     obs.close()
     assert observe.scaler_state(None) is None
+
+
+def test_with_batches_the_rng_is_fingerprinted_before_the_augmentation() -> None:
+    from ckptkit import rngtrace
+
+    class Noisy(torch.utils.data.Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.rand(4)  # augmentation on the global torch RNG
+
+    sampler = ckptkit.ResumableSampler(Noisy(), seed=0)
+    s = _setup(sampler=sampler)
+    loader = torch.utils.data.DataLoader(Noisy(), batch_size=2, sampler=sampler)
+    before = rngtrace.fingerprint()
+    for x in sampler.batches(loader):
+        rec = _step(s, x)
+        assert rec["rng_at"] == "data" and rec["rng"] == before
+        break

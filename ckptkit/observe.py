@@ -21,8 +21,9 @@ fills, in each record the loop logs, every field the loop did not log itself:
 
 Hooks: a forward pre-hook on the model, one process-wide optimizer step pre-hook
 (``torch.optim.optimizer.register_optimizer_step_pre_hook``, dispatched to live observers),
-and an observer on the sampler. The cost per step is two RNG snapshots and a fingerprint
-(well under a millisecond), hashing the model inputs, and a ``state_dict()`` of the sampler.
+and an observer on the sampler. The cost per step is two RNG snapshots and a fingerprint,
+hashing the model inputs, and a ``state_dict()`` of the sampler: about 0.3 ms on a loaded
+2-core machine.
 
 The observer also measures, for the resume guard, which generators drew between the end of
 one step (its record) and the start of the next: the look-ahead saved with a checkpoint

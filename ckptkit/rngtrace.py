@@ -216,8 +216,8 @@ def _seeded_python(seed: int) -> tuple[tuple[int, ...], int]:
 def _seeded_numpy(seed: int) -> tuple[tuple[int, ...], int] | None:
     if not 0 <= seed < 2**32:
         return None
-    st = np.random.RandomState(seed).get_state(legacy=True)
-    return tuple(np.asarray(st[1], dtype=np.uint64).tolist()), int(st[2])
+    st = np.random.RandomState(seed).get_state(legacy=False)["state"]
+    return tuple(np.asarray(st["key"], dtype=np.uint64).tolist()), int(st["pos"])
 
 
 def _seeded_torch(seed: int) -> tuple[tuple[int, ...], int] | None:

@@ -367,8 +367,8 @@ def prune(
 @click.option(
     "--from",
     "from_ckpt",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Start the reference from this checkpoint instead of from scratch.",
+    type=_Where(),
+    help="Start the reference from this checkpoint (a path or URL) instead of from scratch.",
 )
 @click.option(
     "--repeat",
@@ -421,6 +421,13 @@ def prune(
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write a loss/grad-norm PNG here (needs matplotlib).",
 )
+@click.option(
+    "--launch",
+    type=click.Choice(["auto", "fork", "spawn"]),
+    default=None,
+    help="Start runs as forks of this interpreter (auto: when the command allows) or as "
+    "new processes (spawn).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 @_edge
 def drill(
@@ -441,6 +448,7 @@ def drill(
     json_file: str | None,
     junit_file: Path | None,
     plot_file: Path | None,
+    launch: str | None,
     quiet: bool,
 ) -> None:
     """Run a resume drill on your training command: reference vs resumed, compared.
@@ -450,15 +458,67 @@ def drill(
     exposure, continuity (and the informational window), then names the broken component.
     The script is driven through environment variables (docs/drills.md).
 
-    Exit 0 when every check passes, 1 when one fails, 2 when the drill could not run.
+    Exit 0 when every check passes, 1 when one fails (a resume ckptkit refused at restore
+    included), 2 when the drill could not run. The --json and --junit reports are written
+    on every exit, with the reason.
 
     \b
     Example:
         ckptkit drill -W 10 -N 10 -- python -m ckptkit.examples.tiny_lm --steps 40
         ckptkit drill --config drills/tiny_lm.toml --json drill.json --junit drill.xml
     """
+    from ckptkit.drill.runner import DrillReport
+    from ckptkit.render.drill import render_json, render_junit
+
+    def write_reports(report: DrillReport) -> None:
+        if json_file == "-":
+            render_json(report, sys.stdout)
+        elif json_file:
+            with open(_out_file(json_file), "w", encoding="utf-8") as fh:
+                render_json(report, fh)
+        if junit_file is not None:
+            with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
+                render_junit(report, fh)
+
+    try:
+        _drill(command, config_file, steps_before, steps_after, from_ckpt, repeat, threads,
+               device, pass_device, isolate, workdir, keep, timeout, noise_factor, json_file,
+               plot_file, launch, quiet, write_reports)
+    except (CkptkitError, click.UsageError) as e:
+        report = getattr(e, "report", None)
+        if report is None:
+            msg = e.format_message() if isinstance(e, click.UsageError) else e
+            report = DrillReport.failure(
+                e if isinstance(e, CkptkitError) else str(msg), command=list(command),
+                stage="config",
+            )
+        write_reports(report)
+        raise
+
+
+def _drill(
+    command: tuple[str, ...],
+    config_file: Path | None,
+    steps_before: int | None,
+    steps_after: int | None,
+    from_ckpt: Path | None,
+    repeat: int | None,
+    threads: int | None,
+    device: str | None,
+    pass_device: bool | None,
+    isolate: bool | None,
+    workdir: Path | None,
+    keep: bool,
+    timeout: float | None,
+    noise_factor: float | None,
+    json_file: str | None,
+    plot_file: Path | None,
+    launch: str | None,
+    quiet: bool,
+    write_reports: Callable[[Any], None],
+) -> None:
     from ckptkit.drill.runner import DrillConfig, cleanup, load_config, run_drill
-    from ckptkit.render.drill import render_json, render_junit, render_plot, render_text
+    from ckptkit.render.drill import render_plot, render_text
 
     thresholds = {"noise_factor": noise_factor} if noise_factor is not None else None
     given: dict[str, Any] = {
@@ -472,6 +532,7 @@ def drill(
         "pass_device": pass_device,
         "isolate": isolate,
         "timeout": timeout,
+        "launch": launch,
     }
     if config_file is not None:
         cfg = load_config(config_file, **given)
@@ -497,16 +558,9 @@ def drill(
                 click.echo(f"ckptkit drill: {why}", err=True)
             else:
                 report.plot = plot_file
-        if json_file == "-":
-            render_json(report, sys.stdout)
-        else:
+        if json_file != "-":
             render_text(report, sys.stdout)
-            if json_file:
-                with open(_out_file(json_file), "w", encoding="utf-8") as fh:
-                    render_json(report, fh)
-        if junit_file is not None:
-            with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
-                render_junit(report, fh)
+        write_reports(report)
     finally:
         cleanup(report)
     sys.exit(report.exit_code)

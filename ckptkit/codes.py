@@ -742,3 +742,22 @@ register_code(
     hint="the weights are not what was saved (model not restored, restored into another architecture, or changed after restore)",
     component="model",
 )
+register_code(
+    "CK-D008",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: RNG drawn between restore and the first step",
+    hint="draw nothing from the global generators between mgr.restore() and the first step: "
+    "give the DataLoader a generator= (or iterate it with ResumableSampler.batches), seed "
+    "before restoring, not after",
+    component="rng",
+)
+register_code(
+    "CK-D009",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: the data loader cannot resume its order exactly",
+    hint="give the StatefulDataLoader's sampler a generator of its own "
+    "(sampler=RandomSampler(ds, generator=g1)) and the loader another (generator=g2)",
+    component="sampler",
+)

@@ -1,12 +1,18 @@
 """The resume guard: every real resume checked, not only drills.
 
 At save time the manifest records a short *look-ahead* of what the run will do next:
-the step label, the LR of every param group, the loss scale, the optimizer step count,
-an RNG fingerprint, the next K sample ids the sampler will yield, and the loss of a
-fixed probe batch (when the user gives one). On restore the same look-ahead is
-computed from the restored objects and compared; over the first K steps the Recorder's
-records are compared too. Any mismatch is a ``CK-D`` finding that names the component
-(sampler replay or skip, scheduler offset, weights not what was saved ...).
+the step label, the LR of every param group, the loss scale and the scaler's growth
+tracker, the optimizer step count, an RNG fingerprint, which generators the run drew from
+between one step's record and the next step's start, the next K sample ids the sampler
+will yield, a fingerprint of the declared data identity, and the loss of a fixed probe
+batch (when the user gives one). On restore the same look-ahead is computed from the
+restored objects and compared. With a :class:`~ckptkit.Recorder` bound to the
+``TrainState`` the guard also watches the first resumed step: the RNG state where the step
+starts (draws between the restore and the first step, and which call likely made them,
+:mod:`ckptkit.rngtrace`), the optimizer and GradScaler that actually step (a rebuilt
+optimizer, a fresh scaler whose scale has not moved yet), and the first K records. Any
+mismatch is a ``CK-D`` finding that names the component; the findings are also written
+into the next step records (``guard`` field), where a drill reads them.
 
 Cost: a look-ahead peeks the sampler (no data is loaded) and hashes the RNG states
 (a few KiB); the probe is one forward pass in eval mode without grad.
@@ -25,6 +31,9 @@ import numpy as np
 import torch
 import xxhash
 
+from ckptkit import rngtrace
+from ckptkit.capture import tree_fingerprint
+from ckptkit.observe import StepObserver, scaler_state
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
@@ -45,7 +54,11 @@ def _fp(data: bytes) -> str:
 
 
 def rng_fingerprint() -> str:
-    """A short fingerprint of this process's Python, NumPy and torch (CPU, CUDA) RNG states."""
+    """The v0.1 fingerprint of the global RNG states (checkpoints without ``rng_v``).
+
+    New look-aheads use :func:`ckptkit.rngtrace.fingerprint` (``rng_v`` 2), the one the
+    step records carry.
+    """
     parts = [
         repr(random.getstate()).encode(),
         np.random.get_state(legacy=True)[1].tobytes(),  # type: ignore[index]
@@ -93,21 +106,61 @@ def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None)
         >>> la = compute(ts); la["next_step"], la["lr"]
         (4, [0.1])
     """
-    out: dict[str, Any] = {"k": k, "next_step": ts.step + 1, "rng": rng_fingerprint()}
+    out: dict[str, Any] = {
+        "k": k,
+        "next_step": ts.step + 1,
+        "rng": rngtrace.fingerprint(),
+        "rng_v": rngtrace.FINGERPRINT_VERSION,
+    }
     if ts.optimizer is not None:
         out["lr"] = [float(g["lr"]) for g in ts.optimizer.param_groups]
         out["opt_step"] = _opt_step(ts.optimizer)
     if ts.scheduler is not None and hasattr(ts.scheduler, "last_epoch"):
         out["sched_epoch"] = int(ts.scheduler.last_epoch)
-    if ts.scaler is not None and ts.scaler.is_enabled():
-        out["loss_scale"] = float(ts.scaler.get_scale())
+    obs = _observer(ts)
+    own = scaler_state(ts.scaler)
+    seen = scaler_state(obs.scaler) if obs is not None and ts.scaler is None else None
+    if own is not None or seen is not None:
+        scale, tracker = own or seen  # type: ignore[misc]
+        out["loss_scale"], out["scale_growth"] = scale, tracker
+        if own is None:
+            # Seen stepping the optimizer but not in the TrainState: not saved, so the
+            # resumed run starts a fresh one; checked at its first optimizer step.
+            out["scaler"] = "not in TrainState"
     peek = getattr(ts.sampler, "next_indices", None)
     if callable(peek):
         out["sample_ids"] = [int(i) for i in peek(k)]
         out["epoch"] = int(getattr(ts.sampler, "epoch", 0))
+    if ts.data:
+        out["data_id"] = tree_fingerprint(dict(ts.data))
+    if obs is not None and obs.point is not None:
+        out["rng_gaps"] = obs.gap_patterns()
+        out["rng_at"] = obs.point
     if probe is not None:
         out["probe_loss"] = probe_loss(ts.model, probe)
     return out
+
+
+def shared_loader_generator(loader: Any) -> bool:
+    """Whether ``loader`` (a StatefulDataLoader) shares its ``generator`` with its sampler.
+
+    torchdata 0.11 draws each ``iter()``'s base seed from ``loader.generator`` and saves the
+    sampler's generator state from before that draw, so with one generator for both the
+    epoch after a mid-epoch resume gets another permutation.
+
+    Example:
+        >>> shared_loader_generator(torch.utils.data.DataLoader([1, 2]))
+        False
+    """
+    gen = getattr(loader, "generator", None)
+    if gen is None or not hasattr(loader, "next_iter_state"):  # not a StatefulDataLoader
+        return False
+    return getattr(getattr(loader, "sampler", None), "generator", None) is gen
+
+
+def _observer(ts: TrainState) -> StepObserver | None:
+    obs = getattr(ts.recorder, "observer", None)
+    return obs if isinstance(obs, StepObserver) else None
 
 
 @dataclass
@@ -124,19 +177,32 @@ class ResumeGuard:
     per_rank: bool = True
     """Check the per-rank facts (sample ids, RNG) too: same layout as the save, rank 0."""
     findings: list[Finding] = field(default_factory=list)
+    seeds: tuple[int, ...] = ()
+    """Seeds to try when a generator turns out re-seeded (the script's own, when known)."""
     _seen_steps: int = 0
     _ids_seen: list[int] = field(default_factory=list)
+    _restored: rngtrace.RngSnapshot | None = None
+    _state: TrainState | None = None
+    _started: bool = False
+    _stepped: bool = False
+    _sink: Callable[[list[Finding]], None] | None = None
 
-    def _add(self, code: str, message: str) -> None:
-        f = CODES[code].finding(message)
+    def _add(self, code: str, message: str, *, hint: str | None = None) -> None:
+        f = CODES[code].finding(message, hint=hint)
         self.findings.append(f)
         log.warning("ckptkit resume guard: %s %s. Fix: %s", code, message, f.hint)
+        if self._sink is not None:
+            self._sink([f])
 
     def check_restored(self, ts: TrainState) -> list[Finding]:
         """Compare the freshly restored objects with the saved look-ahead; return new findings."""
         before = len(self.findings)
+        self._restored = rngtrace.RngSnapshot.take()
+        self._state = ts
         now = compute(ts, k=int(self.saved.get("k", DEFAULT_K)),
                       probe=self.probe if "probe_loss" in self.saved else None)
+        if self.saved.get("rng_v") != rngtrace.FINGERPRINT_VERSION:
+            now["rng"] = rng_fingerprint()  # a v0.1 checkpoint: compare like with like
         s = self.saved
         if s.get("next_step") != now["next_step"]:
             self._add("CK-D001", f"next step will be {now['next_step']}, the checkpoint "
@@ -148,9 +214,22 @@ class ResumeGuard:
         if "sched_epoch" in s and s["sched_epoch"] != now.get("sched_epoch"):
             self._add("CK-D003", f"scheduler position {now.get('sched_epoch')}, the checkpoint "
                       f"recorded {s['sched_epoch']} (its LR schedule restarts or is offset)")
-        if "loss_scale" in s and s["loss_scale"] != now.get("loss_scale"):
-            self._add("CK-D004", f"loss scale {now.get('loss_scale')}, the checkpoint recorded "
-                      f"{s['loss_scale']}")
+        if "loss_scale" in s and s.get("scaler") is None:
+            if s["loss_scale"] != now.get("loss_scale"):
+                self._add("CK-D004", f"loss scale {now.get('loss_scale')}, the checkpoint "
+                          f"recorded {s['loss_scale']}")
+            elif "scale_growth" in s and s["scale_growth"] != now.get("scale_growth"):
+                self._add("CK-D004", f"GradScaler growth tracker {now.get('scale_growth')}, "
+                          f"the checkpoint recorded {s['scale_growth']}: the scale will grow "
+                          "(or back off) at other steps than in the saved run")
+        if shared_loader_generator(ts.sampler):
+            self._add("CK-D009", "the StatefulDataLoader draws its workers' base seed from "
+                      "the generator its RandomSampler shuffles with, and saves only the "
+                      "sampler's part of it: the epoch after this resume is shuffled "
+                      "differently from the uninterrupted run")
+        if "data_id" in s and now.get("data_id") not in (None, s["data_id"]):
+            self._add("CK-R003", "the declared data identity (TrainState data=) differs from "
+                      "the one saved: the same sample ids now mean other content")
         if "opt_step" in s and s["opt_step"] != now.get("opt_step"):
             self._add("CK-D005", f"optimizer step {now.get('opt_step')}, the checkpoint "
                       f"recorded {s['opt_step']}")
@@ -161,6 +240,67 @@ class ResumeGuard:
             if not math.isclose(a, b, rel_tol=PROBE_RTOL, abs_tol=0.0):
                 self._add("CK-D007", f"probe loss {b!r}, the checkpoint recorded {a!r}")
         return self.findings[before:]
+
+    # --- the first resumed step (StepObserver listener) ---------------------------------
+
+    def on_step_start(self, observer: StepObserver, snapshot: rngtrace.RngSnapshot) -> None:
+        """At the first step after the restore: did anything draw since the restore?
+
+        Draws the saving run also made there (its ``rng_gaps``) are expected; any other
+        draw, or a generator re-seeded, is CK-D008 with the call that likely drew.
+        """
+        if self._started or self._restored is None:
+            return
+        self._started = True
+        if not self.per_rank or not self.saved.get("rng"):
+            return
+        draws = rngtrace.draws_between(self._restored, snapshot, seeds=self.seeds)
+        if not draws:
+            return
+        reseeded = any(d.words is None for d in draws.values())
+        expected = self.saved.get("rng_gaps")
+        if not reseeded:
+            if not isinstance(expected, list):
+                return  # the saving run did not say what it draws between steps
+            if rngtrace.pattern(draws) in (expected or [{}]):
+                return
+        what, fix = rngtrace.explain(draws)
+        at = observer.point or "the first step"
+        usual = ""
+        if isinstance(expected, list) and expected and expected != [{}]:
+            usual = f" (the saved run drew {expected} there)"
+        self._add("CK-D008", f"{what}; seen at the start of the first resumed step "
+                  f"({at}){usual}", hint=fix)
+
+    def on_optimizer_step(
+        self, observer: StepObserver, optimizer: torch.optim.Optimizer, scaler: Any
+    ) -> None:
+        """At the first optimizer step after the restore: is it the restored optimizer and
+        does the GradScaler calling it hold the saved scale and growth tracker?"""
+        if self._stepped:
+            return
+        self._stepped = True
+        ts = self._state
+        if ts is not None and ts.optimizer is not None and optimizer is not ts.optimizer:
+            self._add("CK-D005", f"the optimizer stepping the model is a new "
+                      f"{type(optimizer).__name__}, not the one restored: its moments and step "
+                      "count start from zero (rebuilt after mgr.restore())")
+        s = self.saved
+        st = scaler_state(scaler)
+        if st is None or "loss_scale" not in s:
+            return
+        scale, tracker = st
+        want_g = s.get("scale_growth")
+        if scale == s["loss_scale"] and (want_g is None or tracker == want_g):
+            return
+        how = ("the GradScaler is not in the TrainState, so it was not saved"
+               if s.get("scaler") or (ts is not None and ts.scaler is None)
+               else "it is not the restored one" if ts is not None and scaler is not ts.scaler
+               else "it was changed after the restore")
+        self._add("CK-D004", f"the GradScaler stepping the optimizer has scale {scale} and "
+                  f"growth tracker {tracker}, the checkpoint recorded {s['loss_scale']} and "
+                  f"{want_g}: {how}; its next growth or back-off comes at another step",
+                  hint="pass scaler= to TrainState and use that scaler after the restore")
 
     def observe(self, step: int, record: Mapping[str, Any]) -> list[Finding]:
         """Check one of the first K step records after the resume (Recorder hook)."""
@@ -220,16 +360,28 @@ def _ids_message(want: Sequence[int], got: Sequence[int] | None) -> str:
 
 
 def attach(recorder: Any, guard: ResumeGuard) -> None:
-    """Make ``recorder.log`` feed its first records to ``guard`` (wraps the bound method)."""
+    """Make ``recorder.log`` feed its first records to ``guard`` (wraps the bound method).
+
+    With a Recorder bound to the TrainState, the guard also hears the first step's start
+    and optimizer step, and its findings (those of the restore included) go into the next
+    step records as ``guard`` entries.
+    """
     if recorder is None:
         return
+    obs = getattr(recorder, "observer", None)
+    if isinstance(obs, StepObserver):
+        obs.add_listener(guard)
+        guard._sink = obs.note
+        obs.note(guard.findings)
     # Unwrap an earlier guard (a second restore in the same process) instead of stacking.
     inner = getattr(recorder.log, "__ckptkit_inner__", recorder.log)
 
     def log_and_check(step: int, **metrics: Any) -> Any:
         out = inner(step, **metrics)
+        records = getattr(recorder, "records", None)
+        written = records[-1] if records else metrics
         try:
-            guard.observe(step, metrics)
+            guard.observe(step, written)
         except (TypeError, ValueError) as e:  # a record in unexpected units: never break training
             log.debug("ckptkit resume guard skipped a record: %s", e)
         return out

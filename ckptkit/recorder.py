@@ -30,10 +30,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from ckptkit import observe
 from ckptkit._jsonval import decode, decode_float, encode_float
 from ckptkit.errors import CkptkitError
+
+if TYPE_CHECKING:
+    from ckptkit.capture.state import TrainState
+    from ckptkit.observe import StepObserver
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ ENV_METRICS = "CKPTKIT_METRICS"
 # Keys written by the recorder itself; user scalars may not shadow them.
 _RESERVED = frozenset({"step", "time"})
 # Per-record fields that are lists, not scalars: no per-metric stats for them.
-_LIST_FIELDS = frozenset({"seq_lens", "sample_ids"})
+_LIST_FIELDS = frozenset({"seq_lens", "sample_ids", "guard"})
 
 
 class Recorder:
@@ -59,11 +64,21 @@ class Recorder:
     process loses nothing flushed, a power cut may lose the tail). Use one Recorder
     per file (typically on rank 0 only).
 
+    **Records that fill themselves.** Attached to a :class:`~ckptkit.TrainState`
+    (``TrainState(..., recorder=rec)``), the recorder watches the state's model, optimizer,
+    scaler and sampler and adds to each record every field the loop did not log: the RNG
+    fingerprint at the start of the step, the LR the optimizer used, its step count, the
+    loss scale and growth tracker, a hash of the model inputs, the sample ids (with content
+    hashes where the dataset has ``sample_hash``) and a fingerprint of the data cursor
+    (:mod:`ckptkit.observe`). So ``rec.log(step, loss=loss)`` is the one call a loop needs
+    per step for a drill to check everything the step did. ``auto=False`` turns it off.
+
     Args:
         path: JSONL file to append to; None uses ``$CKPTKIT_METRICS`` if set,
             else keeps records in memory only.
         window: how many recent records ``snapshot()`` and ``window_stats()`` cover.
         flush_every: flush the file every this many records (1: every line).
+        auto: fill step records from the attached TrainState (see above).
 
     Example:
         >>> rec = Recorder(None, window=4)
@@ -78,6 +93,7 @@ class Recorder:
         *,
         window: int = 512,
         flush_every: int = 1,
+        auto: bool = True,
     ) -> None:
         if window < 1:
             raise ValueError(f"Recorder: window must be >= 1, got {window}")
@@ -88,6 +104,9 @@ class Recorder:
         self.path: Path | None = Path(path) if path is not None else None
         self.window = window
         self.flush_every = flush_every
+        self.auto = bool(auto)
+        self.observer: StepObserver | None = None
+        """What fills the records; set when a TrainState binds this recorder."""
         self.records: deque[dict[str, Any]] = deque(maxlen=window)
         self._pending = 0
         self._file: IO[str] | None = None
@@ -110,6 +129,18 @@ class Recorder:
         file = getattr(self, "_file", None)
         if file is not None and not file.closed:
             file.close()
+
+    def bind(self, state: TrainState) -> None:
+        """Watch ``state`` and fill every record with what it shows (``TrainState`` calls it).
+
+        Example:
+            >>> import torch, ckptkit
+            >>> rec = Recorder(None)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), recorder=rec)
+            >>> rec.observer is not None
+            True
+        """
+        observe.bind(state, self)
 
     def __enter__(self) -> Recorder:
         return self
@@ -171,9 +202,11 @@ class Recorder:
             "seq_lens": seq_lens,
             "sample_ids": sample_ids,
         }
-        for key, value in (*named.items(), *scalars.items()):
-            if value is not None:
-                rec[key] = _jsonable(value, key)
+        given = {k: v for k, v in (*named.items(), *scalars.items()) if v is not None}
+        if self.observer is not None:
+            given.update(self.observer.finish(given))
+        for key, value in given.items():
+            rec[key] = _jsonable(value, key)
         self.records.append(rec)
         if self._file is not None:
             self._file.write(json.dumps(rec, allow_nan=False, separators=(",", ":")) + "\n")

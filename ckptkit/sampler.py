@@ -2,13 +2,17 @@
 
 :class:`ResumableSampler` is a drop-in for ``DistributedSampler`` that also remembers how far
 into the epoch it is, can be resumed at a different world size without replaying or skipping a
-sample, and can bucket samples by length.
+sample, and can bucket samples by length. :meth:`ResumableSampler.batches` iterates a
+``torch.utils.data.DataLoader`` built on it so that a resume is exact with worker processes
+too (the cursor counts the batches the loop received, not the ones prefetched).
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterator, Mapping, Sequence, Sized
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import torch
@@ -45,6 +49,25 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     the epoch (as ``DistributedSampler``): a new ``iter()`` on an exhausted epoch starts it
     again (unless nothing was left for this rank after a resume at another world size, then
     it yields nothing); call :meth:`set_epoch` each epoch.
+
+    **Resuming an epoch loop.** A restored cursor (``load_state_dict``) is kept by a
+    ``set_epoch`` of the same epoch, and when it is exhausted the next ``iter()`` yields nothing
+    (the epoch is done), so the usual loop resumes exactly::
+
+        for epoch in range(sampler.epoch, num_epochs):
+            sampler.set_epoch(epoch)     # keeps a restored mid-epoch cursor
+            for batch in loader: ...
+
+    **Data loaders.** A ``DataLoader`` with ``num_workers > 0`` fetches indices ahead of the
+    loop, so ``position`` (counted when handed out) runs ahead of what was trained on;
+    iterate it with :meth:`batches` and the cursor counts only the batches the loop received.
+
+    **Observers.** ``add_observer(fn)`` calls ``fn(epoch, index)`` for every index handed to
+    the training loop, and, inside :meth:`batches`, ``fn(epoch, None)`` before each batch is
+    fetched (the :class:`~ckptkit.Recorder` bound to a ``TrainState`` records the indices as
+    ``sample_ids``, with ``dataset.sample_hash(index)`` as content hash when the dataset given
+    to the constructor has such a method, and fingerprints the RNG at the first event of a
+    step: before the batch's augmentation draws).
 
     **Resuming at another world size.** Ranks advance in lockstep, so ``offset + position ×
     world_size`` indices of the epoch order are consumed globally. Loading a state saved at
@@ -108,6 +131,10 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         if bucket_size is not None and lengths is None:
             raise ValueError("bucket_size needs lengths")
         self.data_len = n
+        self.dataset: Sized | None = (
+            None if isinstance(data_source_len_or_dataset, int) else data_source_len_or_dataset
+        )
+        """The dataset given to the constructor (None when a length was given)."""
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.rank = rank
@@ -128,6 +155,62 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.offset = 0
         self.position = 0
         self._order_cache: tuple[int, torch.Tensor] | None = None
+        # A cursor that came from load_state_dict and no iteration has started from yet.
+        self._restored = False
+        # Indices handed out by a DataLoader iterating inside batches() but not yet received
+        # by the loop (prefetched); None when no such iteration runs.
+        self._undelivered: deque[int] | None = None
+        self._observers: list[Callable[[int, int | None], None]] = []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
+        # The dataset is shared (not copied) and observers stay with the original: a copy
+        # is a probe of the order, not a second consumer.
+        new = copy.copy(self)
+        memo[id(self)] = new
+        if self.lengths is not None:
+            new.lengths = self.lengths.clone()
+        new._observers = []
+        new._undelivered = None
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_observers"] = []
+        state["_undelivered"] = None
+        return state
+
+    def add_observer(self, fn: Callable[[int, int | None], None]) -> None:
+        """Call ``fn(epoch, index)`` for every index the training loop receives.
+
+        Inside :meth:`batches` also ``fn(epoch, None)`` before each batch is fetched.
+
+        Example:
+            >>> s, seen = ResumableSampler(3, shuffle=False), []
+            >>> s.add_observer(lambda e, i: seen.append((e, i)))
+            >>> _ = list(s); seen
+            [(0, 0), (0, 1), (0, 2)]
+        """
+        if fn not in self._observers:
+            self._observers.append(fn)
+
+    def remove_observer(self, fn: Callable[[int, int | None], None]) -> None:
+        """Stop calling ``fn`` (no error when it was not registered).
+
+        Example:
+            >>> ResumableSampler(3).remove_observer(print)
+        """
+        if fn in self._observers:
+            self._observers.remove(fn)
+
+    def sample_hash(self, index: int) -> str | None:
+        """The dataset's content hash of ``index`` (``dataset.sample_hash``), or None.
+
+        Example:
+            >>> ResumableSampler(3).sample_hash(0) is None
+            True
+        """
+        fn = getattr(self.dataset, "sample_hash", None)
+        return str(fn(index)) if callable(fn) else None
 
     # ----- order -----------------------------------------------------------------------------
 
@@ -189,6 +272,10 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     def _cursor(self) -> tuple[int, int]:
         """Return the (offset, position) the next ``iter()`` starts from."""
+        if self._restored:
+            # A restored cursor continues where the saved run stood, exhausted or not: an
+            # exhausted one yields nothing (the saved run had finished this epoch).
+            return self.offset, self.position
         if self.position >= self.num_samples > 0:
             # Exhausted: the next iter() starts the same epoch again, as DistributedSampler does.
             # An empty segment (a resume at a larger world size with fewer indices left than
@@ -201,14 +288,92 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         self.offset, self.position = self._cursor()
+        self._restored = False
         indices = self._rank_indices(self.offset).tolist()
         while self.position < len(indices):
             index = indices[self.position]
             # Count before yielding: once the consumer holds the index, it is consumed.
             self.position += 1
+            if self._undelivered is not None:
+                self._undelivered.append(index)  # batches() reports it when the loop gets it
+            else:
+                for fn in self._observers:
+                    fn(self.epoch, index)
             yield index
 
-    # ----- cursor ----------------------------------------------------------------------------
+    def batches(self, loader: Any) -> Iterator[Any]:
+        """Iterate ``loader`` over the rest of this epoch, keeping the cursor exact.
+
+        ``loader`` is a ``torch.utils.data.DataLoader`` whose ``sampler`` is this sampler
+        (any ``num_workers``, ``batch_size``, ``drop_last``). When the current epoch is
+        done, the next one starts first. Compared with ``for batch in loader``:
+
+        * the cursor (``state_dict``, the resume guard's look-ahead) counts the batches this
+          iterator has *returned*, so batches the workers prefetched are not skipped on
+          resume;
+        * creating the loader's iterator does not move the global torch RNG (its workers'
+          base seed is drawn inside ``torch.random.fork_rng``), so a resume mid-epoch sees
+          the same random streams as the uninterrupted run;
+        * observers see the indices of each batch as the loop receives it.
+
+        Example:
+            >>> data = torch.arange(10)
+            >>> s = ResumableSampler(data, shuffle=False)
+            >>> loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=s)
+            >>> it = s.batches(loader)
+            >>> next(it).tolist(), s.state_dict()["position"]
+            ([0, 1, 2, 3], 4)
+        """
+        if getattr(loader, "sampler", None) is not self:
+            raise ValueError(
+                "batches(loader): the loader's sampler is not this ResumableSampler; build "
+                "it as DataLoader(dataset, sampler=this_sampler, batch_size=...)"
+            )
+        size = getattr(loader, "batch_size", None)
+        if size is None:
+            raise ValueError(
+                "batches(loader): the loader has no batch_size (a custom batch_sampler); "
+                "batches() needs the DataLoader's own batching to know which indices each "
+                "batch holds"
+            )
+        if self._undelivered is not None:
+            raise RuntimeError("batches(): another batches() iteration of this sampler is running")
+        if self.position >= self.num_samples:
+            if self._restored:
+                # Restored at the end of an epoch: the saved run had finished it, so this
+                # pass is empty and the next call starts the next epoch (as a plain
+                # ``set_epoch(epoch); for batch in loader`` loop resumes).
+                self._restored = False
+                return
+            self.set_epoch(self.epoch + 1)
+        pending: deque[int] = deque()
+        self._undelivered = pending
+        finished = False
+        try:
+            # iter() draws its workers' base seed from the global torch RNG (when the
+            # loader has no generator): keep the training streams out of it.
+            with torch.random.fork_rng(devices=[]):
+                it = iter(loader)
+            while True:
+                for fn in self._observers:
+                    fn(self.epoch, None)  # a batch is about to be fetched (a step starts)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                got = [pending.popleft() for _ in range(min(int(size), len(pending)))]
+                for fn in self._observers:
+                    for index in got:
+                        fn(self.epoch, index)
+                yield batch
+            finished = True
+        finally:
+            if not finished:
+                # Left early: indices handed out but never received go back to the
+                # cursor, so the next iteration (or a checkpoint) hands them out again.
+                # After a full pass they are consumed (a drop_last tail included).
+                self.position -= len(pending)
+            self._undelivered = None
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning.
@@ -219,22 +384,34 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> s.state_dict()["epoch"], s.state_dict()["position"]
             (3, 0)
         """
+        if self._restored and int(epoch) == self.epoch:
+            return  # a restored cursor of this epoch: continue it (see "Resuming an epoch loop")
         self.epoch = int(epoch)
         self.offset = 0
         self.position = 0
+        self._restored = False
 
     def next_indices(self, k: int) -> list[int]:
-        """Return the next ``k`` indices this rank will yield, without advancing.
+        """Return the next ``k`` indices the training loop will receive, without advancing.
 
-        Fewer are returned near the end of the epoch. Used by resume guards to check that a
-        restored sampler continues where the saved run would have.
+        At the end of an epoch these are the first of the next epoch (where a loop goes on,
+        with ``set_epoch(epoch + 1)`` or :meth:`batches`); fewer are returned near the end
+        of an epoch. Used by resume guards to check that a restored sampler continues where
+        the saved run would have.
 
         Example:
             >>> s = ResumableSampler(6, shuffle=False)
             >>> s.next_indices(2), list(s)[:2]
             ([0, 1], [0, 1])
         """
+        position = self.position - len(self._undelivered or ())
+        if position >= self.num_samples > 0:
+            probe = copy.deepcopy(self)
+            probe._restored = False
+            probe.set_epoch(self.epoch + 1)
+            return probe.next_indices(k)
         offset, position = self._cursor()
+        position -= len(self._undelivered or ())
         return self._rank_indices(offset)[position : position + max(k, 0)].tolist()
 
     def fingerprint_next(self, k: int) -> str:
@@ -270,11 +447,13 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> ResumableSampler(10).state_dict()["position"]
             0
         """
-        consumed = min(self.offset + self.position * self.world_size, self.data_len)
+        # Inside batches(), indices the loop has not received yet are not consumed.
+        position = self.position - len(self._undelivered or ())
+        consumed = min(self.offset + position * self.world_size, self.data_len)
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
-            "position": self.position,
+            "position": position,
             "offset": self.offset,
             "consumed": consumed,
             "seed": self.seed,
@@ -341,6 +520,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         else:
             self.offset = min(offset + position * saved_w, self.data_len)
             self.position = 0
+        self._restored = True
 
 
 __all__ = ["ResumableSampler"]

@@ -83,7 +83,9 @@ class TrainState:
             torch.distributed, else 1).
         data: data identity compared on resume (``{"snapshot": ..., "tokenizer": ...}``).
         numpy_generators: named ``np.random.Generator`` objects to capture with the RNG.
-        recorder: a :class:`~ckptkit.Recorder` whose pre-save window goes into the manifest.
+        recorder: a :class:`~ckptkit.Recorder` whose pre-save window goes into the manifest;
+            it is bound to this state and fills its step records from it (RNG at step
+            start, LR used, optimizer step, loss scale, batch hash, sample ids, cursor).
         extra: any other state (plain values and tensors) saved and restored as is.
         probe: ``probe(model) -> loss`` on a fixed batch; run in eval mode without grad at
             every save and after every restore (resume guard: weights are what was saved).
@@ -146,6 +148,9 @@ class TrainState:
         if storage not in ("auto", "tensors", "dcp"):
             raise ValueError(f"storage must be 'auto', 'tensors' or 'dcp', not {storage!r}")
         self.storage = storage
+        bind = getattr(recorder, "bind", None)
+        if callable(bind):
+            bind(self)
 
     @property
     def uses_dcp(self) -> bool:

@@ -32,8 +32,9 @@ Record = Mapping[str, Any]
 
 NUMERIC_FIELDS = ("loss", "grad_norm")
 """Fields compared within a tolerance when the run is not deterministic."""
-EXACT_FIELDS = ("lr", "loss_scale", "opt_step", "rng", "batch_hash")
-"""Fields compared bitwise (inputs to a step: a difference is a resume bug, not noise)."""
+EXACT_FIELDS = ("lr", "loss_scale", "scale_growth", "opt_step", "rng", "batch_hash", "cursor")
+"""Fields compared bitwise (inputs to a step, and the data cursor: a difference is a
+resume bug, not noise)."""
 TWIN_FIELDS = NUMERIC_FIELDS + EXACT_FIELDS
 DEFAULT_NOISE_FACTOR = 4.0
 """Tolerance = this x the largest difference measured between reference runs."""
@@ -208,6 +209,19 @@ def samples(records: Sequence[Record]) -> list[tuple[Any, Any, Any]]:
 
 def _key(v: Any) -> Any:
     return tuple(_key(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+def _bare_id(x: Any) -> Any:
+    """The sample id of a record entry: a bare id, or the id of an [epoch, id, hash] entry."""
+    if isinstance(x, list | tuple):
+        return x[1] if len(x) >= 2 else (x[0] if x else None)
+    return x
+
+
+_GUARD_KEYS = ("next_step", "lr", "loss_scale", "opt_step", "rng")
+"""Look-ahead facts the automatic resume guard records (``lookahead["guard"]``)."""
+_RNG_V = 2
+"""The fingerprint version step records carry (:data:`ckptkit.rngtrace.FINGERPRINT_VERSION`)."""
 
 
 # -------------------------------------------------------------------------- noise floor
@@ -576,6 +590,7 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
         "opt_step": opt.get("step_max"),
         "rng": fps.get("rank00000") or (next(iter(fps.values())) if fps else None),
         "sampler": dict(summ("sampler")),
+        "data_declared": bool(summ("data")) or ("data" in comps and comps["data"].present),
         "window_records": window_records,
     }
 
@@ -628,7 +643,11 @@ def continuity(
         """What the checkpoint says about ``key``: user look-ahead, guard, summaries."""
         if la.get(key) is not None:
             src, value = "lookahead", la[key]
-        elif key in ("next_step", "lr", "loss_scale", "opt_step") and guard.get(key) is not None:
+        elif key in _GUARD_KEYS and guard.get(key) is not None and (
+            key != "rng" or guard.get("rng_v") == _RNG_V
+        ):
+            # The guard's RNG fingerprint is the one step records carry (rng_v 2) since
+            # records fill themselves; an older one is in other units.
             src, value = "resume guard", guard[key]
             if key == "lr":
                 value = value[0] if isinstance(value, list) and value else None
@@ -739,6 +758,31 @@ def continuity(
         ref_got=ref_val("rng"),
     )
     # the next samples
+    if (
+        la.get("sample_ids") is None
+        and isinstance(guard.get("sample_ids"), list)
+        and isinstance(first.get("sample_ids"), list)
+    ):
+        # The guard's next K ids (bare) against the ids the first records show.
+        want_g = [int(x) for x in guard["sample_ids"]]
+        shown = [_bare_id(x) for r in resumed for x in (r.get("sample_ids") or [])]
+        ref_shown = (
+            [_bare_id(x) for r in reference if isinstance(r.get("step"), int)
+             and isinstance(step, int) and r["step"] > step for x in (r.get("sample_ids") or [])]
+            if reference is not None else []
+        )
+        n = min(len(want_g), len(shown))
+        if n:
+            if "resume guard" not in sources:
+                sources.append("resume guard")
+            item(
+                "next_sample_ids",
+                want_g[:n],
+                shown[:n],
+                want_g[:n] == shown[:n],
+                ref_ok=(ref_shown[:n] == want_g[:n]) if len(ref_shown) >= n else None,
+                ref_got=ref_shown[:n] if len(ref_shown) >= n else None,
+            )
     if la.get("sample_ids") is not None and first.get("sample_ids") is not None:
         want = [_key(x) for x in la["sample_ids"]]
         got = [_key(x) for x in first["sample_ids"]]

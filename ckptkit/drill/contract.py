@@ -39,6 +39,8 @@ from ckptkit.catalog import step_of
 from ckptkit.errors import DrillError
 from ckptkit.manager import CheckpointManager
 from ckptkit.recorder import ENV_METRICS
+from ckptkit.storage import fs
+from ckptkit.storage.fs import Location
 
 if TYPE_CHECKING:
     from ckptkit.capture.state import RestoreResult, TrainState
@@ -79,7 +81,7 @@ class DrillEnv:
     """Save a checkpoint exactly after this step."""
     stop_at: int | None = None
     """Stop after this step (overrides the script's step budget)."""
-    resume_from: Path | None = None
+    resume_from: Location | None = None
     """Restore from this checkpoint (or run) directory instead of the newest."""
     metrics: Path | None = None
     """The Recorder's JSONL file."""
@@ -113,7 +115,7 @@ class DrillEnv:
         return cls(
             save_at=_step(env, ENV_SAVE_AT),
             stop_at=_step(env, ENV_STOP_AT),
-            resume_from=Path(resume) if resume else None,
+            resume_from=fs.location(resume) if resume else None,
             metrics=Path(metrics) if metrics else None,
             ckpt_dir=Path(ckpt_dir) if ckpt_dir else None,
             device=env.get(ENV_DEVICE) or None,
@@ -177,7 +179,7 @@ class DrillEnv:
         if self.resume_from is None:
             return manager.restore(state, strict=strict)
         path = self.resume_from
-        if not path.is_dir():
+        if fs.kind(path) != "dir":
             raise DrillError(
                 f"{ENV_RESUME_FROM} points at {path}, which is not a directory",
                 path=path,

@@ -1,24 +1,27 @@
-"""Name the component a failed resume most likely broke, from which signals diverged and when.
+"""Name the component a failed resume most likely broke, weighing every signal the drill has.
 
 The twin check says *which* fields first differ and at *which* resumed step; the inputs of a
-step (step label, LR, loss scale, batch, RNG, optimizer step count) are judged before its
-outputs (loss, grad norm, parameters), because a wrong input explains every output after it:
+step (step label, LR, loss scale, batch, RNG, data cursor, optimizer step count) are judged
+before its outputs (loss, grad norm, parameters), because a wrong input explains every
+output after it. Other evidence then confirms, rules out or breaks a tie:
 
-==============================================  ===================================
-first divergence                                most likely component
-==============================================  ===================================
-step labels                                     progress (step counter)
-LR, constant ratio to the reference             hyper-parameters (LR changed)
-LR, equal to the reference shifted k steps      scheduler (off by k)
-LR, otherwise                                   scheduler (not restored)
-loss scale                                      scaler
-batch / sample ids, same ids other content      data version
-batch / sample ids                              sampler
-batch equal, RNG fingerprint differs            RNG
-optimizer step count                            optimizer moments
-loss from the 2nd resumed step (inputs equal)   optimizer moments
-loss at the 1st resumed step (inputs equal)     model (or unrecorded randomness)
-==============================================  ===================================
+* **exposure** -- samples replayed or skipped point to the sampler; the same ids with other
+  content to the data version; "0 replayed, 0 skipped, 0 changed" *rules out* both;
+* **where the RNG fingerprint was taken** (``rng_at`` in records that fill themselves):
+  before the batch was fetched (``data``), an RNG difference cannot come from the data, so
+  it is the RNG even when the batch differs too; after it (``forward``), augmentation may
+  carry a data difference into the RNG, so it is not conclusive alone;
+* **continuity** -- the first resumed step's RNG against the look-ahead saved with the
+  checkpoint;
+* **the resume guard's findings** the resumed run wrote into its records (``guard``):
+  e.g. CK-D008 "the torch RNG was re-seeded after the restore" or CK-D004 "the GradScaler
+  stepping the optimizer has growth tracker 0";
+* **a refusal at restore** (the ``restore`` check): ckptkit refused the resume and said why.
+
+Confidence is ``high`` only when a signal that only one component controls diverged first
+(or the guard named the component and the records agree); ``medium`` when one component
+remains by elimination; and when two remain, the component is ``unknown`` and
+``candidates`` names both. Measured over the fault matrix in docs/drills.md.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ Component = Literal[
     "model",
     "unknown",
 ]
+Confidence = Literal["high", "medium", "low"]
 
 HINTS: dict[str, str] = {
     "none": "nothing to fix: the resume is exact",
@@ -55,23 +59,39 @@ HINTS: dict[str, str] = {
     "scheduler": "the LR scheduler is not saved/restored (or is stepped a different number "
     "of times): pass scheduler= to TrainState, restore it after the optimizer, and do not "
     "step it during restore",
-    "scaler": "the AMP GradScaler is not saved/restored: pass scaler= to TrainState",
+    "scaler": "the AMP GradScaler is not saved/restored (or a new one is used after the "
+    "restore): pass scaler= to TrainState and keep using that scaler",
     "data-version": "the same sample ids now have other content: the dataset or tokenizer "
     "changed between save and resume; pin the data snapshot (TrainState(data={...}))",
     "sampler": "the data order is not resumed: use a stateful sampler "
     "(ckptkit.ResumableSampler or torchdata's StatefulDataLoader), pass it as sampler= "
-    "to TrainState, and do not call set_epoch()/re-seed it after the restore",
-    "rng": "the RNG state is not restored, or is re-seeded after the restore (a seed_all() "
-    "call after loading): restore the RNG last and draw nothing before the first step",
+    "to TrainState, and do not rebuild, re-seed or reset it after the restore",
+    "rng": "the RNG state is not restored, is re-seeded after the restore, or something "
+    "draws from it between the restore and the first step (iter(DataLoader) without a "
+    "generator=): seed before restoring, give the DataLoader a generator= or iterate it "
+    "with ResumableSampler.batches(loader)",
     "optimizer": "the optimizer state (Adam moments, step counts) is not restored: pass "
     "optimizer= to TrainState and do not rebuild or clear the optimizer after restoring",
     "model": "the loss differs while all step inputs are equal: model weights/buffers are "
     "not fully restored, or randomness the records do not fingerprint (another generator, "
-    "a CUDA RNG) differs; log rng= for every generator the step uses",
+    "a CUDA RNG) differs",
     "unknown": "compare the differing fields in the report; docs/drills.md#triage lists "
     "what each signal points to",
 }
 """The triage playbook: what to look at for each component (docs/drills.md#triage)."""
+
+_GUARD_COMPONENT: dict[str, Component] = {
+    "progress": "progress",
+    "sampler": "sampler",
+    "scheduler": "scheduler",
+    "scaler": "scaler",
+    "optimizer": "optimizer",
+    "rng": "rng",
+    "model": "model",
+    "data": "data-version",
+    "fp8": "scaler",
+}
+"""Resume-guard finding components (and refusal components) as drill components."""
 
 
 @dataclass
@@ -84,25 +104,76 @@ class Diagnosis:
     """
 
     component: Component
-    confidence: Literal["high", "medium", "low"]
+    confidence: Confidence
     evidence: list[str] = field(default_factory=list)
     hint: str = ""
     step: int | None = None
     """The first resumed step that diverged (None when none did)."""
     fields: list[str] = field(default_factory=list)
     """The fields that diverged first."""
+    candidates: list[str] = field(default_factory=list)
+    """With ``unknown`` (or a medium guess): the components the evidence leaves."""
 
     def to_dict(self) -> dict[str, Any]:
+        hint = self.hint or _hint(self.component, self.candidates)
         return jsonable(
             {
                 "component": self.component,
                 "confidence": self.confidence,
+                "candidates": self.candidates,
                 "evidence": self.evidence,
-                "hint": self.hint or HINTS.get(self.component, ""),
+                "hint": hint,
                 "first_divergence_step": self.step,
                 "fields": self.fields,
             }
         )
+
+
+def _hint(component: str, candidates: Sequence[str]) -> str:
+    """The fix for ``component``; for ``unknown``, one fix per candidate."""
+    if component == "unknown" and candidates:
+        return " | ".join(f"{c}: {HINTS[c]}" for c in candidates if c in HINTS)
+    return HINTS.get(component, "")
+
+
+@dataclass
+class _Evidence:
+    """What the checks and the resumed records say, gathered once."""
+
+    fields: dict[str, dict[str, Any]]
+    at: list[str]
+    i0: int | None
+    step: Any
+    exposure: CheckResult | None
+    continuity: CheckResult | None
+    guard: dict[Component, list[str]]
+    """Resume-guard findings of the resumed run: drill component -> messages."""
+    rng_at: str | None
+    """Where the resumed records' RNG fingerprint was taken (``data``/``forward``), or None."""
+    data_declared: bool
+    compared: list[str]
+    saved: Record | None = None
+    """The reference's record of the save step (what both runs stood on at the save)."""
+    ev: list[str] = field(default_factory=list)
+
+    def first(self, f: str) -> int | None:
+        return self.fields[f]["first_index"] if f in self.fields else None
+
+    @property
+    def ordinal(self) -> str:
+        return _ordinal((self.i0 or 0) + 1)
+
+    def exposure_counts(self) -> tuple[bool, int, int]:
+        """(exposure ran, samples moved, samples with changed content)."""
+        ex = self.exposure
+        if ex is None or ex.skipped:
+            return False, 0, 0
+        d = ex.detail
+        moved = int(d.get("replayed", 0)) + int(d.get("skipped", 0)) + int(d.get("unexpected", 0))
+        changed = int(d.get("content_changed", 0))
+        if not ex.ok and not moved and not changed:
+            moved = 1  # reordered
+        return True, moved, changed
 
 
 def diagnose(
@@ -112,15 +183,19 @@ def diagnose(
     *,
     start: int,
     stop: int,
+    facts: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
-    """Name the most likely broken component from the checks' findings.
+    """Name the most likely broken component from the checks and the resumed records.
 
     Args:
         reference: the reference run's records (all of them).
         resumed: the resumed run's records.
-        checks: the drill's checks (``twin``, ``exposure``, ``continuity``; others ignored).
+        checks: the drill's checks (``restore``, ``twin``, ``exposure``, ``continuity``;
+            informational ones are ignored).
         start: the save step ``W``.
         stop: the last step ``W + N``.
+        facts: the checkpoint's facts (:func:`~ckptkit.drill.compare.checkpoint_facts`),
+            for whether the run declared its data identity.
 
     Example:
         >>> from ckptkit.drill.compare import twin
@@ -131,7 +206,6 @@ def diagnose(
         ('hyperparameters', 'high')
     """
     by_name = {c.name: c for c in checks}
-    tw, ex, co = by_name.get("twin"), by_name.get("exposure"), by_name.get("continuity")
     failed = [c.name for c in checks if not c.ok and not c.informational]
     if not failed:
         return Diagnosis(
@@ -140,11 +214,24 @@ def diagnose(
             ["every check passed: the resumed run matches the reference"],
             HINTS["none"],
         )
+    refusal = by_name.get("restore")
+    if refusal is not None and not refusal.ok:
+        return _refused(refusal)
+    tw = by_name.get("twin")
     fields: dict[str, dict[str, Any]] = (tw.detail.get("fields") or {}) if tw else {}
-    ref = window(reference, start, stop)
-    res = list(resumed)
-    ev: list[str] = []
-
+    e = _Evidence(
+        fields=fields,
+        at=[],
+        i0=None,
+        step=None,
+        exposure=by_name.get("exposure"),
+        continuity=by_name.get("continuity"),
+        guard=_guard_findings(resumed),
+        rng_at=next((str(r["rng_at"]) for r in resumed if r.get("rng_at")), None),
+        data_declared=bool((facts or {}).get("data_declared")),
+        compared=list((tw.detail.get("compared") or []) if tw else []),
+        saved=next((r for r in reference if r.get("step") == start), None),
+    )
     if not fields:
         unjudged = (tw.detail.get("not_judgeable") or {}) if tw is not None else {}
         if unjudged:
@@ -157,75 +244,232 @@ def diagnose(
                 "in those fields (same seeds, threads, data order) or set finite thresholds",
                 fields=sorted(unjudged),
             )
-        # Twin passed (or was skipped): judge from exposure / continuity alone.
-        if ex is not None and not ex.ok:
-            return _data(ex, None, [], ev, "medium")
-        if co is not None and not co.ok:
-            return _from_continuity(co)
-        return Diagnosis("unknown", "low", ["a check failed without a twin divergence"])
+        return _without_twin(e)
+    e.i0 = min(v["first_index"] for v in fields.values())
+    e.at = sorted(k for k, v in fields.items() if v["first_index"] == e.i0)
+    e.step = fields[e.at[0]]["first_step"]
+    ref = window(reference, start, stop)
+    res = list(resumed)
+    return _decide(e, ref, res)
 
-    i0 = min(v["first_index"] for v in fields.values())
-    at = sorted(k for k, v in fields.items() if v["first_index"] == i0)
-    step = fields[at[0]]["first_step"]
-    ordinal = _ordinal(i0 + 1)
 
-    def first(f: str) -> int | None:
-        return fields[f]["first_index"] if f in fields else None
+def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
+    f, at = e.fields, e.at
 
-    def d(comp: Component, conf: Literal["high", "medium", "low"]) -> Diagnosis:
-        return Diagnosis(comp, conf, ev, HINTS[comp], step=step, fields=at)
+    def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
+        return _confirm(e, Diagnosis(comp, conf, e.ev, _hint(comp, candidates), step=e.step,
+                                     fields=at, candidates=list(candidates)))
 
-    if "step" in at or ("length" in at and "step" in fields):
-        f = fields["step"]
-        ev.append(
-            f"step labels differ from the {ordinal} resumed step: reference "
-            f"{f['reference']}, resumed {f['resumed']}"
+    if "step" in at or ("length" in at and "step" in f):
+        s = f["step"]
+        e.ev.append(
+            f"step labels differ from the {e.ordinal} resumed step: reference "
+            f"{s['reference']}, resumed {s['resumed']}"
         )
         return d("progress", "high")
-    if "lr" in fields and all(first("lr") <= v["first_index"] for v in fields.values()):  # type: ignore[operator]
-        return _lr(ref, res, fields, ev, step, at)
-    if "loss_scale" in at:
-        f = fields["loss_scale"]
-        ev.append(
-            f"loss scale differs at step {step}: reference {f['reference']}, resumed "
-            f"{f['resumed']} (LR equal)"
-        )
+    if "lr" in f and all(e.first("lr") <= v["first_index"] for v in f.values()):  # type: ignore[operator]
+        return _confirm(e, _lr(ref, res, f, e.ev, e.step, at))
+    scale_fields = [k for k in ("loss_scale", "scale_growth") if k in at]
+    if scale_fields:
+        parts = ", ".join(f"{k} {f[k]['reference']} → {f[k]['resumed']}" for k in scale_fields)
+        e.ev.append(f"GradScaler state differs at step {e.step} ({parts}) while the LR is equal")
         return d("scaler", "high")
-    data_fields = {"batch_hash"} & set(at)
-    ex_first = (ex.detail.get("first_difference") or {}) if ex is not None and not ex.ok else {}
-    batch_known = tw is not None and "batch_hash" in (tw.detail.get("compared") or [])
-    if data_fields or (ex_first and not batch_known):
-        return _data(ex, step, at, ev, "high")
-    if "rng" in at:
-        ev.append(
-            f"RNG fingerprint differs at the {ordinal} resumed step (step {step}) "
-            "while LR and batch are equal"
-        )
-        return d("rng", "high")
+    data_or_rng = {"batch_hash", "cursor", "rng"} & set(at)
+    ran, moved, changed = e.exposure_counts()
+    ex_first_step = _exposure_first_step(e)
+    if data_or_rng or (ran and (moved or changed) and ex_first_step):
+        return _data_or_rng(e, ran, moved, changed)
     if "opt_step" in at:
-        f = fields["opt_step"]
-        ev.append(
-            f"optimizer step count at step {step}: reference {f['reference']}, "
-            f"resumed {f['resumed']} (LR, batch and RNG equal)"
-        )
-        return d("optimizer", "high")
+        return _opt_step(e, ref, res)
     outputs = {"loss", "grad_norm", "param_hash"} & set(at)
-    if outputs and i0 >= 1:
-        ev.append(
+    if outputs and (e.i0 or 0) >= 1:
+        e.ev.append(
             f"LR, data and RNG equal, but {', '.join(sorted(outputs))} differ from the "
-            f"{ordinal} resumed step (step {step}): the first update differed"
+            f"{e.ordinal} resumed step (step {e.step}): the first update differed"
         )
+        if "scaler" in e.guard:
+            return d("scaler", "medium", ["scaler", "optimizer"])
         return d("optimizer", "medium")
     if outputs:
-        ev.append(
-            f"{', '.join(sorted(outputs))} differ at the first resumed step (step {step}) "
+        e.ev.append(
+            f"{', '.join(sorted(outputs))} differ at the first resumed step (step {e.step}) "
             "while every recorded input is equal"
         )
-        if not any("rng" in r for r in res):
-            ev.append("the records carry no rng fingerprint, so RNG cannot be ruled out")
+        if "rng" not in e.compared:
+            e.ev.append("the records carry no rng fingerprint, so RNG cannot be ruled out")
+            return d("unknown", "low", ["model", "rng"])
         return d("model", "low")
-    ev.append(f"fields {', '.join(at)} differ first at step {step}")
+    e.ev.append(f"fields {', '.join(at)} differ first at step {e.step}")
     return d("unknown", "low")
+
+
+def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis:
+    """The batch, the data cursor or the RNG differs first: sampler, data version or RNG."""
+    at = set(e.at)
+    rng_diff, batch_diff, cursor_diff = "rng" in at, "batch_hash" in at, "cursor" in at
+    rng_known = "rng" in e.compared
+    co_rng = _continuity_rng_failed(e)
+
+    def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
+        return _confirm(e, Diagnosis(comp, conf, e.ev, _hint(comp, candidates), step=e.step,
+                                     fields=e.at, candidates=list(candidates)))
+
+    if batch_diff:
+        e.ev.append(f"batch hash differs from step {e.step} (LR equal)")
+    if ran:
+        det = e.exposure.detail if e.exposure is not None else {}
+        e.ev.append(
+            f"exposure: {det.get('replayed', 0)} replayed, {det.get('skipped', 0)} skipped, "
+            f"{det.get('unexpected', 0)} unexpected, {det.get('content_changed', 0)} with "
+            "changed content"
+        )
+    if ran and moved:
+        return d("sampler", "high")
+    if cursor_diff:
+        e.ev.append(f"the data cursor (sampler/loader state_dict) differs after step {e.step}")
+        return d("sampler", "high")
+    if ran and changed:
+        return d("data-version", "high")
+    if "data-version" in e.guard:
+        return d("data-version", "high")
+    if rng_diff:
+        where = {"data": "before the batch was fetched", "forward": "at the first forward "
+                 "(after the batch was fetched)"}.get(e.rng_at or "", "at the start of the step")
+        e.ev.append(f"RNG fingerprint differs at the {e.ordinal} resumed step (step {e.step}), "
+                    f"taken {where}")
+        if co_rng:
+            e.ev.append("the first resumed step's RNG differs from the look-ahead saved with "
+                        "the checkpoint, while the reference's matches it")
+        if not batch_diff or e.rng_at == "data" or co_rng or "rng" in e.guard:
+            return d("rng", "high")
+        if ran:  # ids and content equal: the batch differs through augmentation randomness
+            e.ev.append("same samples and content: the RNG difference changed the batch")
+            return d("rng", "medium", ["rng", "data-version"])
+        return d("unknown", "low", ["rng", "sampler"])
+    # The batch differs while the RNG (where recorded) and the cursor are equal.
+    if ran:
+        e.ev.append("same sample ids in the same order (exposure 0/0/0): the sampler is ruled "
+                    "out")
+        if rng_known:
+            return d("data-version", "medium", ["data-version"])
+        return d("unknown", "low", ["data-version", "rng"])
+    cursor_known = "cursor" in e.compared
+    if cursor_known:
+        e.ev.append("the data cursor is equal at every step: the sampler is in the same state")
+        return d("data-version", "medium", ["data-version", "sampler"])
+    if e.data_declared:
+        e.ev.append("the run declares its data identity and the resume guard found it "
+                    "unchanged: the data version is ruled out")
+        return d("sampler", "medium", ["sampler"])
+    return d("unknown", "low", ["sampler", "data-version"])
+
+
+def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
+    f = e.fields["opt_step"]
+    a, b = f["reference"], f["resumed"]
+    e.ev.append(
+        f"optimizer step count at step {e.step}: reference {a}, resumed {b} "
+        "(LR, batch and RNG equal)"
+    )
+    i = e.i0 or 0
+    if isinstance(a, int) and isinstance(b, int) and abs(a - b) == 1 and i < len(res):
+        before = e.saved.get("opt_step") if e.saved is not None else None
+        prev_ref = ref[i - 1].get("opt_step") if i >= 1 else before
+        prev_res = res[i - 1].get("opt_step") if i >= 1 else before
+        skipped = (prev_ref is not None and prev_ref == a) or (prev_res is not None
+                                                               and prev_res == b)
+        if skipped:
+            e.ev.append("one run skipped the optimizer step (an fp16 overflow) where the other "
+                        "did not: the loss scales differ")
+            return _confirm(e, Diagnosis("scaler", "medium", e.ev, HINTS["scaler"], step=e.step,
+                                         fields=e.at, candidates=["scaler", "optimizer"]))
+    return _confirm(e, Diagnosis("optimizer", "high", e.ev, HINTS["optimizer"], step=e.step,
+                                 fields=e.at))
+
+
+def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
+    """Weigh the resume guard's findings against the records' verdict."""
+    named: list[Component] = [c for c in e.guard if c != "model"]
+    for comp, msgs in e.guard.items():
+        for m in msgs[:1]:
+            dg.evidence.append(f"resume guard ({comp}): {m}")
+    if not named:
+        return dg
+    if dg.component in named:
+        if dg.confidence != "high":
+            dg.evidence.append(f"the resume guard names {dg.component} too")
+            dg.confidence = "high"
+            dg.candidates = []
+        return dg
+    if dg.component == "unknown" and len(named) == 1 and (
+        not dg.candidates or named[0] in dg.candidates
+    ):
+        tie = named[0]
+        dg.evidence.append(f"the resume guard breaks the tie: {tie}")
+        return Diagnosis(tie, "medium", dg.evidence, HINTS[tie], step=dg.step,
+                         fields=dg.fields, candidates=dg.candidates)
+    if dg.component == "unknown":
+        dg.hint = _hint("unknown", dg.candidates)
+    if dg.confidence == "high" and dg.component not in ("progress", "hyperparameters"):
+        # The records point one way, the guard another: say both.
+        dg.confidence = "medium"
+        dg.candidates = [str(c) for c in (dg.component, *named) if c][:2]
+    return dg
+
+
+def _without_twin(e: _Evidence) -> Diagnosis:
+    ran, moved, changed = e.exposure_counts()
+    if ran and (moved or changed):
+        comp: Component = "sampler" if moved else "data-version"
+        det = e.exposure.detail if e.exposure is not None else {}
+        e.ev.append(
+            f"exposure: {det.get('replayed', 0)} replayed, {det.get('skipped', 0)} skipped, "
+            f"{det.get('unexpected', 0)} unexpected, {det.get('content_changed', 0)} with "
+            "changed content"
+        )
+        return _confirm(e, Diagnosis(comp, "medium", e.ev, HINTS[comp]))
+    co = e.continuity
+    if co is not None and not co.ok:
+        return _confirm(e, _from_continuity(co))
+    return _confirm(e, Diagnosis("unknown", "low", ["a check failed without a twin divergence"]))
+
+
+def _refused(check: CheckResult) -> Diagnosis:
+    det = check.detail
+    comp: Component = _GUARD_COMPONENT.get(str(det.get("component")), "unknown")
+    ev = [f"ckptkit refused the resume at restore: {det.get('error')}: {det.get('message')}"]
+    conf: Confidence = "high" if comp != "unknown" else "low"
+    hint = (f"{det.get('message')} -- {HINTS[comp]}" if comp != "unknown"
+            else str(det.get("message")))
+    return Diagnosis(comp, conf, ev, hint, fields=["restore"])
+
+
+def _guard_findings(resumed: Sequence[Record]) -> dict[Component, list[str]]:
+    out: dict[Component, list[str]] = {}
+    for r in resumed:
+        for g in r.get("guard") or []:
+            if not isinstance(g, Mapping):
+                continue
+            comp = _GUARD_COMPONENT.get(str(g.get("component")))
+            if comp is not None:
+                out.setdefault(comp, []).append(f"{g.get('code')} {g.get('message')}")
+    return out
+
+
+def _continuity_rng_failed(e: _Evidence) -> bool:
+    co = e.continuity
+    if co is None:
+        return False
+    return any(i.get("what") == "rng" and not i.get("ok") for i in co.detail.get("items", []))
+
+
+def _exposure_first_step(e: _Evidence) -> bool:
+    """Whether the exposure's first difference lies in the first diverging step's batch."""
+    ex = e.exposure
+    if ex is None or ex.ok or ex.skipped:
+        return False
+    first = ex.detail.get("first_difference") or {}
+    return isinstance(first.get("position"), int)
 
 
 def _lr(
@@ -282,29 +526,6 @@ def _lr(
         step=step,
         fields=at,
     )
-
-
-def _data(
-    ex: CheckResult | None,
-    step: Any,
-    at: list[str],
-    ev: list[str],
-    conf: Literal["high", "medium", "low"],
-) -> Diagnosis:
-    det = ex.detail if ex is not None else {}
-    if ex is not None and not ex.skipped:
-        ev.append(
-            f"exposure: {det.get('replayed', 0)} replayed, {det.get('skipped', 0)} "
-            f"skipped, {det.get('unexpected', 0)} unexpected, "
-            f"{det.get('content_changed', 0)} with changed content"
-        )
-    if "batch_hash" in at:
-        ev.insert(0, f"batch hash differs from step {step} (LR equal)")
-    changed = det.get("content_changed", 0)
-    moved = det.get("replayed", 0) + det.get("skipped", 0) + det.get("unexpected", 0)
-    if changed and not moved:
-        return Diagnosis("data-version", conf, ev, HINTS["data-version"], step=step, fields=at)
-    return Diagnosis("sampler", conf, ev, HINTS["sampler"], step=step, fields=at)
 
 
 _CONTINUITY_COMPONENT: dict[str, Component] = {

@@ -7,9 +7,15 @@ sets), so no code change is needed beyond using ``CheckpointManager`` and ``Reco
 1. **reference** (``--repeat R`` times): a fresh start (or ``--from CKPT``), save after step
    ``W = start + steps_before``, continue uninterrupted to ``W + steps_after`` in one process;
 2. **resumed**: a new process restores the step-``W`` checkpoint of reference 0 and runs to
-   ``W + steps_after``;
+   ``W + steps_after``. It starts as soon as that checkpoint has committed, while the
+   reference finishes, and both are forks of this interpreter when the command allows it
+   (:mod:`ckptkit.drill.launch`), so a drill takes little more than the reference run;
 3. the checks of :mod:`ckptkit.drill.compare` (and the informational window check of
    :mod:`ckptkit.drill.stats`), then :func:`ckptkit.drill.diagnose.diagnose`.
+
+Every outcome is a :class:`DrillReport`: passed (exit 0), failed checks (exit 1; a resume
+ckptkit refused at restore is a failed ``restore`` check), or a drill that could not run
+(exit 2: :class:`~ckptkit.errors.DrillError`, whose ``report`` holds the reason).
 
 Every run gets its own checkpoint directory (``CKPTKIT_CKPT_DIR``) and metrics file
 (``CKPTKIT_METRICS``); the thread count is pinned identically in all of them
@@ -23,10 +29,9 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ckptkit import errors
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
-from ckptkit.drill import compare, diagnose
+from ckptkit.drill import compare, diagnose, launch
 from ckptkit.drill.contract import (
     ENV_CKPT_DIR,
     ENV_DEVICE,
@@ -48,9 +54,15 @@ from ckptkit.drill.contract import (
     ENV_THREADS,
     ENV_VARS,
 )
-from ckptkit.drill.stats import window_check
 from ckptkit.errors import CkptkitError, DrillError
 from ckptkit.recorder import ENV_METRICS, read_jsonl
+from ckptkit.storage import atomic, fs
+from ckptkit.verify.findings import CODES
+
+SCHEMA_VERSION = 2
+"""Version of the JSON report (``schemas/drill-report.schema.json``)."""
+POLL_S = 0.02
+"""How often running processes and the reference's checkpoint directory are polled."""
 
 TAIL_LINES = 20
 """How many last lines of each run's stdout/stderr the report keeps."""
@@ -74,7 +86,7 @@ class DrillConfig:
     """``W``: steps from the start (or from ``from_ckpt``) to the save."""
     steps_after: int = 10
     """``N``: steps after the save, run by both the reference and the resumed run."""
-    from_ckpt: Path | None = None
+    from_ckpt: Path | str | None = None
     """Start the reference from this checkpoint instead of from scratch."""
     repeat: int = 1
     """Reference runs; with 2 or more the run-to-run noise floor is measured."""
@@ -96,6 +108,8 @@ class DrillConfig:
     """Overrides: ``noise_factor``, per-field absolute tolerances, window thresholds."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment variables for every run."""
+    launch: launch.Method = "auto"
+    """``fork`` this interpreter for each run where possible (``auto``), or ``spawn``."""
 
 
 @dataclass
@@ -117,6 +131,10 @@ class RunResult:
     ended_at: float
     summary: dict[str, Any] | None = None
     """The last JSON object the script printed on stdout (e.g. ``param_hash``), if any."""
+    method: str = "spawn"
+    """How the process was started: ``fork`` or ``spawn``."""
+    warm_s: float = 0.0
+    """Seconds the drill process spent importing for this run before forking it."""
 
     def to_dict(self) -> dict[str, Any]:
         steps = [r.get("step") for r in self.records]
@@ -124,6 +142,7 @@ class RunResult:
             "role": self.role,
             "index": self.index,
             "argv": list(self.argv),
+            "method": self.method,
             "returncode": self.returncode,
             "wall_s": round(self.wall_s, 3),
             "records": len(self.records),
@@ -139,7 +158,10 @@ class RunResult:
 
 @dataclass
 class DrillReport:
-    """Everything the drill found; renderers in :mod:`ckptkit.render.drill` print it."""
+    """Everything the drill found; renderers in :mod:`ckptkit.render.drill` print it.
+
+    A drill that could not run has ``error`` set (exit 2) and whatever it had gathered.
+    """
 
     ok: bool
     command: list[str]
@@ -149,14 +171,18 @@ class DrillReport:
     runs: list[RunResult]
     overhead: dict[str, Any]
     noise: compare.NoiseFloor
-    checkpoint: Path
-    workdir: Path
+    checkpoint: Path | None
+    workdir: Path | None
     workdir_kept: bool = True
     plot: Path | None = None
+    error: dict[str, Any] | None = None
+    """Why the drill could not run: ``reason``, ``hint``, ``path``, ``stage``."""
 
     @property
     def exit_code(self) -> int:
-        """0 when every non-informational check passed, else 1."""
+        """0 when every non-informational check passed, 1 when one failed, 2: no drill."""
+        if self.error is not None:
+            return 2
         return 0 if self.ok else 1
 
     @property
@@ -167,16 +193,59 @@ class DrillReport:
     def resumed(self) -> RunResult:
         return next(r for r in self.runs if r.role == "resumed")
 
+    @classmethod
+    def failure(
+        cls,
+        error: CkptkitError | str,
+        *,
+        command: Sequence[str] = (),
+        config: Mapping[str, Any] | None = None,
+        runs: Sequence[RunResult] = (),
+        workdir: Path | None = None,
+        stage: str = "setup",
+        total_s: float = 0.0,
+    ) -> DrillReport:
+        """The report of a drill that could not run (exit 2), with the reason.
+
+        Example:
+            >>> r = DrillReport.failure("no training command given", stage="config")
+            >>> r.exit_code, r.to_dict()["error"]["reason"]
+            (2, 'no training command given')
+        """
+        if isinstance(error, CkptkitError):
+            err = {"reason": error.what, "hint": error.hint, "path": str(error.path)
+                   if error.path else None}
+        else:
+            err = {"reason": str(error), "hint": None, "path": None}
+        return cls(
+            ok=False,
+            command=list(command),
+            config=dict(config or {}),
+            checks=[],
+            diagnosis=diagnose.Diagnosis(
+                "unknown", "low", [f"the drill could not run: {err['reason']}"],
+                "fix what the reason says, then drill again",
+            ),
+            runs=list(runs),
+            overhead={"total_s": _r(total_s), "training_s": 0.0, "overhead_s": _r(total_s)},
+            noise=compare.NoiseFloor(runs=max(1, sum(r.role == "reference" for r in runs))),
+            checkpoint=None,
+            workdir=workdir,
+            error={**err, "stage": stage},
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (``schemas/drill-report.schema.json``)."""
         return compare.jsonable(
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "ok": self.ok,
+                "exit_code": self.exit_code,
+                "error": self.error,
                 "command": self.command,
                 "config": self.config,
-                "checkpoint": str(self.checkpoint),
-                "workdir": str(self.workdir) if self.workdir_kept else None,
+                "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+                "workdir": str(self.workdir) if self.workdir and self.workdir_kept else None,
                 "checks": [c.to_dict() for c in self.checks],
                 "diagnosis": self.diagnosis.to_dict(),
                 "noise_floor": self.noise.to_dict(),
@@ -198,11 +267,13 @@ def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = N
         on_event: called with a one-line progress message as each run starts.
 
     Returns:
-        The report; ``report.ok`` is False when any check failed.
+        The report; ``report.ok`` is False when any check failed (a resume that ckptkit
+        refused at restore is a failed ``restore`` check).
 
     Raises:
-        DrillError: a run crashed, wrote no metrics, or no checkpoint appeared at the save
-            step; the message holds the script's last output lines.
+        DrillError: the drill could not run (a run crashed, wrote no metrics, no checkpoint
+            appeared at the save step); the message holds the script's last output lines
+            and ``error.report`` (when set) the exit-2 :class:`DrillReport`.
 
     Example:
         >>> cfg = DrillConfig(command=[sys.executable, "-m", "ckptkit.examples.tiny_lm"],
@@ -220,57 +291,151 @@ def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = N
         )
     if config.repeat < 1:
         raise DrillError("repeat must be >= 1", hint="--repeat 2 measures the noise floor")
-    say = on_event or (lambda _msg: None)
     t0 = time.time()
     own_tmp = config.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="ckptkit-drill-")) if own_tmp else Path(config.workdir)  # type: ignore[arg-type]
     workdir.mkdir(parents=True, exist_ok=True)
-    start = _start_step(config.from_ckpt)
-    save_at = start + config.steps_before
-    stop_at = save_at + config.steps_after
+    runs: list[RunResult] = []
+    stage = ["setup"]
+    cfg: dict[str, Any] = {}
+    try:
+        start = _start_step(config.from_ckpt)
+        cfg = _config_dict(config, start)
+        return _drill(config, on_event or (lambda _m: None), workdir, own_tmp, start, cfg,
+                      runs, stage, t0)
+    except DrillError as e:
+        e.report = DrillReport.failure(  # type: ignore[attr-defined]
+            e, command=config.command, config=cfg, runs=runs, workdir=workdir,
+            stage=stage[0], total_s=time.time() - t0,
+        )
+        raise
 
-    refs: list[RunResult] = []
-    for i in range(config.repeat):
-        say(
-            f"reference {i + 1}/{config.repeat}: steps {start + 1}..{stop_at}, save after {save_at}"
-        )
-        env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at)}
-        if config.from_ckpt is not None:
-            env[ENV_RESUME_FROM] = str(Path(config.from_ckpt).resolve())
-        run = _run_one(config, "reference", i, env, workdir)
-        _expect_steps(run, first=start + 1, last=stop_at)
-        refs.append(run)
-    ckpt = find_checkpoint(refs[0].ckpt_dir, save_at)
-    if ckpt is None and config.isolate:
-        # A script that ignores $CKPTKIT_CKPT_DIR wrote under its own run directory.
-        found = sorted(
-            p
-            for p in refs[0].run_dir.rglob(step_dir_name(save_at))
-            if (p / mf.MANIFEST_NAME).is_file()
-        )
-        ckpt = found[0] if found else None
-    if ckpt is None:
-        raise DrillError(
-            f"no checkpoint for step {save_at} appeared in {refs[0].ckpt_dir}"
-            + _tail_text(refs[0]),
-            path=refs[0].ckpt_dir,
-            hint=f"make the script save after step ${ENV_SAVE_AT} into ${ENV_CKPT_DIR} "
-            "(see docs/drills.md)",
-        )
-    say(f"resumed: restore {ckpt.name}, steps {save_at + 1}..{stop_at}")
-    resumed = _run_one(
-        config,
-        "resumed",
-        0,
-        {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at)},
-        workdir,
-    )
-    if not resumed.records:
+
+def _config_dict(config: DrillConfig, start: int) -> dict[str, Any]:
+    save_at = start + config.steps_before
+    return {
+        "steps_before": config.steps_before,
+        "steps_after": config.steps_after,
+        "start_step": start,
+        "save_step": save_at,
+        "stop_step": save_at + config.steps_after,
+        "from_checkpoint": str(config.from_ckpt) if config.from_ckpt else None,
+        "repeat": config.repeat,
+        "threads": config.threads,
+        "device": config.device,
+        "launch": config.launch,
+        "thresholds": dict(config.thresholds),
+    }
+
+
+@dataclass
+class _Running:
+    role: Role
+    index: int
+    spec: launch.Launch
+    proc: launch.Proc
+    run_dir: Path
+    ckpt_dir: Path
+    metrics: Path
+
+
+def _drill(
+    config: DrillConfig,
+    say: Callable[[str], None],
+    workdir: Path,
+    own_tmp: bool,
+    start: int,
+    cfg: dict[str, Any],
+    runs: list[RunResult],
+    stage: list[str],
+    t0: float,
+) -> DrillReport:
+    save_at, stop_at = cfg["save_step"], cfg["stop_step"]
+    slots = max(1, (os.cpu_count() or 1) // max(1, config.threads))
+    ref_env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at)}
+    if config.from_ckpt is not None:
+        loc = fs.location(config.from_ckpt)
+        ref_env[ENV_RESUME_FROM] = str(Path(str(loc)).resolve()) if fs.is_local(loc) else str(loc)
+    waiting = list(range(config.repeat))
+    running: list[_Running] = []
+    started: list[_Running] = []
+    polls = 0
+    done: dict[tuple[str, int], RunResult] = {}
+    ckpt: Path | None = None
+    resumed_started = False
+    stage[0] = "reference"
+    try:
+        while waiting or running or not resumed_started:
+            while waiting and (not running or len(running) < slots):
+                i = waiting.pop(0)
+                say(f"reference {i + 1}/{config.repeat}: steps {start + 1}..{stop_at}, "
+                    f"save after {save_at}")
+                running.append(_launch(config, "reference", i, ref_env, workdir))
+                started.append(running[-1])
+                if i == 0:
+                    _import_statistics()  # scipy takes seconds: load it while the runs train
+            if ckpt is None:
+                ref0 = next((r for r in started if r.role == "reference" and r.index == 0),
+                            None)
+                # The manager's step directory is a cheap test; a scan for other layouts
+                # reads manifests, so it runs once a second and once the reference ended.
+                polls += 1
+                thorough = polls % 50 == 0 or ("reference", 0) in done
+                ckpt = _committed(config, ref0, save_at, workdir, thorough) if ref0 else None
+                if ckpt is None and ("reference", 0) in done:
+                    ref = done[("reference", 0)]
+                    raise DrillError(
+                        f"no checkpoint for step {save_at} appeared in {ref.ckpt_dir}"
+                        + _tail_text(ref),
+                        path=ref.ckpt_dir,
+                        hint=f"make the script save after step ${ENV_SAVE_AT} into "
+                        f"${ENV_CKPT_DIR} (see docs/drills.md)",
+                    )
+            if ckpt is not None and not resumed_started:
+                resumed_started = True
+                say(f"resumed: restore {ckpt.name}, steps {save_at + 1}..{stop_at} "
+                    "(started as the checkpoint committed)")
+                running.append(_launch(
+                    config, "resumed", 0,
+                    {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at)}, workdir,
+                ))
+            for r in list(running):
+                rc = r.proc.poll()
+                timed_out = (rc is None and config.timeout is not None
+                             and time.time() - r.proc.launched_at > config.timeout)
+                if timed_out:
+                    r.proc.kill()
+                    rc = -9
+                if rc is None:
+                    continue
+                running.remove(r)
+                res = _result(r, rc)
+                done[(r.role, r.index)] = res
+                runs.append(res)
+                if r.role == "reference" and rc != 0:
+                    raise _crash(res, timed_out=timed_out)
+                if r.role == "reference":
+                    _expect_steps(res, first=start + 1, last=stop_at)
+            if running or waiting or not resumed_started:
+                time.sleep(POLL_S)
+    finally:
+        for r in running:
+            r.proc.kill()
+    assert ckpt is not None
+    refs = [done[("reference", i)] for i in range(config.repeat)]
+    resumed = done[("resumed", 0)]
+    runs[:] = [*refs, resumed]
+    stage[0] = "resumed"
+    refusal = _refusal(resumed)
+    if resumed.returncode != 0 and refusal is None:
+        raise _crash(resumed, timed_out=resumed.returncode == -9 and config.timeout is not None)
+    if refusal is None and not resumed.records:
         raise DrillError(
             "the resumed run wrote no metrics records" + _tail_text(resumed),
             path=resumed.metrics_path,
             hint=f"log every step with ckptkit.Recorder (it writes to ${ENV_METRICS})",
         )
+    stage[0] = "compare"
 
     t_stats = time.time()
     facts = compare.checkpoint_facts(ckpt)
@@ -295,100 +460,86 @@ def run_drill(config: DrillConfig, *, on_event: Callable[[str], None] | None = N
         facts, resumed.records, reference=ref.records, save_step=save_at
     )
     checks = [twin, exposure, continuity]
-    checks.append(_window(ref.records, resumed.records, save_at, stop_at, config.thresholds))
-    diag = diagnose.diagnose(ref.records, resumed.records, checks, start=save_at, stop=stop_at)
+    if refusal is not None:
+        checks.insert(0, refusal)
+    if resumed.records:
+        checks.append(_window(ref.records, resumed.records, save_at, stop_at,
+                              config.thresholds))
+    diag = diagnose.diagnose(ref.records, resumed.records, checks, start=save_at, stop=stop_at,
+                             facts=facts)
     stats_s = time.time() - t_stats
     ok = all(c.ok for c in checks if not c.informational)
-
-    runs = [*refs, resumed]
     overhead = _overhead(refs, resumed, save_at=save_at, stats_s=stats_s, total_s=time.time() - t0)
     keep = config.keep or not ok or not own_tmp
-    cfg = {
-        "steps_before": config.steps_before,
-        "steps_after": config.steps_after,
-        "start_step": start,
-        "save_step": save_at,
-        "stop_step": stop_at,
-        "from_checkpoint": str(config.from_ckpt) if config.from_ckpt else None,
-        "repeat": config.repeat,
-        "threads": config.threads,
-        "device": config.device,
-        "thresholds": dict(config.thresholds),
-    }
-    report = DrillReport(
+    return DrillReport(
         ok=ok,
         command=list(config.command),
         config=cfg,
         checks=checks,
         diagnosis=diag,
-        runs=runs,
+        runs=[*refs, resumed],
         overhead=overhead,
         noise=noise,
         checkpoint=ckpt,
         workdir=workdir,
         workdir_kept=keep,
     )
-    return report
 
 
-def cleanup(report: DrillReport) -> None:
-    """Remove the drill's temporary workdir unless the report says to keep it.
+def _import_statistics() -> None:
+    """Import the window check's statistics (scipy) now, while the reference trains."""
+    import ckptkit.drill.stats  # noqa: F401
 
-    Call it after rendering (the plot reads the records, which are in memory).
 
-    Example:
-        >>> cleanup(report)  # doctest: +SKIP
+def _committed(
+    config: DrillConfig, ref0: _Running, save_at: int, workdir: Path, thorough: bool
+) -> Path | None:
+    """The reference's step-W checkpoint once committed, as a private snapshot (or None).
+
+    The snapshot hard-links the files (copies across file systems) into the drill's own
+    directory: the reference keeps running and may rotate its checkpoint away. Without
+    ``thorough`` only the manager's own ``step-NNNNNNNN`` directory is looked for.
     """
-    if not report.workdir_kept:
-        shutil.rmtree(report.workdir, ignore_errors=True)
-
-
-def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
-    """Return the committed checkpoint of ``step`` under ``ckpt_dir`` (or None).
-
-    Looks for the manager's ``step-NNNNNNNN`` directory first, then any directory (up to
-    two levels down, or ``ckpt_dir`` itself) whose manifest records ``step``.
-
-    Example:
-        >>> find_checkpoint(Path("/nonexistent"), 10) is None
-        True
-    """
-    if not ckpt_dir.is_dir():
-        return None
-    direct = ckpt_dir / step_dir_name(step)
+    direct = ref0.ckpt_dir / step_dir_name(save_at)
     if (direct / mf.MANIFEST_NAME).is_file():
-        return direct
-    candidates = [ckpt_dir, *ckpt_dir.glob("*"), *ckpt_dir.glob("*/*")]
-    for c in candidates:
-        if c.is_dir() and not c.is_symlink() and (c / mf.MANIFEST_NAME).is_file():
-            try:
-                if mf.read(c).step == step:
-                    return c
-            except CkptkitError:
-                continue
-    return None
+        found: Path | None = direct
+    elif not thorough:
+        return None
+    else:
+        found = find_checkpoint(ref0.ckpt_dir, save_at)
+    if found is None and config.isolate:
+        # A script that ignores $CKPTKIT_CKPT_DIR writes under its own run directory.
+        hits = sorted(
+            p for p in ref0.run_dir.rglob(step_dir_name(save_at))
+            if (p / mf.MANIFEST_NAME).is_file()
+        )
+        found = hits[0] if hits else None
+    if found is None:
+        return None
+    # Named by its step, so the resumed run restores it as that step of a run directory.
+    dst = workdir / "checkpoint" / step_dir_name(save_at)
+    if dst.exists():
+        shutil.rmtree(dst)
+    try:
+        shutil.copytree(found, dst, copy_function=_link_or_copy)
+    except (OSError, shutil.Error):
+        shutil.rmtree(dst, ignore_errors=True)
+        return None  # caught mid-rotation or mid-write: look again at the next poll
+    if not (dst / mf.MANIFEST_NAME).is_file():
+        return None
+    return dst
 
 
-def _start_step(from_ckpt: Path | None) -> int:
-    if from_ckpt is None:
-        return 0
-    path = Path(from_ckpt)
-    m = mf.read(path)
-    if m.step is not None:
-        return int(m.step)
-    prog = m.components.get("progress")
-    if prog is not None and isinstance(prog.summary.get("step"), int):
-        return int(prog.summary["step"])
-    raise DrillError(
-        "the --from checkpoint records no step",
-        path=path,
-        hint="save it with CheckpointManager (which records the step)",
-    )
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
-def _run_one(
+def _launch(
     config: DrillConfig, role: Role, index: int, contract: Mapping[str, str], workdir: Path
-) -> RunResult:
+) -> _Running:
     name = f"{role}-{index}" if role == "reference" else role
     run_dir = workdir / name
     if run_dir.exists():
@@ -429,67 +580,164 @@ def _run_one(
         cwd = run_dir
         argv = [argv[0], *(_absolutize(a, here) for a in argv[1:])]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(here), env.get("PYTHONPATH")) if p)
-    out_path, err_path = run_dir / "stdout.txt", run_dir / "stderr.txt"
-    launched = time.time()
+    spec = launch.Launch(argv, env, cwd, run_dir / "stdout.txt", run_dir / "stderr.txt",
+                         threads=config.threads)
     try:
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            # Its own session (process group): on a timeout the whole group is killed, so
-            # workers the script started (DataLoader workers, torchrun ranks) die with it.
-            proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=err,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            try:
-                rc = proc.wait(timeout=config.timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                rc = -9
+        proc = launch.start(spec, method=config.launch)
     except OSError as e:
         raise DrillError(
             f"cannot start {argv[0]!r}: {e.strerror or e}", hint="check the command after '--'"
         ) from None
+    except ValueError as e:
+        raise DrillError(str(e), hint="use --launch auto or spawn") from None
+    return _Running(role, index, spec, proc, run_dir, ckpt_dir, metrics)
+
+
+def _run_one(
+    config: DrillConfig, role: Role, index: int, contract: Mapping[str, str], workdir: Path
+) -> RunResult:
+    """Run one process to its end (killed after ``config.timeout``); raise if it failed."""
+    r = _launch(config, role, index, contract, workdir)
+    rc = r.proc.wait(config.timeout)
+    res = _result(r, rc)
+    if rc != 0:
+        raise _crash(res, timed_out=rc == -9 and config.timeout is not None)
+    return res
+
+
+def _result(r: _Running, rc: int) -> RunResult:
     ended = time.time()
-    stdout = out_path.read_text(errors="replace").splitlines()
-    stderr = err_path.read_text(errors="replace").splitlines()
-    records = read_jsonl(metrics) if metrics.exists() else []
-    result = RunResult(
-        role=role,
-        index=index,
-        argv=argv,
+    stdout = r.spec.stdout.read_text(errors="replace").splitlines()
+    stderr = r.spec.stderr.read_text(errors="replace").splitlines()
+    records = read_jsonl(r.metrics) if r.metrics.exists() else []
+    return RunResult(
+        role=r.role,
+        index=r.index,
+        argv=r.spec.argv,
         returncode=rc,
-        wall_s=ended - launched,
+        wall_s=ended - r.proc.launched_at,
         records=records,
-        run_dir=run_dir,
-        ckpt_dir=ckpt_dir,
-        metrics_path=metrics,
+        run_dir=r.run_dir,
+        ckpt_dir=r.ckpt_dir,
+        metrics_path=r.metrics,
         stdout_tail=stdout[-TAIL_LINES:],
         stderr_tail=stderr[-TAIL_LINES:],
-        launched_at=launched,
+        launched_at=r.proc.launched_at,
         ended_at=ended,
         summary=_last_json(stdout),
+        method=r.proc.method,
+        warm_s=r.proc.warm_s,
     )
-    if rc != 0:
-        why = "timed out" if rc == -9 and config.timeout else f"exited with status {rc}"
-        raise DrillError(
-            f"the {name} run {why}" + _tail_text(result),
-            path=run_dir,
-            hint="fix the script so it runs to the stop step, then drill again",
+
+
+def _crash(run: RunResult, *, timed_out: bool) -> DrillError:
+    name = f"{run.role}-{run.index}" if run.role == "reference" else run.role
+    why = "timed out" if timed_out else f"exited with status {run.returncode}"
+    return DrillError(
+        f"the {name} run {why}" + _tail_text(run),
+        path=run.run_dir,
+        hint="fix the script so it runs to the stop step, then drill again",
+    )
+
+
+_CK_ERROR = re.compile(r"^(?:ckptkit\.errors\.)?(\w+Error): (.*)$")
+_COMPONENT_WORDS = ("scaler", "sampler", "scheduler", "optimizer", "rng", "fp8", "progress",
+                    "model", "data", "parallel")
+
+
+def _refusal(resumed: RunResult) -> compare.CheckResult | None:
+    """A ``restore`` check when ckptkit refused the resume (the run died on a ckptkit error
+    before its first step), else None."""
+    if resumed.returncode == 0 or resumed.records:
+        return None
+    for line in reversed(resumed.stderr_tail):
+        m = _CK_ERROR.match(line.strip())
+        if not m or not line.strip().startswith("ckptkit.errors."):
+            continue
+        cls = getattr(errors, m.group(1), None)
+        if not (isinstance(cls, type) and issubclass(cls, CkptkitError)):
+            continue
+        message = m.group(2)
+        code = re.match(r"(CK-[A-Z]\d{3})\b", message)
+        component = None
+        if code and code.group(1) in CODES:
+            component = CODES[code.group(1)].component
+        else:
+            low = message.lower()
+            component = next((w for w in _COMPONENT_WORDS if w in low), None)
+        return compare.CheckResult(
+            name="restore",
+            ok=False,
+            statistic=1,
+            threshold=0,
+            detail={
+                "error": m.group(1),
+                "code": code.group(1) if code else None,
+                "message": message,
+                "component": component,
+                "summary": f"ckptkit refused the resume: {m.group(1)}: {message}",
+            },
         )
-    return result
+    return None
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group ``proc`` leads (it was started in its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
+def cleanup(report: DrillReport) -> None:
+    """Remove the drill's temporary workdir unless the report says to keep it.
+
+    Call it after rendering (the plot reads the records, which are in memory).
+
+    Example:
+        >>> cleanup(report)  # doctest: +SKIP
+    """
+    if not report.workdir_kept and report.workdir is not None:
+        shutil.rmtree(report.workdir, ignore_errors=True)
+
+
+def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
+    """Return the committed checkpoint of ``step`` under ``ckpt_dir`` (or None).
+
+    Looks for the manager's ``step-NNNNNNNN`` directory first, then any directory (up to
+    two levels down, or ``ckpt_dir`` itself) whose manifest records ``step``.
+
+    Example:
+        >>> find_checkpoint(Path("/nonexistent"), 10) is None
+        True
+    """
+    if not ckpt_dir.is_dir():
+        return None
+    direct = ckpt_dir / step_dir_name(step)
+    if (direct / mf.MANIFEST_NAME).is_file():
+        return direct
+    candidates = [ckpt_dir, *ckpt_dir.glob("*"), *ckpt_dir.glob("*/*")]
+    for c in candidates:
+        if atomic.is_temporary(c):
+            continue  # a save still in progress (or one that was interrupted)
+        if c.is_dir() and not c.is_symlink() and (c / mf.MANIFEST_NAME).is_file():
+            try:
+                if mf.read(c).step == step:
+                    return c
+            except CkptkitError:
+                continue
+    return None
+
+
+def _start_step(from_ckpt: Path | str | None) -> int:
+    if from_ckpt is None:
+        return 0
+    path = fs.location(from_ckpt)
+    m = mf.read(path)
+    if m.step is not None:
+        return int(m.step)
+    prog = m.components.get("progress")
+    if prog is not None and isinstance(prog.summary.get("step"), int):
+        return int(prog.summary["step"])
+    raise DrillError(
+        "the --from checkpoint records no step",
+        path=path,
+        hint="save it with CheckpointManager (which records the step)",
+    )
+
+
 
 
 def _expect_steps(run: RunResult, *, first: int, last: int) -> None:
@@ -559,6 +807,8 @@ def _window(
     stop_at: int,
     thresholds: Mapping[str, float],
 ) -> compare.CheckResult:
+    from ckptkit.drill.stats import window_check  # scipy: imported while the runs train
+
     pre = [r for r in ref if isinstance(r.get("step"), int) and r["step"] <= save_at]
     post_ref = [r for r in ref if isinstance(r.get("step"), int) and save_at < r["step"] <= stop_at]
     out = window_check(pre, resumed, thresholds=dict(thresholds), reference_records=post_ref)
@@ -579,24 +829,28 @@ def _window(
 # ------------------------------------------------------------------------------- overhead
 
 
-def _timing(run: RunResult, *, save_at: int | None) -> dict[str, float]:
+def _timing(run: RunResult, *, save_at: int | None) -> dict[str, Any]:
     """Split one run's wall time into start-up, training, save and tear-down.
 
     From the record timestamps: the median gap between consecutive records is one step;
     the time before the first record beyond one step is start-up (imports, setup,
-    restore); the excess of the gap after the save step is the save.
+    restore); the excess of the gap after the save step is the save. ``intervals`` are the
+    wall-clock spans the run spent training (the save cut out).
     """
     times = [float(r["time"]) for r in run.records if isinstance(r.get("time"), int | float)]
     steps = [r.get("step") for r in run.records]
     if not times:
-        return {"startup_s": run.wall_s, "train_s": 0.0, "save_s": 0.0, "teardown_s": 0.0}
+        return {"startup_s": run.wall_s, "train_s": 0.0, "save_s": 0.0, "teardown_s": 0.0,
+                "intervals": []}
     gaps = [b - a for a, b in itertools.pairwise(times)]
     step_s = statistics.median(gaps) if gaps else 0.0
     save_s = 0.0
+    intervals = [(times[0] - step_s, times[-1])]
     if save_at is not None and save_at in steps:
         i = steps.index(save_at)
         if i + 1 < len(times):
             save_s = max(0.0, times[i + 1] - times[i] - step_s)
+            intervals = [(times[0] - step_s, times[i]), (times[i] + save_s, times[-1])]
     startup = max(0.0, times[0] - run.launched_at - step_s)
     train = max(0.0, times[-1] - times[0] + step_s - save_s)
     return {
@@ -605,7 +859,19 @@ def _timing(run: RunResult, *, save_at: int | None) -> dict[str, float]:
         "save_s": save_s,
         "teardown_s": max(0.0, run.ended_at - times[-1]),
         "step_s": step_s,
+        "intervals": intervals,
     }
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by the intervals (overlaps counted once)."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def _overhead(
@@ -613,7 +879,10 @@ def _overhead(
 ) -> dict[str, Any]:
     ref_t = [_timing(r, save_at=save_at) for r in refs]
     res_t = _timing(resumed, save_at=None)
-    train = sum(t["train_s"] for t in ref_t) + res_t["train_s"]
+    busy = sum(t["train_s"] for t in ref_t) + res_t["train_s"]
+    # Runs overlap (the resumed one starts once the checkpoint commits): the drill's
+    # training time is the wall-clock time during which at least one run trained.
+    train = _union([iv for t in (*ref_t, res_t) for iv in t["intervals"]])
     startup = sum(t["startup_s"] for t in ref_t) + res_t["startup_s"]
     save = sum(t["save_s"] for t in ref_t)
     # The resumed start-up minus a fresh start-up is the restore (same imports and setup).
@@ -623,6 +892,8 @@ def _overhead(
     return {
         "total_s": _r(total_s),
         "training_s": _r(train),
+        "training_process_s": _r(busy),
+        "warmup_s": _r(sum(r.warm_s for r in (*refs, resumed))),
         "process_start_s": _r(startup - restore),
         "save_s": _r(save),
         "restore_s": _r(restore),
@@ -630,10 +901,15 @@ def _overhead(
         "statistics_s": _r(stats_s),
         "overhead_s": _r(overhead),
         "overhead_fraction": _r(overhead / total_s) if total_s > 0 else None,
+        "overhead_vs_training": _r(overhead / train) if train > 0 else None,
         "step_s": _r(ref_t[0].get("step_s", 0.0)),
-        "method": "estimated from record timestamps: start-up is the time to the first "
-        "record less one step; restore is the resumed start-up less the fresh one; save is "
-        "the excess of the gap after the save step",
+        "launch": sorted({r.method for r in (*refs, resumed)}),
+        "method": "estimated from record timestamps: training is the wall-clock time during "
+        "which at least one run trained (runs overlap); warm-up is the drill process "
+        "importing what the forked runs need (torch._dynamo ...); start-up is the time to "
+        "the first record after the launch less one step (imports and setup of each run); "
+        "restore is the resumed start-up less the fresh one; save is the excess of the gap "
+        "after the save step; overhead is the total less training",
     }
 
 
@@ -655,6 +931,7 @@ CONFIG_KEYS = frozenset(
         "timeout",
         "env",
         "from_ckpt",
+        "launch",
     }
 )
 """Keys a drill TOML file may set (at top level or under ``[drill]``)."""
@@ -741,6 +1018,8 @@ def _check_types(values: Mapping[str, Any], path: Path) -> None:
             raise bad(
                 key, "a string", f'{key} = "{"cpu" if key == "device" else "ckpt/step-00000010"}"'
             )
+    if values.get("launch") is not None and values["launch"] not in ("auto", "fork", "spawn"):
+        raise bad("launch", "one of auto, fork, spawn", 'launch = "auto"')
     for key in ("pass_device", "isolate"):
         v = values.get(key)
         if v is not None and not isinstance(v, bool):

@@ -30,7 +30,12 @@ drill`` sets them, nothing else in the script changes):
     the metrics file when ``--metrics`` is not given.
 
 **Step records.** Step ``s`` is the ``s``-th optimizer step (1-based, the label of the record
-logged after it and of a checkpoint saved after it). Each record holds ``loss``,
+logged after it and of a checkpoint saved after it). With ``--log minimal`` the script logs
+only ``loss`` (one ``rec.log(step, loss=...)`` per step, no look-ahead): the Recorder bound
+to the TrainState fills the rest itself (RNG at step start, LR used, optimizer step, loss
+scale and growth tracker, batch hash, sample ids with content hashes from
+:meth:`Corpus.sample_hash`, data cursor; see :mod:`ckptkit.observe`). With ``--log full``
+(the default) each record holds ``loss``,
 ``grad_norm`` (before clipping), ``lr`` (used for this step), ``loss_scale`` (with
 ``--amp fp16``), ``tokens``, ``seq_lens``, ``sample_ids``, ``epoch``, ``sample_hashes``
 (xxh3-64 of each sample's tokens, 8 hex), ``batch_hash`` (xxh3-64 of the input tensor fed to
@@ -99,19 +104,21 @@ from ckptkit.drill.contract import DrillEnv
 PAD = 0
 """Padding token id; real tokens are 1..vocab-1."""
 
-FAULTS = (
-    "none",
-    "no-rng",
-    "no-sampler",
-    "sampler-reshuffle",
-    "no-scheduler",
-    "sched-off-by-one",
-    "no-moments",
-    "no-scaler",
-    "step-reset",
-    "data-version",
-    "lr-changed",
-)
+FAULT_COMPONENTS = {
+    "none": "none",
+    "no-rng": "rng",
+    "no-sampler": "sampler",
+    "sampler-reshuffle": "sampler",
+    "no-scheduler": "scheduler",
+    "sched-off-by-one": "scheduler",
+    "no-moments": "optimizer",
+    "no-scaler": "scaler",
+    "step-reset": "progress",
+    "data-version": "data-version",
+    "lr-changed": "hyperparameters",
+}
+"""Each ``--fault`` and the component a drill should name for it."""
+FAULTS = tuple(FAULT_COMPONENTS)
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -138,6 +145,27 @@ def make_corpus(
         k = (rng.random(num)[:, None] > cum[prev]).sum(axis=1).clip(max=3)
         tokens[:, t] = succ[prev, k]
     return [torch.from_numpy(tokens[i, : lengths[i]].copy()) for i in range(num)]
+
+
+class Corpus(Sequence[torch.Tensor]):
+    """The token sequences, indexable, with a content hash per sample (``sample_hash``).
+
+    A :class:`~ckptkit.ResumableSampler` built on it records each sample's hash next to
+    its id, so a drill sees "same ids, other content" even when the script logs only loss.
+    """
+
+    def __init__(self, data: list[torch.Tensor]) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        return self.data[i]
+
+    def sample_hash(self, i: int) -> str:
+        """xxh3-64 of sample ``i``'s tokens (8 hex digits)."""
+        return xxhash.xxh3_64_hexdigest(self.data[i].numpy().tobytes())[:8]
 
 
 def corpus_id(corpus: Sequence[torch.Tensor]) -> str:
@@ -356,6 +384,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--metrics", default=None, help="JSONL metrics file (default: $CKPTKIT_METRICS, else none)"
     )
     p.add_argument(
+        "--log",
+        choices=("full", "minimal"),
+        default="full",
+        help="what the loop logs itself: every field docs/drills.md lists, or only the loss "
+        "(the bound Recorder fills the rest)",
+    )
+    p.add_argument(
         "--fault",
         choices=FAULTS,
         default="none",
@@ -386,17 +421,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         torch.use_deterministic_algorithms(True, warn_only=True)
     set_seed(args.seed)
 
-    corpus = make_corpus(
-        args.num_seqs,
-        seed=args.data_seed,
-        version=args.data_version,
-        vocab=args.vocab,
-        max_len=args.max_len,
+    corpus = Corpus(
+        make_corpus(
+            args.num_seqs,
+            seed=args.data_seed,
+            version=args.data_version,
+            vocab=args.vocab,
+            max_len=args.max_len,
+        )
     )
     lengths = [len(s) for s in corpus]
     bucket = args.bucket or None
     sampler = ckptkit.ResumableSampler(
-        len(corpus),
+        corpus,
         seed=args.seed,
         shuffle=True,
         rank=rank,
@@ -506,6 +543,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if world > 1:
             extra["rank_sample_ids"] = [r["ids"] for r in ranks]
+        if args.log == "minimal":
+            rec.log(ts.step, loss=loss_value)  # the bound Recorder fills the rest
+            if (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step):
+                mgr.save(ts)
+            if drill.should_stop(ts.step):
+                break
+            continue
         rec.log(
             ts.step,
             loss=loss_value,
@@ -604,11 +648,11 @@ def inject_fault(
     args: argparse.Namespace,
     ts: ckptkit.TrainState,
     *,
-    corpus: list[torch.Tensor],
+    corpus: Corpus,
     sampler: ckptkit.ResumableSampler,
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LambdaLR,
-) -> tuple[list[torch.Tensor], ckptkit.ResumableSampler]:
+) -> tuple[Corpus, ckptkit.ResumableSampler]:
     """Apply one classic resume bug after a restore; return the (corpus, sampler) to use.
 
     Faults that leave a component out of the TrainState (``no-sampler``, ``no-scheduler``,
@@ -634,7 +678,8 @@ def inject_fault(
     elif fault == "step-reset":
         ts.step = 0
     elif fault == "data-version":
-        corpus = make_corpus(
+        # Same ids, other content: the dataset object the sampler reads is refilled.
+        corpus.data = make_corpus(
             args.num_seqs,
             seed=args.data_seed,
             version=f"{args.data_version}+changed",

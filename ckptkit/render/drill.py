@@ -93,9 +93,11 @@ def render_text(report: DrillReport, out: TextIO) -> None:
     con.print(table)
     diag = d["diagnosis"]
     if diag["component"] != "none":
+        cands = diag.get("candidates") or []
         con.print(
             f"[bold]diagnosis:[/] [bold red]{diag['component']}[/] "
             f"({diag['confidence']} confidence)"
+            + (f"; candidates: {', '.join(cands)}" if cands else "")
         )
         for e in diag["evidence"]:
             con.print(f"  - {e}")
@@ -109,11 +111,12 @@ def render_text(report: DrillReport, out: TextIO) -> None:
         )
         con.print(f"noise floor over {noise['runs']} reference runs: {state}")
     o = d["overhead"]
+    warm = f"warm-up {o['warmup_s']:.1f}s, " if o.get("warmup_s") else ""
     con.print(
         f"time: {o['total_s']:.1f}s total, training {o['training_s']:.1f}s; drill overhead "
-        f"{o['overhead_s']:.1f}s ({100 * (o['overhead_fraction'] or 0):.0f}%): process start "
-        f"{o['process_start_s']:.1f}s, save {o['save_s']:.2f}s, restore {o['restore_s']:.2f}s, "
-        f"statistics {o['statistics_s']:.2f}s"
+        f"{o['overhead_s']:.1f}s ({100 * (o['overhead_fraction'] or 0):.0f}%): {warm}process "
+        f"start {o['process_start_s']:.1f}s, save {o['save_s']:.2f}s, restore "
+        f"{o['restore_s']:.2f}s, statistics {o['statistics_s']:.2f}s"
     )
     if d["workdir"]:
         con.print(f"runs kept in {d['workdir']}")
@@ -139,6 +142,22 @@ def render_junit(report: DrillReport, out: TextIO) -> None:
     checks = d["checks"]
     failures = [c for c in checks if not c["ok"] and not c["informational"]]
     suites = ET.Element("testsuites", name="ckptkit drill")
+    if d.get("error"):
+        # The drill could not run (exit 2): one testcase in error, with the reason.
+        err = d["error"]
+        suite = ET.SubElement(suites, "testsuite", name="resume drill", tests="1",
+                              failures="0", errors="1", skipped="0",
+                              time=f"{d['overhead']['total_s']:.3f}")
+        case = ET.SubElement(suite, "testcase", classname="ckptkit.drill", name="drill")
+        fail = ET.SubElement(case, "error", message=f"the drill could not run: {err['reason']}",
+                             type=f"drill.{err.get('stage') or 'setup'}")
+        fail.text = "\n".join(
+            x for x in (err["reason"], f"Fix: {err['hint']}" if err.get("hint") else None,
+                        f"Path: {err['path']}" if err.get("path") else None) if x
+        )
+        out.write(ET.tostring(suites, encoding="unicode"))
+        out.write("\n")
+        return
     suite = ET.SubElement(
         suites,
         "testsuite",
@@ -172,7 +191,8 @@ def render_junit(report: DrillReport, out: TextIO) -> None:
 
 
 def render_plot(report: DrillReport, path: Path) -> str | None:
-    """Plot loss and grad norm vs step: pre-save window, reference, resumed; save marked.
+    """Plot loss and grad norm vs step (pre-save window, reference, resumed; save marked)
+    and a difference panel: resumed − reference per step, the first divergence marked.
 
     Returns:
         None when written, else why not (matplotlib is optional: ``pip install matplotlib``).
@@ -187,6 +207,8 @@ def render_plot(report: DrillReport, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib); no plot written"
+    if not any(r.role == "resumed" for r in report.runs) or not report.config:
+        return "the drill did not run both processes; no plot written"
     save = report.config["save_step"]
     stop = report.config["stop_step"]
     ref = report.reference.records
@@ -202,14 +224,12 @@ def render_plot(report: DrillReport, path: Path) -> str | None:
         "reference": ("tab:blue", "-"),
         "resumed": ("tab:orange", "--"),
     }
-    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
-    for ax, key in zip(axes, ("loss", "grad_norm"), strict=True):
+    keys = ("loss", "grad_norm")
+    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(8, 8),
+                             gridspec_kw={"height_ratios": [3, 2, 2]})
+    for ax, key in zip(axes[:2], keys, strict=True):
         for label, recs in series.items():
-            pts = [
-                (_step(r), r[key])
-                for r in recs
-                if isinstance(r.get(key), int | float) and _step(r) is not None
-            ]
+            pts = _points(recs, key)
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 color, ls = styles[label]
@@ -218,6 +238,29 @@ def render_plot(report: DrillReport, path: Path) -> str | None:
         ax.set_ylabel(key.replace("_", " "))
         ax.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize=8)
+    diff_ax = axes[2]
+    ref_by = {_step(r): r for r in series["reference"]}
+    colors = {"loss": "tab:purple", "grad_norm": "tab:green"}
+    for key in keys:
+        pts = [
+            (x, y - ref_by[x][key])
+            for x, y in _points(series["resumed"], key)
+            if x in ref_by and isinstance(ref_by[x].get(key), int | float)
+        ]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            diff_ax.plot(xs, ys, color=colors[key], marker=".", linewidth=1.0,
+                         label=f"{key.replace('_', ' ')}: resumed − reference")
+    first = report.diagnosis.step
+    if isinstance(first, int):
+        diff_ax.axvline(first, color="tab:red", linestyle="--", linewidth=1.0,
+                        label=f"first divergence (step {first})")
+    diff_ax.axhline(0.0, color="black", linewidth=0.6)
+    diff_ax.axvline(save, color="tab:red", linestyle=":")
+    diff_ax.set_ylabel("difference")
+    diff_ax.grid(alpha=0.3)
+    if diff_ax.get_legend_handles_labels()[0]:
+        diff_ax.legend(loc="best", fontsize=8)
     axes[-1].set_xlabel("step")
     verdict = "PASSED" if report.ok else f"FAILED ({report.diagnosis.component})"
     fig.suptitle(f"ckptkit resume drill: {verdict}")
@@ -226,6 +269,15 @@ def render_plot(report: DrillReport, path: Path) -> str | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def _points(recs: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    out: list[tuple[int, float]] = []
+    for r in recs:
+        x, y = _step(r), r.get(key)
+        if x is not None and isinstance(y, int | float) and not isinstance(y, bool):
+            out.append((x, float(y)))
+    return out
 
 
 def _step(r: dict[str, Any]) -> int | None:

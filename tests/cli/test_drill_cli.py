@@ -62,32 +62,71 @@ def test_failing_drill_exits_1_and_writes_every_report(tmp_path: Path) -> None:
     except ImportError:
         assert "matplotlib" in res.output  # type: ignore[attr-defined]
     else:
-        assert (out / "p.png").read_bytes()[:4] == b"\x89PNG"
+        png = (out / "p.png").read_bytes()
+        assert png[:4] == b"\x89PNG"
+        # Three panels (loss, grad norm, resumed - reference): 800 px high at 100 dpi.
+        assert int.from_bytes(png[20:24], "big") == 800
         assert report["plot"] == str(out / "p.png")
 
 
-def test_crash_exits_2_with_the_script_output(tmp_path: Path) -> None:
+def _schema() -> dict[str, object]:
+    return json.loads((ROOT / "schemas" / "drill-report.schema.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("fault", "stage", "reason"),
+    [("no-save", "reference", "no checkpoint for step 3"),
+     ("crash", "resumed", "the resumed run exited with status 3")],
+)
+def test_a_drill_that_cannot_run_exits_2_and_still_writes_its_reports(
+    tmp_path: Path, fault: str, stage: str, reason: str
+) -> None:
     res = CliRunner().invoke(
         main,
-        [
-            "drill",
-            "-W",
-            "3",
-            "-N",
-            "3",
-            "-q",
-            "--json",
-            "-",
-            "--",
-            sys.executable,
-            str(SCRIPT),
-            "--fault",
-            "no-save",
-        ],
+        ["drill", "-W", "3", "-N", "3", "-q", "--json", str(tmp_path / "r.json"),
+         "--junit", str(tmp_path / "r.xml"), "--", sys.executable, str(SCRIPT),
+         "--fault", fault],
         catch_exceptions=False,
     )
     assert res.exit_code == 2
-    assert "no checkpoint for step 3" in res.output
+    assert reason in res.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, _schema())
+    assert report["exit_code"] == 2 and report["ok"] is False
+    assert report["error"]["stage"] == stage and reason in report["error"]["reason"]
+    assert report["error"]["hint"]
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("errors") == "1"
+    err = suite.find("testcase/error")
+    assert err is not None and reason in (err.get("message") or "")
+
+
+def test_a_config_error_writes_its_report_too(tmp_path: Path) -> None:
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("command = [\n")
+    res = invoke("drill", "--config", str(cfg), "--json", str(tmp_path / "r.json"))
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, _schema())
+    assert report["error"]["stage"] == "config" and "TOML" in report["error"]["reason"]
+
+
+def test_a_resume_refused_at_restore_is_a_finding_exit_1(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main,
+        ["drill", "-W", "3", "-N", "3", "-q", "--json", str(tmp_path / "r.json"), "--",
+         sys.executable, str(SCRIPT), "--fault", "refuse"],
+        catch_exceptions=False,
+    )
+    assert res.exit_code == 1, res.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, _schema())
+    restore = report["checks"][0]
+    assert restore["name"] == "restore" and not restore["ok"]
+    assert restore["detail"]["error"] == "StateError"
+    assert "no scaler state" in restore["detail"]["message"]
+    assert report["diagnosis"]["component"] == "scaler"
+    assert "refused the resume" in report["diagnosis"]["evidence"][0]
 
 
 def test_no_command_is_a_usage_error() -> None:

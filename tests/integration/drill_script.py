@@ -10,7 +10,9 @@ faults of its own, each simulating one classic resume bug:
 * ``lr-changed``: the resumed run uses twice the learning rate (a changed hyper-parameter);
 * ``step-reset``: the step counter is not restored (labels restart at 1);
 * ``crash``: the resumed process raises after its first step;
-* ``no-save``: the save at ``CKPTKIT_DRILL_SAVE_AT`` never happens.
+* ``no-save``: the save at ``CKPTKIT_DRILL_SAVE_AT`` never happens;
+* ``refuse``: the resumed run passes a GradScaler the checkpoint has no state for, and
+  restores strictly: ckptkit refuses the resume (a ``StateError``).
 
 Usage: ``python drill_script.py [--fault NAME] [--ckpt-dir DIR]``.
 """
@@ -73,13 +75,15 @@ def main() -> int:
     mgr = ckptkit.CheckpointManager(ckpt_dir, keep_last=2)
 
     if resume_from:
-        state.restore_tree(ckptkit.load(resume_from), strict=False)
+        if fault == "refuse":
+            state.scaler = torch.amp.GradScaler("cpu")
+        state.restore_tree(ckptkit.load(resume_from), strict=fault == "refuse")
         if fault == "no-moments":
             opt.state.clear()
         if fault == "no-rng":
             torch.manual_seed(0)
         if fault == "no-sampler":
-            sampler.set_epoch(0)
+            sampler = ckptkit.ResumableSampler(N_SAMPLES, seed=7)  # rebuilt: epoch restarts
         if fault == "step-reset":
             state.progress.step = 0
         if fault == "lr-changed":

@@ -79,7 +79,7 @@ def test_each_broken_component_is_named(fault: str, code: str) -> None:
     if fault == "no-scheduler":
         b["sched"].__init__(b["opt"], lambda s: min(1.0, (s + 1) / 5))  # type: ignore[misc]
     elif fault == "no-sampler":
-        b["sampler"].set_epoch(0)
+        b["ts"].sampler = ckptkit.ResumableSampler(64, seed=3)  # rebuilt: epoch restarts
     elif fault == "no-moments":
         b["opt"].state.clear()
     elif fault == "no-scaler":
@@ -135,3 +135,146 @@ def test_attaching_twice_does_not_stack(tmp_path) -> None:  # type: ignore[no-un
     rec.log(1, loss=1.0)
     rec.close()
     assert len(read_jsonl(tmp_path / "m.jsonl")) == 1
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11
+def test_stateful_loader_sharing_its_sampler_generator_is_named() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    data = list(range(8))
+    shared = StatefulDataLoader(data, batch_size=2, shuffle=True, generator=torch.Generator())
+    apart = StatefulDataLoader(data, batch_size=2, generator=torch.Generator(),
+                               sampler=RandomSampler(data, generator=torch.Generator()))
+    assert guard.shared_loader_generator(shared)
+    assert not guard.shared_loader_generator(apart)
+    for loader, want in ((shared, ["CK-D009"]), (apart, [])):
+        next(iter(loader))
+        ts = ckptkit.TrainState(model=torch.nn.Linear(1, 1), sampler=loader)
+        saved = guard.compute(ts)
+        got = [f.code for f in guard.ResumeGuard(saved).check_restored(ts)]
+        assert got == want
+
+
+# --- the first resumed step (a Recorder bound to the TrainState) ---------------------------
+
+
+def _loop_state(tmp_path, *, data: dict[str, str] | None = None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    sampler = ckptkit.ResumableSampler(len(ds), seed=2)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=32.0, growth_interval=50)
+    rec = ckptkit.Recorder(None)
+    ts = ckptkit.TrainState(model=model, optimizer=opt, sampler=sampler, scaler=scaler,
+                            recorder=rec, data=data)
+    return {"ds": ds, "sampler": sampler, "model": model, "opt": opt, "scaler": scaler,
+            "rec": rec, "ts": ts, "mgr": ckptkit.CheckpointManager(tmp_path / "ckpt")}
+
+
+def _train_loop(s: dict[str, Any], batches: Any, steps: int, *, between: Any = None) -> None:
+    it = iter(batches)
+    for _ in range(steps):
+        x, y = next(it)
+        loss = torch.nn.functional.mse_loss(s["model"](x), y)
+        s["opt"].zero_grad()
+        s["scaler"].scale(loss).backward()
+        s["scaler"].step(s["opt"])
+        s["scaler"].update()
+        s["ts"].step += 1
+        s["rec"].log(s["ts"].step, loss=float(loss.detach()))
+        if between is not None:
+            between()
+
+
+def _codes(s: dict[str, Any]) -> list[str]:
+    return [g["code"] for r in s["rec"].records for g in r.get("guard", [])]
+
+
+def _saved_at_4(tmp_path, **kw: Any) -> None:  # type: ignore[no-untyped-def]
+    a = _loop_state(tmp_path, data=kw.pop("data", None))
+    loader = torch.utils.data.DataLoader(a["ds"], batch_size=4, sampler=a["sampler"],
+                                         generator=torch.Generator())
+    _train_loop(a, loader, 4, **kw)
+    a["mgr"].save(a["ts"])
+    a["mgr"].close()
+
+
+def test_an_iterator_created_after_restore_is_reported_with_the_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    plain = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"])
+    _train_loop(b, plain, 1)  # iter() without generator= draws the base seed from the global RNG
+    assert _codes(b) == ["CK-D008"]
+    msg = b["rec"].records[0]["guard"][0]["message"]
+    assert "2 words" in msg and "iter(DataLoader)" in msg
+
+
+def test_an_exact_resume_gets_no_finding_even_when_the_loop_draws_between_steps(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path, between=lambda: torch.rand(3))
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    torch.rand(3)  # the same draw the saved run made after each step
+    loader = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"],
+                                         generator=torch.Generator())
+    _train_loop(b, loader, 2)
+    assert _codes(b) == []
+    c = _loop_state(tmp_path)
+    c["mgr"].restore(c["ts"])
+    torch.rand(5)  # two words more than the saved run
+    _train_loop(c, torch.utils.data.DataLoader(c["ds"], batch_size=4, sampler=c["sampler"],
+                                          generator=torch.Generator()), 1)
+    assert _codes(c) == ["CK-D008"]
+
+
+def test_a_reseed_after_restore_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    torch.manual_seed(0)
+    _train_loop(b, b["sampler"].batches(torch.utils.data.DataLoader(
+        b["ds"], batch_size=4, sampler=b["sampler"])), 1)
+    assert _codes(b) == ["CK-D008"]
+    assert "torch.manual_seed(0)" in b["rec"].records[0]["guard"][0]["message"]
+
+
+def test_a_fresh_scaler_whose_scale_has_not_moved_is_caught(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)  # growth interval 50: the saved scale is still the initial one
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    b["scaler"] = torch.amp.GradScaler("cpu", init_scale=32.0, growth_interval=50)
+    _train_loop(b, b["sampler"].batches(torch.utils.data.DataLoader(
+        b["ds"], batch_size=4, sampler=b["sampler"])), 1)
+    assert _codes(b) == ["CK-D004"]
+    assert "growth tracker 0" in b["rec"].records[0]["guard"][0]["message"]
+
+
+def test_a_fresh_scaler_in_the_state_is_caught_at_restore() -> None:
+    a = _setup()
+    _train(a, 3)
+    saved = guard.compute(a["ts"])
+    tree, _ = a["ts"].capture()
+    b = _setup(seed=9)
+    b["ts"].restore_tree(tree)
+    b["ts"].scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # same scale, tracker 0
+    assert saved["scale_growth"] == 3
+    assert [f.code for f in guard.ResumeGuard(saved).check_restored(b["ts"])] == ["CK-D004"]
+
+
+def test_a_rebuilt_optimizer_is_caught_at_its_first_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    b["opt"] = torch.optim.AdamW(b["model"].parameters(), lr=1e-2)
+    _train_loop(b, b["sampler"].batches(torch.utils.data.DataLoader(
+        b["ds"], batch_size=4, sampler=b["sampler"])), 1)
+    assert "CK-D005" in _codes(b)
+
+
+def test_changed_data_identity_is_reported(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path, data={"snapshot": "v1"})
+    b = _loop_state(tmp_path, data={"snapshot": "v2"})
+    result = b["mgr"].restore(b["ts"])
+    assert "CK-R003" in [f.code for f in result.guard.findings]

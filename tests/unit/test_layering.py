@@ -16,6 +16,9 @@ PKG = Path(__file__).resolve().parents[2] / "ckptkit"
 LAZY_OK = {
     # The CLI imports each command's machinery when the command runs (startup time).
     "ckptkit.cli",
+    # The drill imports scipy (through its statistics) while the training runs it forked
+    # are busy, instead of before them.
+    "ckptkit.drill.runner",
 }
 """Modules allowed function-local imports of ckptkit modules (never to dodge a cycle)."""
 

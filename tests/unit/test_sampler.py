@@ -168,8 +168,11 @@ def test_exhausted_epoch_restarts_without_advancing() -> None:
     s = ResumableSampler(10, seed=4, world_size=2)
     first = list(s)
     assert s.state_dict()["position"] == 5
-    assert s.next_indices(2) == first[:2]
-    assert list(s) == first
+    # The look-ahead predicts the loop's next batch: the next epoch (set_epoch(epoch + 1)).
+    nxt = ResumableSampler(10, seed=4, world_size=2)
+    nxt.set_epoch(1)
+    assert s.next_indices(2) == list(nxt)[:2]
+    assert list(s) == first  # a bare re-iteration restarts the epoch, as DistributedSampler
     assert s.state_dict()["epoch"] == 0
 
 
@@ -236,3 +239,68 @@ def test_works_with_dataloader() -> None:
     assert rest == [b.tolist() for b in it]
     full = list(ResumableSampler(data, seed=0))
     assert first + [i for batch in rest for i in batch] == full
+
+
+# --- resuming epoch loops and data loaders -----------------------------------------------
+
+
+def test_set_epoch_keeps_a_restored_cursor_of_that_epoch() -> None:
+    a = ResumableSampler(20, seed=1)
+    it = iter(a)
+    seen = [next(it) for _ in range(7)]
+    b = ResumableSampler(20, seed=1)
+    b.load_state_dict(a.state_dict())
+    b.set_epoch(0)  # the usual `for epoch in range(sampler.epoch, E): sampler.set_epoch(epoch)`
+    assert seen + list(b) == list(ResumableSampler(20, seed=1))
+    b.set_epoch(0)  # no longer restored: a real restart of the epoch
+    assert len(list(b)) == 20
+
+
+def test_a_restored_exhausted_epoch_yields_nothing_then_the_loop_moves_on() -> None:
+    a = ResumableSampler(6, seed=1)
+    list(a)
+    b = ResumableSampler(6, seed=1)
+    b.load_state_dict(a.state_dict())
+    b.set_epoch(0)
+    assert list(b) == []  # the saved run had finished epoch 0
+    b.set_epoch(1)
+    want = ResumableSampler(6, seed=1)
+    want.set_epoch(1)
+    assert list(b) == list(want)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_counts_only_what_the_loop_received(workers: int) -> None:
+    data = torch.arange(40)
+    s = ResumableSampler(data, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=s, num_workers=workers)
+    got: list[int] = []
+    for i, batch in enumerate(s.batches(loader)):
+        got += batch.tolist()
+        if i == 2:
+            state = s.state_dict()  # the workers have prefetched further
+            assert state["position"] == 12
+            break
+    assert s.state_dict()["position"] == 12  # leaving early gives the prefetched back
+    t = ResumableSampler(data, seed=3)
+    t.load_state_dict(state)
+    rest = [x for b in t.batches(torch.utils.data.DataLoader(
+        data, batch_size=4, sampler=t, num_workers=workers)) for x in b.tolist()]
+    assert got + rest == list(ResumableSampler(40, seed=3))
+
+
+def test_batches_rolls_over_epochs_and_keeps_the_global_rng() -> None:
+    data = torch.arange(10)
+    s = ResumableSampler(data, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=s, drop_last=True)
+    before = torch.get_rng_state()
+    first = [b.tolist() for b in s.batches(loader)]
+    assert len(first) == 2 and torch.equal(torch.get_rng_state(), before)
+    second = [b.tolist() for b in s.batches(loader)]
+    assert s.epoch == 1 and len(second) == 2 and second != first
+
+
+def test_batches_needs_the_loader_built_on_this_sampler() -> None:
+    s = ResumableSampler(4)
+    with pytest.raises(ValueError, match="sampler is not this ResumableSampler"):
+        next(s.batches(torch.utils.data.DataLoader(list(range(4)))))

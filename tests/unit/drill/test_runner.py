@@ -60,8 +60,9 @@ def test_well_typed_config_loads(tmp_path: Path) -> None:
     assert cfg.env == {"A": "1"} and cfg.thresholds == {"noise_factor": 8, "loss": 1e-3}
 
 
+@pytest.mark.parametrize("launch", ["fork", "spawn"])
 def test_contract_variables_of_the_parent_do_not_leak(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launch: str
 ) -> None:
     for var in ENV_VARS:
         monkeypatch.setenv(var, "leaked")
@@ -70,13 +71,15 @@ def test_contract_variables_of_the_parent_do_not_leak(
         "import json, os\n"
         f"print(json.dumps({{v: os.environ.get(v) for v in {list(ENV_VARS)!r}}}))\n"
     )
-    cfg = DrillConfig(command=[sys.executable, str(script)], timeout=60)
+    cfg = DrillConfig(command=[sys.executable, str(script)], timeout=60, launch=launch)  # type: ignore[arg-type]
     run = runner._run_one(cfg, "resumed", 0, {}, tmp_path / "work")
+    assert run.method == launch
     assert run.summary is not None
     assert "leaked" not in run.summary.values()  # every variable is the drill's own or unset
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", ["fork", "spawn"])
+def test_timeout_kills_the_whole_process_group(tmp_path: Path, launch: str) -> None:
     pid_file = tmp_path / "grandchild.pid"
     script = tmp_path / "spawn.py"
     script.write_text(
@@ -85,7 +88,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(60)\n"
     )
-    cfg = DrillConfig(command=[sys.executable, str(script)], timeout=1.5)
+    cfg = DrillConfig(command=[sys.executable, str(script)], timeout=1.5, launch=launch)  # type: ignore[arg-type]
     t0 = time.monotonic()
     with pytest.raises(DrillError, match="timed out"):
         runner._run_one(cfg, "reference", 0, {}, tmp_path / "work")

@@ -1,0 +1,126 @@
+"""The diagnosis weighs every signal and says "unknown" with the candidates when unsure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptkit.drill.compare import CheckResult, exposure, twin
+from ckptkit.drill.diagnose import diagnose
+
+W, N = 4, 4
+
+
+def recs(first: int = 1, last: int = W + N, **over: Any) -> list[dict[str, Any]]:
+    """Records with every auto field; ``over`` maps a field to {step: value} overrides."""
+    out = []
+    for s in range(first, last + 1):
+        r = {"step": s, "loss": 1.0 / s, "lr": 0.1, "opt_step": s, "rng": f"r{s}",
+             "rng_at": "data", "batch_hash": f"b{s}", "cursor": f"c{s}"}
+        for k, vals in over.items():
+            if s in vals:
+                if vals[s] is None:
+                    r.pop(k, None)
+                else:
+                    r[k] = vals[s]
+        out.append(r)
+    return out
+
+
+def checks(ref: list[dict[str, Any]], res: list[dict[str, Any]]) -> list[CheckResult]:
+    return [twin(ref, res, start=W, stop=W + N), exposure(ref, res, start=W, stop=W + N)]
+
+
+def dg(ref: list[dict[str, Any]], res: list[dict[str, Any]], **kw: Any) -> Any:
+    return diagnose(ref, res, checks(ref, res), start=W, stop=W + N, **kw)
+
+
+def test_rng_fingerprinted_before_the_batch_is_rng_even_when_the_batch_differs() -> None:
+    ref = recs()
+    res = recs(W + 1, rng={5: "x"}, batch_hash={5: "y"}, loss={5: 9.0})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("rng", "high")
+
+
+def test_after_the_batch_rng_and_batch_alone_are_not_conclusive() -> None:
+    ref = recs(rng_at={s: "forward" for s in range(1, 9)}, cursor={s: None for s in range(9)})
+    res = recs(W + 1, rng_at={s: "forward" for s in range(5, 9)}, rng={5: "x"},
+               batch_hash={5: "y"}, cursor={s: None for s in range(9)})
+    d = dg(ref, res)
+    assert d.component == "unknown" and d.candidates == ["rng", "sampler"]
+    guarded = recs(W + 1, rng_at={s: "forward" for s in range(5, 9)}, rng={5: "x"},
+                   batch_hash={5: "y"}, cursor={s: None for s in range(9)},
+                   guard={5: [{"code": "CK-D008", "component": "rng", "message": "re-seeded"}]})
+    d = dg(ref, guarded)
+    assert (d.component, d.confidence) == ("rng", "high")  # the guard saw the re-seed
+
+
+def test_exposure_zero_rules_out_the_sampler() -> None:
+    ids = {s: [[0, s, "h"]] for s in range(1, 9)}
+    ref = recs(sample_ids=ids, rng_at={s: "forward" for s in range(1, 9)})
+    res = recs(W + 1, sample_ids=ids, rng_at={s: "forward" for s in range(5, 9)},
+               rng={5: "x"}, batch_hash={5: "y"})
+    d = dg(ref, res)
+    assert d.component == "rng" and d.confidence == "medium"  # augmentation randomness
+    moved = recs(W + 1, sample_ids={**ids, 5: [[0, 1, "h"]]}, batch_hash={5: "y"})
+    assert dg(ref, moved).component == "sampler"
+
+
+def test_a_cursor_that_differs_is_the_sampler_and_an_equal_one_points_to_the_data() -> None:
+    ref = recs()
+    assert dg(ref, recs(W + 1, cursor={5: "z"}, batch_hash={5: "y"})).component == "sampler"
+    d = dg(ref, recs(W + 1, batch_hash={5: "y"}))
+    assert (d.component, d.confidence) == ("data-version", "medium")
+
+
+def test_without_ids_or_cursor_the_batch_leaves_two_candidates() -> None:
+    nocur = {s: None for s in range(9)}
+    ref = recs(cursor=nocur)
+    res = recs(W + 1, cursor=nocur, batch_hash={5: "y"})
+    d = dg(ref, res)
+    assert d.component == "unknown" and set(d.candidates) == {"sampler", "data-version"}
+    assert " | " in d.to_dict()["hint"]  # a fix for each candidate
+    d = dg(ref, res, facts={"data_declared": True})  # data pinned and not changed: sampler
+    assert (d.component, d.confidence) == ("sampler", "medium")
+
+
+def test_growth_tracker_alone_names_the_scaler() -> None:
+    ref = recs(scale_growth={s: s for s in range(1, 9)})
+    res = recs(W + 1, scale_growth={s: s - W for s in range(5, 9)})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("scaler", "high")
+
+
+def test_a_skipped_fp16_step_is_the_scaler_a_reset_count_the_optimizer() -> None:
+    ref = recs()
+    skip = recs(W + 1, opt_step={5: 4, 6: 5, 7: 6, 8: 7})
+    d = dg(ref, skip)
+    assert d.component == "scaler" and d.candidates == ["scaler", "optimizer"]
+    reset = recs(W + 1, opt_step={5: 1, 6: 2, 7: 3, 8: 4})
+    assert (dg(ref, reset).component, dg(ref, reset).confidence) == ("optimizer", "high")
+
+
+def test_a_guard_that_disagrees_with_the_records_lowers_the_confidence() -> None:
+    ref = recs()
+    res = recs(W + 1, cursor={5: "z"}, batch_hash={5: "y"},
+               guard={5: [{"code": "CK-D006", "component": "rng", "message": "m"}]})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("sampler", "medium")
+    assert d.candidates == ["sampler", "rng"]
+
+
+def test_a_refusal_at_restore_is_the_diagnosis() -> None:
+    refusal = CheckResult("restore", False, 1, 0, detail={
+        "error": "StateError", "message": "the checkpoint has no scaler state but this run "
+        "passes one", "component": "scaler"})
+    d = diagnose(recs(), [], [refusal], start=W, stop=W + N)
+    assert (d.component, d.confidence) == ("scaler", "high")
+    assert "refused the resume" in d.evidence[0]
+
+
+def test_the_guard_breaks_a_tie_between_two_candidates() -> None:
+    nocur = {s: None for s in range(9)}
+    ref = recs(cursor=nocur)
+    res = recs(W + 1, cursor=nocur, batch_hash={5: "y"},
+               guard={6: [{"code": "CK-R003", "component": "data", "message": "changed"}]})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("data-version", "high")

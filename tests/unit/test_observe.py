@@ -1,0 +1,155 @@
+"""Step records that fill themselves: what a Recorder bound to a TrainState writes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import ckptkit
+from ckptkit import observe
+
+
+def _setup(*, scaler_in_state: bool = True, sampler: Any = None) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    scaler = torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=2)
+    rec = ckptkit.Recorder(None)
+    ts = ckptkit.TrainState(model=model, optimizer=opt, scheduler=sched, recorder=rec,
+                            scaler=scaler if scaler_in_state else None, sampler=sampler)
+    return {"model": model, "opt": opt, "sched": sched, "scaler": scaler, "rec": rec, "ts": ts}
+
+
+def _step(s: dict[str, Any], x: torch.Tensor, **log: Any) -> dict[str, Any]:
+    loss = s["model"](x).pow(2).mean()
+    s["opt"].zero_grad()
+    s["scaler"].scale(loss).backward()
+    s["scaler"].step(s["opt"])
+    s["scaler"].update()
+    s["sched"].step()
+    s["ts"].step += 1
+    s["rec"].log(s["ts"].step, loss=float(loss.detach()), **log)
+    return dict(s["rec"].records[-1])
+
+
+def test_a_loss_only_record_gets_every_observable_field() -> None:
+    sampler = ckptkit.ResumableSampler(32, seed=1)
+    s = _setup(sampler=sampler)
+    it = iter(sampler)
+    ids = [next(it) for _ in range(4)]
+    rec = _step(s, torch.randn(4, 4))
+    assert {"rng", "rng_at", "lr", "opt_step", "loss_scale", "scale_growth", "batch_hash",
+            "sample_ids", "cursor"} <= rec.keys()
+    assert rec["rng_at"] == "data" and rec["sample_ids"] == [[0, i] for i in ids]
+    assert rec["lr"] == 1e-2 and rec["opt_step"] == 1  # the LR used, the count after
+    assert (rec["loss_scale"], rec["scale_growth"]) == (64.0, 1)
+    rec2 = _step(s, torch.randn(4, 4))  # no data event: the forward starts the step
+    assert rec2["rng_at"] == "forward" and rec2["lr"] == 5e-3 and "sample_ids" not in rec2
+    assert rec2["scale_growth"] == 0 and rec2["loss_scale"] == 128.0  # grew at interval 2
+
+
+def test_what_the_loop_logs_wins_and_auto_false_turns_it_off() -> None:
+    s = _setup()
+    rec = _step(s, torch.randn(2, 4), lr=0.5, rng="mine")
+    assert rec["lr"] == 0.5 and rec["rng"] == "mine" and "rng_at" not in rec
+    off = ckptkit.Recorder(None, auto=False)
+    ckptkit.TrainState(model=torch.nn.Linear(1, 1), recorder=off)
+    assert off.observer is None
+
+
+def test_the_batch_hash_covers_training_forwards_only() -> None:
+    s = _setup()
+    x = torch.randn(2, 4)
+    a = _step(s, x)["batch_hash"]
+    s["model"].eval()
+    with torch.no_grad():
+        s["model"](torch.randn(3, 4))  # evaluation between steps
+    s["model"].train()
+    b = _step(s, x)["batch_hash"]
+    assert a == b
+    assert _step(s, torch.randn(2, 4))["batch_hash"] != a
+
+
+def test_sample_ids_carry_the_datasets_content_hash() -> None:
+    class DS(torch.utils.data.Dataset[int]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+        def sample_hash(self, i: int) -> str:
+            return f"h{i}"
+
+    sampler = ckptkit.ResumableSampler(DS(), shuffle=False)
+    s = _setup(sampler=sampler)
+    loader = torch.utils.data.DataLoader(DS(), batch_size=2, sampler=sampler)
+    for _ in sampler.batches(loader):
+        rec = _step(s, torch.randn(2, 4))
+        assert rec["sample_ids"] == [[0, i, f"h{i}"] for i in (0, 1)]
+        break
+
+
+def test_a_scaler_outside_the_trainstate_is_found_and_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = _setup(scaler_in_state=False)
+    with caplog.at_level(logging.WARNING, logger="ckptkit"):
+        rec = _step(s, torch.randn(2, 4))
+    assert rec["loss_scale"] == 64.0 and rec["scale_growth"] == 1
+    assert "not in the TrainState" in caplog.text
+    assert s["rec"].observer.scaler is s["scaler"]
+
+
+def test_a_disabled_scaler_is_not_reported() -> None:
+    s = _setup(scaler_in_state=False)
+    s["scaler"] = torch.amp.GradScaler("cpu", enabled=False)
+    rec = _step(s, torch.randn(2, 4))
+    assert "loss_scale" not in rec and s["rec"].observer.scaler is None
+
+
+def test_an_optimizer_rebuilt_over_the_model_is_the_one_recorded() -> None:
+    s = _setup()
+    _step(s, torch.randn(2, 4))
+    s["opt"] = torch.optim.AdamW(s["model"].parameters(), lr=3e-2)  # rebuilt, not in the state
+    other = torch.nn.Linear(2, 2)
+    foreign = torch.optim.SGD(other.parameters(), lr=9.0)  # another model's optimizer
+    other(torch.ones(1, 2)).sum().backward()
+    foreign.step()
+    rec = _step(s, torch.randn(2, 4))
+    assert rec["lr"] == 3e-2 and rec["opt_step"] == 1
+
+
+def test_gap_patterns_record_draws_between_steps() -> None:
+    s = _setup()
+    for _ in range(3):
+        _step(s, torch.randn(2, 4))  # randn between the record and the next forward
+    obs = s["rec"].observer
+    (pattern,) = obs.gap_patterns()  # the same draws every step
+    assert set(pattern) == {"torch"} and pattern["torch"] >= 8
+    obs.close()
+    assert observe.scaler_state(None) is None
+
+
+def test_with_batches_the_rng_is_fingerprinted_before_the_augmentation() -> None:
+    from ckptkit import rngtrace
+
+    class Noisy(torch.utils.data.Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.rand(4)  # augmentation on the global torch RNG
+
+    sampler = ckptkit.ResumableSampler(Noisy(), seed=0)
+    s = _setup(sampler=sampler)
+    loader = torch.utils.data.DataLoader(Noisy(), batch_size=2, sampler=sampler)
+    before = rngtrace.fingerprint()
+    for x in sampler.batches(loader):
+        rec = _step(s, x)
+        assert rec["rng_at"] == "data" and rec["rng"] == before
+        break

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptkit import codes, rotation, signing
+from ckptkit import codes, retain, rotation, signing
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
@@ -595,26 +595,8 @@ class CheckpointManager:
         delete_corrupt: bool = False,
     ) -> rotation.RetentionPlan:
         """The retention plan for the run as it is now (nothing is deleted)."""
-        good = self._good_statuses
-        ck = [
-            rotation.CkptInfo(
-                step=c.step,
-                size=c.size,
-                verified=c.status in good,
-                corrupt=c.status in ("corrupt", "incomplete"),
-                pinned=frozenset(c.pins),
-                health=c.health,
-                time=c.time,
-            )
-            for c in self.catalog.list()
-        ]
-        return rotation.plan(
-            ck,
-            keep_last=self.keep_last if keep_last is None else keep_last,
-            keep_every=self.keep_every if keep_every is None else keep_every,
-            max_bytes=self.max_bytes if max_bytes is None else max_bytes,
-            delete_corrupt=delete_corrupt,
-        )
+        self._join()
+        return retain.plan(self, self._policy(keep_last, keep_every, max_bytes, delete_corrupt))
 
     def prune(self, *, dry_run: bool = False, **policy: Any) -> rotation.RetentionPlan:
         """Apply the retention plan (or only return it with ``dry_run``).
@@ -623,7 +605,7 @@ class CheckpointManager:
         the plan is made and applied with no save in between. Before anything is deleted,
         the newest checkpoint the plan keeps is verified again by reading every byte: if
         it fails, it is recorded corrupt, the plan is made again and nothing it justified
-        is deleted.
+        is deleted (:mod:`ckptkit.retain`).
 
         Example:
             >>> import tempfile, torch, ckptkit
@@ -635,14 +617,11 @@ class CheckpointManager:
             ['delete: beyond keep_last=1', 'delete: beyond keep_last=1']
         """
         if dry_run:
-            self._join()
             return self.plan(**policy)
         self.wait()
         self._writer()
         self._fresh.clear()  # a hand prune re-checks from bytes, whatever was read before
-        plan = self._checked_plan(**policy)
-        self._delete(plan)
-        return plan
+        return self._apply(self._policy(**policy)).plan
 
     def _rotate(self) -> builtins.list[str]:
         if self.verify_after_save:
@@ -651,54 +630,54 @@ class CheckpointManager:
             for c in self.catalog.list():
                 if c.status == "committed":
                     self._verify(c.path)
-        deleted = self._delete(self._checked_plan())
+        deleted = self._apply(self._policy()).deleted
         self._fresh.clear()
         return deleted
 
-    def _checked_plan(self, **policy: Any) -> rotation.RetentionPlan:
-        """A plan whose newest kept good checkpoint was just verified from its bytes."""
-        while True:
-            plan = self.plan(**policy)
-            if not plan.delete or not self.verify_after_save:
-                return plan
-            keep = [d.ckpt for d in plan.decisions if d.keep and d.ckpt.good]
-            if not keep:
-                return plan
-            newest = max(keep, key=lambda c: c.step)
-            name = step_dir_name(newest.step)
-            if name in self._fresh:
-                return plan
-            bad = self._verify(self.root / name)
-            if not bad:
-                return plan
-            log.error(
-                "ckptkit: %s failed its re-verify before rotation (%s %s); it is recorded "
-                "corrupt and nothing it would have justified is deleted",
-                name,
-                bad[0].code,
-                bad[0].message,
-            )
-
-    def _delete(self, plan: rotation.RetentionPlan) -> builtins.list[str]:
-        if plan.delete:
-            self._fence()  # a writer that lost the run lock deletes nothing
-        newest_good = max((c.step for c in plan.keep if c.good), default=None)
-        deleted = []
-        for d in plan.decisions:
-            if d.keep:
-                continue
-            if d.ckpt.good and (newest_good is None or d.ckpt.step > newest_good):
-                log.error("ckptkit: refusing to delete step %d: newest verified", d.ckpt.step)
-                continue
-            path = self.root / step_dir_name(d.ckpt.step)
-            if self.catalog.remove(path):
-                why = d.reason.removeprefix("delete: ")
-                log.info("ckptkit: deleted %s: %s", path.name, why)
-                deleted.append(f"{path.name}: {why}")
-        if deleted:
-            self.catalog.forget(d.split(":", 1)[0] for d in deleted)
+    def _apply(self, policy: retain.Policy) -> retain.Outcome:
+        out = retain.apply(
+            self,
+            policy,
+            recheck=self.verify_after_save,
+            fresh={c.step for c in self.catalog.list() if c.path.name in self._fresh},
+        )
+        if out.deleted:
+            self.catalog.forget(d.split(":", 1)[0] for d in out.deleted)
         self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-        return deleted
+        return out
+
+    def _policy(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        max_bytes: int | None = None,
+        delete_corrupt: bool = False,
+    ) -> retain.Policy:
+        return retain.Policy(
+            keep_last=self.keep_last if keep_last is None else keep_last,
+            keep_every=self.keep_every if keep_every is None else keep_every,
+            max_bytes=self.max_bytes if max_bytes is None else max_bytes,
+            delete_corrupt=delete_corrupt,
+            good=self._good_statuses,
+        )
+
+    # the RunStore side of ckptkit.retain
+
+    def checkpoints(self) -> builtins.list[CheckpointInfo]:
+        """Every checkpoint of the run with its recorded status (for :mod:`ckptkit.retain`)."""
+        return self.catalog.list()
+
+    def reverify(self, info: CheckpointInfo) -> builtins.list[codes.Finding]:
+        """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
+        return self._verify(info.path)
+
+    def remove(self, info: CheckpointInfo) -> bool:
+        """Delete one checkpoint, manifest-safe (for :mod:`ckptkit.retain`)."""
+        return self.catalog.remove(info.path)
+
+    def fence(self) -> None:
+        """Raise unless this manager holds the run lock (for :mod:`ckptkit.retain`)."""
+        self._fence()
 
     # --- restore -----------------------------------------------------------------------------
 

@@ -660,9 +660,9 @@ def _refusal(resumed: RunResult) -> compare.CheckResult | None:
         message = m.group(2)
         code = re.match(r"(CK-[A-Z]\d{3})\b", message)
         component = None
-        if code and code.group(1) in CODES:
+        if code and code.group(1) in CODES and CODES[code.group(1)].component != "checkpoint":
             component = CODES[code.group(1)].component
-        else:
+        else:  # a code about the run as a whole (CK-R010): the message names the part
             low = message.lower()
             component = next((w for w in _COMPONENT_WORDS if w in low), None)
         return compare.CheckResult(

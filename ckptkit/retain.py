@@ -1,0 +1,162 @@
+"""Verified retention for any run: decide, re-check from bytes, then delete.
+
+:mod:`ckptkit.rotation` decides (pure policies, no I/O). This module applies a decision to
+a run, whatever its layout, with the rules that make deletion safe:
+
+1. nothing is deleted unless the plan deletes something, and only by the run's lock
+   holder (``run.fence()`` raises otherwise);
+2. before deleting, the newest checkpoint the plan keeps as good (the one whose survival
+   justifies the deletions) is verified again from its bytes, unless it was just verified
+   (``fresh``); if it fails, it is recorded corrupt by the run, the plan is made again, and
+   nothing it would have justified is deleted;
+3. the newest good checkpoint is never deleted, whatever the plan says.
+
+A native run (:class:`ckptkit.CheckpointManager`) and a framework run (a Trainer output
+directory, a Lightning ``checkpoints/`` directory) are both a :class:`RunStore`: the same
+retention code deletes their checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ckptkit import rotation
+from ckptkit.catalog import CheckpointInfo
+from ckptkit.codes import Finding
+
+log = logging.getLogger("ckptkit")
+
+
+class RunStore(Protocol):
+    """What verified retention needs from a run directory of any layout."""
+
+    def checkpoints(self) -> Sequence[CheckpointInfo]:
+        """Every checkpoint, with its recorded status (no bytes read)."""
+        ...
+
+    def reverify(self, info: CheckpointInfo) -> list[Finding]:
+        """Verify one checkpoint from its bytes, record the outcome, return error findings."""
+        ...
+
+    def remove(self, info: CheckpointInfo) -> bool:
+        """Delete one checkpoint so that it never looks whole half-deleted; False if gone."""
+        ...
+
+    def fence(self) -> None:
+        """Raise unless this process may delete (it holds the run's lock)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A retention policy: what :func:`rotation.plan` takes."""
+
+    keep_last: int
+    keep_every: int | None = None
+    max_bytes: int | None = None
+    delete_corrupt: bool = False
+    good: tuple[str, ...] = ("verified",)
+    """Statuses that count as good (``committed`` too when the run does not verify)."""
+
+
+@dataclass
+class Outcome:
+    """What :func:`apply` did."""
+
+    plan: rotation.RetentionPlan
+    deleted: list[str] = field(default_factory=list)
+    """``"name: why"`` per deleted checkpoint."""
+    rechecked: list[str] = field(default_factory=list)
+    """Checkpoints verified again before deleting (and what was found)."""
+
+
+def plan(run: RunStore, policy: Policy) -> rotation.RetentionPlan:
+    """The retention plan for ``run`` as it is now (nothing is read or deleted)."""
+    return rotation.plan(
+        [_info(c, policy) for c in run.checkpoints()],
+        keep_last=policy.keep_last,
+        keep_every=policy.keep_every,
+        max_bytes=policy.max_bytes,
+        delete_corrupt=policy.delete_corrupt,
+    )
+
+
+def apply(
+    run: RunStore,
+    policy: Policy,
+    *,
+    recheck: bool = True,
+    fresh: Collection[int] = (),
+    dry_run: bool = False,
+) -> Outcome:
+    """Apply ``policy`` to ``run`` with the safety rules of the module docstring.
+
+    Args:
+        recheck: verify the newest kept good checkpoint from its bytes before deleting.
+        fresh: steps verified from their bytes moments ago (not read again).
+        dry_run: plan (and re-check) only; delete nothing.
+    """
+    rechecked: list[str] = []
+    while True:
+        p = plan(run, policy)
+        if not p.delete or not recheck:
+            break
+        keep = [d.ckpt for d in p.decisions if d.keep and d.ckpt.good]
+        if not keep:
+            break
+        newest = max(keep, key=lambda c: c.step)
+        if newest.step in fresh:
+            break
+        info = next(c for c in run.checkpoints() if c.step == newest.step)
+        bad = run.reverify(info)
+        if not bad:
+            rechecked.append(f"{_name(info)}: verified again, ok")
+            break
+        rechecked.append(f"{_name(info)}: {bad[0].code} {bad[0].message}")
+        log.error(
+            "ckptkit: %s failed its re-verify before deleting (%s %s); it is recorded "
+            "corrupt and nothing it would have justified is deleted",
+            _name(info),
+            bad[0].code,
+            bad[0].message,
+        )
+    out = Outcome(plan=p, rechecked=rechecked)
+    if dry_run or not p.delete:
+        return out
+    run.fence()
+    newest_good = max((c.step for c in p.keep if c.good), default=None)
+    by_step = {c.step: c for c in run.checkpoints()}
+    for d in p.decisions:
+        if d.keep:
+            continue
+        if d.ckpt.good and (newest_good is None or d.ckpt.step > newest_good):
+            log.error("ckptkit: refusing to delete step %d: newest verified", d.ckpt.step)
+            continue
+        doomed = by_step.get(d.ckpt.step)
+        if doomed is not None and run.remove(doomed):
+            why = d.reason.removeprefix("delete: ")
+            log.info("ckptkit: deleted %s: %s", _name(doomed), why)
+            out.deleted.append(f"{_name(doomed)}: {why}")
+    return out
+
+
+def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
+    return rotation.CkptInfo(
+        step=c.step,
+        size=c.size,
+        verified=c.status in policy.good,
+        corrupt=c.status in ("corrupt", "incomplete"),
+        pinned=frozenset(c.pins),
+        health=c.health,
+        time=c.time,
+    )
+
+
+def _name(c: CheckpointInfo) -> str:
+    return getattr(c.path, "name", None) or str(c.path)
+
+
+__all__ = ["Outcome", "Policy", "RunStore", "apply", "plan"]

@@ -32,7 +32,7 @@ for _code in _MANIFEST_CODES:
 # --- files ---------------------------------------------------------------------------------
 
 
-@check("CK-F001")
+@check("CK-F001", needs=("files",))
 def file_missing(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if not s.exists:
@@ -44,7 +44,7 @@ def file_missing(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F002")
+@check("CK-F002", needs=("files",))
 def file_size(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.exists and s.size is not None and s.size != s.entry.size:
@@ -56,7 +56,7 @@ def file_size(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F003")
+@check("CK-F003", needs=("files",))
 def file_digest(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.digest is not None and s.size == s.entry.size and s.digest != s.entry.xxh3_128:
@@ -145,7 +145,7 @@ def decompression(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F008"].finding(s.header_error, path=s.entry.path)
 
 
-@check("CK-F009")
+@check("CK-F009", needs=("files",))
 def outside(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.outside:

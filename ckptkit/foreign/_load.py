@@ -222,13 +222,17 @@ def _pickled_globals(path: Path) -> tuple[list[str], bool]:
                 with zf.open(info) as m:
                     return _scan_globals(_Bounded(m, MAX_PICKLE_BYTES))
         found: set[str] = set()
+        intact = False
         with open(path, "rb") as raw:
             f = _Bounded(raw, MAX_PICKLE_BYTES)
             for _ in range(LEGACY_PICKLES):
                 names, complete = _scan_globals(f)
-                found.update(names)
                 if not complete:
-                    return sorted(found), False
+                    # A plain pickle (not torch's legacy format) ends after its first object:
+                    # what the intact pickles named still counts; a cut-off one does not.
+                    return sorted(found), intact
+                found.update(names)
+                intact = True
         return sorted(found), True
     except ZIP_READ_ERRORS:
         return [], False

@@ -434,8 +434,8 @@ def _tensor_leaves(node: Any, depth: int = 0) -> Iterator[Any] | None:
 def model_shape(node: Any) -> str | None:
     """Evidence that ``node`` is a model state dict: tensors only, some floating and non-scalar."""
     node = value(node)
-    if not isinstance(node, Mapping):
-        return None
+    if not isinstance(node, Mapping) or any(k.lower() in NAMES for k in _keys(node)):
+        return None  # keys that name components: a container of them, not one state dict
     leaves = _tensor_leaves(node)
     if leaves is None:
         return None

@@ -20,7 +20,7 @@ from ckptkit.verify import checks as _checks  # noqa: F401  (registers every che
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
 from ckptkit.verify.report import Report, VerifyResult, empty_components
-from ckptkit.verify.view import EXPECTS, Expect
+from ckptkit.verify.view import EXPECTS, Expect, apply_expect
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
@@ -187,6 +187,7 @@ def verify(
                          options={"against_env": against_env, "expect": expect})
         if expect is not None:
             rep.expect, rep.expect_source = expect, "given"
+            rep.components = apply_expect(rep.components, expect)
         result.reports.append(rep)
     return result
 
@@ -205,8 +206,8 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
         return [(root, found)]
     if not root.is_dir():
         resolve_format(root, None)  # raises: not a recognised layout
-    if find_checkpoints(root) != [root]:
-        return None
+    if any((c / atomic.MANIFEST_NAME).exists() for c in find_checkpoints(root) if c != root):
+        return None  # a native run (its interrupted step directories are reported natively)
     children = [(c, detect(c)) for c in sorted(root.iterdir()) if not c.is_symlink()]
     # A lone .safetensors file counts only when named: inside a directory it is as likely
     # a shard of a native checkpoint that lost its manifest (CK-M001), never a pass.

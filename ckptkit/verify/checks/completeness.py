@@ -39,7 +39,7 @@ def required_missing(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-C001"].finding(
                 f"{name} state is required{why} but missing", component=name
             )
-        elif trainstate and name in _IN_TREE and name not in tree:
+        elif trainstate and name in _IN_TREE and name not in tree and _recorded_required(m, name):
             # The table says present, but the state itself is gone (edited or damaged).
             yield CODES["CK-C001"].finding(
                 f"{name} is marked present{why} but the state tree holds no '{name}'",
@@ -51,6 +51,13 @@ def required_missing(ctx: CheckContext) -> Iterator[Finding]:
             "env is required (always recorded) but the manifest's env record is empty",
             component="env",
         )
+
+
+def _recorded_required(m: mf.Manifest | None, name: str) -> bool:
+    """The run itself (not ``--expect``) recorded ``name`` as required: a TrainState save,
+    which keeps each component under its own name in the tree."""
+    c = m.components.get(name) if m is not None else None
+    return isinstance(c, mf.Component) and c.required is True
 
 
 def _training(ctx: CheckContext) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ class ForeignReport(Report):
 
     detected_step: int | None = None
     """Global step read from the foreign files (``trainer_state.json``, ``global_step`` ...)."""
-    scan: Scan | None = None
+    scan: Scan | None = field(default=None, repr=False, compare=False)
     """What the reader found (files, container findings), for ``adopt``."""
 
     @property

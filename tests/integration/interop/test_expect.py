@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from click.testing import CliRunner
@@ -29,9 +30,16 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
 
 
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[3] / "schemas" / "verify-report.schema.json").read_text()
+)
+
+
 def _verify_json(path: Path, *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
     r = CliRunner().invoke(main, ["verify", str(path), "--json", *args], catch_exceptions=False)
-    return r.exit_code, json.loads(r.output)["reports"][0]
+    out = json.loads(r.output)
+    jsonschema.Draft202012Validator(SCHEMA).validate(out)  # expect, how, found, evidence
+    return r.exit_code, out["reports"][0]
 
 
 def _weights_files(tmp: Path) -> dict[str, Path]:
@@ -111,6 +119,8 @@ def test_native_expectations(tmp_path: Path) -> None:
     m = _model()
     ckptkit.save({"model": m.state_dict()}, tmp_path / "plain")
     assert ckptkit.verify(tmp_path / "plain").ok  # a plain save requires nothing
+    code, _ = _verify_json(tmp_path / "plain", "--expect", "training")
+    assert code == 1
     res = ckptkit.verify(tmp_path / "plain", expect="training")
     rep = res.reports[0]
     assert not res.ok

@@ -393,12 +393,7 @@ class Scan:
         elif comp == "scheduler":
             summary = scheduler_summary(value(node))
         elif comp == "scaler":
-            v = value(node)
-            if isinstance(v, Mapping):
-                try:
-                    summary = scaler_capture.summary({"enabled": True, "state_dict": v})
-                except (TypeError, ValueError, RuntimeError):
-                    summary = {}
+            summary = scaler_summary(value(node))
         elif comp == "parallel":
             summary = _parallel_summary(value(node))
         elif comp == "sampler":
@@ -523,6 +518,16 @@ def scheduler_summary(v: Any) -> dict[str, Any]:
     return out
 
 
+def scaler_summary(v: Any) -> dict[str, Any]:
+    """A GradScaler state dict's facts in the native vocabulary (``enabled``, ``scale`` ...)."""
+    if not isinstance(v, Mapping) or "scale" not in v:
+        return {}
+    try:
+        return scaler_capture.summary({"enabled": True, "state_dict": v})
+    except (TypeError, ValueError, RuntimeError):
+        return {}
+
+
 def _parallel_summary(v: Any) -> dict[str, Any]:
     if not isinstance(v, Mapping):
         return {}
@@ -573,4 +578,4 @@ def _scan_recorded(root: Path, fe: mf.FileEntry, *, outside: bool) -> FileScan:
     return FileScan(fe, exists=True, size=size, digest=hexd)
 
 
-__all__ = ["ADOPTED_SUFFIX", "Scan", "scheduler_summary"]
+__all__ = ["ADOPTED_SUFFIX", "Scan", "scaler_summary", "scheduler_summary"]

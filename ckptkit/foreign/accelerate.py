@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ckptkit.foreign._scan import Scan, scheduler_summary
+from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
 from ckptkit.foreign.structure import as_int, optimizer_shape, recognise
 
 _MODEL = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin)$")
@@ -58,8 +58,9 @@ def scan(s: Scan) -> None:
 
     if s.has("scaler.pt"):
         used.add("scaler.pt")
-        if s.load("scaler.pt", component="scaler") is not None:
-            s.present("scaler", ["scaler.pt"])
+        sc = s.load("scaler.pt", component="scaler")
+        if sc is not None:
+            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
 
     for f in (f for f in s.files if _SAMPLER.match(f)):
         used.add(f)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ckptkit.foreign._scan import Scan, scheduler_summary
+from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
 from ckptkit.foreign.structure import as_int, optimizer_shape
 from ckptkit.verify.findings import WARNING
 
@@ -125,8 +125,9 @@ def scan(s: Scan) -> None:
     # scaler (fp16 AMP only)
     if s.has("scaler.pt"):
         used.add("scaler.pt")
-        if s.load("scaler.pt", component="scaler") is not None:
-            s.present("scaler", ["scaler.pt"])
+        sc = s.load("scaler.pt", component="scaler")
+        if sc is not None:
+            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
 
     # rng, one file per process
     rng = [f for f in s.files if _RNG.match(f)]

@@ -227,7 +227,8 @@ def optimizer_view(
 
 
 def _mostly_wrong(params: list[OptParam]) -> bool:
-    """A positional match whose moments disagree with more than half the parameters."""
+    """A positional match that disagrees with more than one parameter in ten: then the match
+    is more likely off (a frozen parameter, an unknown buffer) than the state wrong."""
     judged = wrong = 0
     for p in params:
         if p.shape is None or not p.moments:
@@ -237,7 +238,7 @@ def _mostly_wrong(params: list[OptParam]) -> bool:
             continue
         judged += 1
         wrong += any(s != p.shape for s in full)
-    return judged > 0 and wrong > max(1, judged // 2)
+    return judged > 0 and wrong > max(1, judged // 10)
 
 
 def count_tensors(node: Any) -> int:

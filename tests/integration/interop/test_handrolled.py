@@ -245,3 +245,18 @@ def test_native_checkpoints_are_never_read_as_foreign(tmp_path: Path) -> None:
     (tmp_path / "plain" / "manifest.json").unlink()
     rep = ckptkit.verify(tmp_path / "plain").reports[0]
     assert [f.code for f in rep.findings] == ["CK-M001"] and rep.format == "ckptkit"
+
+
+def test_a_recognised_scaler_is_judged_like_a_native_one(tmp_path: Path) -> None:
+    """A GradScaler state under any name: its loss scale is checked (CK-S008), and the steps
+    it may skip are allowed between the optimizer's step and the global step (CK-S003)."""
+    ck, _ = _layouts()["flat-conventional"]
+    scaler = torch.amp.GradScaler("cpu", init_scale=0.25)
+    ck["amp_state_of_run"] = scaler.state_dict()
+    ck["step"] = 40  # the optimizer stepped 3 times: within what a scaler may skip
+    torch.save(ck, tmp_path / "ck.pt")
+    rep = verify_foreign(tmp_path / "ck.pt")
+    assert rep.found["scaler"].how == "inferred"
+    [f] = [f for f in rep.findings if f.code == "CK-S008"]
+    assert "loss scale collapsed to 0.25" in f.message and str(f.severity) == "warning"
+    assert not [f for f in rep.findings if f.code == "CK-S003"]

@@ -57,6 +57,18 @@ def _key(key_file: Path | None) -> bytes | None:
     return key_from_file(key_file) if key_file is not None else None
 
 
+def _expect_option(fn: F) -> F:
+    """``--expect weights|training``: what the checkpoint must be (default: inferred)."""
+    return click.option(
+        "--expect",
+        type=click.Choice(["weights", "training"]),
+        default=None,
+        help="What PATH must be: 'weights' (only the model is required: inference or "
+        "fine-tuning) or 'training' (a resume point). Default: as a native run recorded; "
+        "for other formats inferred (weights when it holds model tensors only).",
+    )(fn)
+
+
 def _out_file(path: str | Path) -> Path:
     """Return ``path`` after creating its parent directories (for report files)."""
     p = Path(path)
@@ -107,9 +119,11 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
 @_key_option
+@_expect_option
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
-           no_progress: bool, fmt: str | None, key_file: Path | None) -> None:
+           no_progress: bool, fmt: str | None, key_file: Path | None,
+           expect: str | None) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
     Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
@@ -121,13 +135,15 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify out/checkpoint-500            # HF Trainer, detected
         ckptkit verify last.ckpt --format lightning
         ckptkit verify runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key   # signatures required
+        ckptkit verify model.safetensors             # weights only: --expect weights, inferred
+        ckptkit verify ckpt.pt --expect training     # fail unless it can resume training
     """
     from ckptkit.render import RENDERERS
     from ckptkit.verify import verify as run_verify
 
     result = run_verify(path, strict=strict, against_env=against_env,
                         progress=False if no_progress or as_json else None, format=fmt,
-                        key=_key(key_file))
+                        key=_key(key_file), expect=expect)  # type: ignore[arg-type]
     RENDERERS["json" if as_json else "text"](result, sys.stdout)
     if junit_file is not None:
         with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
@@ -166,24 +182,48 @@ def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None,
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
-@click.option("--force", is_flag=True, help="Adopt even when integrity errors are found.")
+@click.option("--force", is_flag=True,
+              help="Adopt even when verify finds damage or pickles that need code.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output: what was written and what verify says.")
+@_expect_option
 @_edge
-def adopt(path: Path, fmt: str | None, force: bool) -> None:
+def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str | None) -> None:
     """Write a ckptkit manifest beside a foreign checkpoint (digests, components, gaps).
 
-    Later 'ckptkit verify PATH' checks every file against these digests, so corruption
-    and drift are detected. The original files are never modified. Exit 2 when PATH is
-    damaged (unless --force) or not a recognised layout.
+    The checkpoint is verified first: damage, NaN weights or resume state in a pickle
+    that needs code to load are refused (exit 2, nothing written) unless --force. Later
+    'ckptkit verify PATH' checks every file against the recorded digests, so corruption
+    and drift are detected. The original files are never modified. Exit 0 when adopted
+    and it verifies, 1 when adopted but verify finds errors (e.g. a missing optimizer;
+    the output says what is missing), 2 when refused or not a recognised layout.
 
     \b
     Example:
         ckptkit adopt out/checkpoint-500
-        ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt
+        ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt --json
+        ckptkit adopt model.safetensors --expect weights
     """
-    from ckptkit.foreign.adopt import adopt as run_adopt
+    from ckptkit.foreign.adopt import adopt_checkpoint
 
-    out = run_adopt(path, fmt, force=force)
-    click.echo(f"wrote {out}")
+    a = adopt_checkpoint(path, fmt, force=force, expect=expect)  # type: ignore[arg-type]
+    if as_json:
+        click.echo(json.dumps(a.to_dict(), indent=2))
+        sys.exit(2 if a.refused is not None else 0 if a.ok else 1)
+    if a.refused is not None:
+        raise a.refused
+    click.echo(f"wrote {a.manifest}")
+    if a.unverifiable:
+        click.echo("not verified (pickles that need code, never run): " + ", ".join(a.unverifiable))
+    if not a.report.ok:
+        errors = a.report.errors
+        click.echo(
+            f"but it does not verify: {len(errors)} error(s)"
+            + (f"; missing: {', '.join(a.missing)}" if a.missing else "")
+        )
+        for f in errors:
+            click.echo(f"  {f.code} {f.component}: {f.message}")
+    sys.exit(0 if a.ok else 1)
 
 
 _SIZE_UNITS = {

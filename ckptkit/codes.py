@@ -487,8 +487,11 @@ register_code(
     family="completeness",
     severity=ERROR,
     title="required component missing",
-    hint="the run uses this state but the checkpoint lacks it, so a resume would start it fresh; pass it to TrainState (e.g. scaler=, scheduler=) and save again, or "
-    + ROLLBACK,
+    hint="the run uses this state but the checkpoint lacks it, so a resume would start it "
+    "fresh; save it with the rest (ckptkit: pass it to TrainState, e.g. scaler=, "
+    "scheduler=; another tool: the message says what it does without it) and save again, "
+    "resume from a checkpoint that has it, or, for a weights-only checkpoint, verify with "
+    "--expect weights; otherwise " + ROLLBACK,
 )
 register_code(
     "CK-C002",
@@ -517,25 +520,49 @@ register_code(
     "again, or " + ROLLBACK,
 )
 register_code(
+    "CK-C011",
+    family="completeness",
+    severity=INFO,
+    title="checked as a weights-only checkpoint",
+    hint="the checkpoint holds model weights and nothing of a training run, so verify "
+    "checked it as a weights (inference / fine-tuning) checkpoint; pass --expect training "
+    "(expect='training') to require the optimizer, progress and the rest of a resume",
+    component="model",
+)
+register_code(
+    "CK-C012",
+    family="completeness",
+    severity=INFO,
+    title="component inferred from structure",
+    hint="no key or file name says what this state is; ckptkit recognised it by the shape "
+    "of its content (e.g. 'state' and 'param_groups' make an optimizer). Check the guess "
+    "with 'ckptkit inspect'; a conventional key (model, optimizer, scheduler, sampler, "
+    "rng, step, parallel) makes it certain",
+)
+register_code(
     "CK-C101",
     family="completeness",
     severity=ERROR,
-    title="resume-critical state missing from a foreign checkpoint",
-    hint="resume from a checkpoint that has it, or save it (the message says what the tool does without it)",
+    title="retired: now CK-C001",
+    hint="no longer reported: a required component missing from a foreign checkpoint is "
+    "CK-C001, as for a native one (the message says what the tool does without it)",
 )
 register_code(
     "CK-C102",
     family="completeness",
     severity=WARNING,
-    title="no data-loader position in a foreign checkpoint",
-    hint="on resume the data order restarts or replays samples; save the loader state (torchdata StatefulDataLoader, or ckptkit.sampler.ResumableSampler)",
+    title="retired: now CK-C002",
+    hint="no longer reported: a foreign checkpoint with optimizer state and no data-loader "
+    "position is CK-C002, as a native one",
 )
 register_code(
     "CK-C103",
     family="completeness",
     severity=WARNING,
-    title="no RNG state in a foreign checkpoint",
-    hint="resume runs on fresh RNG streams (dropout, shuffling, augmentation differ); save torch/numpy/python RNG state per rank",
+    title="training state without RNG state",
+    hint="resume runs on fresh RNG streams (dropout, shuffling, augmentation differ); save "
+    "torch/numpy/python RNG state per rank (ckptkit.TrainState does; for another tool, "
+    "the message says how)",
     component="rng",
 )
 register_code(

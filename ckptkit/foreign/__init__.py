@@ -1,10 +1,12 @@
-"""Foreign checkpoints: Hugging Face Trainer, Accelerate, Lightning, DCP and torch.save.
+"""Foreign checkpoints: Hugging Face Trainer, Accelerate, Lightning, DCP, torch.save, safetensors.
 
-``ckptkit verify`` / ``inspect`` / ``adopt`` read these layouts without a ckptkit manifest
-and report the same spec §1 component table as for native checkpoints. One module per
-format (``hf_trainer``, ``accelerate``, ``lightning``, ``dcp``, ``torch_save``) fills a
-:class:`~ckptkit.foreign._scan.Scan`; :mod:`ckptkit.foreign.report` turns it into the
-``Report`` the native verify returns; :mod:`ckptkit.foreign.adopt` writes a manifest beside.
+``ckptkit verify`` / ``inspect`` / ``adopt`` read these layouts without a ckptkit manifest.
+Each format is a *reader*, not a verifier: one module per format (``hf_trainer``,
+``accelerate``, ``lightning``, ``dcp``, ``torch_save``, ``weights``) fills a
+:class:`~ckptkit.foreign._scan.Scan` (components found by the tool's conventions, or by
+the shape of their content: :mod:`ckptkit.foreign.structure`), which becomes the
+:class:`~ckptkit.verify.view.StateView` the registered checks read
+(:mod:`ckptkit.foreign.report`); :mod:`ckptkit.foreign.adopt` writes a manifest beside.
 
 This package only re-exports detection (import-light). Their finding codes are declared
 with every other code in :mod:`ckptkit.codes`.

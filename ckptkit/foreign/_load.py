@@ -47,12 +47,15 @@ def _numpy_globals() -> list[Any]:
 SAFE_GLOBALS: list[Any] = [
     *_numpy_globals(),
     torch.torch_version.TorchVersion,
+    io.BytesIO,
 ]
 """What ``torch.load(weights_only=True)`` may build beyond its own defaults.
 
 numpy arrays, dtypes and scalars (NumPy RNG state in Trainer ``rng_state.pth`` and
-Accelerate ``random_states_*.pkl``) and ``torch.__version__`` (a ``str`` subclass). None of
-these runs user code; every other global stays refused and is reported.
+Accelerate ``random_states_*.pkl``), ``torch.__version__`` (a ``str`` subclass) and
+``io.BytesIO`` (torchtitan keeps loss histories as BytesIO in its DCP ``train_state``; the
+bytes inside are never unpickled). None of these runs user code; every other global stays
+refused and is reported.
 """
 
 
@@ -219,13 +222,17 @@ def _pickled_globals(path: Path) -> tuple[list[str], bool]:
                 with zf.open(info) as m:
                     return _scan_globals(_Bounded(m, MAX_PICKLE_BYTES))
         found: set[str] = set()
+        intact = False
         with open(path, "rb") as raw:
             f = _Bounded(raw, MAX_PICKLE_BYTES)
             for _ in range(LEGACY_PICKLES):
                 names, complete = _scan_globals(f)
-                found.update(names)
                 if not complete:
-                    return sorted(found), False
+                    # A plain pickle (not torch's legacy format) ends after its first object:
+                    # what the intact pickles named still counts; a cut-off one does not.
+                    return sorted(found), intact
+                found.update(names)
+                intact = True
         return sorted(found), True
     except ZIP_READ_ERRORS:
         return [], False
@@ -319,24 +326,7 @@ def _first_line(e: BaseException) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-# --- tensors: NaN / Inf ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """A tensor holding NaN or ±Inf."""
-
-    key: str
-    nan: int
-    inf: int
-
-    def describe(self) -> str:
-        parts = []
-        if self.nan:
-            parts.append(f"{self.nan} NaN")
-        if self.inf:
-            parts.append(f"{self.inf} Inf")
-        return f"{self.key} ({', '.join(parts)})"
+# --- tensors ---------------------------------------------------------------------------------------
 
 
 def iter_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -349,22 +339,6 @@ def iter_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor
     elif isinstance(obj, list | tuple):
         for i, v in enumerate(obj):
             yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i))
-
-
-def nonfinite(tensors: Iterator[tuple[str, torch.Tensor]]) -> list[NonFinite]:
-    """Return the floating-point tensors holding NaN or ±Inf, with counts."""
-    out = []
-    for key, t in tensors:
-        if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
-            continue
-        try:
-            nan = int(torch.isnan(t).sum())
-            inf = int(torch.isinf(t).sum())
-        except (RuntimeError, TypeError):  # e.g. float8 without isnan support
-            continue
-        if nan or inf:
-            out.append(NonFinite(key, nan, inf))
-    return out
 
 
 # --- safetensors ------------------------------------------------------------------------------
@@ -385,6 +359,11 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
         return None, Problem("CK-F104", e.what)
     except OSError as e:
         return None, Problem("CK-F104", f"cannot be read: {e.strerror or e}")
+
+
+def safetensors_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype name (``F32`` → ``torch.float32``), or None."""
+    return st.DTYPES.get(name)
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -3,18 +3,21 @@
 What it writes: ``model.safetensors`` (or ``pytorch_model.bin``; ``model_<i>`` for extra
 models), ``optimizer.bin`` (``optimizer_<i>.bin``), ``scheduler.bin``, ``scaler.pt`` (fp16),
 ``random_states_<rank>.pkl`` (python, numpy, torch CPU and CUDA RNG plus ``step``) and
-``custom_checkpoint_<i>.pkl`` for registered objects. The ``.bin``/``.pkl`` files are torch
-zip archives. By default it writes **no sampler state** (only ``sampler.bin`` for a
-``SeedableRandomSampler`` over an iterable shard, ``dl_state_dict.bin`` with
-``use_stateful_dataloader``), and the ``step`` in ``random_states_0.pkl`` counts
-micro-steps (``accumulate`` calls), not optimizer steps.
+``custom_checkpoint_<i>.pkl`` for registered objects (whose content is recognised by name
+or structure: a registered step counter or data cursor counts). The ``.bin``/``.pkl``
+files are torch zip archives. By default it writes **no sampler state** (only
+``sampler.bin`` for a ``SeedableRandomSampler`` over an iterable shard,
+``dl_state_dict.bin`` with ``use_stateful_dataloader``), and the ``step`` in
+``random_states_0.pkl`` counts micro-steps (``accumulate`` calls), not optimizer steps.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from ckptkit.foreign._scan import Scan, adam_step, as_int, iter_state
+from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
+from ckptkit.foreign.structure import as_int, optimizer_shape, recognise
 
 _MODEL = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin)$")
 _OPT = re.compile(r"^optimizer(_\d+)?\.bin$")
@@ -30,92 +33,83 @@ def scan(s: Scan) -> None:
 
     models = [f for f in s.files if _MODEL.match(f)]
     used |= set(models)
-    if not s.load_model(models):
-        s.missing("model", "CK-C101", "no model weights (model.safetensors / pytorch_model.bin)")
+    if models and not [f for f in models if s.model_file(f)]:
+        s.absent("model", "; ".join(s.why_unread(f) for f in models))
+    s.absent("model", "no model weights (model.safetensors / pytorch_model.bin)")
 
     opts = [f for f in s.files if _OPT.match(f)]
     used |= set(opts)
-    if opts:
-        summary = {}
-        for f in opts:
-            obj = s.load(f, component="optimizer")
-            if isinstance(obj, dict):
-                s.nonfinite("optimizer", iter_state(obj.get("state", {})), path=f, prefix="state.")
-                step = adam_step(obj)
-                if step is not None and "step" not in summary:
-                    summary["step"] = step
-        s.comp("optimizer", present=True, required=True, where=opts, summary=summary)
-    else:
-        s.missing(
-            "optimizer",
-            "CK-C101",
-            "no optimizer.bin: load_state restores no optimizer, so training continues "
-            "with fresh moments (a loss spike after resume)",
-        )
+    for f in opts:
+        obj = s.load(f, component="optimizer")
+        if isinstance(obj, Mapping) and optimizer_shape(obj) is not None:
+            s.present("optimizer", [f])
+            s.optimizer_state(obj, file=f)
+    s.absent(
+        "optimizer",
+        "no optimizer.bin: load_state restores no optimizer, so training continues with "
+        "fresh moments (a loss spike after resume)",
+    )
 
-    scheds = [f for f in s.files if _SCHED.match(f)]
-    used |= set(scheds)
-    s.load_present("scheduler", scheds)
+    for f in (f for f in s.files if _SCHED.match(f)):
+        used.add(f)
+        sch = s.load(f, component="scheduler")
+        if isinstance(sch, Mapping):
+            s.present("scheduler", [f], summary=scheduler_summary(sch))
 
-    if s.load_present("scaler", [f for f in ("scaler.pt",) if s.has(f)]):
+    if s.has("scaler.pt"):
         used.add("scaler.pt")
+        sc = s.load("scaler.pt", component="scaler")
+        if sc is not None:
+            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
 
-    samplers = [f for f in s.files if _SAMPLER.match(f)]
-    used |= set(samplers)
-    if not s.load_present("sampler", samplers):
-        s.missing(
-            "sampler",
-            "CK-C102",
-            "no sampler.bin / dl_state_dict.bin: Accelerate saves no data-loader "
-            "position by default, so a resumed epoch replays from its start unless you "
-            "call skip_first_batches",
-            hint="use Accelerator(dataloader_config=DataLoaderConfiguration("
-            "use_stateful_dataloader=True)) or skip_first_batches(dl, n) on resume",
-        )
+    for f in (f for f in s.files if _SAMPLER.match(f)):
+        used.add(f)
+        if s.load(f, component="sampler") is not None:
+            s.present("sampler", [f])
+    s.absent(
+        "sampler",
+        "no sampler.bin / dl_state_dict.bin: Accelerate saves no data-loader position by "
+        "default, so a resumed epoch replays from its start unless you call "
+        "skip_first_batches; use Accelerator(dataloader_config=DataLoaderConfiguration("
+        "use_stateful_dataloader=True)) or skip_first_batches(dl, n) on resume",
+    )
 
     rng = sorted((f for f in s.files if _RNG.match(f)), key=lambda f: int(_RNG.match(f)[1]))  # type: ignore[index]
     used |= set(rng)
-    if rng:
-        micro = None
-        for f in rng:
-            obj = s.load(f, component="rng")
-            if isinstance(obj, dict) and micro is None:
+    micro = None
+    ok = []
+    for f in rng:
+        obj = s.load(f, component="rng")
+        if isinstance(obj, Mapping):
+            ok.append(f)
+            if micro is None:
                 micro = as_int(obj.get("step"))
-        s.comp("rng", present=True, required=True, where=rng, summary={"ranks": len(rng)})
-        s.comp(
+    if ok:
+        s.present("rng", ok, summary={"ranks": len(ok)})
+        s.present(
             "parallel",
-            present=True,
-            where=rng,
+            rng,
             summary={"world_size": len(rng)},
-            reason="world size inferred from the per-process RNG files",
+            evidence="world size counted from the per-process RNG files",
         )
         if micro is not None:
-            s.comp(
-                "progress",
-                present=True,
-                required=True,
-                where=[f"{rng[0]}:step"],
-                summary={"micro_steps": micro},
-                reason="Accelerate's step counts micro-steps (accumulate calls), not "
-                "optimizer steps; keep your own optimizer step in a custom checkpoint",
-            )
-    else:
-        s.missing(
-            "rng",
-            "CK-C103",
-            "no random_states_<rank>.pkl: load_state leaves the RNG as it is, so the "
-            "resumed run draws different dropout masks and shuffles",
-        )
-    if not s.components["progress"].present:
-        s.missing(
-            "progress",
-            "CK-C101",
-            "no step counter: neither random_states_0.pkl nor a custom checkpoint "
-            "holds the global step",
-        )
+            # Micro-steps (accumulate calls), not optimizer steps: not the checks' "step".
+            s.present("progress", [f"{ok[0]}:step"], summary={"micro_steps": micro})
+    s.absent(
+        "rng",
+        "no random_states_<rank>.pkl: load_state leaves the RNG as it is, so the resumed run "
+        "draws different dropout masks and shuffles",
+    )
+    s.absent(
+        "progress",
+        "no step counter: neither random_states_0.pkl nor a custom checkpoint holds the "
+        "global step",
+    )
 
-    customs = [f for f in s.files if _CUSTOM.match(f)]
-    used |= set(customs)
-    for f in customs:
-        s.load(f, component="progress")
+    for f in (f for f in s.files if _CUSTOM.match(f)):
+        used.add(f)
+        obj = s.load(f, component="progress")
+        if isinstance(obj, Mapping):
+            rec = recognise(obj)
+            s.recognised(rec, file=f)
     s.unrecognised("files", [f for f in s.files if f not in used])

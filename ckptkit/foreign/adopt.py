@@ -8,6 +8,12 @@ digest and size of every file. Foreign names (``epoch=0-step=2.ckpt``, ``.metada
 outside the native ``files[].path`` grammar, so the digests live in ``user.adopted.files``
 and the native ``files`` list stays empty: the foreign directory is never taken for a
 native checkpoint. The original files are never modified.
+
+Adopting blesses the bytes as the reference later verifies compare against, so it first
+runs the full verify: a damaged checkpoint (integrity errors, NaN weights) or one whose
+resume state sits in a pickle that needs code to load (``CK-F103``: it cannot be checked,
+and ``torch.load(weights_only=False)`` would run that code) is refused unless ``force``.
+What verify says (missing components included) comes back with the result.
 """
 
 from __future__ import annotations
@@ -15,48 +21,147 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import re
 import uuid
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
-from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
-from ckptkit.foreign.read import scan
+from ckptkit.foreign.adopted import adopted_path
+from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.storage import digest
 from ckptkit.storage.atomic import fsync_dir
-from ckptkit.verify.findings import ERROR
-
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-
-
-def adopted_path(target: Path) -> Path:
-    """Where the adopted manifest of ``target`` lives.
-
-    Example:
-        >>> adopted_path(Path("/runs/last.ckpt")).name
-        'last.ckpt.ckptkit-manifest.json'
-    """
-    if target.is_dir():
-        return target / ADOPTED_SUFFIX
-    return target.with_name(f"{target.name}.{ADOPTED_SUFFIX}")
+from ckptkit.verify.findings import ERROR, INFO, Finding
+from ckptkit.verify.view import Expect
 
 
-def adopt(path: Path | str, fmt: str | None = None, *, force: bool = False) -> Path:
-    """Record digests and the component table of a foreign checkpoint; return the manifest path.
+@dataclass
+class Adoption:
+    """What :func:`adopt_checkpoint` did: the manifest written (or why not), and the verify."""
 
-    Every file is hashed and the checkpoint verified first: a checkpoint with integrity
-    errors (CRC, truncation, missing shard) is refused unless ``force``, so that a
-    damaged state is not blessed as the reference.
+    manifest: Path | None
+    """The adopted manifest, None when refused."""
+    report: ForeignReport
+    """What verify says about the checkpoint (before the digests were recorded)."""
+    refused: CkptkitError | None = None
+    """Why it was not adopted (without ``force``)."""
+
+    @property
+    def missing(self) -> list[str]:
+        """Components the checkpoint should hold (as verified) but does not."""
+        return sorted(
+            n for n, c in self.report.components.items() if c.required and not c.present
+        )
+
+    @property
+    def unverifiable(self) -> list[str]:
+        """Files whose resume state needs code to unpickle (never executed, not checked)."""
+        return sorted({f.path for f in _needs_code(self.report.findings) if f.path})
+
+    @property
+    def ok(self) -> bool:
+        """Adopted, and the checkpoint verifies."""
+        return self.manifest is not None and self.report.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON ``ckptkit adopt --json`` prints."""
+        return {
+            "adopted": str(self.manifest) if self.manifest is not None else None,
+            "refused": str(self.refused) if self.refused is not None else None,
+            "ok": self.ok,
+            "missing": self.missing,
+            "unverifiable": self.unverifiable,
+            "report": self.report.to_dict(),
+        }
+
+
+def _needs_code(findings: list[Finding]) -> list[Finding]:
+    """CK-F103 findings about resume state (info-level ones are about config files)."""
+    return [f for f in findings if f.code == "CK-F103" and f.severity is not INFO]
+
+
+def adopt_checkpoint(
+    path: Path | str, fmt: str | None = None, *, force: bool = False, expect: Expect | None = None
+) -> Adoption:
+    """Verify a foreign checkpoint, then record its digests and component table beside it.
+
+    Refused (nothing written, ``refused`` set) without ``force`` when verify finds
+    integrity errors or bad values (``CK-F``/``CK-M``/``CK-S`` errors: a damaged state
+    must not become the reference) or resume state in a pickle that needs code
+    (``CK-F103``). A checkpoint that is merely incomplete is adopted; ``report`` and
+    ``missing`` say what it lacks.
 
     Args:
         path: a foreign checkpoint (directory or file).
         fmt: its format; detected when None.
-        force: adopt even with integrity errors.
+        force: adopt whatever verify says.
+        expect: ``weights`` or ``training`` (recorded; later verifies use it); inferred
+            when None.
 
     Raises:
-        IntegrityError: the checkpoint has integrity errors (and not ``force``).
+        CkptkitError: the layout is not recognised.
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "ck.pt"
+        >>> torch.save({"model": {"w": torch.ones(2)}}, p)
+        >>> a = adopt_checkpoint(p); a.manifest.name, a.ok, a.report.expect
+        ('ck.pt.ckptkit-manifest.json', True, 'weights')
+    """
+    rep = verify_foreign(path, fmt, expect=expect)
+    s = rep.scan
+    assert s is not None
+    refused = None if force else _refusal(rep)
+    if refused is not None:
+        return Adoption(manifest=None, report=rep, refused=refused)
+    files = []
+    for rel in s.files:
+        if rel in s.outside:
+            continue  # never read (CK-F009): recording it would bless what it points to
+        hexd, size = digest.hash_file(s.path(rel))
+        files.append({"path": rel, "size": size, "xxh3_128": hexd})
+    adoption = Adoption(manifest=None, report=rep)
+    record: dict[str, Any] = {
+        "format": s.format,
+        "target": s.target.name,
+        "files": files,
+        "missing": adoption.missing,
+        "findings": sorted({f.code for f in rep.findings}),
+    }
+    if expect is not None:
+        record["expect"] = expect
+    if adoption.unverifiable:
+        record["unverifiable"] = adoption.unverifiable
+    m = mf.Manifest(
+        files=(),
+        tensors=(),
+        tree=None,
+        components={n: c for n, c in rep.components.items()},
+        env={"torch": torch.__version__, "python": platform.python_version()},
+        step=s.step,
+        user={"adopted": record},
+    )
+    out = adopted_path(s.target)
+    text = m.to_json()
+    mf.Manifest.from_json(text, path=str(out))  # what we write must read back
+    _write_atomic(out, text)
+    adoption.manifest = out
+    return adoption
+
+
+def adopt(
+    path: Path | str, fmt: str | None = None, *, force: bool = False, expect: Expect | None = None
+) -> Path:
+    """Record digests and the component table of a foreign checkpoint; return the manifest path.
+
+    The library twin of ``ckptkit adopt``; see :func:`adopt_checkpoint` for what is refused.
+
+    Raises:
+        IntegrityError: the checkpoint has integrity errors or bad values (not ``force``).
+        UnsafeInputError: resume state needs code to unpickle (not ``force``).
         CkptkitError: the layout is not recognised.
 
     Example:
@@ -66,49 +171,41 @@ def adopt(path: Path | str, fmt: str | None = None, *, force: bool = False) -> P
         >>> adopt(p).name
         'ck.pt.ckptkit-manifest.json'
     """
-    s = scan(path, fmt)
+    a = adopt_checkpoint(path, fmt, force=force, expect=expect)
+    if a.refused is not None:
+        raise a.refused
+    assert a.manifest is not None
+    return a.manifest
+
+
+def _refusal(rep: ForeignReport) -> CkptkitError | None:
+    s = rep.scan
+    assert s is not None
+    code = _needs_code(rep.findings)
+    if code:
+        first = code[0]
+        more = f" ({len(code) - 1} more)" if len(code) > 1 else ""
+        return UnsafeInputError(
+            f"refusing to adopt: {first.message}{more}; its content cannot be verified, and "
+            "torch.load(weights_only=False) would run that code",
+            path=s.root / first.path if first.path else s.target,
+            code="CK-F103",
+            hint="re-save that state as plain tensors and dicts (no custom classes), or pass "
+            "--force to record the files as they are (unverified)",
+        )
     bad = [
-        f for f in s.findings if f.severity is ERROR and f.code.startswith(("CK-F", "CK-M", "CK-S"))
+        f for f in rep.findings if f.severity is ERROR and f.code.startswith(("CK-F", "CK-M", "CK-S"))
     ]
-    if bad and not force:
+    if bad:
         first = bad[0]
-        raise IntegrityError(
+        return IntegrityError(
             f"refusing to adopt a damaged checkpoint: {first.message}"
             + (f" ({len(bad) - 1} more)" if len(bad) > 1 else ""),
             path=s.root / first.path if first.path else s.target,
             code=first.code,
             hint="restore the damaged files first, or pass --force to record them as they are",
         )
-    files = []
-    for rel in s.files:
-        hexd, size = digest.hash_file(s.path(rel))
-        files.append({"path": rel, "size": size, "xxh3_128": hexd})
-    import torch
-
-    m = mf.Manifest(
-        files=(),
-        tensors=(),
-        tree=None,
-        components={n: c for n, c in s.components.items()},
-        env={"torch": torch.__version__, "python": platform.python_version()},
-        step=s.step,
-        user={
-            "adopted": {
-                "format": s.format,
-                "target": s.target.name,
-                "files": files,
-                "missing": sorted(
-                    n for n, c in s.components.items() if c.required and not c.present
-                ),
-                "findings": sorted({f.code for f in s.findings}),
-            }
-        },
-    )
-    out = adopted_path(s.target)
-    text = m.to_json()
-    mf.Manifest.from_json(text, path=str(out))  # what we write must read back
-    _write_atomic(out, text)
-    return out
+    return None
 
 
 def _write_atomic(out: Path, text: str) -> None:
@@ -132,90 +229,4 @@ def _write_atomic(out: Path, text: str) -> None:
         fsync_dir(out.parent)
 
 
-def read_adopted(s: Scan) -> dict[str, Any] | None:
-    """Return ``user.adopted`` of the adopted manifest (validated), or None when absent.
-
-    A manifest that fails validation is reported as a finding on ``s`` (its CK-M code)
-    and an empty record is returned.
-    """
-    p = adopted_path(s.target)
-    if not os.path.lexists(p):
-        return None
-    rel = p.name
-    try:
-        # The same reader as native manifests: a regular file only (never a symlink or a
-        # FIFO, CK-M008), size-capped, strict JSON, validated once.
-        m = mf.read_path(p)
-    except CkptkitError as e:
-        s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
-        return {}
-    adopted = (m.user or {}).get("adopted")
-    if not isinstance(adopted, dict) or not isinstance(adopted.get("files"), list):
-        s.add("CK-M003", "adopted manifest has no user.adopted.files record", path=rel)
-        return {}
-    for f in adopted["files"]:
-        ok = (
-            isinstance(f, dict)
-            and isinstance(f.get("path"), str)
-            and isinstance(f.get("size"), int)
-            and isinstance(f.get("xxh3_128"), str)
-            and _HEX32.match(f["xxh3_128"])
-        )
-        if not ok:
-            s.add(
-                "CK-M003", f"adopted manifest has a malformed file entry: {str(f)[:120]}", path=rel
-            )
-            return {}
-        pp = PurePosixPath(f["path"])
-        if pp.is_absolute() or ".." in pp.parts or not f["path"]:
-            s.add(
-                "CK-M005", f"adopted manifest path {f['path']!r} escapes the checkpoint", path=rel
-            )
-            return {}
-    return adopted
-
-
-def check_adopted(s: Scan) -> bool | None:
-    """Compare every file with the adopted digests; None when nothing was adopted.
-
-    Reuses the native codes: CK-F001 (recorded file missing), CK-F002 (size), CK-F003
-    (digest: corruption or drift), CK-F006 (file added since adopt).
-    """
-    adopted = read_adopted(s)
-    if adopted is None:
-        return None
-    recorded = {f["path"]: f for f in adopted.get("files", [])}
-    rel_m = adopted_path(s.target).name
-    for rel, f in sorted(recorded.items()):
-        if rel not in s.files:
-            s.add("CK-F001", f"{rel} was recorded by 'ckptkit adopt' but is missing", path=rel)
-            continue
-        p = s.path(rel)
-        if p.is_symlink() or not p.resolve().is_relative_to(s.root.resolve()):
-            s.add("CK-F009", "resolves outside the checkpoint: not read", path=rel)
-            continue
-        size = p.stat().st_size
-        if size != f["size"]:
-            s.add("CK-F002", f"size {size} differs from the adopted {f['size']} bytes", path=rel)
-            continue
-        try:
-            hexd, _ = digest.hash_file(p)
-        except UnsafeInputError as e:  # a FIFO or device where a file was: never opened
-            s.add(e.code or "CK-F022", e.what, path=rel, hint=e.hint)
-            continue
-        if hexd != f["xxh3_128"]:
-            s.add(
-                "CK-F003",
-                f"digest mismatch since adopt (expected {f['xxh3_128'][:12]}…, "
-                f"got {hexd[:12]}…): corrupted or overwritten",
-                path=rel,
-            )
-    for rel in s.files:
-        if recorded and rel not in recorded:
-            s.add(
-                "CK-F006",
-                f"{rel} appeared after 'ckptkit adopt' ({rel_m} does not list it)",
-                path=rel,
-                hint="re-run 'ckptkit adopt' if the change is intended",
-            )
-    return True
+__all__ = ["Adoption", "adopt", "adopt_checkpoint", "adopted_path"]

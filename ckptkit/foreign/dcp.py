@@ -6,14 +6,21 @@ reads it with a restricted unpickler, then checks that every item is covered by 
 shard long enough for its byte range, naming missing shards (``dcp.load`` would raise
 ``CheckpointException``, which does not derive from ``Exception``). Each item of the
 default ``torch.save`` serialisation is a small zip archive: its CRCs are checked too, and
-model/optimizer tensors scanned for NaN/Inf. Components come from the top-level keys, with
-the same conventions as plain ``torch.save`` dicts. DCP saves only what it is given: RNG,
+model/optimizer tensors scanned for NaN/Inf.
+
+Components are recognised in the state dict's own nesting (``planner_data`` keeps it): a
+DCP-tutorial ``Stateful`` wrapper (``app/model``, ``app/optim``), torchtitan's layout (the
+model's parameters flattened to the top level beside ``optimizer``, ``lr_scheduler``,
+``dataloader`` and ``train_state``), or anything else, by name or by the shape of the
+content (:mod:`ckptkit.foreign.structure`). Small non-tensor items are read only when a
+rule needs their value (a step, a ``last_epoch``). DCP saves only what it is given: RNG,
 sampler and progress are present only when the caller put them in the state dict.
 """
 
 from __future__ import annotations
 
 import io
+import pickle
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -21,26 +28,33 @@ from typing import Any
 import torch
 
 from ckptkit.foreign import _load
-from ckptkit.foreign._scan import Scan, as_int
-from ckptkit.foreign.torch_save import PROGRESS_KEYS, classify, require_training_state
+from ckptkit.foreign._scan import Scan
+from ckptkit.foreign.structure import Lazy, TensorMeta
+from ckptkit.foreign.torch_save import scan_tree
+from ckptkit.verify.findings import INFO
 
 META = ".metadata"
 
 
 def scan(s: Scan) -> None:
     """Fill ``s`` for a DCP directory."""
-    if not s.has(META):
+    if not s.readable(META):
         shards = s.glob("*.distcp")
+        if s.has(META):
+            s.absent("model", ".metadata is a symlink or resolves outside the checkpoint: not read")
+            return
         s.add(
             "CK-F105",
             ".metadata missing: DCP writes it last, so the save did not finish "
             f"(or it was not copied); {len(shards)} shard(s) are unusable without it",
             path=META,
         )
+        s.absent("model", ".metadata is missing: no item of the checkpoint can be located")
         return
     md, problem = _load.read_dcp_metadata(s.path(META))
     if problem is not None:
         s.add(problem.code, f".metadata {problem.message}", path=META)
+        s.absent("model", f".metadata could not be read ({problem.code})")
         return
     try:
         walked = _walk(md)
@@ -50,6 +64,7 @@ def scan(s: Scan) -> None:
             f".metadata has an unexpected structure: {_load._errname(e)}: {_load._first_line(e)}",
             path=META,
         )
+        s.absent("model", ".metadata has an unexpected structure")
         return
     sd_meta, entries, planner = walked
 
@@ -57,10 +72,7 @@ def scan(s: Scan) -> None:
     covered: dict[str, int] = defaultdict(int)
     for ent in entries:
         covered[ent.fqn] += 1
-    uncovered = []
-    for fqn, need in sd_meta.items():
-        if covered.get(fqn, 0) < need:
-            uncovered.append(fqn)
+    uncovered = [fqn for fqn, (need, _m) in sd_meta.items() if covered.get(fqn, 0) < need]
     if uncovered:
         s.add(
             "CK-F105",
@@ -70,27 +82,27 @@ def scan(s: Scan) -> None:
         )
 
     # Every storage entry inside a present shard of sufficient size.
-    by_file: dict[str, list[tuple[str, _Entry]]] = defaultdict(list)
+    by_file: dict[str, list[_Entry]] = defaultdict(list)
     for ent in entries:
-        by_file[ent.rel].append((ent.fqn, ent))
+        by_file[ent.rel].append(ent)
     bad_files: set[str] = set()
     for rel, items in sorted(by_file.items()):
-        p = s.path(rel)
-        if not s.has(rel):
+        if not s.readable(rel):
             bad_files.add(rel)
+            if rel in s.outside:
+                continue  # CK-F009 says it; never read
             s.add(
                 "CK-F105",
                 f"shard {rel} is missing: it holds {len(items)} item(s), e.g. "
-                + ", ".join(sorted({f for f, _ in items})[:4]),
+                + ", ".join(sorted({i.fqn for i in items})[:4]),
                 path=rel,
-                component=_component_of(items[0][0], planner),
             )
             continue
-        size = p.stat().st_size
-        end = max(i.offset + i.length for _, i in items)
+        size = s.path(rel).stat().st_size
+        end = max(i.offset + i.length for i in items)
         if size < end:
             bad_files.add(rel)
-            short = sorted({f for f, i in items if i.offset + i.length > size})
+            short = sorted({i.fqn for i in items if i.offset + i.length > size})
             s.add(
                 "CK-F106",
                 f"shard {rel} is {size} bytes but .metadata needs {end}: "
@@ -100,42 +112,42 @@ def scan(s: Scan) -> None:
     extra = [f for f in s.glob("*.distcp") if f not in by_file]
     s.unrecognised("shards (not referenced by .metadata)", extra)
 
-    # Components from the top-level keys.
-    tops: dict[str, list[str]] = defaultdict(list)
-    for fqn in sd_meta:
-        tops[_top(fqn, planner)].append(fqn)
-    comps, rest = classify(list(tops))
-    for comp, keys in comps.items():
-        fqns = [f for k in keys for f in tops[k]]
-        wanted = set(fqns)
-        files = sorted({ent.rel for ent in entries if ent.fqn in wanted})
-        s.comp(
-            comp,
-            present=True,
-            required=comp != "env" and comp != "metrics",
-            where=[f"{META}:{k}.*" for k in keys] + files,
-            summary={"items": len(fqns)},
-        )
-    require_training_state(s, comps, what="the DCP state dict")
-    s.unrecognised("top-level keys", rest, path=META)
+    # The state dict's tree, with tensors known by metadata and small items read lazily.
+    first: dict[str, _Entry] = {}
+    for ent in entries:
+        first.setdefault(ent.fqn, ent)
+    reader = _Reader(s, bad_files)
+    tree: dict[Any, Any] = {}
+    for fqn, (_need, meta) in sd_meta.items():
+        where = first.get(fqn)
+        leaf: Any
+        if isinstance(meta, tuple):  # a tensor: (shape, dtype)
+            shape, dtype = meta
+            leaf = TensorMeta(shape, dtype, read=reader.reader(where) if where is not None else None)
+        else:
+            leaf = Lazy(reader.reader(where)) if where is not None else None
+        _insert(tree, _path(fqn, planner), leaf)
+    tree = _listify(tree)
+    scan_tree(s, tree, file=META, what="the DCP state dict")
 
-    # Values: per-item CRCs, NaN/Inf in model/optimizer tensors, the step counter.
+    # Values: per-item CRCs and NaN/Inf in model/optimizer tensors.
     if not s.scan_values:
         return
-    for rel, items in sorted(by_file.items()):
-        if rel in bad_files:
+    model_keys = _keys_of(s, "model")
+    opt_keys = _keys_of(s, "optimizer")
+    for ent in entries:
+        if ent.rel in bad_files or ent.transformed:
             continue
-        for fqn, info in items:
-            comp = _component_of(fqn, planner)
-            top = _top(fqn, planner)
-            want_step = comp == "progress" and top in PROGRESS_KEYS and s.step is None
-            if info.transformed or not (comp in ("model", "optimizer") or want_step):
-                continue
-            obj = _item(s, rel, fqn, info, comp)
-            if isinstance(obj, torch.Tensor):
-                s.nonfinite(comp, [(fqn, obj)], path=rel)
-            elif want_step:
-                s.step = as_int(obj)
+        path = _path(ent.fqn, planner)
+        comp = (
+            "model" if _under(path, model_keys)
+            else "optimizer" if _under(path, opt_keys) else None
+        )
+        if comp is None or not isinstance(sd_meta.get(ent.fqn, (0, None))[1], tuple):
+            continue
+        obj = reader.read(ent, component=comp)
+        if isinstance(obj, torch.Tensor):
+            s.scan_tensor(comp, "/".join(str(p) for p in path), obj)
 
 
 @dataclass(frozen=True)
@@ -149,24 +161,101 @@ class _Entry:
     transformed: bool
 
 
-def _walk(md: Any) -> tuple[dict[str, int], list[_Entry], dict[str, Any]]:
+class _Reader:
+    """Reads single DCP items safely (CRC-checked, weights-only), recording findings."""
+
+    def __init__(self, s: Scan, bad_files: set[str]) -> None:
+        self._s = s
+        self._bad = bad_files
+
+    def reader(self, ent: _Entry) -> Any:
+        return lambda: self.read(ent, component="checkpoint", critical=False)
+
+    def read(self, ent: _Entry, *, component: str, critical: bool = True) -> Any:
+        s, rel, fqn = self._s, ent.rel, ent.fqn
+        if rel in self._bad or ent.transformed:
+            raise ValueError("item not readable")
+        try:
+            with open(s.path(rel), "rb") as f:
+                f.seek(ent.offset)
+                blob = f.read(ent.length)
+        except OSError as e:
+            s.add("CK-F108", f"item {fqn} cannot be read: {e}", path=rel, component=component)
+            return None
+        if blob[:4] == b"PK\x03\x04":
+            zf, why = _load._open_zip(io.BytesIO(blob))
+            if zf is None:
+                s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=component)
+                return None
+            try:
+                with zf:
+                    bad = zf.testzip()
+            except _load.ZIP_READ_ERRORS as e:
+                s.add("CK-F102", f"item {fqn} is damaged ({e})", path=rel, component=component)
+                return None
+            if bad is not None:
+                s.add(
+                    "CK-F101",
+                    f"item {fqn}: member {bad!r} fails its CRC-32",
+                    path=rel,
+                    component=component,
+                )
+                return None
+        try:
+            with torch.serialization.safe_globals(_load.SAFE_GLOBALS):
+                return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if critical:
+                s.add(
+                    "CK-F108",
+                    f"item {fqn} cannot be read: {_load._errname(e)}",
+                    path=rel,
+                    component=component,
+                )
+            else:  # an item of no resume state, e.g. a pickled object: not decoded
+                s.add(
+                    "CK-F103",
+                    f"item {fqn} needs code to unpickle (not on the allow-list); not executed",
+                    path=rel,
+                    component=component,
+                    severity=INFO,
+                )
+            return None
+        except Exception as e:  # not a torch.save blob (another serialisation)
+            s.add(
+                "CK-F108", f"item {fqn} cannot be read: {_load._errname(e)}", path=rel,
+                component=component,
+            )
+            return None
+
+
+def _walk(md: Any) -> tuple[dict[str, tuple[int, Any]], list[_Entry], dict[str, Any]]:
     """Read what the scan needs from unpickled ``.metadata``, checking its shape.
 
     The restricted unpickler only builds allowed classes, but their fields can hold
     anything: every value used later is type-checked here.
 
     Returns:
-        ``({fqn: chunks needed}, storage entries, planner_data)``.
+        ``({fqn: (chunks needed, (shape, dtype) for a tensor else None)}, storage
+        entries, planner_data)``.
 
     Raises:
         AttributeError, TypeError, ValueError, KeyError: an unexpected structure.
     """
-    sd_meta: dict[str, int] = {}
+    sd_meta: dict[str, tuple[int, Any]] = {}
     for fqn, m in dict(md.state_dict_metadata or {}).items():
         if not isinstance(fqn, str):
             raise TypeError(f"state_dict_metadata key {fqn!r} is not a string")
         chunks = getattr(m, "chunks", None)
-        sd_meta[fqn] = (len(chunks) if chunks is not None else 0) or 1
+        need = (len(chunks) if chunks is not None else 0) or 1
+        size = getattr(m, "size", None)
+        tensor: Any = None
+        if size is not None:
+            shape = tuple(int(d) for d in size)
+            props = getattr(m, "properties", None)
+            dtype = getattr(props, "dtype", None)
+            tensor = (shape, dtype if isinstance(dtype, torch.dtype) else None)
+        sd_meta[fqn] = (need, tensor)
     entries = []
     for idx, info in dict(getattr(md, "storage_data", None) or {}).items():
         fqn = getattr(idx, "fqn", idx)
@@ -186,47 +275,54 @@ def _nonneg(v: Any) -> int:
     return v
 
 
-def _item(s: Scan, rel: str, fqn: str, info: _Entry, comp: str) -> Any:
-    try:
-        with open(s.path(rel), "rb") as f:
-            f.seek(info.offset)
-            blob = f.read(info.length)
-    except OSError as e:
-        s.add("CK-F108", f"item {fqn} cannot be read: {e}", path=rel, component=comp)
-        return None
-    if blob[:4] == b"PK\x03\x04":
-        zf, why = _load._open_zip(io.BytesIO(blob))
-        if zf is None:
-            s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=comp)
-            return None
-        try:
-            with zf:
-                bad = zf.testzip()
-        except _load.ZIP_READ_ERRORS as e:
-            s.add("CK-F102", f"item {fqn} is damaged ({e})", path=rel, component=comp)
-            return None
-        if bad is not None:
-            s.add(
-                "CK-F101", f"item {fqn}: member {bad!r} fails its CRC-32", path=rel, component=comp
-            )
-            return None
-    try:
-        with torch.serialization.safe_globals(_load.SAFE_GLOBALS):
-            return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    except Exception as e:  # not a torch.save blob (another serialisation): skip
-        s.add(
-            "CK-F108", f"item {fqn} cannot be read: {_load._errname(e)}", path=rel, component=comp
-        )
-        return None
+def _path(fqn: str, planner: dict[str, Any]) -> tuple[Any, ...]:
+    """The item's place in the saved state dict (``planner_data``), else its dotted name."""
+    p = planner.get(fqn)
+    if isinstance(p, tuple | list) and p and all(isinstance(x, str | int) for x in p):
+        return tuple(p)
+    return tuple(fqn.split("."))
 
 
-def _top(fqn: str, planner: dict[str, Any]) -> str:
-    path = planner.get(fqn)
-    if isinstance(path, tuple | list) and path:
-        return str(path[0])
-    return fqn.split(".", 1)[0]
+def _insert(tree: dict[Any, Any], path: tuple[Any, ...], leaf: Any) -> None:
+    node = tree
+    for k in path[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = node[k] = {}
+        node = nxt
+    node[path[-1]] = leaf
 
 
-def _component_of(fqn: str, planner: dict[str, Any]) -> str:
-    comps, _ = classify([_top(fqn, planner)])
-    return next(iter(comps), "checkpoint")
+def _listify(node: Any) -> Any:
+    """Dicts keyed 0..n-1 (DCP flattens lists that way) back into lists."""
+    if not isinstance(node, dict):
+        return node
+    out = {k: _listify(v) for k, v in node.items()}
+    keys = list(out)
+    if keys and all(isinstance(k, int) for k in keys) and sorted(keys) == list(range(len(keys))):
+        return [out[i] for i in range(len(keys))]
+    return out
+
+
+def _keys_of(s: Scan, component: str) -> list[tuple[str, ...]]:
+    """Paths (inside the state dict) where ``component`` was found."""
+    out: list[tuple[str, ...]] = []
+    row = s.rows.get(component)
+    for w in row.where if row is not None else []:
+        if w == META:
+            out.append(())  # the state dict's top level (a flattened model)
+        elif w.startswith(META + ":"):
+            out.append(tuple(w[len(META) + 1 :].split("/")))
+    return out
+
+
+def _under(path: tuple[Any, ...], prefixes: list[tuple[str, ...]]) -> bool:
+    sp = tuple(str(p) for p in path)
+    for pre in prefixes:
+        if not pre:
+            # The top-level flattened model: a one-segment path not under another component.
+            if len(sp) == 1:
+                return True
+        elif sp[: len(pre)] == pre:
+            return True
+    return False

@@ -19,6 +19,7 @@ FORMATS: dict[str, str] = {
     "lightning": "Lightning .ckpt file",
     "dcp": "torch.distributed.checkpoint directory (.metadata + *.distcp)",
     "torch-save": "plain torch.save file (a dict of state)",
+    "safetensors": "safetensors weights: a .safetensors file, or a save_pretrained folder",
 }
 """Foreign formats ckptkit verify/inspect/adopt understand, by ``--format`` name."""
 
@@ -48,13 +49,29 @@ def detect(path: Path | str) -> str | None:
             names & {"optimizer.bin", "scheduler.bin", "sampler.bin", "dl_state_dict.bin"}
         ):
             return "accelerate"
+        if _save_pretrained(names):
+            return "safetensors"
         return None
     if p.is_file():
+        if p.suffix == ".safetensors":
+            return "safetensors"
         if p.suffix == ".ckpt" or _has_lightning_keys(p):
             return "lightning"
         if p.suffix in TORCH_SUFFIXES or is_zip(p):
             return "torch-save"
     return None
+
+
+def _save_pretrained(names: set[str]) -> bool:
+    """A ``save_pretrained`` folder: safetensors weights beside ``config.json`` or an index.
+
+    A folder of native ckptkit shards that lost its manifest (``model.safetensors``,
+    ``rng-rank00000.safetensors`` ...) is never taken for one: it has neither.
+    """
+    weights = [n for n in names if n.endswith(".safetensors")]
+    if not weights or any(n.startswith("rng-rank") for n in weights):
+        return False
+    return "config.json" in names or any(n.endswith(".safetensors.index.json") for n in names)
 
 
 def _has_lightning_keys(p: Path) -> bool:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from ckptkit.foreign._scan import Scan, adam_step, as_int, iter_state
+from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
+from ckptkit.foreign.structure import as_int, optimizer_shape
 from ckptkit.verify.findings import WARNING
 
 WEIGHT_PATTERNS = (
@@ -53,51 +55,32 @@ def scan(s: Scan) -> None:
     # model
     weights = sorted({f for pat in WEIGHT_PATTERNS for f in s.glob(pat)})
     used |= set(weights)
-    if not s.load_model(weights):
-        s.missing("model", "CK-C101", "no model weights (model.safetensors / pytorch_model.bin)")
+    read = [f for f in weights if s.model_file(f)]
+    if weights and not read:
+        s.absent("model", "; ".join(s.why_unread(f) for f in weights))
+    s.absent("model", "no model weights (model.safetensors / pytorch_model.bin)")
 
     # trainer_state.json: progress, sampler (batch skipping), metrics
-    state = None
-    if s.has("trainer_state.json"):
-        used.add("trainer_state.json")
-        try:
-            state = json.loads(s.path("trainer_state.json").read_text("utf-8"))
-            if not isinstance(state, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            s.add(
-                "CK-F108",
-                f"trainer_state.json is not valid JSON ({e})",
-                path="trainer_state.json",
-                component="progress",
-            )
-            state = None
+    state = _trainer_state(s)
     if state is not None:
-        s.step = as_int(state.get("global_step"))
-        s.comp(
+        used.add("trainer_state.json")
+        s.counter("global_step", state.get("global_step"))
+        s.counter("epoch", _number(state.get("epoch")))
+        s.present(
             "progress",
-            present=True,
-            required=True,
-            where=["trainer_state.json:global_step", "trainer_state.json:epoch"],
-            summary={"global_step": s.step, "epoch": _number(state.get("epoch"))},
+            ["trainer_state.json:global_step", "trainer_state.json:epoch"],
+            summary={"epoch": _number(state.get("epoch"))},
         )
-        s.comp(
+        s.present(
             "sampler",
-            present=True,
-            required=True,
-            where=["trainer_state.json:global_step"],
+            ["trainer_state.json:global_step"],
             summary={"method": "skip global_step batches on resume"},
-            reason="the Trainer has no sampler state: it re-seeds the sampler from "
+            evidence="the Trainer has no sampler state: it re-seeds the sampler from "
             "args.seed and skips the batches already seen",
         )
         history = state.get("log_history")
         if isinstance(history, list) and history:
-            s.comp(
-                "metrics",
-                present=True,
-                where=["trainer_state.json:log_history"],
-                summary={"entries": len(history)},
-            )
+            s.present("metrics", ["trainer_state.json:log_history"], summary={"entries": len(history)})
         elif history is not None and not isinstance(history, list):
             s.add(
                 "CK-F108",
@@ -106,89 +89,91 @@ def scan(s: Scan) -> None:
                 component="metrics",
                 severity=WARNING,
             )
-    else:
-        s.missing(
-            "progress",
-            "CK-C101",
-            "no trainer_state.json: the Trainer cannot resume (no global_step, epoch "
-            "or data position)",
-        )
-        s.missing(
-            "sampler",
-            "CK-C102",
-            "no trainer_state.json: the Trainer cannot skip the batches already seen",
-        )
+    elif not s.has("trainer_state.json"):
+        why = "no trainer_state.json: the Trainer cannot resume (no global_step, epoch or data position)"
+        s.absent("progress", why)
+        s.require("sampler", "no trainer_state.json: the Trainer cannot skip the batches already seen")
 
     # optimizer
     opt_files = [f for f in ("optimizer.pt", "optimizer.bin") if s.has(f)]
     used |= set(opt_files)
-    if opt_files:
-        s.comp("optimizer", present=True, required=True, where=opt_files)
-        obj = s.load(opt_files[0], component="optimizer")
-        if isinstance(obj, dict):
-            s.nonfinite(
-                "optimizer", iter_state(obj.get("state", {})), path=opt_files[0], prefix="state."
-            )
-            step = adam_step(obj)
-            if step is not None:
-                s.comp(
-                    "optimizer",
-                    present=True,
-                    required=True,
-                    where=opt_files,
-                    summary={"step": step},
-                )
-    else:
-        s.missing(
-            "optimizer",
-            "CK-C101",
-            "no optimizer.pt: the Trainer resumes silently with fresh Adam moments "
-            "(and then skips scheduler.pt too): a loss spike after resume",
-        )
+    for f in opt_files:
+        obj = s.load(f, component="optimizer")
+        if isinstance(obj, Mapping) and optimizer_shape(obj) is not None:
+            s.present("optimizer", [f])
+            s.optimizer_state(obj, file=f)
+            break
+    s.absent(
+        "optimizer",
+        ("; ".join(s.why_unread(f) for f in opt_files) + ": " if opt_files else "no optimizer.pt: ")
+        + "the Trainer resumes silently with fresh Adam moments (and then skips "
+        "scheduler.pt too): a loss spike after resume",
+    )
 
-    # scheduler
+    # scheduler: the Trainer loads optimizer and scheduler only as a pair
     if s.has("scheduler.pt"):
         used.add("scheduler.pt")
         sch = s.load("scheduler.pt", component="scheduler")
-        summ = {"last_epoch": sch.get("last_epoch")} if isinstance(sch, dict) else {}
-        s.comp("scheduler", present=True, required=True, where=["scheduler.pt"], summary=summ)
-    else:
-        s.missing(
-            "scheduler",
-            "CK-C101",
-            "no scheduler.pt: the Trainer loads the optimizer and scheduler only as a "
-            "pair, so it restarts both (learning-rate warmup replays)",
-        )
+        if isinstance(sch, Mapping):
+            s.present("scheduler", ["scheduler.pt"], summary=scheduler_summary(sch))
+    s.require(
+        "scheduler",
+        "no scheduler.pt: the Trainer loads the optimizer and scheduler only as a pair, so "
+        "it restarts both (learning-rate warmup replays)",
+    )
 
     # scaler (fp16 AMP only)
-    if s.load_present("scaler", [f for f in ("scaler.pt",) if s.has(f)]):
+    if s.has("scaler.pt"):
         used.add("scaler.pt")
+        sc = s.load("scaler.pt", component="scaler")
+        if sc is not None:
+            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
 
     # rng, one file per process
     rng = [f for f in s.files if _RNG.match(f)]
     used |= set(rng)
-    if s.load_present("rng", rng, summary={"files": len(rng)}):
-        s.comp(
+    ok = [f for f in rng if s.load(f, component="rng") is not None]
+    if ok:
+        s.present("rng", ok, summary={"files": len(ok)})
+        s.present(
             "parallel",
-            present=True,
-            where=rng,
+            rng,
             summary={"world_size": len(rng)},
-            reason="world size inferred from the per-process RNG files",
+            evidence="world size counted from the per-process RNG files",
         )
-    else:
-        s.missing(
-            "rng",
-            "CK-C103",
-            "no rng_state.pth: the Trainer logs one INFO line and resumes on fresh RNG "
-            "streams (different dropout masks and shuffling)",
-        )
+    s.absent(
+        "rng",
+        "no rng_state.pth: the Trainer logs one INFO line and resumes on fresh RNG streams "
+        "(different dropout masks and shuffling)",
+    )
 
     # env and config
     if s.has("training_args.bin"):
         s.load("training_args.bin", component="env", critical=False)
     if s.has("config.json"):
-        s.comp("env", present=True, where=["config.json:transformers_version"])
+        s.present("env", ["config.json:transformers_version"])
     s.unrecognised("files", [f for f in s.files if f not in used and f not in KNOWN])
+
+
+def _trainer_state(s: Scan) -> dict[str, Any] | None:
+    if not s.readable("trainer_state.json"):
+        return None
+    try:
+        state = json.loads(s.path("trainer_state.json").read_text("utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        s.add(
+            "CK-F108",
+            f"trainer_state.json is not valid JSON ({e})",
+            path="trainer_state.json",
+            component="progress",
+        )
+        s.absent("progress", "trainer_state.json is unreadable: the Trainer cannot resume")
+        return None
+    if as_int(state.get("global_step")) is None:
+        s.absent("progress", "trainer_state.json holds no integer global_step")
+    return state
 
 
 def _number(v: Any) -> int | float | None:

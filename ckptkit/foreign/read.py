@@ -1,7 +1,8 @@
-"""Read a foreign checkpoint into a :class:`~ckptkit.foreign._scan.Scan`: detect, then scan.
+"""Read a foreign checkpoint: detect its format, then let that format's reader fill a scan.
 
-One scanner per format fills the scan's component table and findings; :mod:`.report`
-turns a scan into a verify report and :mod:`.adopt` records its digests. Both start here.
+One reader per format fills a :class:`~ckptkit.foreign._scan.Scan` (its files, the
+container findings, where each component is); :mod:`.report` hands the resulting state
+view to the registered checks, and :mod:`.adopt` records digests. Both start here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
-from ckptkit.foreign import accelerate, dcp, hf_trainer, lightning, torch_save
+from ckptkit.foreign import accelerate, dcp, hf_trainer, lightning, torch_save, weights
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.detect import FORMATS, detect
 
@@ -20,6 +21,7 @@ SCANNERS: dict[str, Callable[[Scan], None]] = {
     "lightning": lightning.scan,
     "dcp": dcp.scan,
     "torch-save": torch_save.scan,
+    "safetensors": weights.scan,
 }
 """Format name → the function that fills a :class:`Scan` (keys match ``FORMATS``)."""
 
@@ -47,9 +49,17 @@ def resolve_format(path: Path, fmt: str | None) -> str:
 
 
 def scan(path: Path | str, fmt: str | None = None, *, scan_values: bool = True) -> Scan:
-    """Read a foreign checkpoint into a :class:`Scan` (components and findings)."""
+    """Read a foreign checkpoint into a :class:`Scan` (components and container findings).
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "ck.pt"
+        >>> torch.save({"net": {"w": torch.ones(2)}, "iter_num": 3}, p)
+        >>> s = scan(p); s.finish().found()["model"].describe(), s.step
+        ('found at ck.pt:net', 3)
+    """
     p = Path(path)
-    if not p.exists():
+    if not (p.exists() or p.is_symlink()):
         raise IncompleteCheckpointError("no such file or directory", path=p, hint="check the path")
     name = resolve_format(p, fmt)
     s = Scan.start(p, name, scan_values=scan_values)

@@ -1,28 +1,36 @@
-"""Verify and describe foreign checkpoints, returning what the native verify returns.
+"""Verify and describe foreign checkpoints with the same checks as native ones.
 
-:func:`verify_foreign` produces a :class:`ForeignReport` (a
-:class:`ckptkit.verify.runner.Report` with ``format`` set and the step read from the
-foreign files), with the same spec §1 component table and finding codes as native
-checkpoints. When ``ckptkit adopt`` wrote a manifest beside the checkpoint, every file is
-checked against its digests (drift and corruption); otherwise ``CK-F107`` says that
-silent corruption cannot be detected.
+:func:`verify_foreign` reads the checkpoint with its format's reader
+(:mod:`ckptkit.foreign.read`), then runs the *registered* checks
+(:mod:`ckptkit.verify.checks`) over the reader's state view and file scans: completeness,
+NaN/Inf, optimizer moments, counters and the "file inside the checkpoint" rule report the
+same codes with the same words as for a native checkpoint. Only what is about the foreign
+container itself (a zip CRC, a pickle needing code, a missing DCP shard, content not
+recognised) comes from the reader. When ``ckptkit adopt`` wrote a manifest beside the
+checkpoint, every file is checked against its digests (drift and corruption); otherwise
+``CK-F107`` says that silent corruption cannot be detected.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckptkit.foreign import _load
-from ckptkit.foreign.adopt import adopted_path, check_adopted, read_adopted
+from ckptkit.foreign._scan import Scan
+from ckptkit.foreign.adopted import adopted_path, read_adopted, recorded_files
 from ckptkit.foreign.read import scan
-from ckptkit.verify.findings import CODES, Severity
+from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
+from ckptkit.verify.findings import ordered, run_checks
+from ckptkit.verify.reader import ReaderContext
 from ckptkit.verify.report import Report
+from ckptkit.verify.view import EXPECTS, Expect
 
-_SEV = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
 
 @dataclass
@@ -31,6 +39,8 @@ class ForeignReport(Report):
 
     detected_step: int | None = None
     """Global step read from the foreign files (``trainer_state.json``, ``global_step`` ...)."""
+    scan: Scan | None = field(default=None, repr=False, compare=False)
+    """What the reader found (files, container findings), for ``adopt``."""
 
     @property
     def step(self) -> int | None:
@@ -38,17 +48,26 @@ class ForeignReport(Report):
 
 
 def verify_foreign(
-    path: Path | str, fmt: str | None = None, *, strict: bool = False
+    path: Path | str,
+    fmt: str | None = None,
+    *,
+    strict: bool = False,
+    expect: Expect | None = None,
+    families: Iterable[str] = DEFAULT_FAMILIES,
 ) -> ForeignReport:
-    """Verify a foreign checkpoint: integrity, completeness, NaN/Inf, drift since adopt.
+    """Verify a foreign checkpoint: integrity, completeness, consistency, drift since adopt.
 
     Args:
-        path: a Trainer/Accelerate/DCP directory or a Lightning/torch.save file.
+        path: a Trainer/Accelerate/DCP directory, a Lightning/torch.save/safetensors file.
         fmt: a :data:`~ckptkit.foreign.detect.FORMATS` name; detected when None.
         strict: count warnings as failures.
+        expect: ``"weights"`` (only the model is required) or ``"training"`` (a resume
+            point: model, optimizer, progress ...); inferred from the content when None
+            (weights when it holds model tensors and nothing of a training run).
+        families: the check families to run.
 
     Returns:
-        A :class:`ForeignReport` (``.ok``, ``.findings``, ``.components``).
+        A :class:`ForeignReport` (``.ok``, ``.findings``, ``.components``, ``.found``).
 
     Raises:
         CkptkitError: the layout is not recognised (message lists the formats).
@@ -56,14 +75,17 @@ def verify_foreign(
     Example:
         >>> import tempfile, pathlib, torch
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "ck.pt"
-        >>> torch.save({"model": {"w": torch.ones(2)}, "optimizer": {"state": {}}}, p)
-        >>> r = verify_foreign(p); r.format, r.components["model"].present
-        ('torch-save', True)
+        >>> torch.save({"model": {"w": torch.ones(2)}}, p)
+        >>> r = verify_foreign(p); r.format, r.components["model"].present, r.expect, r.ok
+        ('torch-save', True, 'weights', True)
     """
+    if expect is not None and expect not in EXPECTS:
+        raise ValueError(f"expect must be one of {EXPECTS}, not {expect!r}")
     t0 = time.perf_counter()
     s = scan(path, fmt)
-    drift = check_adopted(s)
-    if drift is None:
+    adopted = read_adopted(s)
+    recorded = recorded_files(s, adopted) if adopted is not None else None
+    if adopted is None:
         s.add(
             "CK-F107",
             "no digests: the files carry no checksums "
@@ -71,19 +93,28 @@ def verify_foreign(
             "e.g. a low-order bit of a weight, cannot be detected; this verify checked "
             "structure only",
         )
-    order = {code: i for i, code in enumerate(CODES)}
-    s.findings.sort(key=lambda f: (_SEV[f.severity], order.get(f.code, 0)))
-    sizes = [_size(s.path(f)) for f in s.files]
+    source = "given" if expect is not None else "inferred"
+    if expect is None and adopted and adopted.get("expect") in EXPECTS:
+        expect, source = adopted["expect"], "given"
+    state = s.finish(expect)
+    ctx = ReaderContext(root=s.target, manifest=None, state=state, files=s.file_scans(recorded))
+    findings = ordered([*s.findings, *run_checks(ctx, families)])
+    scans = ctx.files.values()
     return ForeignReport(
         path=s.target,
-        findings=s.findings,
-        components=s.components,
+        findings=findings,
+        components=dict(state.components()),
         strict=strict,
         files_checked=len(s.files),
-        bytes_checked=sum(sizes),
+        bytes_checked=sum(f.size or 0 for f in scans if not f.outside),
         seconds=time.perf_counter() - t0,
         format=s.format,
+        found=dict(state.found()),
+        expect=state.expect,
+        expect_source=source,
+        expect_why=state.expect_why if source == "inferred" else "",
         detected_step=s.step,
+        scan=s,
     )
 
 
@@ -91,15 +122,19 @@ def describe_foreign(path: Path | str, fmt: str | None = None) -> dict[str, Any]
     """Describe a foreign checkpoint for ``ckptkit inspect`` (no tensor values are read).
 
     Returns the same keys as :func:`ckptkit.describe.describe`; ``files`` carry the adopted
-    digest when ``ckptkit adopt`` recorded one, else an empty string.
+    digest when ``ckptkit adopt`` recorded one, else an empty string; each present
+    component says where it was found and how surely (``how``: found / inferred).
     """
     s = scan(path, fmt, scan_values=False)
     adopted = read_adopted(s)
+    state = s.finish((adopted or {}).get("expect") if adopted else None)
     digests = {f["path"]: f["xxh3_128"] for f in (adopted or {}).get("files", [])}
-    files = [{"path": f, "size": _size(s.path(f)), "xxh3_128": digests.get(f, "")} for f in s.files]
+    files = [
+        {"path": f, "size": _size(s.path(f)), "xxh3_128": digests.get(f, "")} for f in s.files
+    ]
     tensors = []
     for f in s.files:
-        if f.endswith(".safetensors"):
+        if f.endswith(".safetensors") and s.readable(f):
             hdr, _ = _load.check_safetensors(s.path(f), f)
             for key, h in (hdr or {}).items():
                 tensors.append(
@@ -112,7 +147,15 @@ def describe_foreign(path: Path | str, fmt: str | None = None) -> dict[str, Any]
                         "nbytes": h.offsets[1] - h.offsets[0],
                     }
                 )
-    mtime = max((s.path(f).stat().st_mtime for f in s.files), default=0.0)
+    mtime = max((_mtime(s.path(f)) for f in s.files), default=0.0)
+    comps = {}
+    for n, c in state.components().items():
+        d = c.to_dict()
+        where = state.found().get(n)
+        if where is not None and c.present:
+            d["how"] = where.how
+            d["found"] = where.describe()
+        comps[n] = d
     return {
         "path": str(path),
         "format": s.format,
@@ -121,7 +164,8 @@ def describe_foreign(path: Path | str, fmt: str | None = None) -> dict[str, Any]
         "ckptkit_version": None,
         "schema_version": None,
         "total_bytes": sum(f["size"] for f in files),
-        "components": {n: c.to_dict() for n, c in s.components.items()},
+        "expect": {"as": state.expect, "why": state.expect_why},
+        "components": comps,
         "files": files,
         "tensors": tensors,
         "env": {},
@@ -134,6 +178,16 @@ def describe_foreign(path: Path | str, fmt: str | None = None) -> dict[str, Any]
 
 def _size(p: Path) -> int:
     try:
-        return p.stat().st_size
+        return p.lstat().st_size
     except OSError:
         return 0
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+__all__ = ["ForeignReport", "describe_foreign", "verify_foreign"]

@@ -42,16 +42,36 @@ def render_verify(result: Any, out: TextIO) -> None:
             f"{verdict} {_e(rep.path)}{step} — {rep.files_checked} files, "
             f"{human_bytes(rep.bytes_checked)} checked in {rep.seconds:.2f}s"
         )
+        expect = getattr(rep, "expect", None)
+        if expect is not None:
+            src = getattr(rep, "expect_source", None)
+            why = getattr(rep, "expect_why", "")
+            con.print(
+                f"checked as a {expect} checkpoint"
+                + (f" (inferred: {_e(why)}; --expect to override)" if src == "inferred" else "")
+            )
         if rep.manifest is not None or rep.format != "ckptkit":
+            found = getattr(rep, "found", {}) or {}
             comps = Table(title=None, show_header=True, header_style="bold", box=None)
-            for col in ("component", "present", "required", "where"):
-                comps.add_column(col)
+            cols = ["component", "present", "required", "where"]
+            if found:
+                cols[-1] = "where (how it was recognised)"
+            for col in cols:
+                comps.add_column(col, overflow="fold")
             for name, c in rep.components.items():
                 if not (c.present or c.required):
                     continue
                 mark = "[green]yes[/]" if c.present else "[red]MISSING[/]"
-                where = ", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else "")
-                comps.add_row(name, mark, "yes" if c.required else "", _e(where))
+                f = found.get(name)
+                if f is not None and c.present:
+                    where = f.describe()
+                    if f.how == "inferred":
+                        where = "[yellow]" + _e(where).replace("inferred", "INFERRED", 1) + "[/]"
+                    else:
+                        where = _e(where)
+                else:
+                    where = _e(", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else ""))
+                comps.add_row(name, mark, "yes" if c.required else "", where)
             con.print(comps)
         if rep.findings:
             t = Table(show_header=True, header_style="bold")
@@ -87,11 +107,12 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
         comps.add_column(col, overflow="fold")
     for name, c in info["components"].items():
         summary = ", ".join(f"{k}={v}" for k, v in list(c.get("summary", {}).items())[:4])
+        where = c.get("found") or ", ".join(c.get("where", [])[:3])
         comps.add_row(
             name,
             "yes" if c["present"] else "-",
             "yes" if c["required"] else "",
-            _e(", ".join(c.get("where", [])[:3])),
+            _e(where.replace("inferred", "INFERRED", 1) if c.get("how") == "inferred" else where),
             _e(summary),
         )
     con.print(comps)

@@ -57,8 +57,12 @@ class CheckContext:
 
     @property
     def has(self) -> frozenset[str]:
-        """What this context holds, matched against a check's ``needs``."""
-        return frozenset({"manifest"} if self.manifest is not None else set())
+        """What this context holds, matched against a check's ``needs``.
+
+        A manifest gives all three: the manifest itself, the state it records (``state``,
+        read through :mod:`ckptkit.verify.view`) and the files it lists (``files``).
+        """
+        return frozenset({"manifest", "state", "files"} if self.manifest is not None else set())
 
     def rel(self, p: Location) -> str:
         base, here = str(self.root).rstrip("/") + "/", str(p)

@@ -92,6 +92,32 @@ def check(code: str, *, needs: Iterable[str] = ("manifest",)) -> Callable[[Check
     return deco
 
 
+def run_checks(ctx: CheckContext, families: Iterable[str]) -> list[Finding]:
+    """Run every registered check of ``families`` whose ``needs`` the context meets.
+
+    Families run in :data:`FAMILY_ORDER`, checks in registration order. The caller makes
+    sure the checks are registered (``import ckptkit.verify.checks``).
+    """
+    fams = set(families)
+    out: list[Finding] = []
+    for fam in FAMILY_ORDER:
+        if fam not in fams:
+            continue
+        for chk in CHECKS:
+            if chk.family == fam and chk.needs <= ctx.has:
+                out.extend(chk.run(ctx))
+    return out
+
+
+_SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def ordered(findings: Iterable[Finding]) -> list[Finding]:
+    """Findings in report order: errors first, then by code registration order."""
+    order = {code: i for i, code in enumerate(CODES)}
+    return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], order.get(f.code, 0)))
+
+
 __all__ = [
     "CHECKS",
     "CODES",
@@ -107,5 +133,7 @@ __all__ = [
     "Finding",
     "Severity",
     "check",
+    "ordered",
     "register_code",
+    "run_checks",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 from ckptkit import manifest as mf
 from ckptkit.codes import Finding, Severity
 from ckptkit.storage.fs import Location
+from ckptkit.verify.view import Found
 
 
 @dataclass
@@ -30,6 +31,15 @@ class Report:
     format: str = "ckptkit"
     gone: bool = False
     """The checkpoint was deleted while it was checked (rotation of a live run)."""
+    found: dict[str, Found] = field(default_factory=dict)
+    """Where each present component was found and how surely (readers of foreign formats
+    fill it: ``found`` at a conventional key or file, or ``inferred`` from structure)."""
+    expect: str | None = None
+    """What the checkpoint was checked as: ``weights`` or ``training`` (None: as recorded)."""
+    expect_source: str | None = None
+    """``given`` (``--expect``) or ``inferred`` (from what the checkpoint holds)."""
+    expect_why: str = ""
+    """Why, when inferred."""
 
     @property
     def errors(self) -> list[Finding]:
@@ -62,11 +72,25 @@ class Report:
             "bytes_checked": self.bytes_checked,
             "seconds": round(self.seconds, 4),
             "findings": [f.to_dict() for f in self.findings],
-            "components": {
-                name: {"present": c.present, "required": c.required, "where": list(c.where)}
-                for name, c in self.components.items()
-            },
+            "components": {name: self._component(name, c) for name, c in self.components.items()},
+            "expect": (
+                {"as": self.expect, "source": self.expect_source, "why": self.expect_why}
+                if self.expect is not None
+                else None
+            ),
         }
+
+    def _component(self, name: str, c: mf.Component) -> dict[str, Any]:
+        out: dict[str, Any] = {"present": c.present, "required": c.required, "where": list(c.where)}
+        f = self.found.get(name)
+        if f is not None and c.present:
+            out["how"] = f.how
+            out["found"] = f.describe()
+            if f.evidence:
+                out["evidence"] = f.evidence
+        if c.reason and not c.present:
+            out["reason"] = c.reason
+        return out
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ckptkit.verify import checks as _checks  # noqa: F401  (registers every che
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
 from ckptkit.verify.report import Report, VerifyResult, empty_components
+from ckptkit.verify.view import EXPECTS, Expect, apply_expect
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
@@ -150,6 +151,7 @@ def verify(
     progress: bool | None = None,
     format: str | None = None,
     key: signing.KeyLike | None = None,
+    expect: Expect | None = None,
 ) -> VerifyResult:
     """Verify one checkpoint, or every checkpoint under a run directory.
 
@@ -167,6 +169,11 @@ def verify(
         key: HMAC key every manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
             ``CKPTKIT_HMAC_KEY_FILE``, else none). Without a key a signed manifest still
             verifies and reports ``CK-M012`` (signature not checked).
+        expect: what the checkpoint must be: ``"weights"`` (only the model is required:
+            inference and fine-tuning checkpoints) or ``"training"`` (a resume point:
+            model, optimizer and progress at least). None: a native checkpoint is held to
+            what its run recorded, a foreign one to what its content shows (weights when
+            it holds model tensors only, training otherwise).
 
     Returns:
         A :class:`VerifyResult`; ``.ok`` is False when any error finding (``strict``:
@@ -188,19 +195,28 @@ def verify(
         raise IncompleteCheckpointError(
             "no such file or directory", path=root, hint="check the path"
         )
+    if expect is not None and expect not in EXPECTS:
+        raise CkptkitError(
+            f"unknown expectation {expect!r}", hint="pass expect='weights' or expect='training'"
+        )
     fams = list(families) if families is not None else list(DEFAULT_FAMILIES)
     if against_env and "compat" not in fams:
         fams.append("compat")
     result = VerifyResult(path=root, strict=strict)
     foreign = _foreign_targets(Path(str(root)), format) if fs.is_local(root) else None
     if foreign is not None:
-        result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
+        result.reports.extend(
+            verify_foreign(p, fmt, strict=strict, expect=expect, families=fams)
+            for p, fmt in foreign
+        )
         return result
     for ck in find_checkpoints(root):
-        result.reports.append(
-            verify_one(ck, families=fams, strict=strict, progress=progress, key=k,
-                       options={"against_env": against_env})
-        )
+        rep = verify_one(ck, families=fams, strict=strict, progress=progress, key=k,
+                         options={"against_env": against_env, "expect": expect})
+        if expect is not None:
+            rep.expect, rep.expect_source = expect, "given"
+            rep.components = apply_expect(rep.components, expect)
+        result.reports.append(rep)
     return result
 
 
@@ -218,8 +234,12 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
         return [(root, found)]
     if not root.is_dir():
         resolve_format(root, None)  # raises: not a recognised layout
-    if find_checkpoints(root) != [root]:
-        return None
+    if any((c / atomic.MANIFEST_NAME).exists() for c in find_checkpoints(root) if c != root):
+        return None  # a native run (its interrupted step directories are reported natively)
     children = [(c, detect(c)) for c in sorted(root.iterdir()) if not c.is_symlink()]
-    out: list[tuple[Path, str | None]] = [(c, f) for c, f in children if f is not None]
+    # A lone .safetensors file counts only when named: inside a directory it is as likely
+    # a shard of a native checkpoint that lost its manifest (CK-M001), never a pass.
+    out: list[tuple[Path, str | None]] = [
+        (c, f) for c, f in children if f is not None and (f != "safetensors" or c.is_dir())
+    ]
     return out or None

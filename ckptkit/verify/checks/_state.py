@@ -1,13 +1,16 @@
-"""Read the recorded training state for the state checks, defensively.
+"""Read a checkpoint's state for the state checks, defensively, through its view.
 
-The manifest passed its schema, but component summaries and the state tree are free-form
-JSON: a damaged or hostile manifest can put any value anywhere. Every accessor here returns
-None (or an empty container) for a value of the wrong type instead of raising, so a check
-skips what it cannot read and never tracebacks; the integrity family reports the damage.
+The checks read a :class:`~ckptkit.verify.view.StateView`: a foreign reader's
+(:class:`~ckptkit.verify.reader.ReaderContext`), or, for a native checkpoint, the
+:class:`ManifestView` defined here. The manifest passed its schema, but component summaries
+and the state tree are free-form JSON: a damaged or hostile manifest can put any value
+anywhere. Every accessor here returns None (or an empty container) for a value of the wrong
+type instead of raising, so a check skips what it cannot read and never tracebacks; the
+integrity family reports the damage.
 
-Tensor *values* are read only for the NaN/Inf scan (:func:`nonfinite`), one file at a time,
-through the same verifying reader ``load`` uses, and only files whose tensors belong to the
-model or the optimizer.
+Tensor *values* are read only for the NaN/Inf scan, one file at a time, through the same
+verifying reader ``load`` uses, and only files whose tensors belong to the model or the
+optimizer.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import mmap
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,18 @@ from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.checkpoint import COMPONENT_ALIASES
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
+from ckptkit.verify.reader import ReaderContext
+from ckptkit.verify.view import (
+    EXPECTS,
+    Expect,
+    Found,
+    NonFinite,
+    OptimizerView,
+    OptParam,
+    StateView,
+    apply_expect,
+    count_nonfinite,
+)
 
 TAG = tree_mod.TAG
 
@@ -96,7 +110,24 @@ def tensor_key(x: Any) -> str | None:
     return None
 
 
-# --- manifest views --------------------------------------------------------------------------
+# --- the view ------------------------------------------------------------------------------
+
+_VIEWS: dict[int, StateView] = {}
+
+
+def view(ctx: CheckContext) -> StateView:
+    """The state view the checks read: a reader's (foreign), or the manifest's (native).
+
+    The manifest's view is built once per context.
+    """
+    if isinstance(ctx, ReaderContext) and ctx.state is not None:
+        return ctx.state
+    v = _VIEWS.get(id(ctx))
+    if v is None:
+        v = ManifestView(ctx)
+        _VIEWS[id(ctx)] = v
+        weakref.finalize(ctx, _VIEWS.pop, id(ctx), None)
+    return v
 
 
 def manifest(ctx: CheckContext) -> mf.Manifest:
@@ -105,7 +136,7 @@ def manifest(ctx: CheckContext) -> mf.Manifest:
 
 
 def component(ctx: CheckContext, name: str) -> mf.Component | None:
-    c = manifest(ctx).components.get(name)
+    c = view(ctx).components().get(name)
     return c if isinstance(c, mf.Component) else None
 
 
@@ -115,7 +146,7 @@ def present(ctx: CheckContext, name: str) -> bool:
 
 
 def summary(ctx: CheckContext, name: str) -> Mapping[str, Any]:
-    """The component's summary when it is present and has one (TrainState saves), else {}."""
+    """The component's summary when it is present and has one, else {}."""
     c = component(ctx, name)
     if c is None or c.present is not True:
         return {}
@@ -123,35 +154,120 @@ def summary(ctx: CheckContext, name: str) -> Mapping[str, Any]:
 
 
 def tree_part(ctx: CheckContext, name: str) -> Any:
-    """``tree[name]`` of a TrainState-shaped tree (a plain JSON object at the top), else None."""
-    return mapping(manifest(ctx).tree).get(name)
+    """The component's raw state in tree form (native TrainState trees), else None."""
+    return view(ctx).part(name)
 
 
-def shapes(ctx: CheckContext) -> dict[str, tuple[int, ...]]:
-    """Shape of every tensor the manifest lists, by key."""
-    return {t.key: tuple(t.shape) for t in manifest(ctx).tensors}
+def optimizers(ctx: CheckContext) -> list[OptimizerView]:
+    """Every optimizer whose per-parameter state the checkpoint lets the checks read."""
+    return view(ctx).optimizers()
 
 
-# --- optimizer view --------------------------------------------------------------------------
+def model_names_by_key(ctx: CheckContext) -> Mapping[str, list[str]]:
+    """Tensor key -> state-dict names holding it (tied weights share one key)."""
+    return view(ctx).model_names()
 
 
-@dataclass(frozen=True)
-class OptParam:
-    """One parameter the optimizer optimizes, as the checkpoint records it."""
-
-    index: int
-    """Key of its entry in ``state_dict["state"]``."""
-    name: str
-    """Parameter name (``'block.0.weight'``), or ``#i of group g`` when names were not recorded."""
-    shape: tuple[int, ...] | None
-    state: Mapping[str, Any] | None
-    """Its per-parameter state (tree form), None when it has none."""
+def nonfinite(ctx: CheckContext) -> Mapping[str, list[NonFinite]]:
+    """Non-finite tensors of the model and the optimizer, by component."""
+    return view(ctx).nonfinite()
 
 
-def optimizer_params(ctx: CheckContext) -> list[OptParam] | None:
+# --- the native view: what manifest.json records -----------------------------------------------
+
+
+class ManifestView:
+    """The :class:`~ckptkit.verify.view.StateView` of a native checkpoint (its manifest).
+
+    The expectation (``ctx.options["expect"]``, from ``verify --expect``) overrides what the
+    run recorded as required; without one the recorded table stands. Tensor values are
+    read only for the NaN/Inf scan, once per context.
+    """
+
+    def __init__(self, ctx: CheckContext) -> None:
+        self._ctx = ctx
+        self._nonfinite: dict[str, list[NonFinite]] | None = None
+
+    @property
+    def _m(self) -> mf.Manifest:
+        return manifest(self._ctx)
+
+    def components(self) -> Mapping[str, mf.Component]:
+        comps = {n: c for n, c in self._m.components.items() if isinstance(c, mf.Component)}
+        expect, _ = self.expectation()
+        return apply_expect(comps, expect)
+
+    def found(self) -> Mapping[str, Found]:
+        return {
+            n: Found("recorded", tuple(w for w in c.where if isinstance(w, str)))
+            for n, c in self.components().items()
+            if c.present is True
+        }
+
+    def expectation(self) -> tuple[Expect | None, str]:
+        expect = self._ctx.options.get("expect")
+        return (expect if expect in EXPECTS else None), ""
+
+    def part(self, name: str) -> Any:
+        """``tree[name]`` of a TrainState-shaped tree (a plain JSON object at the top)."""
+        return mapping(self._m.tree).get(name)
+
+    def optimizers(self) -> list[OptimizerView]:
+        """The TrainState optimizer snapshot, when it was recorded with its summary."""
+        summ = summary(self._ctx, "optimizer")
+        if not summ:
+            return []
+        opt = mapping(self.part("optimizer"))
+        sd = mapping(opt.get("state_dict"))
+        params = _optimizer_params(opt, sd, self._shapes())
+        if params is None:
+            return []
+        par = summary(self._ctx, "parallel")
+        kind = summ.get("type")
+        return [
+            OptimizerView(
+                kind=kind if isinstance(kind, str) else None,
+                params=params,
+                groups=[mapping(g) for g in seq(sd.get("param_groups"))],
+                flat=par.get("fsdp") is True or bool(integer(par.get("zero_stage"))),
+            )
+        ]
+
+    def model_shapes(self) -> Mapping[str, tuple[int, ...]]:
+        shapes = self._shapes()
+        out: dict[str, tuple[int, ...]] = {}
+        for key, names in self.model_names().items():
+            if key in shapes:
+                for n in names:
+                    out[n] = shapes[key]
+        return out
+
+    def model_names(self) -> Mapping[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, ref in items(self.part("model")):
+            key = tensor_key(ref)
+            if key is not None and isinstance(name, str):
+                out.setdefault(key, []).append(name)
+        return out
+
+    def trainable(self) -> frozenset[str]:
+        return frozenset(
+            n for n in seq(summary(self._ctx, "model").get("trainable")) if isinstance(n, str)
+        )
+
+    def nonfinite(self) -> Mapping[str, list[NonFinite]]:
+        if self._nonfinite is None:
+            self._nonfinite = _scan_nonfinite(self._ctx)
+        return self._nonfinite
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        return {t.key: tuple(t.shape) for t in self._m.tensors}
+
+
+def _optimizer_params(
+    opt: Mapping[str, Any], sd: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> list[OptParam] | None:
     """Every optimized parameter of a TrainState optimizer snapshot, or None if unreadable."""
-    opt = mapping(tree_part(ctx, "optimizer"))
-    sd = mapping(opt.get("state_dict"))
     groups = sd.get("param_groups")
     if not isinstance(groups, list) or "state" not in sd:
         return None
@@ -164,19 +280,25 @@ def optimizer_params(ctx: CheckContext) -> list[OptParam] | None:
     all_shapes = opt.get("param_shapes")
     out: list[OptParam] = []
     for gi, g in enumerate(groups):
-        params = seq(mapping(g).get("params"))
-        for pi, raw in enumerate(params):
+        for pi, raw in enumerate(seq(mapping(g).get("params"))):
             idx = integer(raw)
             if idx is None:
                 return None
             name = _nested(names, gi, pi)
-            shape = _nested(all_shapes, gi, pi)
+            per = state.get(idx) or None
+            moments: dict[str, tuple[int, ...]] | None = None
+            if per is not None:
+                moments = {}
+                for key, ref in items(per):
+                    tk = tensor_key(ref)
+                    if isinstance(key, str) and tk is not None and tk in shapes:
+                        moments[key] = shapes[tk]
             out.append(
                 OptParam(
                     index=idx,
                     name=name if isinstance(name, str) else f"#{pi} of group {gi}",
-                    shape=_shape(shape),
-                    state=state.get(idx) or None,
+                    shape=_shape(_nested(all_shapes, gi, pi)),
+                    moments=moments,
                 )
             )
     return out
@@ -196,45 +318,11 @@ def _shape(x: Any) -> tuple[int, ...] | None:
     return None if any(d is None for d in out) else tuple(d for d in out if d is not None)
 
 
-def model_names_by_key(ctx: CheckContext) -> dict[str, list[str]]:
-    """Tensor key -> state-dict names holding it (tied weights share one key)."""
-    out: dict[str, list[str]] = {}
-    for name, ref in items(tree_part(ctx, "model")):
-        key = tensor_key(ref)
-        if key is not None and isinstance(name, str):
-            out.setdefault(key, []).append(name)
-    return out
-
-
-# --- tensor values: the NaN/Inf scan ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """Non-finite values found in one tensor."""
-
-    key: str
-    nan: int
-    posinf: int
-    neginf: int
-
-    @property
-    def total(self) -> int:
-        return self.nan + self.posinf + self.neginf
-
-    def describe(self) -> str:
-        parts = [
-            f"{n} {what}"
-            for n, what in ((self.nan, "NaN"), (self.posinf, "+Inf"), (self.neginf, "-Inf"))
-            if n
-        ]
-        return f"'{self.key}' ({', '.join(parts)})"
+# --- tensor values: the NaN/Inf scan of safetensors shards ------------------------------------
 
 
 SCANNED = ("model", "optimizer")
 """Components whose tensors the NaN/Inf scan reads."""
-
-_CACHE: dict[int, dict[str, list[NonFinite]]] = {}
 
 
 def tensor_component(key: str) -> str | None:
@@ -243,17 +331,14 @@ def tensor_component(key: str) -> str | None:
     return COMPONENT_ALIASES.get(head.lower())
 
 
-def nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
-    """Non-finite tensors of the model and the optimizer, by component; computed once per context.
+def _scan_nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
+    """Non-finite tensors of the model and the optimizer of a native checkpoint.
 
     Files are read one at a time with full verification (size, header, digest); a file
     that fails is skipped (the integrity family reports it), as is one that is a symlink or
     resolves outside the checkpoint. ``ctx.options["scan_values"] = False`` skips the scan
     (a caller that has just scanned the same bytes, or wants a manifest-only verify).
     """
-    cached = _CACHE.get(id(ctx))
-    if cached is not None:
-        return cached
     out: dict[str, list[NonFinite]] = {c: [] for c in SCANNED}
     if ctx.options.get("scan_values", True) is False:
         return out
@@ -291,8 +376,6 @@ def nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
             comp = tensor_component(key)
             if comp in out and nf is not None:
                 out[comp].append(nf)
-    _CACHE[id(ctx)] = out
-    weakref.finalize(ctx, _CACHE.pop, id(ctx), None)
     return out
 
 
@@ -311,7 +394,7 @@ def _remote(
             )
             for key, t in obj.items():
                 if key in wanted and _floating(wanted[key].dtype):
-                    yield key, _count(key, t)
+                    yield key, count_nonfinite(key, t)
             return
         n = int.from_bytes(fs.read_ranges(p, [(0, 8)])[0], "little")
         base = 8 + n
@@ -319,7 +402,7 @@ def _remote(
         spans = [(base + wanted[k].offsets[0], base + wanted[k].offsets[1]) for k in keys]
         for key, data in zip(keys, fs.read_ranges(p, spans), strict=True):
             dt = tensors_mod.DTYPES[wanted[key].dtype]
-            yield key, _count(key, torch.frombuffer(bytearray(data), dtype=dt))
+            yield key, count_nonfinite(key, torch.frombuffer(bytearray(data), dtype=dt))
     except (CkptkitError, OSError, ValueError):
         return
 
@@ -359,7 +442,7 @@ def _mapped(
                             offset=base + e.offsets[0],
                         )
                     try:
-                        yield key, _count(key, t)
+                        yield key, count_nonfinite(key, t)
                     finally:
                         del t  # release the view before the map closes
     except (CkptkitError, OSError, ValueError, BufferError):
@@ -390,23 +473,4 @@ def _read(
     except (CkptkitError, OSError, ValueError):
         return  # damaged or unreadable: integrity checks say so
     for key, t in got.items():
-        yield key, (_count(key, t) if (t.is_floating_point() or t.is_complex()) else None)
-
-
-def _count(key: str, t: torch.Tensor) -> NonFinite | None:
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        t = t.float()  # float8 and friends lack CPU kernels; widening is exact
-    if t.numel() == 0:
-        return None
-    # One fused reduction first: NaN propagates into both, ±Inf shows up in min or max.
-    lo, hi = torch.aminmax(t)
-    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
-        return None
-    return NonFinite(
-        key=key,
-        nan=int(torch.isnan(t).sum()),
-        posinf=int(torch.isposinf(t).sum()),
-        neginf=int(torch.isneginf(t).sum()),
-    )
+        yield key, (count_nonfinite(key, t) if (t.is_floating_point() or t.is_complex()) else None)

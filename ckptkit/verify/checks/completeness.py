@@ -22,49 +22,72 @@ from ckptkit.verify.findings import CODES, WARNING, Finding, check
 _IN_TREE = tuple(n for n in mf.COMPONENTS if n not in ("env",))
 
 
-@check("CK-C001")
+@check("CK-C001", needs=("state",))
 def required_missing(ctx: CheckContext) -> Iterator[Finding]:
-    m = st.manifest(ctx)
-    tree = st.mapping(m.tree)
+    comps = st.view(ctx).components()
+    m = ctx.manifest
+    tree = st.mapping(m.tree) if m is not None else {}
     trainstate = "model" in tree and st.present(ctx, "model")
     for name in mf.COMPONENTS:
         c = st.component(ctx, name)
         if c is None or c.required is not True:
             continue
-        why = f" (required: {c.reason})" if c.reason else ""
+        why = f" ({c.reason})" if c.reason else ""
         if c.present is not True:
             yield CODES["CK-C001"].finding(
                 f"{name} state is required{why} but missing", component=name
             )
-        elif trainstate and name in _IN_TREE and name not in tree:
+        elif trainstate and name in _IN_TREE and name not in tree and _recorded_required(m, name):
             # The table says present, but the state itself is gone (edited or damaged).
             yield CODES["CK-C001"].finding(
                 f"{name} is marked present{why} but the state tree holds no '{name}'",
                 component=name,
             )
-    if "env" in m.components and m.components["env"].required and not m.env:
+    env = comps.get("env")
+    if m is not None and env is not None and env.required and not m.env:
         yield CODES["CK-C001"].finding(
             "env is required (always recorded) but the manifest's env record is empty",
             component="env",
         )
 
 
-@check("CK-C002")
-def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
+def _recorded_required(m: mf.Manifest | None, name: str) -> bool:
+    """The run itself (not ``--expect``) recorded ``name`` as required: a TrainState save,
+    which keeps each component under its own name in the tree."""
+    c = m.components.get(name) if m is not None else None
+    return isinstance(c, mf.Component) and c.required is True
+
+
+def _training(ctx: CheckContext) -> bool:
+    """The checkpoint holds training state: an optimizer the run requires, present."""
     opt = st.component(ctx, "optimizer")
-    if opt is None or opt.required is not True or opt.present is not True:
+    return opt is not None and opt.required is True and opt.present is True
+
+
+def _absent_unrequired(ctx: CheckContext, name: str) -> mf.Component | None:
+    """The component when it is absent and not required (else None: nothing to add)."""
+    c = st.component(ctx, name)
+    if c is None:
+        return mf.Component(name=name, present=False, required=False)
+    if c.present is True or c.required is True:
+        return None  # present, or CK-C001 reports it
+    return c
+
+
+@check("CK-C002", needs=("state",))
+def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
+    if not _training(ctx):
         return  # not a training resume (or a plain save): nothing to say
-    samp = st.component(ctx, "sampler")
-    if samp is not None and samp.present is True:
-        return
-    if samp is not None and samp.required is True:
-        return  # CK-C001 reports it
-    yield CODES["CK-C002"].finding(
-        "the checkpoint holds optimizer state but no data-loader cursor", component="sampler"
-    )
+    samp = _absent_unrequired(ctx, "sampler")
+    if samp is not None:
+        why = f" ({samp.reason})" if samp.reason else ""
+        yield CODES["CK-C002"].finding(
+            f"the checkpoint holds optimizer state but no data-loader cursor{why}",
+            component="sampler",
+        )
 
 
-@check("CK-C003")
+@check("CK-C003", needs=("state",))
 def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     if not st.present(ctx, "rng"):
         return
@@ -113,6 +136,37 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
 def _few(xs: list[int], n: int = 8) -> str:
     head = ", ".join(str(x) for x in xs[:n])
     return head + (f" … (+{len(xs) - n})" if len(xs) > n else "")
+
+
+@check("CK-C103", needs=("state",))
+def rng_missing(ctx: CheckContext) -> Iterator[Finding]:
+    if not _training(ctx):
+        return
+    rng = _absent_unrequired(ctx, "rng")
+    if rng is not None:
+        why = f" ({rng.reason})" if rng.reason else ""
+        yield CODES["CK-C103"].finding(
+            f"the checkpoint holds optimizer state but no RNG state{why}", component="rng"
+        )
+
+
+@check("CK-C011", needs=("state",))
+def expectation_inferred(ctx: CheckContext) -> Iterator[Finding]:
+    expect, why = st.view(ctx).expectation()
+    if expect == "weights" and why:
+        yield CODES["CK-C011"].finding(
+            f"checked as a weights checkpoint: {why}; only the model is required",
+            component="model",
+        )
+
+
+@check("CK-C012", needs=("state",))
+def components_inferred(ctx: CheckContext) -> Iterator[Finding]:
+    for name, found in st.view(ctx).found().items():
+        if found.how == "inferred":
+            yield CODES["CK-C012"].finding(
+                f"{name}: {found.describe()}; no key or file names it as such", component=name
+            )
 
 
 # --- components proven from bytes -----------------------------------------------------------

@@ -1,21 +1,23 @@
 """Consistency family: the recorded pieces of state agree with each other (spec §4).
 
-Most checks read only the manifest: the component summaries written at capture time and
-the tensor shapes. Only the NaN/Inf scans (CK-S010, CK-S011) read tensor values, one file
-at a time. Every check needs the summaries a ``TrainState`` save records, so a plain
-``ckptkit.save`` of an arbitrary dict is checked for NaN/Inf only.
+Every check reads the checkpoint's :class:`~ckptkit.verify.view.StateView`: the component
+summaries, the optimizer's per-parameter state shapes, the model's tensor shapes. Native
+checkpoints get theirs from the manifest (summaries written at capture time), foreign ones
+from their reader (:mod:`ckptkit.foreign`), so a defect gets the same code and the same
+words in both. Only the NaN/Inf scans (CK-S010, CK-S011) read tensor values. A plain
+``ckptkit.save`` of an arbitrary dict records no summaries and is checked for NaN/Inf only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 from ckptkit.codes import ROLLBACK
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
+from ckptkit.verify.view import OptimizerView
 
 STATEFUL_OPTIMIZERS = frozenset(
     {
@@ -57,57 +59,55 @@ def _names(xs: list[str], n: int = MAX_NAMED) -> str:
     return head + (f" and {len(xs) - n} more" if len(xs) > n else "")
 
 
-def _optimizer_view(ctx: CheckContext) -> tuple[Mapping[str, Any], list[st.OptParam]] | None:
-    summ = st.summary(ctx, "optimizer")
-    if not summ:
-        return None
-    params = st.optimizer_params(ctx)
-    return (summ, params) if params is not None else None
+def _stateful(opt: OptimizerView) -> bool:
+    """Whether the optimizer holds per-parameter state once it has stepped.
 
-
-def _stateful(ctx: CheckContext, kind: Any) -> bool:
-    if not isinstance(kind, str):
-        return False  # a damaged summary: the type is unknown, judge nothing
+    By its recorded class; without one (foreign state dicts name none), by its
+    hyper-parameters: Adam-family groups carry ``betas``, SGD keeps a momentum buffer
+    only with ``momentum`` > 0.
+    """
+    kind = opt.kind
     if kind in STATEFUL_OPTIMIZERS:
         return True
-    if kind == "SGD":
-        groups = st.mapping(st.mapping(st.tree_part(ctx, "optimizer")).get("state_dict"))
-        for g in st.seq(groups.get("param_groups")):
-            momentum = st.num(st.mapping(g).get("momentum"))
-            if momentum is not None and momentum != 0:
-                return True
+    if kind not in (None, "SGD"):
+        return False  # a damaged summary or another optimizer: judge nothing
+    for g in opt.groups:
+        if kind is None and "betas" in g:
+            return True
+        momentum = st.num(g.get("momentum"))
+        if momentum is not None and momentum != 0:
+            return True
     return False
 
 
 # --- optimizer -------------------------------------------------------------------------------
 
 
-@check("CK-S001")
+@check("CK-S001", needs=("state",))
 def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
-    view = _optimizer_view(ctx)
-    if view is None:
-        return
-    summ, params = view
-    kind = summ.get("type")
-    if not params or not _stateful(ctx, kind):
-        return
-    without = [p.name for p in params if p.state is None]
-    if not without:
-        return
     step = st.integer(st.summary(ctx, "progress").get("step"))
-    if len(without) == len(params):
-        if step:
-            yield CODES["CK-S001"].finding(
-                f"{kind} holds no state for any of its {len(params)} parameters, but the "
-                f"global step is {step}"
-            )
-        return
-    yield CODES["CK-S001"].finding(
-        f"{kind} holds no state for {len(without)} of {len(params)} parameters: {_names(without)}",
-        severity=WARNING,
-        hint="expected only for parameters that never received a gradient (unused or "
-        "frozen by hand); otherwise their moments restart from zero on resume",
-    )
+    for opt in st.optimizers(ctx):
+        params = opt.params
+        if not params or not _stateful(opt):
+            continue
+        kind = opt.kind or "the optimizer"
+        without = [p.name for p in params if p.moments is None]
+        if not without:
+            continue
+        if len(without) == len(params):
+            if step:
+                yield CODES["CK-S001"].finding(
+                    f"{kind} holds no state for any of its {len(params)} parameters, but the "
+                    f"global step is {step}"
+                )
+            continue
+        yield CODES["CK-S001"].finding(
+            f"{kind} holds no state for {len(without)} of {len(params)} parameters: "
+            f"{_names(without)}",
+            severity=WARNING,
+            hint="expected only for parameters that never received a gradient (unused or "
+            "frozen by hand); otherwise their moments restart from zero on resume",
+        )
 
 
 # Per-parameter state that is legitimately not shaped like the parameter (factored
@@ -115,52 +115,55 @@ def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
 _FACTORED = ("row", "col", "factored")
 
 
-@check("CK-S002")
+@check("CK-S002", needs=("state",))
 def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
-    view = _optimizer_view(ctx)
-    if view is None:
-        return
-    _, params = view
-    shapes = st.shapes(ctx)
-    bad: list[str] = []
-    for p in params:
-        if p.shape is None or p.state is None:
-            continue
-        for key, ref in st.items(p.state):
-            tk = st.tensor_key(ref)
-            if tk is None or tk not in shapes or not isinstance(key, str):
+    model_shape = st.view(ctx).model_shapes()
+    for opt in st.optimizers(ctx):
+        bad: list[str] = []
+        for p in opt.params:
+            if p.moments is None:
                 continue
-            got = shapes[tk]
-            if got and got != p.shape and not any(f in key.lower() for f in _FACTORED):
-                bad.append(f"{key!r} of {p.name!r} is {list(got)}, the parameter {list(p.shape)}")
-    # The recorded parameter shapes must also match the model's tensors (same names),
-    # unless parameters are flattened by FSDP/ZeRO (the optimizer then sees flat shards).
-    par = st.summary(ctx, "parallel")
-    if par.get("fsdp") is not True and not st.integer(par.get("zero_stage")):
-        model_shape: dict[str, tuple[int, ...]] = {}
-        for key, names in st.model_names_by_key(ctx).items():
-            if key in shapes:
-                for n in names:
-                    model_shape[n] = shapes[key]
-        for p in params:
-            ms = model_shape.get(p.name)
-            if p.shape is not None and ms is not None and ms != p.shape:
-                bad.append(
-                    f"parameter {p.name!r} is {list(p.shape)} in the optimizer, "
-                    f"{list(ms)} in the model"
+            moments = {
+                k: v for k, v in p.moments.items() if v and not any(f in k.lower() for f in _FACTORED)
+            }
+            if p.shape is not None:
+                for key, got in moments.items():
+                    if got != p.shape:
+                        bad.append(f"{key!r} of {p.name!r} is {list(got)}, the parameter {list(p.shape)}")
+            elif len(set(moments.values())) > 1:
+                # The parameter's shape is unknown, but its moments must agree with each other.
+                (k0, s0), *rest = sorted(moments.items())
+                for key, got in rest:
+                    if got != s0:
+                        bad.append(f"{key!r} of {p.name!r} is {list(got)}, {k0!r} {list(s0)}")
+        # The recorded parameter shapes must also match the model's tensors (same names),
+        # unless parameters are flattened by FSDP/ZeRO (the optimizer then sees flat shards).
+        if not opt.flat and not opt.matched_by_position:
+            for p in opt.params:
+                ms = model_shape.get(p.name)
+                if p.shape is not None and ms is not None and ms != p.shape:
+                    bad.append(
+                        f"parameter {p.name!r} is {list(p.shape)} in the optimizer, "
+                        f"{list(ms)} in the model"
+                    )
+        if bad:
+            yield CODES["CK-S002"].finding(
+                f"{len(bad)} shape mismatch(es): "
+                + "; ".join(bad[:MAX_NAMED])
+                + (f"; and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else "")
+                + (
+                    " (parameters matched to the model's tensors by position: the state "
+                    "dict names none)"
+                    if opt.matched_by_position
+                    else ""
                 )
-    if bad:
-        yield CODES["CK-S002"].finding(
-            f"{len(bad)} shape mismatch(es): "
-            + "; ".join(bad[:MAX_NAMED])
-            + (f"; and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else "")
-        )
+            )
 
 
 # --- counters --------------------------------------------------------------------------------
 
 
-@check("CK-S003")
+@check("CK-S003", needs=("state",))
 def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     osumm = st.summary(ctx, "optimizer")
     prog = st.summary(ctx, "progress")
@@ -186,7 +189,7 @@ def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
 _PER_STEP_EXEMPT = ("ReduceLROnPlateau", "ChainedScheduler")
 
 
-@check("CK-S004")
+@check("CK-S004", needs=("state",))
 def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     ssumm = st.summary(ctx, "scheduler")
     prog = st.summary(ctx, "progress")
@@ -212,7 +215,7 @@ def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     )
 
 
-@check("CK-S005")
+@check("CK-S005", needs=("state",))
 def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     gbs = st.integer(st.summary(ctx, "parallel").get("global_batch_size"))
     prog = st.summary(ctx, "progress")
@@ -254,7 +257,7 @@ def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
 # --- per-rank and layout ---------------------------------------------------------------------
 
 
-@check("CK-S006")
+@check("CK-S006", needs=("state",))
 def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
     prints = st.mapping(st.summary(ctx, "rng").get("fingerprints"))
     by_print: dict[str, list[str]] = {}
@@ -268,7 +271,7 @@ def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-S007")
+@check("CK-S007", needs=("state",))
 def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "parallel")
     problems = summ.get("problems")
@@ -283,7 +286,7 @@ def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
 # --- scaling state ---------------------------------------------------------------------------
 
 
-@check("CK-S008")
+@check("CK-S008", needs=("state",))
 def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "scaler")
     if summ.get("enabled") is not True:
@@ -308,7 +311,7 @@ def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("CK-S009")
+@check("CK-S009", needs=("state",))
 def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "fp8")
     if not summ:
@@ -339,13 +342,14 @@ def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
 # --- tensor values ---------------------------------------------------------------------------
 
 
-@check("CK-S010")
+@check("CK-S010", needs=("state",))
 def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
-    found = st.nonfinite(ctx)["model"]
+    found = st.nonfinite(ctx).get("model", [])
     if not found:
         return
-    trainable = {n for n in st.seq(st.summary(ctx, "model").get("trainable")) if isinstance(n, str)}
-    names = st.model_names_by_key(ctx)
+    v = st.view(ctx)
+    trainable = v.trainable()
+    names = v.model_names()
     hard = [nf for nf in found if nf.nan or any(n in trainable for n in names.get(nf.key, ()))]
     soft = [nf for nf in found if nf not in hard]
     if hard:
@@ -367,9 +371,9 @@ def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("CK-S011")
+@check("CK-S011", needs=("state",))
 def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
-    found = st.nonfinite(ctx)["optimizer"]
+    found = st.nonfinite(ctx).get("optimizer", [])
     if found:
         yield CODES["CK-S011"].finding(
             f"{len(found)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in found]),

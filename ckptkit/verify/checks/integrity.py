@@ -47,7 +47,7 @@ def signature_unchecked(ctx: CheckContext) -> Iterator[Finding]:
 # --- files ---------------------------------------------------------------------------------
 
 
-@check("CK-F001")
+@check("CK-F001", needs=("files",))
 def file_missing(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if not s.exists:
@@ -59,7 +59,7 @@ def file_missing(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F002")
+@check("CK-F002", needs=("files",))
 def file_size(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.exists and s.size is not None and s.size != s.entry.size:
@@ -71,7 +71,7 @@ def file_size(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F003")
+@check("CK-F003", needs=("files",))
 def file_digest(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.digest is not None and s.size == s.entry.size and s.digest != s.entry.xxh3_128:
@@ -169,7 +169,7 @@ def decompression(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F008"].finding(s.header_error, path=s.entry.path)
 
 
-@check("CK-F009")
+@check("CK-F009", needs=("files",))
 def outside(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.outside:
@@ -210,7 +210,7 @@ def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F023"].finding(e.what, path=rel)
 
 
-@check("CK-F022")
+@check("CK-F022", needs=("files",))
 def not_regular(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.not_regular is not None:

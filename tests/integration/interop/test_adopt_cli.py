@@ -92,3 +92,56 @@ def test_cli_unknown_layout(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["verify", str(p)], catch_exceptions=False)
     assert r.exit_code == 2 and "not a recognised foreign layout" in r.output
     assert "hf-trainer" in r.output and "--format" in r.output
+
+
+# --- adopt says what verify says (issue 16 item 6, issue 17 item 6) --------------------------------
+
+
+class _System:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, ("true",))
+
+
+def test_adopt_refuses_a_pickle_that_needs_code(tmp_path: Path) -> None:
+    import torch
+
+    p = tmp_path / "ck.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "step": 1, "hook": _System()}, p)
+    runner = CliRunner()
+    r = runner.invoke(main, ["adopt", str(p)], catch_exceptions=False)
+    assert r.exit_code == 2 and "posix.system" in r.output and "refusing to adopt" in r.output
+    assert not adopted_path(p).exists()
+    r = runner.invoke(main, ["adopt", str(p), "--json"], catch_exceptions=False)
+    out = json.loads(r.output)
+    assert r.exit_code == 2 and out["adopted"] is None and "CK-F103" in out["refused"]
+    assert out["unverifiable"] == ["ck.pt"] and not adopted_path(p).exists()
+    # --force records it, says it is unverified, and exits 1: it does not verify.
+    r = runner.invoke(main, ["adopt", str(p), "--force"], catch_exceptions=False)
+    assert r.exit_code == 1 and "not verified" in r.output and adopted_path(p).exists()
+    m = mf.Manifest.from_json(adopted_path(p).read_bytes())
+    assert m.user["adopted"]["unverifiable"] == ["ck.pt"]
+
+
+def test_adopt_json_reports_what_verify_would_say(lightning_ckpts: dict[str, Path], tmp_path: Path,
+                                                  copy_ckpt: Callable[[Path], Path]) -> None:
+    ck = copy_ckpt(lightning_ckpts["weights"])
+    runner = CliRunner()
+    verified = json.loads(
+        runner.invoke(main, ["verify", str(ck), "--json"], catch_exceptions=False).output
+    )["reports"][0]
+    r = runner.invoke(main, ["adopt", str(ck), "--json"], catch_exceptions=False)
+    out = json.loads(r.output)
+    # Adopted (digests recorded), but it is not a resume point: exit 1, and it says why.
+    assert r.exit_code == 1 and out["adopted"] == str(adopted_path(ck)) and out["ok"] is False
+    assert out["missing"] == ["optimizer"]
+    assert out["report"]["components"] == verified["components"]
+    assert [f["code"] for f in out["report"]["findings"]] == [f["code"] for f in verified["findings"]]
+    r = runner.invoke(main, ["adopt", str(ck)], catch_exceptions=False)
+    assert r.exit_code == 1 and "missing: optimizer" in r.output and "CK-C001" in r.output
+    # Told it is a weights checkpoint, it adopts cleanly, and later verifies remember.
+    r = runner.invoke(main, ["adopt", str(ck), "--expect", "weights", "--json"],
+                      catch_exceptions=False)
+    assert r.exit_code == 0 and json.loads(r.output)["ok"] is True
+    assert verify_foreign(ck).ok and verify_foreign(ck).expect == "weights"

@@ -1,0 +1,93 @@
+"""Read what ``ckptkit adopt`` recorded beside a foreign checkpoint (a leaf of the package).
+
+The adopted manifest (``ckptkit-manifest.json`` inside a checkpoint directory, or
+``<file>.ckptkit-manifest.json`` beside a single-file checkpoint) is a valid ckptkit
+manifest whose ``user.adopted`` holds the size and xxh3-128 of every file. Verify reads it
+here; :mod:`ckptkit.foreign.adopt` writes it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ckptkit import codes
+from ckptkit import manifest as mf
+from ckptkit.errors import CkptkitError
+from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def adopted_path(target: Path) -> Path:
+    """Where the adopted manifest of ``target`` lives.
+
+    Example:
+        >>> adopted_path(Path("/runs/last.ckpt")).name
+        'last.ckpt.ckptkit-manifest.json'
+    """
+    if target.is_dir():
+        return target / ADOPTED_SUFFIX
+    return target.with_name(f"{target.name}.{ADOPTED_SUFFIX}")
+
+
+def read_adopted(s: Scan) -> dict[str, Any] | None:
+    """Return ``user.adopted`` of the adopted manifest (validated), or None when absent.
+
+    A manifest that fails validation is reported as a finding on ``s`` (its CK-M code)
+    and an empty record is returned.
+    """
+    p = adopted_path(s.target)
+    if not p.is_file():
+        return None
+    rel = p.name
+    try:
+        if p.stat().st_size > mf.MAX_MANIFEST_BYTES:
+            raise codes.error("CK-M006", "adopted manifest is absurdly large")
+        m = mf.Manifest.from_json(p.read_bytes(), path=rel)
+    except CkptkitError as e:
+        s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
+        return {}
+    adopted = (m.user or {}).get("adopted")
+    if not isinstance(adopted, dict) or not isinstance(adopted.get("files"), list):
+        s.add("CK-M003", "adopted manifest has no user.adopted.files record", path=rel)
+        return {}
+    for f in adopted["files"]:
+        ok = (
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("size"), int)
+            and isinstance(f.get("xxh3_128"), str)
+            and _HEX32.match(f["xxh3_128"])
+        )
+        if not ok:
+            s.add(
+                "CK-M003", f"adopted manifest has a malformed file entry: {str(f)[:120]}", path=rel
+            )
+            return {}
+        pp = PurePosixPath(f["path"])
+        if pp.is_absolute() or ".." in pp.parts or not f["path"]:
+            s.add(
+                "CK-M005", f"adopted manifest path {f['path']!r} escapes the checkpoint", path=rel
+            )
+            return {}
+    return adopted
+
+
+def recorded_files(s: Scan, adopted: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The adopted file records, by path; reports files added since (CK-F006)."""
+    recorded = {f["path"]: f for f in adopted.get("files", [])}
+    rel_m = adopted_path(s.target).name
+    for rel in s.files:
+        if recorded and rel not in recorded:
+            s.add(
+                "CK-F006",
+                f"{rel} appeared after 'ckptkit adopt' ({rel_m} does not list it)",
+                path=rel,
+                hint="re-run 'ckptkit adopt' if the change is intended",
+            )
+    return recorded
+
+
+__all__ = ["adopted_path", "read_adopted", "recorded_files"]

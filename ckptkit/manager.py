@@ -32,6 +32,7 @@ from typing import Any
 from ckptkit import codes, rotation
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
+from ckptkit._repr import brief
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
 from ckptkit.collective import Collective, TorchGroup, consensus, current
@@ -67,6 +68,10 @@ class SaveStats:
     total: float = 0.0
     """Until the checkpoint was verified, pointed at and rotation done."""
     deleted: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        times = {k: round(getattr(self, k), 4) for k in ("blocked", "capture", "write", "verify", "total")}
+        return brief("SaveStats", step=self.step, **times, deleted=self.deleted)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 
 import jsonschema
 
+from ckptkit._repr import brief
 from ckptkit._version import __version__
 from ckptkit.errors import IncompleteCheckpointError, ManifestError, UnsafeInputError
 from ckptkit.storage import digest
@@ -181,6 +182,18 @@ class Manifest:
     def total_bytes(self) -> int:
         """Bytes on disk of every listed file."""
         return sum(f.size for f in self.files)
+
+    def __repr__(self) -> str:
+        # The tree holds every rank's RNG state: name the facts, count the rest.
+        return brief(
+            "Manifest",
+            step=self.step,
+            files=len(self.files),
+            tensors=len(self.tensors),
+            bytes=self.total_bytes,
+            components=[n for n, c in self.components.items() if c.present],
+            created_at=self.created_at,
+        )
 
     def file(self, path: str) -> FileEntry | None:
         """Return the entry of ``path`` or None."""

@@ -9,6 +9,7 @@ from ckptkit import manifest as mf
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import describe_foreign
 from ckptkit.storage.atomic import MANIFEST_NAME
+from ckptkit.whatis import not_a_checkpoint
 
 
 def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
@@ -32,6 +33,9 @@ def describe(path: Path | str, *, format: str | None = None) -> dict[str, Any]:
         not (Path(path) / MANIFEST_NAME).exists() and detect(path) is not None
     ):
         return describe_foreign(path, format)
+    wrong = not_a_checkpoint(path, foreign_ok=True)
+    if wrong is not None:
+        raise wrong
     m = mf.read(path)
     return {
         "path": str(path),

@@ -166,7 +166,9 @@ def verify(
     result = VerifyResult(path=root, strict=strict)
     foreign = _foreign_targets(root, format)
     if foreign is not None:
-        result.reports.extend(verify_foreign(p, fmt, strict=strict) for p, fmt in foreign)
+        for p, fmt in foreign:
+            with _progress.activity(f"verifying {p.name}", _progress.bytes_under(p), progress):
+                result.reports.append(verify_foreign(p, fmt, strict=strict))
         return result
     for ck in find_checkpoints(root):
         result.reports.append(

@@ -6,12 +6,14 @@ usage error (any :class:`~ckptkit.errors.CkptkitError` is converted here, at the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -23,21 +25,50 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _edge(fn: F) -> F:
-    """Turn a CkptkitError into a one-paragraph message and exit 2 (no traceback)."""
+    """Turn a CkptkitError into a one-paragraph message and exit 2 (no traceback).
+
+    A reader that goes away (``ckptkit verify RUN | head``) ends the command the way it
+    ends ``cat`` or ``grep``: silently, with the status of a SIGPIPE death (141).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                # Flush here, inside the edge: a closed pipe then raises where it is
+                # handled below instead of at interpreter exit.
+                sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
         except CkptkitError as e:
             click.echo(f"ckptkit: {e}", err=True)
             sys.exit(2)
         except OSError as e:
-            where = f" {e.filename}" if e.filename else ""
-            click.echo(f"ckptkit:{where}: {e.strerror or e}", err=True)
+            where = f" {e.filename}:" if e.filename else ""
+            click.echo(f"ckptkit:{where} {e.strerror or e}", err=True)
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+SIGPIPE_EXIT = 128 + 13
+"""Exit status after the reader of stdout went away: what a shell reports for ``cat``
+killed by SIGPIPE (``ckptkit verify RUN | head`` under ``set -o pipefail``)."""
+
+
+def _reader_gone() -> NoReturn:
+    """Exit quietly after EPIPE on stdout: no message, no traceback, no second EPIPE.
+
+    Python ignores SIGPIPE (sockets need EPIPE as an error, and object-store transfers
+    use sockets), so the default action cannot end the process as it ends ``cat``; stdout
+    is pointed at /dev/null so the interpreter's final flush does not fail again.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(SIGPIPE_EXIT)
 
 
 def _out_file(path: str | Path) -> Path:
@@ -62,12 +93,15 @@ def main() -> None:
 @click.option("--no-progress", is_flag=True, help="Never show a progress bar.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Show every checkpoint's component table and the fix of every finding.")
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
-           no_progress: bool, fmt: str | None) -> None:
+           no_progress: bool, fmt: str | None, verbose: bool) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
-    Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
+    Prints a verdict line per checkpoint and one line per finding (errors with their
+    fix). Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
 
     \b
     Example:
@@ -81,7 +115,10 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 
     result = run_verify(path, strict=strict, against_env=against_env,
                         progress=False if no_progress or as_json else None, format=fmt)
-    RENDERERS["json" if as_json else "text"](result, sys.stdout)
+    if as_json:
+        RENDERERS["json"](result, sys.stdout)
+    else:
+        RENDERERS["text"](result, sys.stdout, verbose=verbose)
     if junit_file is not None:
         with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
             RENDERERS["junit"](result, fh)
@@ -91,16 +128,23 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
-@click.option("--no-tensors", is_flag=True, help="Do not list tensors.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="List every tensor (key, dtype, shape, size, file).")
+@click.option("--no-tensors", is_flag=True, hidden=True,
+              help="Do not list tensors (the default now; kept for old scripts).")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
 @_edge
-def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None) -> None:
-    """Show what a checkpoint holds: step, components, files, tensors (dtype, shape, size).
+def inspect(path: Path, as_json: bool, verbose: bool, no_tensors: bool, fmt: str | None) -> None:
+    """Show what a checkpoint holds: step, components, files, and a tensor summary.
+
+    PATH is one checkpoint (a step directory, or a foreign checkpoint); for a run
+    directory, 'ckptkit ls RUN_DIR' lists its checkpoints.
 
     \b
     Example:
-        ckptkit inspect runs/exp1/ckpt/step-00001000 --no-tensors
+        ckptkit inspect runs/exp1/ckpt/step-00001000
+        ckptkit inspect runs/exp1/ckpt/step-00001000 --verbose   # every tensor
     """
     from ckptkit.describe import describe
     from ckptkit.render.text import render_inspect
@@ -109,7 +153,7 @@ def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None) -> Non
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        render_inspect(info, sys.stdout, tensors=not no_tensors)
+        render_inspect(info, sys.stdout, tensors=verbose and not no_tensors)
 
 
 @main.command()
@@ -130,9 +174,11 @@ def adopt(path: Path, fmt: str | None, force: bool) -> None:
         ckptkit adopt out/checkpoint-500
         ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt
     """
+    from ckptkit._progress import activity, bytes_under
     from ckptkit.foreign.adopt import adopt as run_adopt
 
-    out = run_adopt(path, fmt, force=force)
+    with activity(f"adopting {path.name}", bytes_under(path), None):
+        out = run_adopt(path, fmt, force=force)
     click.echo(f"wrote {out}")
 
 
@@ -551,7 +597,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
 
     Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or
     that are corrupt, are passed over with the reason. Changes nothing: resume from the
-    printed path (``mgr.restore(ts, healthy=True)`` picks the same one). The hints are
+    printed path ('mgr.restore(ts, healthy=True)' picks the same one). The hints are
     suggestions; ckptkit never changes hyper-parameters. Exit 0 when a healthy
     checkpoint exists, 1 when none does, 2 when RUN_DIR cannot be read.
 

@@ -175,6 +175,8 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     lookahead: Mapping[str, Any] | None = None
     health: Mapping[str, Any] | None = None
+    findings: Mapping[str, Any] | None = None
+    """Consistency findings at save and the saver's policy (:mod:`ckptkit.verify.atsave`)."""
     pins: tuple[str, ...] = ()
     user: Mapping[str, Any] | None = None
 
@@ -220,7 +222,7 @@ class Manifest:
             },
             "env": dict(self.env),
         }
-        for k in ("lookahead", "health", "user"):
+        for k in ("lookahead", "health", "findings", "user"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = dict(v)
@@ -278,6 +280,7 @@ class Manifest:
             schema_version=d["schema_version"],
             lookahead=d.get("lookahead"),
             health=d.get("health"),
+            findings=d.get("findings"),
             pins=tuple(d.get("pins", ())),
             user=d.get("user"),
         )

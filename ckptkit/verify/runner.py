@@ -16,6 +16,7 @@ from ckptkit.foreign.detect import detect
 from ckptkit.foreign.read import resolve_format
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic
+from ckptkit.verify import atsave
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
@@ -54,6 +55,9 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
+    if m is not None and "consistency" in fams:  # what the saver found and accepted
+        values = ctx.options.get("scan_values", True) is not False
+        findings = atsave.reconcile(m, findings, values_scanned=values)
     gone = existed and not os.path.lexists(root)
     if gone:
         # Rotation of a live run deleted it while we read: not damage, and not a finding

@@ -189,6 +189,19 @@ class CheckpointManager:
         if job is not None and job.error is not None:
             raise job.error
 
+    def idle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the background job; True when none runs.
+
+        Unlike :meth:`wait` it raises nothing and leaves the job (and its error) to the
+        next ``save``/``wait``: safe to call from another thread (the pre-emption
+        watchdog lets an async save finish before the process exits).
+        """
+        job = self._job
+        if job is None:
+            return True
+        job.thread.join(timeout)
+        return not job.thread.is_alive()
+
     def _join(self) -> None:
         """Let the background job finish; its error stays for :meth:`wait` (or the next save)."""
         if self._job is not None:

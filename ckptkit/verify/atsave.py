@@ -253,7 +253,7 @@ __all__ = [
     "Policy",
     "check_before_commit",
     "policy",
-    "recorded",
     "reconcile",
+    "recorded",
     "summary",
 ]

@@ -23,7 +23,9 @@ MAX_LISTED = 3
 """Checkpoint names an error spells out before it gives a count."""
 
 
-def not_a_checkpoint(path: str | os.PathLike[str], *, foreign_ok: bool = False) -> CkptkitError | None:
+def not_a_checkpoint(
+    path: str | os.PathLike[str], *, foreign_ok: bool = False
+) -> CkptkitError | None:
     """The error to raise for ``path`` when it is not one checkpoint directory, else None.
 
     Args:
@@ -40,9 +42,9 @@ def not_a_checkpoint(path: str | os.PathLike[str], *, foreign_ok: bool = False) 
         >>> not_a_checkpoint(run + "/step-00000010") is None
         True
     """
-    text = os.fspath(path)
-    if "://" in text and not text.startswith("file://"):
-        return None  # object stores: the manifest reader says what is missing
+    text = str(path)
+    if "://" in text:
+        return None  # a URL (object store): the manifest reader says what is missing
     p = Path(text)
     if not os.path.lexists(p):
         return IncompleteCheckpointError("no such file or directory", path=p, hint=_nearby(p))

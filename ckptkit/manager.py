@@ -479,9 +479,20 @@ class CheckpointManager:
             return snap.write(tmp, coll)
 
         def build(parts: builtins.list[Any]) -> mf.Manifest:
-            return atsave.check_before_commit(
-                snap.build(parts), written[0], snap.encoded.tensors, policy=self.on_inconsistent
-            )
+            man = snap.build(parts)
+            try:
+                return atsave.check_before_commit(
+                    man, written[0], snap.encoded.tensors, policy=self.on_inconsistent
+                )
+            except Exception as e:  # a diagnostic must never cost the save
+                log.error(
+                    "ckptkit: the consistency checks before committing step %d failed (%s: %s);"
+                    " saved without a findings record, its verify still checks it",
+                    snap.step,
+                    type(e).__name__,
+                    e,
+                )
+                return man
 
         return write, build
 

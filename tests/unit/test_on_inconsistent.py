@@ -221,3 +221,16 @@ def test_schema_allows_the_record_and_nothing_else(tmp_path: Path) -> None:
 def test_unknown_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="on_inconsistent"):
         ckptkit.CheckpointManager(tmp_path, on_inconsistent="ignore")  # type: ignore[arg-type]
+
+
+def test_a_failing_check_never_costs_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*a: object, **k: object) -> None:
+        raise RuntimeError("a bug in a check")
+
+    monkeypatch.setattr(atsave, "check_before_commit", broken)
+    with caplog.at_level(logging.ERROR, logger="ckptkit"), ckptkit.CheckpointManager(tmp_path) as mgr:
+        mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=1))
+    assert [c.status for c in mgr.list()] == ["verified"]
+    assert any("a bug in a check" in r.message for r in caplog.records)

@@ -20,6 +20,7 @@ from ckptkit.errors import (
 from ckptkit.io import PartialLoad, load, save
 from ckptkit.manager import CheckpointManager
 from ckptkit.manifest import Manifest
+from ckptkit.preempt import PreemptionGuard
 from ckptkit.recorder import Recorder
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
@@ -38,6 +39,7 @@ __all__ = [
     "ManifestError",
     "ParallelConfig",
     "PartialLoad",
+    "PreemptionGuard",
     "Progress",
     "Recorder",
     "ResumableSampler",

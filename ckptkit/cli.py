@@ -6,12 +6,14 @@ usage error (any :class:`~ckptkit.errors.CkptkitError` is converted here, at the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -25,18 +27,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _edge(fn: F) -> F:
-    """Turn a CkptkitError into a one-paragraph message and exit 2 (no traceback)."""
+    """Turn a CkptkitError into a one-paragraph message and exit 2 (no traceback).
+
+    A reader that goes away (``ckptkit verify RUN | head``) ends the command the way it
+    ends ``cat`` or ``grep``: silently, with the status of a SIGPIPE death (141).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                # Flush here, inside the edge: a closed pipe then raises where it is
+                # handled below instead of at interpreter exit.
+                sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
         except CkptkitError as e:
             click.echo(f"ckptkit: {e}", err=True)
             sys.exit(2)
         except OSError as e:
-            where = f" {e.filename}" if e.filename else ""
-            click.echo(f"ckptkit:{where}: {e.strerror or e}", err=True)
+            where = f" {e.filename}:" if e.filename else ""
+            click.echo(f"ckptkit:{where} {e.strerror or e}", err=True)
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
@@ -67,6 +80,22 @@ def _expect_option(fn: F) -> F:
         "fine-tuning) or 'training' (a resume point). Default: as a native run recorded; "
         "for other formats inferred (weights when it holds model tensors only).",
     )(fn)
+SIGPIPE_EXIT = 128 + 13
+"""Exit status after the reader of stdout went away: what a shell reports for ``cat``
+killed by SIGPIPE (``ckptkit verify RUN | head`` under ``set -o pipefail``)."""
+
+
+def _reader_gone() -> NoReturn:
+    """Exit quietly after EPIPE on stdout: no message, no traceback, no second EPIPE.
+
+    Python ignores SIGPIPE (sockets need EPIPE as an error, and object-store transfers
+    use sockets), so the default action cannot end the process as it ends ``cat``; stdout
+    is pointed at /dev/null so the interpreter's final flush does not fail again.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(SIGPIPE_EXIT)
 
 
 def _out_file(path: str | Path) -> Path:
@@ -118,15 +147,18 @@ def main() -> None:
 @click.option("--no-progress", is_flag=True, help="Never show a progress bar.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Show every checkpoint's component table and the fix of every finding.")
 @_key_option
 @_expect_option
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
-           no_progress: bool, fmt: str | None, key_file: Path | None,
+           no_progress: bool, fmt: str | None, verbose: bool, key_file: Path | None,
            expect: str | None) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
-    Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
+    Prints a verdict line per checkpoint and one line per finding (errors with their
+    fix). Exit 0 when no error findings, 1 when any, 2 when PATH cannot be read.
 
     \b
     Example:
@@ -144,7 +176,10 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
     result = run_verify(path, strict=strict, against_env=against_env,
                         progress=False if no_progress or as_json else None, format=fmt,
                         key=_key(key_file), expect=expect)  # type: ignore[arg-type]
-    RENDERERS["json" if as_json else "text"](result, sys.stdout)
+    if as_json:
+        RENDERERS["json"](result, sys.stdout)
+    else:
+        RENDERERS["text"](result, sys.stdout, verbose=verbose)
     if junit_file is not None:
         with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
             RENDERERS["junit"](result, fh)
@@ -154,18 +189,25 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @main.command()
 @click.argument("path", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
-@click.option("--no-tensors", is_flag=True, help="Do not list tensors.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="List every tensor (key, dtype, shape, size, file).")
+@click.option("--no-tensors", is_flag=True, hidden=True,
+              help="Do not list tensors (the default now; kept for old scripts).")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
 @_key_option
 @_edge
-def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None,
+def inspect(path: Path, as_json: bool, verbose: bool, no_tensors: bool, fmt: str | None,
             key_file: Path | None) -> None:
-    """Show what a checkpoint holds: step, components, files, tensors (dtype, shape, size).
+    """Show what a checkpoint holds: step, components, files, and a tensor summary.
+
+    PATH is one checkpoint (a step directory, or a foreign checkpoint); for a run
+    directory, 'ckptkit ls RUN_DIR' lists its checkpoints.
 
     \b
     Example:
-        ckptkit inspect runs/exp1/ckpt/step-00001000 --no-tensors
+        ckptkit inspect runs/exp1/ckpt/step-00001000
+        ckptkit inspect runs/exp1/ckpt/step-00001000 --verbose   # every tensor
         ckptkit inspect runs/exp1/ckpt/step-00001000 --json | jq .manifest_digest
     """
     from ckptkit.describe import describe
@@ -175,7 +217,7 @@ def inspect(path: Path, as_json: bool, no_tensors: bool, fmt: str | None,
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
-        render_inspect(info, sys.stdout, tensors=not no_tensors)
+        render_inspect(info, sys.stdout, tensors=verbose and not no_tensors)
 
 
 @main.command()
@@ -204,9 +246,11 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
         ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt --json
         ckptkit adopt model.safetensors --expect weights
     """
+    from ckptkit._progress import activity, bytes_under
     from ckptkit.foreign.adopt import adopt_checkpoint
 
-    a = adopt_checkpoint(path, fmt, force=force, expect=expect)  # type: ignore[arg-type]
+    with activity(f"adopting {path.name}", bytes_under(path), None):
+        a = adopt_checkpoint(path, fmt, force=force, expect=expect)  # type: ignore[arg-type]
     if as_json:
         click.echo(json.dumps(a.to_dict(), indent=2))
         sys.exit(2 if a.refused is not None else 0 if a.ok else 1)
@@ -695,7 +739,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
 
     Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or
     that are corrupt, are passed over with the reason. Changes nothing: resume from the
-    printed path (``mgr.restore(ts, healthy=True)`` picks the same one). The hints are
+    printed path ('mgr.restore(ts, healthy=True)' picks the same one). The hints are
     suggestions; ckptkit never changes hyper-parameters. Exit 0 when a healthy
     checkpoint exists, 1 when none does, 2 when RUN_DIR cannot be read.
 

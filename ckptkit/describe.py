@@ -12,6 +12,7 @@ from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import describe_foreign
 from ckptkit.storage import fs
 from ckptkit.storage.atomic import MANIFEST_NAME
+from ckptkit.whatis import not_a_checkpoint
 
 
 def describe(
@@ -51,6 +52,9 @@ def describe(
         and detect(Path(str(loc))) is not None
     ):
         return describe_foreign(Path(str(loc)), format)
+    wrong = not_a_checkpoint(path, foreign_ok=True)
+    if wrong is not None:
+        raise wrong
     k = signing.resolve_key(key)
     m = mf.read(loc, key=k)
     sig = None

@@ -57,12 +57,27 @@ class CkptkitError(Exception):
             parts.append(f"Fix: {self.hint}")
         if self.code:
             parts.append(f"See {DOCS_URL}#{self.code.lower()}")
-        text = ". ".join(p.rstrip(".") for p in parts)
-        return text + "."
+        return " ".join(sentence(p) for p in parts)
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         # Keep errors picklable across multiprocessing boundaries (kwargs-only init).
         return (_rebuild, (type(self), self.what, self.path, self.code, self.hint))
+
+
+def sentence(text: str) -> str:
+    """End ``text`` with exactly one full stop (an ending ``?``, ``!`` or ellipsis stays).
+
+    Messages are assembled from parts written in many places (a raise site's ``what``, a
+    registered hint, an embedded error); some end with a period, some with a space.
+
+    Example:
+        >>> sentence("digest mismatch. "), sentence("see x (e.g. y.)"), sentence("why?")
+        ('digest mismatch.', 'see x (e.g. y.).', 'why?')
+    """
+    t = text.rstrip()
+    if t.endswith(("...", "\u2026", "?", "!")):
+        return t
+    return t.rstrip(".").rstrip() + "."
 
 
 def _as_path(path: Any) -> Path | str | None:

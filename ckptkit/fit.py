@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ckptkit._repr import brief
 from ckptkit.storage.tree import TAG, decode_key
 
 SHOW = 5
@@ -60,6 +61,16 @@ class FitReport:
                 + ")"
             )
         return "; ".join(parts) or f"all {len(self.loaded)} tensors fit"
+
+    def __repr__(self) -> str:
+        return brief(
+            "FitReport",
+            ok=self.ok,
+            loaded=len(self.loaded),
+            missing=self.missing,
+            unexpected=self.unexpected,
+            mismatched=[k for k, _, _ in self.mismatched],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict."""

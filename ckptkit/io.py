@@ -15,9 +15,11 @@ import torch
 
 from ckptkit import commit, signing
 from ckptkit import manifest as mf
+from ckptkit._repr import short
 from ckptkit.fit import FitReport
 from ckptkit.manifest import Manifest
 from ckptkit.storage import checkpoint, codec, shards
+from ckptkit.whatis import not_a_checkpoint
 
 
 def save(
@@ -89,6 +91,9 @@ class PartialLoad:
     report: FitReport
     """Which tensors were loaded, missing, unexpected or of another shape/dtype."""
 
+    def __repr__(self) -> str:
+        return f"PartialLoad(state={short(self.state)}, report={self.report!r})"
+
 
 @overload
 def load(
@@ -153,8 +158,9 @@ def load(
         ``into`` and ``strict=False``, a :class:`PartialLoad`.
 
     Raises:
-        IncompleteCheckpointError: no manifest (``CK-M001``) or a listed file missing
-            (``CK-F001``).
+        IncompleteCheckpointError: ``path`` does not exist or is not one checkpoint (a
+            run directory: the message lists its checkpoints), no manifest
+            (``CK-M001``), or a listed file missing (``CK-F001``).
         ManifestError: the manifest is malformed (``CK-M002/3/4/7/9``).
         UnsafeInputError: hostile manifest (``CK-M005/6/8``), decompression bomb
             (``CK-F008``), a listed file that is a symlink (``CK-F009``) or not a regular
@@ -180,6 +186,9 @@ def load(
         >>> r.loaded, r.missing, live["model"]["w"].tolist()
         (['model/w'], ['model/head'], [0.0, 1.0, 2.0])
     """
+    wrong = not_a_checkpoint(path)
+    if wrong is not None:
+        raise wrong
     obj, _, fit = checkpoint.read_checkpoint(
         path,
         targets_from=into,

@@ -27,12 +27,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptkit import codes, retain, rotation, signing
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
+from ckptkit._repr import brief
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
 from ckptkit.collective import Collective, TorchGroup, consensus, current
@@ -48,6 +49,7 @@ from ckptkit.stability import EmergencyPolicy
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
+from ckptkit.verify import atsave
 from ckptkit.verify.runner import verify_one
 
 log = logging.getLogger("ckptkit")
@@ -68,6 +70,14 @@ class SaveStats:
     total: float = 0.0
     """Until the checkpoint was verified, pointed at and rotation done."""
     deleted: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    """Consistency findings of the saved state (``CODE message``), recorded in its manifest."""
+
+    def __repr__(self) -> str:
+        times = {k: round(getattr(self, k), 4) for k in ("blocked", "capture", "write", "verify", "total")}
+        return brief(
+            "SaveStats", step=self.step, **times, deleted=self.deleted, findings=self.findings
+        )
 
 
 @dataclass
@@ -121,6 +131,16 @@ class CheckpointManager:
             refuse ``save``/``prune`` (what ``ckptkit ls`` uses).
         watch: a :class:`~ckptkit.StabilityWatch` whose snapshot goes into every manifest.
         emergency: when :meth:`observe` saves a pinned emergency checkpoint.
+        on_inconsistent: what a save does with consistency findings of the state it saves
+            (NaN weights, an unusable loss scale, an optimizer without state at step 500).
+            Either way they are recorded in the manifest (``findings``) and listed in
+            ``last_save.findings``. ``"raise"`` (default): the checkpoint is recorded
+            corrupt by its verify, never becomes ``latest``, and the next ``save``/
+            :meth:`wait` raises :class:`~ckptkit.errors.CommittedError`. ``"warn"``: the
+            state is intended (an optimizer reset): a warning is logged, and the checkpoint
+            is verified, becomes ``latest`` and counts for retention like any other; later
+            verifies report the findings as warnings, and ``ls`` and the restore notes say
+            what was accepted (see :mod:`ckptkit.verify.atsave`).
 
     On open, leftovers of an interrupted save (temporary directories, half-written
     ``latest``/index replacements) are reported and, when no live writer holds the run,
@@ -153,6 +173,7 @@ class CheckpointManager:
         readonly: bool = False,
         watch: Any = None,
         emergency: EmergencyPolicy | None = None,
+        on_inconsistent: atsave.Policy = "raise",
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
@@ -170,6 +191,9 @@ class CheckpointManager:
         self.readonly = readonly
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
+        if on_inconsistent not in atsave.POLICIES:
+            raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
+        self.on_inconsistent: atsave.Policy = on_inconsistent
         self.last_save = SaveStats()
         self._lock: Lock | None = None
         self._job: _Job | None = None
@@ -194,6 +218,19 @@ class CheckpointManager:
         job, self._job = self._job, None
         if job is not None and job.error is not None:
             raise job.error
+
+    def idle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the background job; True when none runs.
+
+        Unlike :meth:`wait` it raises nothing and leaves the job (and its error) to the
+        next ``save``/``wait``: safe to call from another thread (the pre-emption
+        watchdog lets an async save finish before the process exits).
+        """
+        job = self._job
+        if job is None:
+            return True
+        job.thread.join(timeout)
+        return not job.thread.is_alive()
 
     def _join(self) -> None:
         """Let the background job finish; its error stays for :meth:`wait` (or the next save)."""
@@ -318,7 +355,19 @@ class CheckpointManager:
             for c in self.catalog.list():
                 if c.status in ("verified", "committed", "corrupt"):
                     self._verify(c.path)
-        return self.catalog.list()
+        return self._noted(self.catalog.list())
+
+    def _noted(self, infos: builtins.list[CheckpointInfo]) -> builtins.list[CheckpointInfo]:
+        """Say, as the ``problem`` of a good checkpoint, what its saver accepted (``warn``)."""
+        out = []
+        for c in infos:
+            if c.status in ("verified", "committed") and c.problem is None:
+                with contextlib.suppress(CkptkitError, OSError):
+                    note = atsave.summary(self.catalog.manifest(c.path)[0])
+                    if note is not None:
+                        c = replace(c, problem=note)
+            out.append(c)
+        return out
 
     def latest(self) -> CheckpointInfo | None:
         """The checkpoint ``latest`` names: the newest verified one (None when there is none).
@@ -430,18 +479,65 @@ class CheckpointManager:
         self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats
     ) -> mf.Manifest | None:
         tw = time.perf_counter()
+        write, build = self._checked(snap, coll)
         man = commit(
             final,
             coll,
-            write=lambda tmp: snap.write(tmp, coll),
-            build=snap.build,
+            write=write,
+            build=build,
             overwrite=overwrite,
             prepare=self._writer,
             fence=self._fence,
             key=self.key,
         )
         stats.write = time.perf_counter() - tw
+        if man is not None:
+            self._on_findings(final, man, stats)
         return man
+
+    def _checked(
+        self, snap: StateSave, coll: Collective
+    ) -> tuple[Callable[[Location], Any], Callable[[builtins.list[Any]], mf.Manifest]]:
+        """The commit's write and build, with the consistency checks before the manifest.
+
+        Rank 0 checks the manifest it built against the files just written, the tensor
+        values scanned in memory, and records the findings in it (with the policy).
+        """
+        written: builtins.list[Location] = []
+
+        def write(tmp: Location) -> Any:
+            written.append(tmp)
+            return snap.write(tmp, coll)
+
+        def build(parts: builtins.list[Any]) -> mf.Manifest:
+            man = snap.build(parts)
+            try:
+                return atsave.check_before_commit(
+                    man, written[0], snap.encoded.tensors, policy=self.on_inconsistent
+                )
+            except Exception as e:  # a diagnostic must never cost the save
+                log.error(
+                    "ckptkit: the consistency checks before committing step %d failed (%s: %s);"
+                    " saved without a findings record, its verify still checks it",
+                    snap.step,
+                    type(e).__name__,
+                    e,
+                )
+                return man
+
+        return write, build
+
+    def _on_findings(self, final: Location, man: mf.Manifest, stats: SaveStats) -> None:
+        """Note what the save recorded; under ``warn``, say aloud what was accepted."""
+        found = atsave.recorded(man)
+        stats.findings = [f"{f.code} {f.message}" for f in found]
+        errors = [f for f in found if f.severity is codes.ERROR]
+        if errors and self.on_inconsistent == "warn":
+            log.warning(
+                "ckptkit: %s saved with consistency errors, accepted (on_inconsistent='warn'): %s",
+                final.name,
+                "; ".join(f"{f.code} {f.message}" for f in errors[:3]),
+            )
 
     def _commit_and_settle(
         self,

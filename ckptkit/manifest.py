@@ -30,6 +30,7 @@ from typing import Any
 import jsonschema_rs
 
 from ckptkit import signing
+from ckptkit._repr import brief
 from ckptkit._version import __version__
 from ckptkit.errors import (
     IncompleteCheckpointError,
@@ -196,6 +197,8 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     lookahead: Mapping[str, Any] | None = None
     health: Mapping[str, Any] | None = None
+    findings: Mapping[str, Any] | None = None
+    """Consistency findings at save and the saver's policy (:mod:`ckptkit.verify.atsave`)."""
     pins: tuple[str, ...] = ()
     user: Mapping[str, Any] | None = None
     signature: Signature | None = None
@@ -205,6 +208,18 @@ class Manifest:
     def total_bytes(self) -> int:
         """Bytes on disk of every listed file."""
         return sum(f.size for f in self.files)
+
+    def __repr__(self) -> str:
+        # The tree holds every rank's RNG state: name the facts, count the rest.
+        return brief(
+            "Manifest",
+            step=self.step,
+            files=len(self.files),
+            tensors=len(self.tensors),
+            bytes=self.total_bytes,
+            components=[n for n, c in self.components.items() if c.present],
+            created_at=self.created_at,
+        )
 
     def file(self, path: str) -> FileEntry | None:
         """Return the entry of ``path`` or None."""
@@ -231,7 +246,7 @@ class Manifest:
             },
             "env": dict(self.env),
         }
-        for k in ("lookahead", "health", "user"):
+        for k in ("lookahead", "health", "findings", "user"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = dict(v)
@@ -325,6 +340,7 @@ class Manifest:
             schema_version=d["schema_version"],
             lookahead=d.get("lookahead"),
             health=d.get("health"),
+            findings=d.get("findings"),
             pins=tuple(d.get("pins", ())),
             user=d.get("user"),
             signature=Signature.from_dict(d["signature"]) if "signature" in d else None,

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ckptkit._repr import brief
 from ckptkit.stability import HINTS
 
 Health = Literal["ok", "warn", "critical"]
@@ -311,6 +312,14 @@ class RetentionPlan:
         """
         return {d.ckpt.step: d for d in self.decisions}
 
+    def __repr__(self) -> str:
+        return brief(
+            "RetentionPlan",
+            keep=[c.step for c in self.keep],
+            delete=[c.step for c in self.delete],
+            budget_note=self.budget_note,
+        )
+
 
 def plan(
     ckpts: Sequence[CkptInfo],
@@ -485,6 +494,17 @@ class RollbackChoice:
     """Recovery suggestions for the signals that fired; ckptkit never applies them."""
     health_data: bool = True
     """False when no checkpoint of the run carries a health record (no StabilityWatch)."""
+
+    def __repr__(self) -> str:
+        c = self.checkpoint
+        return brief(
+            "RollbackChoice",
+            step=c.step if c is not None else None,
+            path=getattr(c, "path", None),
+            reasons=self.reasons,
+            hints=len(self.hints),
+            health_data=self.health_data,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict."""

@@ -26,6 +26,7 @@ from typing import IO, Any, Literal
 
 from ckptkit.errors import CkptkitError
 from ckptkit.recorder import parse_line
+from ckptkit.render.text import PipeConsole
 from ckptkit.stability import _RANK, Level, StabilityWatch, Verdict, worse
 
 
@@ -129,6 +130,8 @@ class WatchState:
             "bad_lines": self.bad_lines,
             "restarts": self.restarts,
             "level": v.level if v else "ok",
+            "judging": not_judging(self.watch) is None,
+            "not_judging": not_judging(self.watch),
             "step": v.step if v else None,
             "worst": self.worst,
             "worst_step": self.worst_step,
@@ -140,6 +143,28 @@ class WatchState:
 
 
 ExitOn = Literal["warn", "critical", "never"]
+
+
+def not_judging(w: StabilityWatch) -> str | None:
+    """Why the watch cannot call the run healthy yet (None once every test is armed).
+
+    During its warm-up only NaN/Inf and the loss-scale floor are judged, and the trend
+    tests need a baseline window first: an "ok" then means "nothing judged", not healthy.
+
+    Example:
+        >>> w = StabilityWatch(warmup=100)
+        >>> _ = w.update(1, loss=2.0)
+        >>> not_judging(w)
+        'warming up: 1 of 100 steps (only NaN/Inf and the loss-scale floor are judged)'
+    """
+    if w.updates <= w.warmup:
+        return (
+            f"warming up: {w.updates} of {w.warmup} steps (only NaN/Inf and the loss-scale "
+            "floor are judged)"
+        )
+    if w.tracks and not any(t.ready for t in w.tracks.values()):
+        return f"collecting a baseline: {w.min_history} steps of history before the trend tests"
+    return None
 
 
 def follow(
@@ -273,11 +298,12 @@ def dashboard(state: WatchState) -> Any:
 
     v = state.verdict
     level = v.level if v else "ok"
+    waiting = not_judging(state.watch) if level == "ok" else None
     head = Text.assemble(
         ("ckptkit watch ", "bold"),
         (str(state.path), "cyan"),
         f"  records {state.records}  step {v.step if v else '-'}  level ",
-        (level, _STYLE[level]),
+        (level, _STYLE[level]) if waiting is None else ("not judged yet: " + waiting, "cyan"),
         f"  (worst {state.worst}" + (f" at step {state.worst_step})" if state.worst_step else ")"),
         (f"  damaged lines skipped {state.bad_lines}" if state.bad_lines else "", "yellow"),
     )
@@ -290,7 +316,7 @@ def dashboard(state: WatchState) -> Any:
         if name == "nonfinite_counts":
             continue
         sig = fired.get(name)
-        lvl = sig.level if sig else "ok"
+        lvl = sig.level if sig else "ok" if waiting is None and st.get("z") is not None else "-"
         tab.add_row(
             name,
             _f(st.get("last")),
@@ -298,7 +324,7 @@ def dashboard(state: WatchState) -> Any:
             _f(st.get("recent_median")),
             _f(st.get("z"), "+.1f"),
             _f(st.get("std_ratio"), ".2f"),
-            Text(lvl, _STYLE[lvl]),
+            Text(lvl, _STYLE.get(lvl, "dim")),
         )
     parts: list[Any] = [head, tab]
     if v is not None and v.signals:
@@ -323,9 +349,7 @@ def _f(x: Any, fmt: str = ".4g") -> str:
 
 def render(state: WatchState, out: IO[str]) -> None:
     """Print the dashboard once (no live refresh) to ``out``."""
-    from rich.console import Console
-
-    Console(file=out, width=120).print(dashboard(state))
+    PipeConsole(file=out, width=120).print(dashboard(state))
 
 
 __all__ = ["JsonlFollower", "WatchState", "dashboard", "follow", "render", "write_alert"]

@@ -19,6 +19,7 @@ import torch
 import xxhash
 
 from ckptkit import manifest as mf
+from ckptkit._repr import brief
 from ckptkit.capture import env as env_capture
 from ckptkit.capture import fp8 as fp8_capture
 from ckptkit.capture import optim as optim_capture
@@ -64,6 +65,16 @@ class RestoreResult:
     path: Location | None = None
     guard: Any = None
     """The :class:`~ckptkit.guard.ResumeGuard` checking this resume (its ``findings``)."""
+
+    def __repr__(self) -> str:
+        # The manifest (every rank's RNG state) would make this 20 KB: name, count, cut.
+        return brief(
+            "RestoreResult",
+            step=self.step,
+            path=self.path,
+            restored=self.restored,
+            notes=self.notes,
+        )
 
 
 class TrainState:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TextIO
 
 from ckptkit.render import json as json_render
 from ckptkit.render import junit, text
 
-Renderer = Callable[[Any, TextIO], None]
+Renderer = Callable[..., None]
+"""``(result, out, **options)``: options a renderer does not take are not passed."""
 
 RENDERERS: dict[str, Renderer] = {
     "text": text.render_verify,

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ckptkit._repr import short
+
 
 def _e(x: object) -> str:
     """Escape text from checkpoints and users: '[/x]' in a key must print, not crash rich."""
@@ -28,13 +30,33 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+class PipeConsole(Console):
+    """A rich console that leaves a closed pipe to the CLI's edge.
+
+    Rich's own handling exits with status 1 (``ckptkit verify | head`` would then look
+    like a failed verify); raising lets :func:`ckptkit.cli._edge` end the command the
+    way ``cat`` ends.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(32, "Broken pipe")
+
+
 def _console(out: TextIO) -> Console:
-    return Console(file=out, soft_wrap=False, width=None if out.isatty() else 120)
+    return PipeConsole(file=out, soft_wrap=False, width=None if out.isatty() else 120)
 
 
-def render_verify(result: Any, out: TextIO) -> None:
-    """Print each report: a verdict line, the components table, then the findings."""
+def render_verify(result: Any, out: TextIO, *, verbose: bool = False) -> None:
+    """Print each report: a verdict line, its components, then one line per finding.
+
+    One checkpoint shows its component table; a run directory shows one verdict line per
+    checkpoint and its findings (``verbose``: the component table of each too). Errors
+    carry their fix on the next line (``verbose``: every finding). Findings are plain
+    lines, never a box-drawing table, so ``grep`` and ``head`` work on the output.
+    """
     con = _console(out)
+    many = len(result.reports) > 1
     for rep in result.reports:
         verdict = "[bold green]OK[/]" if rep.ok else "[bold red]FAILED[/]"
         step = f" step {rep.step}" if rep.step is not None else ""
@@ -43,14 +65,14 @@ def render_verify(result: Any, out: TextIO) -> None:
             f"{human_bytes(rep.bytes_checked)} checked in {rep.seconds:.2f}s"
         )
         expect = getattr(rep, "expect", None)
-        if expect is not None:
+        if expect is not None and (verbose or not many):
             src = getattr(rep, "expect_source", None)
             why = getattr(rep, "expect_why", "")
             con.print(
                 f"checked as a {expect} checkpoint"
                 + (f" (inferred: {_e(why)}; --expect to override)" if src == "inferred" else "")
             )
-        if rep.manifest is not None or rep.format != "ckptkit":
+        if (rep.manifest is not None or rep.format != "ckptkit") and (verbose or not many):
             found = getattr(rep, "found", {}) or {}
             comps = Table(title=None, show_header=True, header_style="bold", box=None)
             cols = ["component", "present", "required", "where"]
@@ -73,22 +95,29 @@ def render_verify(result: Any, out: TextIO) -> None:
                     where = _e(", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else ""))
                 comps.add_row(name, mark, "yes" if c.required else "", where)
             con.print(comps)
-        if rep.findings:
-            t = Table(show_header=True, header_style="bold")
-            for col in ("code", "severity", "component", "file", "what", "fix"):
-                t.add_column(col, overflow="fold")
-            for f in rep.findings:
-                sev = str(f.severity)
-                t.add_row(f.code, f"[{_STYLE[sev]}]{sev}[/]", _e(f.component), _e(f.path or ""),
-                          _e(f.message), _e(f.hint))
-            con.print(t)
-    if len(result.reports) > 1:
+        for f in rep.findings:
+            sev = str(f.severity)
+            where = f" {_e(f.path)}" if f.path else ""
+            _line(con, f"  [{_STYLE[sev]}]{sev:<7}[/] {f.code} {_e(f.component)}{where}: {_e(f.message)}")
+            if verbose or f.severity == "error":
+                _line(con, f"          Fix: {_e(f.hint)}")
+    if many:
         bad = sum(not r.ok for r in result.reports)
-        con.print(f"{len(result.reports)} checkpoints, {bad} failed")
+        more = "" if verbose else " (--verbose: each checkpoint's components and every fix)"
+        con.print(f"{len(result.reports)} checkpoints, {bad} failed{more}")
 
 
-def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -> None:
-    """Print what a checkpoint holds: step, components, files and tensors."""
+def _line(con: Console, text: str) -> None:
+    """Print one record: wrapped on a terminal, one unbroken line for grep otherwise."""
+    con.print(text, soft_wrap=not con.is_terminal, highlight=False)
+
+
+def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = False) -> None:
+    """Print what a checkpoint holds: step, components, files, and a tensor summary.
+
+    ``tensors`` (``--verbose``) lists every tensor (key, dtype, shape, size, file) instead
+    of a one-line summary, and component summaries in full (parameter names included).
+    """
     con = _console(out)
     by = (f"ckptkit {info['ckptkit_version']}" if info.get("format", "ckptkit") == "ckptkit"
           else f"{info['format']} (foreign)")
@@ -106,7 +135,10 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
     for col in ("component", "present", "required", "where", "summary"):
         comps.add_column(col, overflow="fold")
     for name, c in info["components"].items():
-        summary = ", ".join(f"{k}={v}" for k, v in list(c.get("summary", {}).items())[:4])
+        summary = ", ".join(
+            f"{k}={v if tensors or isinstance(v, (str, int, float)) else short(v)}"
+            for k, v in list(c.get("summary", {}).items())[:4]
+        )
         where = c.get("found") or ", ".join(c.get("where", [])[:3])
         comps.add_row(
             name,
@@ -131,6 +163,28 @@ def render_inspect(info: dict[str, Any], out: TextIO, *, tensors: bool = True) -
             tt.add_row(_e(t["key"]), t["dtype"], str(t["shape"]), human_bytes(t["nbytes"]),
                        _e(t["file"]))
         con.print(tt)
+    elif info["tensors"]:
+        con.print(tensor_summary(info["tensors"]) + " (--verbose lists them)", highlight=False)
+
+
+def tensor_summary(tensors: Sequence[dict[str, Any]]) -> str:
+    """One line: how many tensors, per top-level key and per dtype, and their bytes.
+
+    Example:
+        >>> tensor_summary([{"key": "model/w", "dtype": "F32", "nbytes": 2048},
+        ...                 {"key": "optimizer/m", "dtype": "F32", "nbytes": 2048}])
+        'tensors: 2 (model 1, optimizer 1; F32 2), 4.0 KiB'
+    """
+    by_head: dict[str, int] = {}
+    by_dtype: dict[str, int] = {}
+    for t in tensors:
+        head = str(t["key"]).split("/", 1)[0]
+        by_head[head] = by_head.get(head, 0) + 1
+        by_dtype[str(t["dtype"])] = by_dtype.get(str(t["dtype"]), 0) + 1
+    heads = ", ".join(f"{_e(k)} {n}" for k, n in by_head.items())
+    dtypes = ", ".join(f"{k} {n}" for k, n in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
+    total = sum(int(t.get("nbytes", 0)) for t in tensors)
+    return f"tensors: {len(tensors)} ({heads}; {dtypes}), {human_bytes(total)}"
 
 
 _STATUS_STYLE = {"verified": "green", "committed": "yellow", "corrupt": "bold red", "incomplete": "red"}

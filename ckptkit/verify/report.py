@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit._repr import brief
 from ckptkit.codes import Finding, Severity
 from ckptkit.storage.fs import Location
 from ckptkit.verify.view import Found
@@ -54,6 +55,16 @@ class Report:
     @property
     def step(self) -> int | None:
         return self.manifest.step if self.manifest is not None else None
+
+    def __repr__(self) -> str:
+        return brief(
+            "Report",
+            path=self.path,
+            ok=self.ok,
+            step=self.step,
+            format=self.format,
+            findings=[f"{f.severity} {f.code}" for f in self.findings],
+        )
 
     def raise_first(self) -> None:
         """Raise the exception matching the first error finding (what ``load`` would)."""
@@ -108,6 +119,15 @@ class VerifyResult:
     @property
     def findings(self) -> list[Finding]:
         return [f for r in self.reports for f in r.findings]
+
+    def __repr__(self) -> str:
+        return brief(
+            "VerifyResult",
+            path=self.path,
+            ok=self.ok,
+            checkpoints=len(self.reports),
+            failed=[r.path.name for r in self.reports if not r.ok],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

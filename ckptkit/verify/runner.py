@@ -17,6 +17,7 @@ from ckptkit.foreign.read import resolve_format
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify import atsave
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
@@ -77,6 +78,9 @@ def verify_one(
             for chk in CHECKS:
                 if chk.family == fam and chk.needs <= ctx.has:
                     findings.extend(chk.run(ctx))
+    if m is not None and "consistency" in fams:  # what the saver found and accepted
+        values = ctx.options.get("scan_values", True) is not False
+        findings = atsave.reconcile(m, findings, values_scanned=values)
     gone = existed and fs.kind(root) is None
     if gone:
         # Rotation of a live run deleted it while we read: not damage, and not a finding
@@ -205,10 +209,11 @@ def verify(
     result = VerifyResult(path=root, strict=strict)
     foreign = _foreign_targets(Path(str(root)), format) if fs.is_local(root) else None
     if foreign is not None:
-        result.reports.extend(
-            verify_foreign(p, fmt, strict=strict, expect=expect, families=fams)
-            for p, fmt in foreign
-        )
+        for p, fmt in foreign:
+            with _progress.activity(f"verifying {p.name}", _progress.bytes_under(p), progress):
+                result.reports.append(
+                    verify_foreign(p, fmt, strict=strict, expect=expect, families=fams)
+                )
         return result
     for ck in find_checkpoints(root):
         rep = verify_one(ck, families=fams, strict=strict, progress=progress, key=k,

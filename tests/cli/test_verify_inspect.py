@@ -89,7 +89,7 @@ def test_verify_hostile_manifest_exit_1_names_code(saved_ckpt) -> None:  # type:
 
 def test_inspect_lists_tensors_and_components(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     d = saved_ckpt()
-    code, out, _ = _run("inspect", str(d))
+    code, out, _ = _run("inspect", str(d), "--verbose")
     assert code == 0 and "model/emb.weight" in out and "step=3" in out
     code, out, _ = _run("inspect", str(d), "--json")
     info = json.loads(out)

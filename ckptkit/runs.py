@@ -15,6 +15,7 @@ order and falls back to the native layout.
 from __future__ import annotations
 
 import builtins
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,6 +53,20 @@ Detector = Callable[[Location, dict[str, Any]], "Run | None"]
 
 DETECTORS: list[tuple[str, Detector]] = []
 """Registered layouts, asked in order by :func:`open_run`."""
+
+BUILTIN_LAYOUTS: tuple[str, ...] = ()
+"""Modules of :mod:`ckptkit.layouts` that :func:`open_run` imports (each registers itself)."""
+
+_loaded = False
+
+
+def _load_builtin_layouts() -> None:
+    """Import the built-in layout modules once (they register at import, like plugins)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for name in BUILTIN_LAYOUTS:
+            importlib.import_module(name)
 
 
 def register(name: str, detector: Detector) -> None:
@@ -105,6 +120,7 @@ def open_run(root: str | Location, **options: Any) -> Run:
         >>> open_run(tempfile.mkdtemp()).layout
         'ckptkit'
     """
+    _load_builtin_layouts()
     loc = fs.location(root)
     for _name, detect in DETECTORS:
         run = detect(loc, dict(options))
@@ -113,4 +129,4 @@ def open_run(root: str | Location, **options: Any) -> Run:
     return NativeRun(loc, **options)
 
 
-__all__ = ["DETECTORS", "Detector", "NativeRun", "Run", "open_run", "register"]
+__all__ = ["BUILTIN_LAYOUTS", "DETECTORS", "Detector", "NativeRun", "Run", "open_run", "register"]

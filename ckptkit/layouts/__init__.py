@@ -1,0 +1,9 @@
+"""Framework run layouts: how a framework lays out its checkpoints in a run directory.
+
+Each module here recognises one framework's run directory (a Trainer ``output_dir`` with
+``checkpoint-N/``, an Accelerate ``checkpoints/``, a Lightning ``checkpoints/`` of
+``*.ckpt``) and returns a :class:`ckptkit.runs.Run` for it, registered with
+:func:`ckptkit.runs.register` at import. They read files only: no framework is imported,
+so ``ckptkit ls`` works on a machine without it. :func:`ckptkit.runs.open_run` imports
+the modules named in :data:`ckptkit.runs.BUILTIN_LAYOUTS` before it asks the detectors.
+"""

@@ -27,6 +27,7 @@ from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
+from ckptkit.foreign.adopted import adopted_path
 
 Record = Mapping[str, Any]
 
@@ -564,7 +565,7 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
         >>> checkpoint_facts(d / "step-00000003")["step"]
         3
     """
-    m = mf.read(ckpt)
+    m = _manifest(Path(ckpt))
     comps = m.components
 
     def summ(name: str) -> Mapping[str, Any]:
@@ -593,6 +594,14 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
         "data_declared": bool(summ("data")) or ("data" in comps and comps["data"].present),
         "window_records": window_records,
     }
+
+
+def _manifest(ckpt: Path) -> mf.Manifest:
+    """The native manifest of ``ckpt``, else the one ``ckptkit adopt`` (or a framework
+    integration) wrote beside a framework's checkpoint."""
+    if not (ckpt / mf.MANIFEST_NAME).is_file() and adopted_path(ckpt).is_file():
+        return mf.read_path(adopted_path(ckpt))
+    return mf.read(ckpt)
 
 
 def continuity(

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptkit import errors
+from ckptkit import errors, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
 from ckptkit.drill import compare, diagnose, launch
@@ -55,6 +55,7 @@ from ckptkit.drill.contract import (
     ENV_VARS,
 )
 from ckptkit.errors import CkptkitError, DrillError
+from ckptkit.foreign.adopted import adopted_path
 from ckptkit.recorder import ENV_METRICS, read_jsonl
 from ckptkit.storage import atomic, fs
 from ckptkit.verify.findings import CODES
@@ -381,7 +382,8 @@ def _drill(
                 # reads manifests, so it runs once a second and once the reference ended.
                 polls += 1
                 thorough = polls % 50 == 0 or ("reference", 0) in done
-                ckpt = _committed(config, ref0, save_at, workdir, thorough) if ref0 else None
+                ckpt = (_committed(config, ref0, save_at, workdir, thorough,
+                                   ended=("reference", 0) in done) if ref0 else None)
                 if ckpt is None and ("reference", 0) in done:
                     ref = done[("reference", 0)]
                     raise DrillError(
@@ -492,7 +494,13 @@ def _import_statistics() -> None:
 
 
 def _committed(
-    config: DrillConfig, ref0: _Running, save_at: int, workdir: Path, thorough: bool
+    config: DrillConfig,
+    ref0: _Running,
+    save_at: int,
+    workdir: Path,
+    thorough: bool,
+    *,
+    ended: bool = False,
 ) -> Path | None:
     """The reference's step-W checkpoint once committed, as a private snapshot (or None).
 
@@ -507,6 +515,8 @@ def _committed(
         return None
     else:
         found = find_checkpoint(ref0.ckpt_dir, save_at)
+    if found is None and thorough:
+        return _framework_snapshot(ref0.ckpt_dir, save_at, workdir, ended=ended)
     if found is None and config.isolate:
         # A script that ignores $CKPTKIT_CKPT_DIR writes under its own run directory.
         hits = sorted(
@@ -527,6 +537,46 @@ def _committed(
         return None  # caught mid-rotation or mid-write: look again at the next poll
     if not (dst / mf.MANIFEST_NAME).is_file():
         return None
+    return dst
+
+
+def _framework_snapshot(ckpt_dir: Path, save_at: int, workdir: Path, *, ended: bool) -> Path | None:
+    """A framework's step-W checkpoint (a Trainer ``checkpoint-N``, a Lightning ``.ckpt``),
+    found through its run layout (:func:`ckptkit.runs.open_run`), as a private snapshot.
+
+    Only a ``verified`` one (adopted by the integration: digests and component table
+    beside it) is taken while the reference runs; once it has ended, a ``committed`` one
+    too (the drill then says it is not adopted when it resumes). The snapshot keeps the
+    framework's name (and a single file's adopted manifest beside it).
+    """
+    if not ckpt_dir.is_dir():
+        return None
+    run = runs.open_run(ckpt_dir)
+    try:
+        if run.layout == "ckptkit":
+            return None
+        good = ("verified", "committed") if ended else ("verified",)
+        hits = [c for c in run.checkpoints() if c.step == save_at and c.status in good]
+    finally:
+        run.close()
+    if not hits:
+        return None
+    src = Path(str(max(hits, key=lambda c: c.status == "verified").path))
+    dst = workdir / "checkpoint" / src.name
+    try:
+        if dst.parent.exists():
+            shutil.rmtree(dst.parent)
+        dst.parent.mkdir(parents=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(str(src), str(dst))
+            side = adopted_path(src)
+            if side.is_file():
+                _link_or_copy(str(side), str(adopted_path(dst)))
+    except (OSError, shutil.Error):
+        shutil.rmtree(dst.parent, ignore_errors=True)
+        return None  # caught mid-rotation or mid-write: look again at the next poll
     return dst
 
 

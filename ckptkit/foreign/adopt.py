@@ -22,6 +22,7 @@ import contextlib
 import os
 import platform
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
+from ckptkit.foreign._scan import ADOPTED_SUFFIX as ADOPTED_NAME
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.storage import digest
@@ -78,13 +80,35 @@ class Adoption:
         }
 
 
+@dataclass(frozen=True)
+class Notes:
+    """What a framework integration adds to an adopted manifest (see :func:`adopt_checkpoint`)."""
+
+    step: int | None = None
+    """The optimizer step of the checkpoint (when the files do not hold it, or hold another
+    counter: Accelerate's ``step`` counts micro-steps)."""
+    health: Mapping[str, Any] | None = None
+    """The stability watch's snapshot (``ckptkit ls`` health, ``rollback``)."""
+    pins: tuple[str, ...] = ()
+    """Pin labels (``emergency``): rotation never deletes a pinned checkpoint."""
+    lookahead: Mapping[str, Any] | None = None
+    """What the next step will use (the drill's continuity check)."""
+    data: Mapping[str, Any] | None = None
+    """Data identity (``snapshot`` ...), compared on resume."""
+
+
 def _needs_code(findings: list[Finding]) -> list[Finding]:
     """CK-F103 findings about resume state (info-level ones are about config files)."""
     return [f for f in findings if f.code == "CK-F103" and f.severity is not INFO]
 
 
 def adopt_checkpoint(
-    path: Path | str, fmt: str | None = None, *, force: bool = False, expect: Expect | None = None
+    path: Path | str,
+    fmt: str | None = None,
+    *,
+    force: bool = False,
+    expect: Expect | None = None,
+    notes: Notes | None = None,
 ) -> Adoption:
     """Verify a foreign checkpoint, then record its digests and component table beside it.
 
@@ -100,6 +124,9 @@ def adopt_checkpoint(
         force: adopt whatever verify says.
         expect: ``weights`` or ``training`` (recorded; later verifies use it); inferred
             when None.
+        notes: what the training loop knows that the files do not say (the step of an
+            Accelerate ``checkpoint_N``, health, pins, look-ahead, data identity);
+            written into the adopted manifest by the framework integrations.
 
     Raises:
         CkptkitError: the layout is not recognised.
@@ -135,13 +162,23 @@ def adopt_checkpoint(
         record["expect"] = expect
     if adoption.unverifiable:
         record["unverifiable"] = adoption.unverifiable
+    notes = notes or Notes()
+    components = dict(rep.components)
+    if notes.data:
+        components["data"] = mf.Component(
+            "data", present=True, required=False, where=(f"{ADOPTED_NAME}:data",),
+            summary=dict(notes.data),
+        )
     m = mf.Manifest(
         files=(),
         tensors=(),
         tree=None,
-        components={n: c for n, c in rep.components.items()},
+        components=components,
         env={"torch": torch.__version__, "python": platform.python_version()},
-        step=s.step,
+        step=notes.step if notes.step is not None else s.step,
+        lookahead=dict(notes.lookahead) if notes.lookahead else None,
+        health=dict(notes.health) if notes.health else None,
+        pins=tuple(sorted(set(notes.pins))),
         user={"adopted": record},
     )
     out = adopted_path(s.target)
@@ -229,4 +266,4 @@ def _write_atomic(out: Path, text: str) -> None:
         fsync_dir(out.parent)
 
 
-__all__ = ["Adoption", "adopt", "adopt_checkpoint", "adopted_path"]
+__all__ = ["Adoption", "Notes", "adopt", "adopt_checkpoint", "adopted_path"]

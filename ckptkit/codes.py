@@ -573,6 +573,17 @@ register_code(
     hint="ckptkit did not map these keys/files to a spec component; rename them to a common key (model, optimizer, scheduler, scaler, step, rng, sampler) or ignore this if they are not resume state",
 )
 register_code(
+    "CK-C105",
+    family="completeness",
+    severity=WARNING,
+    title="data position is a batch count, not the sampler's state",
+    hint="the loader saved how many batches it yielded but not its sampler's order, so the "
+    "resumed epoch is re-drawn: exact only when the order is a function of (seed, epoch). "
+    "Use a seedable sampler (Accelerate: DataLoaderConfiguration(use_seedable_sampler=True)) "
+    "and call dl.set_epoch(epoch) every epoch; prove it with 'ckptkit drill' (docs/hf.md)",
+    component="sampler",
+)
+register_code(
     "CK-S001",
     family="consistency",
     severity=ERROR,

@@ -354,6 +354,13 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
             return d("data-version", "medium", ["data-version"])
         return d("unknown", "low", ["data-version", "rng"])
     cursor_known = "cursor" in e.compared
+    if cursor_known and e.data_declared:
+        # The cursor can be a bare batch count (a StatefulDataLoader over a plain sampler):
+        # equal counts over an epoch order drawn again give other batches.
+        e.ev.append("the data cursor is equal, but the run declares its data identity and the "
+                    "resume guard found it unchanged: the data version is ruled out, so the "
+                    "cursor does not pin the order (a batch count over a re-drawn epoch order)")
+        return d("sampler", "medium", ["sampler"])
     if cursor_known:
         e.ev.append("the data cursor is equal at every step: the sampler is in the same state")
         return d("data-version", "medium", ["data-version", "sampler"])

@@ -64,14 +64,24 @@ def scan(s: Scan) -> None:
 
     for f in (f for f in s.files if _SAMPLER.match(f)):
         used.add(f)
-        if s.load(f, component="sampler") is not None:
+        obj = s.load(f, component="sampler")
+        if obj is not None:
             s.present("sampler", [f])
+        if isinstance(obj, Mapping) and _count_only(obj):
+            s.add(
+                "CK-C105",
+                f"{f} holds {obj.get('_num_yielded')} batch(es) yielded and no sampler state: "
+                "the resumed epoch's order is drawn again",
+                path=f,
+            )
     s.absent(
         "sampler",
         "no sampler.bin / dl_state_dict.bin: Accelerate saves no data-loader position by "
-        "default, so a resumed epoch replays from its start unless you call "
-        "skip_first_batches; use Accelerator(dataloader_config=DataLoaderConfiguration("
-        "use_stateful_dataloader=True)) or skip_first_batches(dl, n) on resume",
+        "default, so a resumed epoch replays from its start unless the loop skips the "
+        "batches seen (accelerator.skip_first_batches(dl, n)) over an order that is a "
+        "function of (seed, epoch): DataLoaderConfiguration(use_seedable_sampler=True) and "
+        "dl.set_epoch(epoch); or use_stateful_dataloader=True with the seedable sampler "
+        "(docs/hf.md)",
     )
 
     rng = sorted((f for f in s.files if _RNG.match(f)), key=lambda f: int(_RNG.match(f)[1]))  # type: ignore[index]
@@ -113,3 +123,13 @@ def scan(s: Scan) -> None:
             rec = recognise(obj)
             s.recognised(rec, file=f)
     s.unrecognised("files", [f for f in s.files if f not in used])
+
+
+def _count_only(state: Mapping[str, object]) -> bool:
+    """A StatefulDataLoader state that holds a batch count but no sampler state."""
+    keys = ("_index_sampler_state", "_sampler_iter_state", "_num_yielded")
+    return (
+        all(k in state for k in keys)
+        and state["_index_sampler_state"] is None
+        and state["_sampler_iter_state"] is None
+    )

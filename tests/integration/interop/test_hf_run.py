@@ -251,7 +251,7 @@ def test_accelerate_adopts_rotates_and_resumes(tmp_path: Path) -> None:
     # total_limit=2 became verified rotation; steps come from the adopted manifests.
     assert [(c.step, c.status, Path(str(c.path)).name) for c in run.checkpoints()] == [
         (6, "verified", "checkpoint_2"), (8, "verified", "checkpoint_3")]
-    ck2, start = acc_loop(project, steps=10, keep=3, total_limit=None, resume=True)
+    _, start = acc_loop(project, steps=10, keep=3, total_limit=None, resume=True)
     assert start == 8
     names = [Path(str(c.path)).name for c in runs.open_run(project).checkpoints()]
     assert names == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]  # counts on, never overwrites

@@ -44,7 +44,7 @@ from ckptkit.errors import (
     IncompleteCheckpointError,
     LockHeldError,
 )
-from ckptkit.restore import Skip, restore_candidate
+from ckptkit.restore import Skip, candidates, restore_candidate
 from ckptkit.stability import EmergencyPolicy
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
@@ -812,41 +812,11 @@ class CheckpointManager:
         self._join()
         coll = current()
         infos = coll.broadcast(self.catalog.list() if coll.rank == 0 else None)
-        infos = [c for c in infos if c.status in ("verified", "committed", "corrupt")]
-        notes: builtins.list[str] = []
-        if healthy:
-            pick = rotation.choose_rollback(infos)
-            for why in pick.reasons[:-1] if pick.checkpoint is not None else pick.reasons:
-                log.warning("ckptkit: restore(healthy=True): %s", why)
-            notes += [f"{r} (healthy=True)" for r in pick.reasons if ": skipped" in r]
-            allowed = {c.step for c in infos if c.health == "ok"}
-            if not pick.health_data and pick.checkpoint is not None:
-                allowed = {pick.checkpoint.step}
-            infos = [c for c in infos if c.step in allowed]
-            if not infos:
-                raise IncompleteCheckpointError(
-                    "no checkpoint with health ok: " + " | ".join(pick.reasons or ["none saved"]),
-                    path=self.root,
-                    hint="restore without healthy=True to take the newest verified one anyway",
-                )
-            if self.watch is not None:
-                self.watch.reset()  # its windows describe the run we roll back from
-        if step is not None:
-            infos = [c for c in infos if c.step == step]
-            if not infos:
-                raise IncompleteCheckpointError(
-                    f"no committed checkpoint for step {step}",
-                    path=self.root,
-                    hint="'ckptkit ls RUN' lists the steps that exist",
-                )
-        elif not infos:
-            if self.catalog.list():
-                raise IncompleteCheckpointError(
-                    "no committed checkpoint: every step directory is incomplete",
-                    path=self.root,
-                    hint="the saves were interrupted; start fresh",
-                )
-            return None
+        if not infos and step is None and not healthy:
+            return None  # a fresh start: the run has no checkpoint at all
+        infos, notes = candidates(infos, step=step, healthy=healthy, root=self.root)
+        if healthy and self.watch is not None:
+            self.watch.reset()  # its windows describe the run we roll back from
         skipped: builtins.list[str] = []
         mismatch: CkptkitError | None = None
         for c in reversed(infos):

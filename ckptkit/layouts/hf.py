@@ -311,6 +311,13 @@ class HFRun:
         self.fence()
         return self.catalog.clean_leftovers()
 
+    def resume_hint(self, info: CheckpointInfo) -> str:
+        """How to resume this run from ``info``, in the framework's own terms."""
+        if self._layout == "hf-trainer":
+            return f'trainer.train(resume_from_checkpoint="{info.path}")'
+        return (f'AccelerateCheckpoints(...).resume(path="{info.path}") '
+                f'(or accelerator.load_state("{info.path}"))')
+
     # --- resume selection ---------------------------------------------------------------------
 
     def newest_verified(self) -> tuple[CheckpointInfo | None, builtins.list[str]]:

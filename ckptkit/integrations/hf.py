@@ -287,6 +287,8 @@ class _Keeper:
             return None
         pins = (self.pin_next,) if self.pin_next else ()
         self.pin_next = None
+        if self.drill.should_save(step):
+            pins += ("drill",)  # the drill snapshots it a moment later: never rotated away
         notes = Notes(
             step=step,
             health=self.watch.snapshot() if self.watch is not None else None,

@@ -92,6 +92,9 @@ CLEAN: list[tuple[str, list[str], int]] = [
     ("accelerate-plain-mid-epoch", [*ACCEL, "--loader", "plain"], PER_EPOCH + 3),
     ("accelerate-plain-across-epochs", [*ACCEL, "--loader", "plain"], PER_EPOCH - 2),
     ("accelerate-plain-at-epoch-end", [*ACCEL, "--loader", "plain"], PER_EPOCH),
+    # A save every step with keep-last 3: checkpoint-W would be rotated away before the
+    # drill's (once a second) layout scan; the callback pins it for the drill.
+    ("trainer-rotating-every-step", [*TRAINER, "--save-steps", "1"], PER_EPOCH - 2),
 ]
 
 

@@ -520,6 +520,21 @@ def _lr(
                 f"{'earlier' if k > 0 else 'later'}: the scheduler is off by {k}"
             )
             return Diagnosis("scheduler", "high", ev, HINTS["scheduler"], step=step, fields=at)
+    o = fields.get("opt_step")
+    if (o is not None and o["first_index"] == f["first_index"]
+            and isinstance(o["resumed"], int) and isinstance(o["reference"], int)
+            and o["resumed"] <= 1 < o["reference"]):
+        # Step count and schedule restarted together: no optimizer state came back, and
+        # the scheduler with it (a Trainer without optimizer.pt skips scheduler.pt too).
+        ev.append(
+            f"LR differs from step {step} (reference {f['reference']}, resumed "
+            f"{f['resumed']}) and the optimizer step count restarted with it (reference "
+            f"{o['reference']}, resumed {o['resumed']}): the optimizer state was not "
+            "restored, and the scheduler with it"
+        )
+        return Diagnosis("optimizer", "medium", ev, _hint("unknown", ["optimizer", "scheduler"]),
+                         step=step, fields=sorted({*at, "opt_step"}),
+                         candidates=["optimizer", "scheduler"])
     ev.append(
         f"LR differs from step {step} (reference {f['reference']}, resumed "
         f"{f['resumed']}) with no constant ratio or shift: the schedule restarted or "

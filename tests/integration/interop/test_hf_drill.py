@@ -110,10 +110,13 @@ FAULTS: list[tuple[str, list[str], str, tuple[str, ...]]] = [
     ("trainer-no-rng", [*TRAINER, "--fault", "no-rng"], "rng", ("high",)),
     ("trainer-data-version", [*TRAINER, "--fault", "data-version"], "data-version", ("high",)),
     ("trainer-lr-changed", [*TRAINER, "--fault", "lr-changed"], "hyperparameters", ("high",)),
-    # Without ckptkit's verify the Trainer drops optimizer and scheduler as a pair: the LR
-    # restarts first, so the drill names the scheduler.
+    # Without ckptkit's verify the Trainer loads optimizer and scheduler only as a pair: with
+    # either file missing both restart (LR and optimizer step count together), so the drill
+    # names the optimizer with the scheduler as the other candidate.
     ("trainer-unverified-no-optimizer",
-     [*TRAINER, "--fault", "no-optimizer", "--unverified"], "scheduler", ("high",)),
+     [*TRAINER, "--fault", "no-optimizer", "--unverified"], "optimizer", ("medium",)),
+    ("trainer-unverified-no-scheduler",
+     [*TRAINER, "--fault", "no-scheduler", "--unverified"], "optimizer", ("medium",)),
     ("trainer-unverified-no-rng", [*TRAINER, "--fault", "no-rng", "--unverified"], "rng",
      ("high",)),
     ("accelerate-no-optimizer", [*ACCEL, "--fault", "no-optimizer"], "optimizer", ("high",)),
@@ -141,3 +144,5 @@ def test_seeded_faults_are_named(
     detail: Any = rep.diagnosis.to_dict()
     assert (code, comp) == (1, component), detail
     assert conf in confidence, detail
+    if conf == "medium":
+        assert component in detail["candidates"] and len(detail["candidates"]) <= 2, detail

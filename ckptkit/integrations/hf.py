@@ -285,7 +285,7 @@ class _Keeper:
         if not path.is_dir():
             log.error("ckptkit: %s was not written: nothing to adopt", path)
             return None
-        pins = (self.pin_next,) if self.pin_next else ()
+        pins: tuple[str, ...] = (self.pin_next,) if self.pin_next else ()
         self.pin_next = None
         if self.drill.should_save(step):
             pins += ("drill",)  # the drill snapshots it a moment later: never rotated away
@@ -377,6 +377,10 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         if getattr(args, "save_only_model", False):
             log.warning("ckptkit: save_only_model=True writes no optimizer, scheduler or RNG "
                         "state: a resume from these checkpoints is not exact")
+        if getattr(args, "ignore_data_skip", False):
+            log.warning("ckptkit: ignore_data_skip=True: a resume replays the interrupted "
+                        "epoch from its start (samples seen twice); leave it False for an "
+                        "exact resume")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         k = self._keeper

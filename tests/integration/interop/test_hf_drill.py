@@ -24,6 +24,9 @@ pytest.importorskip("torchdata")
 SCRIPTS = Path(__file__).with_name("scripts")
 TRAINER = [sys.executable, str(SCRIPTS / "hf_trainer_train.py"), "--steps", "30"]
 ACCEL = [sys.executable, str(SCRIPTS / "hf_accelerate_train.py"), "--steps", "30"]
+CLASSIFIER = [sys.executable, str(SCRIPTS / "hf_trainer_classifier.py")]
+"""A differently written Trainer script: BERT classifier, gradient accumulation 2, 5 steps
+an epoch, no saves of its own (the drill's save only)."""
 PER_EPOCH = 11
 """Optimizer steps per epoch in both scripts (44 samples, batch 4)."""
 
@@ -95,6 +98,7 @@ CLEAN: list[tuple[str, list[str], int]] = [
     # A save every step with keep-last 3: checkpoint-W would be rotated away before the
     # drill's (once a second) layout scan; the callback pins it for the drill.
     ("trainer-rotating-every-step", [*TRAINER, "--save-steps", "1"], PER_EPOCH - 2),
+    ("classifier-grad-accum-across-epochs", CLASSIFIER, 6),
 ]
 
 
@@ -130,6 +134,13 @@ FAULTS: list[tuple[str, list[str], str, tuple[str, ...]]] = [
      ("medium", "high")),
     ("accelerate-plain-not-seedable", [*ACCEL, "--loader", "plain", "--fault", "not-seedable"],
      "sampler", ("medium", "high")),
+]
+
+
+FAULTS += [
+    ("classifier-data-version", [*CLASSIFIER, "--fault", "data-version"], "data-version",
+     ("high",)),
+    ("classifier-unverified-no-rng", [*CLASSIFIER, "--fault", "no-rng"], "rng", ("high",)),
 ]
 
 

@@ -50,7 +50,7 @@ from ckptkit.capture.state import TrainState
 from ckptkit.codes import CODES, error
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
+from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint, adopted_path
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.hf import HFRun, Layout, checkpoint_dirs
 from ckptkit.manifest import Manifest, read_path
@@ -155,7 +155,7 @@ def check_resumable(path: Path, layout: Layout) -> None:
         return
     man = None
     with contextlib.suppress(CkptkitError):
-        man = read_path(path / "ckptkit-manifest.json")
+        man = read_path(adopted_path(path))
     # A file finding first: it names the file, and the file names the component.
     bad.sort(key=lambda f: (f.path is None, 0 if f.code.startswith("CK-F") else 1))
     first = bad[0]
@@ -245,7 +245,7 @@ class _Keeper:
         if ckpt is None or not self.data:
             return
         try:
-            man = read_path(ckpt / "ckptkit-manifest.json")
+            man = read_path(adopted_path(ckpt))
         except CkptkitError:
             return
         saved = man.components.get("data")
@@ -607,7 +607,7 @@ class AccelerateCheckpoints:
 def _recorded_step(path: Path) -> int:
     """The optimizer step an adopted Accelerate checkpoint records (0 when unknown)."""
     with contextlib.suppress(CkptkitError):
-        man = read_path(path / "ckptkit-manifest.json")
+        man = read_path(adopted_path(path))
         if man.step is not None:
             return int(man.step)
     log.warning("ckptkit: %s records no step (not adopted by AccelerateCheckpoints)", path)

@@ -278,7 +278,7 @@ def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
     if not isinstance(problems, list):
         return
     # The saving process's own rank is not part of the layout (rank 0 writes the manifest).
-    real = [p for p in problems if isinstance(p, str) and not p.startswith("rank ")]
+    real = [p for p in problems if isinstance(p, str) and p and not p.startswith("rank ")]
     if real:
         yield CODES["CK-S007"].finding("; ".join(real))
 

@@ -429,6 +429,9 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
             control.should_save = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every rank has written its files (rng_state_<rank>.pth) first
         if not state.is_world_process_zero:
             return
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"

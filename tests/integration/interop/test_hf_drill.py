@@ -157,3 +157,17 @@ def test_seeded_faults_are_named(
     assert conf in confidence, detail
     if conf == "medium":
         assert component in detail["candidates"] and len(detail["candidates"]) <= 2, detail
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_trainer_ddp_two_processes_drill_passes_bitwise(tmp_path: Path) -> None:
+    # torchrun, gloo on CPU: every rank writes rng_state_<rank>.pth, rank 0 adopts them all
+    # (after a barrier) and records the steps; the resumed run verifies before loading.
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", *TRAINER[1:]]
+    rep = drill(cmd, tmp_path, w=6)
+    assert_bitwise(rep)
+    assert rep.checkpoint is not None
+    assert {p.name for p in rep.checkpoint.glob("rng_state_*.pth")} == {
+        "rng_state_0.pth", "rng_state_1.pth"}

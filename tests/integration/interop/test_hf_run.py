@@ -255,3 +255,25 @@ def test_accelerate_adopts_rotates_and_resumes(tmp_path: Path) -> None:
     assert start == 8
     names = [Path(str(c.path)).name for c in runs.open_run(project).checkpoints()]
     assert names == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]  # counts on, never overwrites
+
+
+def test_accelerate_emergency_save_on_nan_loss(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    with quiet():
+        acc = accelerate.Accelerator(cpu=True, project_config=accelerate.utils.ProjectConfiguration(
+            project_dir=str(project), automatic_checkpoint_naming=True))
+        m = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m, opt = acc.prepare(m, opt)
+        ck = AccelerateCheckpoints(acc, m, opt, watch=True)
+        saves = []
+        for step in range(1, 6):
+            acc.backward(m(torch.ones(1, 2)).sum())
+            opt.step()
+            before = len(ck.adoptions)
+            ck.step_end(step, loss=math.nan if step == 4 else 1.0)
+            saves += [step] * (len(ck.adoptions) - before)
+        ck.close()
+    assert saves == [4]  # no save_every: only the emergency
+    (info,) = runs.open_run(project).checkpoints()
+    assert info.step == 4 and info.pins == ("emergency",) and info.health == "critical"

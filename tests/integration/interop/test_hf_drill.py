@@ -99,6 +99,12 @@ CLEAN: list[tuple[str, list[str], int]] = [
     # drill's (once a second) layout scan; the callback pins it for the drill.
     ("trainer-rotating-every-step", [*TRAINER, "--save-steps", "1"], PER_EPOCH - 2),
     ("classifier-grad-accum-across-epochs", CLASSIFIER, 6),
+    # Gradient accumulation 2 over 12 micro-batches: 6 optimizer steps an epoch; saved at
+    # step 5, resumed across the epoch boundary.
+    ("accelerate-stateful-grad-accum",
+     [*ACCEL, "--loader", "stateful", "--grad-accum", "2", "--samples", "48"], 5),
+    ("accelerate-plain-grad-accum",
+     [*ACCEL, "--loader", "plain", "--grad-accum", "2", "--samples", "48"], 5),
 ]
 
 

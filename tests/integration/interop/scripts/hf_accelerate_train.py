@@ -4,7 +4,8 @@ A 2-layer GPT-2 from a config (dropout on), a shuffled map-style synthetic datas
 with linear warmup/decay, CPU. ``--loader stateful`` uses
 ``DataLoaderConfiguration(use_stateful_dataloader=True)`` (the loader's position is saved
 by ``save_state``); ``--loader plain`` a plain ``DataLoader`` whose position the loop
-re-creates with ``accelerator.skip_first_batches``. The lines marked ``# ckptkit`` are all
+re-creates with ``accelerator.skip_first_batches``; ``--grad-accum K`` accumulates over K
+micro-batches (``accelerator.accumulate``), counting optimizer steps. The lines marked ``# ckptkit`` are all
 ``ckptkit drill -- python hf_accelerate_train.py`` needs; the lines marked ``# exact`` are
 the exact-resume recipe of docs/hf.md.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--samples", type=int, default=44)
     ap.add_argument("--loader", choices=["stateful", "plain"], default="stateful")
+    ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--fault", default="none",
                     choices=["none", "no-optimizer", "no-scheduler", "no-rng", "data-version",
                              "lr-changed", "no-skip", "unseeded-loader", "not-seedable"])
@@ -70,6 +73,7 @@ def main() -> None:
 
     accelerator = Accelerator(
         cpu=True,
+        gradient_accumulation_steps=args.grad_accum,
         project_config=ProjectConfiguration(project_dir=args.project_dir,
                                             automatic_checkpoint_naming=True, total_limit=3),
         dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=args.loader == "stateful",
@@ -92,7 +96,7 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] *= 1.1
         sched.scheduler.base_lrs = [b * 1.1 for b in sched.scheduler.base_lrs]
-    per_epoch = len(dl)
+    per_epoch = math.ceil(len(dl) / args.grad_accum)  # optimizer steps an epoch
     epoch, done_in_epoch = divmod(step, per_epoch)
     model.train()
     stop = False
@@ -100,13 +104,16 @@ def main() -> None:
         dl.set_epoch(epoch)  # exact
         batches = dl
         if args.loader == "plain" and done_in_epoch and fault != "no-skip":
-            batches = accelerator.skip_first_batches(dl, done_in_epoch)  # exact
+            batches = accelerator.skip_first_batches(dl, done_in_epoch * args.grad_accum)  # exact
         for batch in batches:
-            out = model(**batch)
-            accelerator.backward(out.loss)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
+            with accelerator.accumulate(model):
+                out = model(**batch)
+                accelerator.backward(out.loss)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            if not accelerator.sync_gradients:
+                continue  # a micro-batch: the optimizer did not step
             step += 1
             stop = ck.step_end(step, loss=out.loss) or step >= args.steps  # ckptkit
             if stop:

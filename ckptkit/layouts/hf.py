@@ -31,7 +31,9 @@ A checkpoint's status, without reading file contents:
 RUN`` and ``adopt RUN`` use it, and the integrations rotate with it
 (:func:`ckptkit.retain.apply`). Deleting renames the folder aside first (a crash leaves a
 marked leftover, never a checkpoint that looks whole) and needs the run lock
-(``.ckptkit.lock`` in the run directory), which a training run holds while it trains.
+(``.ckptkit.lock`` in the Trainer ``output_dir`` or the Accelerate ``project_dir``: never
+inside ``checkpoints/``, which Accelerate parses), which a training run holds while it
+trains.
 """
 
 from __future__ import annotations
@@ -106,6 +108,23 @@ def complete(path: Path, layout: Layout) -> bool:
     return False
 
 
+def meta_dir(root: Path, layout: Layout) -> Path:
+    """Where the run lock and index of a run live: ``root`` for a Trainer ``output_dir``;
+    for an Accelerate ``checkpoints/``, its ``project_dir``.
+
+    Accelerate lists ``checkpoints/`` and sorts every entry by the number in its name
+    (``load_state()`` without a path, ``total_limit``), so a file without a number there
+    would break it.
+
+    Example:
+        >>> meta_dir(Path("/p/checkpoints"), "accelerate"), meta_dir(Path("/o"), "hf-trainer")
+        (PosixPath('/p'), PosixPath('/o'))
+    """
+    if layout == "accelerate" and root.name == "checkpoints":
+        return root.parent
+    return root
+
+
 def detect(root: Location) -> tuple[Layout, Path] | None:
     """The HF layout of a run directory and the folder that holds its checkpoints.
 
@@ -161,11 +180,13 @@ class HFRun:
         self._root = Path(root)
         self._layout: Layout = layout
         self.readonly = readonly
-        self.catalog = Catalog(self._root)
+        self.meta = meta_dir(self._root, layout)
+        """Where the run lock and the run index live (see :func:`meta_dir`)."""
+        self.catalog = Catalog(self.meta)
         self._lock: Lock | None = None
         if not readonly:
             self._root.mkdir(parents=True, exist_ok=True)
-            lock = lock_for(fs.location(self._root), timeout=lock_timeout)
+            lock = lock_for(fs.location(self.meta), timeout=lock_timeout)
             lock.acquire()
             self._lock = lock
             self.clean_leftovers()
@@ -281,7 +302,7 @@ class HFRun:
         if not isinstance(ver, dict):
             ver = idx["verified"] = {}
         ver[path.name] = {"digest": key, "ok": ok, "at": time.time(), "problem": why}
-        replace_text(self._root / INDEX, json.dumps(idx, indent=1, sort_keys=True))
+        replace_text(self.meta / INDEX, json.dumps(idx, indent=1, sort_keys=True))
 
     def pin(self, path: Path, label: str) -> None:
         """Pin a checkpoint in the run index (rotation never deletes it); needs the lock."""
@@ -291,7 +312,7 @@ class HFRun:
     def remove(self, info: CheckpointInfo) -> bool:
         """Delete a checkpoint folder (renamed aside first); False when it was gone."""
         self.fence()
-        gone = self.catalog.remove(info.path)
+        gone = Catalog(self._root).remove(info.path)  # renamed aside within its folder
         with contextlib.suppress(OSError, ValueError):
             self.catalog.forget([info.path.name])
         return gone
@@ -309,7 +330,10 @@ class HFRun:
     def clean_leftovers(self) -> builtins.list[str]:
         """Remove what interrupted deletions left (under the lock); one line each."""
         self.fence()
-        return self.catalog.clean_leftovers()
+        done = Catalog(self._root).clean_leftovers()
+        if self.meta != self._root:
+            done += self.catalog.clean_leftovers()  # half-written index replacements
+        return done
 
     def resume_hint(self, info: CheckpointInfo) -> str:
         """How to resume this run from ``info``, in the framework's own terms."""
@@ -397,6 +421,7 @@ __all__ = [
     "complete",
     "detect",
     "fingerprint",
+    "meta_dir",
     "open_hf_run",
 ]
 

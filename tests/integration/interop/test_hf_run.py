@@ -251,6 +251,10 @@ def test_accelerate_adopts_rotates_and_resumes(tmp_path: Path) -> None:
     # total_limit=2 became verified rotation; steps come from the adopted manifests.
     assert [(c.step, c.status, Path(str(c.path)).name) for c in run.checkpoints()] == [
         (6, "verified", "checkpoint_2"), (8, "verified", "checkpoint_3")]
+    # Nothing of ckptkit's inside checkpoints/ (Accelerate sorts its entries by the number
+    # in their names: load_state() without a path would fail on a lock or index file).
+    assert all(p.name.startswith("checkpoint_") for p in (project / "checkpoints").iterdir())
+    assert (project / ".ckptkit-index.json").is_file()
     _, start = acc_loop(project, steps=10, keep=3, total_limit=None, resume=True)
     assert start == 8
     names = [Path(str(c.path)).name for c in runs.open_run(project).checkpoints()]

@@ -211,7 +211,8 @@ class _Keeper:
         self.data = dict(data) if data is not None else None
         self.drill = DrillEnv.from_env()
         self.recorder = recorder
-        if self.recorder is None and self.drill.metrics is not None:
+        self._own_recorder = recorder is None and self.drill.metrics is not None
+        if self._own_recorder:
             self.recorder = Recorder(None)  # $CKPTKIT_METRICS: the drill's records
         self.state: TrainState | None = None
         self.run: HFRun | None = None
@@ -234,8 +235,12 @@ class _Keeper:
     def close(self) -> None:
         if self.state is not None and self.recorder is not None and self.recorder.observer:
             self.recorder.observer.close()
+            self.state = None
         if self.recorder is not None:
-            self.recorder.close()
+            if self._own_recorder:
+                self.recorder.close()
+            else:
+                self.recorder.flush()  # the caller's: it may log on
         if self.run is not None:
             self.run.close()
             self.run = None
@@ -441,6 +446,7 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        self._started = False
         self._keeper.close()
 
 

@@ -54,7 +54,7 @@ Detector = Callable[[Location, dict[str, Any]], "Run | None"]
 DETECTORS: list[tuple[str, Detector]] = []
 """Registered layouts, asked in order by :func:`open_run`."""
 
-BUILTIN_LAYOUTS: tuple[str, ...] = ()
+BUILTIN_LAYOUTS: tuple[str, ...] = ("ckptkit.layouts.lightning",)
 """Modules of :mod:`ckptkit.layouts` that :func:`open_run` imports (each registers itself)."""
 
 _loaded = False

@@ -27,6 +27,7 @@ from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
+from ckptkit.foreign.adopted import adopted_path
 
 Record = Mapping[str, Any]
 
@@ -564,7 +565,12 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
         >>> checkpoint_facts(d / "step-00000003")["step"]
         3
     """
-    m = mf.read(ckpt)
+    if Path(ckpt).is_file():
+        # A single-file checkpoint (a Lightning .ckpt): what adopt recorded beside it.
+        side = adopted_path(Path(ckpt))
+        m = mf.Manifest.from_json(side.read_bytes(), path=side.name)
+    else:
+        m = mf.read(ckpt)
     comps = m.components
 
     def summ(name: str) -> Mapping[str, Any]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptkit import errors
+from ckptkit import errors, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
 from ckptkit.drill import compare, diagnose, launch
@@ -55,6 +55,7 @@ from ckptkit.drill.contract import (
     ENV_VARS,
 )
 from ckptkit.errors import CkptkitError, DrillError
+from ckptkit.foreign.adopted import adopted_path
 from ckptkit.recorder import ENV_METRICS, read_jsonl
 from ckptkit.storage import atomic, fs
 from ckptkit.verify.findings import CODES
@@ -516,6 +517,8 @@ def _committed(
         found = hits[0] if hits else None
     if found is None:
         return None
+    if found.is_file():
+        return _snapshot_file(found, workdir / "checkpoint")
     # Named by its step, so the resumed run restores it as that step of a run directory.
     dst = workdir / "checkpoint" / step_dir_name(save_at)
     if dst.exists():
@@ -528,6 +531,21 @@ def _committed(
     if not (dst / mf.MANIFEST_NAME).is_file():
         return None
     return dst
+
+
+def _snapshot_file(found: Path, into: Path) -> Path | None:
+    """Snapshot a single-file checkpoint (a Lightning ``.ckpt``) and its adopted manifest."""
+    into.mkdir(parents=True, exist_ok=True)
+    dst = into / found.name
+    try:
+        for src, to in ((found, dst), (adopted_path(found), adopted_path(dst))):
+            if to.exists():
+                to.unlink()
+            if src.exists():
+                _link_or_copy(str(src), str(to))
+    except OSError:
+        return None  # caught mid-rotation: look again at the next poll
+    return dst if dst.is_file() else None
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -718,6 +736,15 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
                     return c
             except CkptkitError:
                 continue
+    # A framework's run layout (a Lightning directory of .ckpt files).
+    run = runs.open_run(ckpt_dir)
+    try:
+        if run.layout != "ckptkit":
+            for c in run.checkpoints():
+                if c.step == step and c.status in ("verified", "committed"):
+                    return Path(str(c.path))
+    finally:
+        run.close()
     return None
 
 

@@ -67,6 +67,7 @@ from ckptkit.catalog import CheckpointInfo
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError, IntegrityError, StateError
 from ckptkit.foreign.adopt import adopt_checkpoint
+from ckptkit.foreign.adopted import adopted_path
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningRun
 from ckptkit.recorder import Recorder
@@ -141,8 +142,10 @@ class CkptkitIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         """Write the file (Lightning's way), verify it, record it, then rotate."""
-        super().save_checkpoint(checkpoint, path, storage_options)
         p = Path(path)
+        # An overwrite (last.ckpt at every save): the old digests describe the old bytes.
+        adopted_path(p).unlink(missing_ok=True)
+        super().save_checkpoint(checkpoint, path, storage_options)
         extra = checkpoint.get(STATE_KEY)
         extra = extra if isinstance(extra, Mapping) else {}
         health = extra.get("health")

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckptkit import manifest as mf
-from ckptkit import rotation
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
@@ -431,29 +430,6 @@ def replace_text(target: Location, text: str) -> None:
     fs.replace_bytes(target, text.encode())
 
 
-def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
-    """Pick the checkpoint of ``run_dir`` to roll back to: the newest one with health ok.
-
-    Read-only: lists the run, changes nothing. Resume from the chosen checkpoint with
-    ``mgr.restore(ts, healthy=True)``. Without any health data in the run (no
-    StabilityWatch), the newest verified checkpoint, and the choice says so.
-
-    Raises:
-        CkptkitError: ``run_dir`` is not a directory.
-
-    Example:
-        >>> import tempfile
-        >>> rollback(tempfile.mkdtemp()).checkpoint is None
-        True
-    """
-    root = fs.location(run_dir)
-    if fs.kind(root) != "dir":
-        raise CkptkitError(
-            "not a run directory", path=root, hint="pass the run's checkpoint directory"
-        )
-    return rotation.choose_rollback(Catalog(root).list())
-
-
 __all__ = [
     "INDEX",
     "LATEST",
@@ -462,7 +438,6 @@ __all__ = [
     "CheckpointInfo",
     "Status",
     "replace_text",
-    "rollback",
     "step_dir_name",
     "step_of",
     "whole",

@@ -233,6 +233,8 @@ def inspect(path: Path, as_json: bool, verbose: bool, no_tensors: bool, fmt: str
 def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str | None) -> None:
     """Write a ckptkit manifest beside a foreign checkpoint (digests, components, gaps).
 
+    PATH is one foreign checkpoint, or a run directory: then each of its checkpoints.
+
     The checkpoint is verified first: damage, NaN weights or resume state in a pickle
     that needs code to load are refused (exit 2, nothing written) unless --force. Later
     'ckptkit verify PATH' checks every file against the recorded digests, so corruption
@@ -243,31 +245,67 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
     \b
     Example:
         ckptkit adopt out/checkpoint-500
+        ckptkit adopt out                    # every checkpoint-N of a Trainer run
         ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt --json
         ckptkit adopt model.safetensors --expect weights
     """
     from ckptkit._progress import activity, bytes_under
     from ckptkit.foreign.adopt import adopt_checkpoint
 
-    with activity(f"adopting {path.name}", bytes_under(path), None):
-        a = adopt_checkpoint(path, fmt, force=force, expect=expect)  # type: ignore[arg-type]
+    targets = _adopt_targets(path, fmt)
+    results = []
+    for target in targets:
+        with activity(f"adopting {target.name}", bytes_under(target), None):
+            a = adopt_checkpoint(target, fmt, force=force, expect=expect)  # type: ignore[arg-type]
+        results.append(a)
+        if as_json:
+            continue
+        if a.refused is not None:
+            if len(targets) == 1:
+                raise a.refused
+            click.echo(f"refused {target}: {a.refused}")
+            continue
+        click.echo(f"wrote {a.manifest}")
+        if a.unverifiable:
+            click.echo("not verified (pickles that need code, never run): "
+                       + ", ".join(a.unverifiable))
+        if not a.report.ok:
+            errors = a.report.errors
+            click.echo(
+                f"but it does not verify: {len(errors)} error(s)"
+                + (f"; missing: {', '.join(a.missing)}" if a.missing else "")
+            )
+            for f in errors:
+                click.echo(f"  {f.code} {f.component}: {f.message}")
     if as_json:
-        click.echo(json.dumps(a.to_dict(), indent=2))
-        sys.exit(2 if a.refused is not None else 0 if a.ok else 1)
-    if a.refused is not None:
-        raise a.refused
-    click.echo(f"wrote {a.manifest}")
-    if a.unverifiable:
-        click.echo("not verified (pickles that need code, never run): " + ", ".join(a.unverifiable))
-    if not a.report.ok:
-        errors = a.report.errors
-        click.echo(
-            f"but it does not verify: {len(errors)} error(s)"
-            + (f"; missing: {', '.join(a.missing)}" if a.missing else "")
+        docs = [a.to_dict() for a in results]
+        click.echo(json.dumps(docs[0] if path in targets else docs, indent=2))
+    refused = any(a.refused is not None for a in results)
+    sys.exit(2 if refused else 0 if all(a.ok for a in results) else 1)
+
+
+def _adopt_targets(path: Path, fmt: str | None) -> list[Path]:
+    """What ``ckptkit adopt PATH`` adopts: PATH itself, or each checkpoint of a run directory."""
+    from ckptkit.foreign.detect import detect
+    from ckptkit.runs import open_run
+
+    if fmt is not None or not path.is_dir() or detect(path) is not None:
+        return [path]
+    run = open_run(path)
+    try:
+        if run.layout != "ckptkit":
+            return [Path(str(c.path)) for c in sorted(run.checkpoints(), key=lambda c: c.step)]
+    finally:
+        run.close()
+    found = [c for c in sorted(path.iterdir()) if not c.is_symlink() and detect(c) is not None]
+    if not found:
+        raise CkptkitError(
+            "no foreign checkpoint here, and no run layout recognises the directory",
+            path=path,
+            hint="pass one checkpoint (a checkpoint-N/ directory, a .ckpt or .pt file), or "
+            "--format to name its layout",
         )
-        for f in errors:
-            click.echo(f"  {f.code} {f.component}: {f.message}")
-    sys.exit(0 if a.ok else 1)
+    return found
 
 
 _SIZE_UNITS = {
@@ -319,7 +357,8 @@ class _Bytes(click.ParamType):
 def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
     """List a run's checkpoints: step, time, size, status, pins, health.
 
-    Status is verified, committed (not verified, or changed since), corrupt or incomplete.
+    RUN_DIR is a ckptkit run or a framework's checkpoint directory (a Trainer output_dir,
+    an Accelerate checkpoints/, a Lightning checkpoints/). Status is verified, committed (not verified, or changed since), corrupt or incomplete.
     Exit 0 when none is corrupt or incomplete, 1 otherwise, 2 when RUN_DIR cannot be read.
 
     \b
@@ -327,17 +366,21 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         ckptkit ls runs/exp1/ckpt
         ckptkit ls runs/exp1/ckpt --verify --json
     """
-    from ckptkit.manager import CheckpointManager
     from ckptkit.render.text import render_ls
+    from ckptkit.runs import listing, open_run
 
-    mgr = CheckpointManager(run_dir, readonly=not reverify)
-    infos = mgr.list(verify=reverify)
-    left = mgr.leftovers()
+    run = open_run(run_dir, readonly=not reverify)
+    try:
+        infos = listing(run, verify=reverify)
+        left = run.leftovers()
+    finally:
+        run.close()
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "root": str(run_dir),
+                    "layout": run.layout,
                     "checkpoints": [c.to_dict() for c in infos],
                     "leftovers": [str(p) for p in left],
                 },
@@ -345,8 +388,27 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
             )
         )
     else:
-        render_ls(infos, sys.stdout, leftovers=left)
+        render_ls(infos, sys.stdout, leftovers=left, layout=run.layout)
+        if not infos:
+            _say_what_else(run_dir)
     sys.exit(1 if any(c.status in ("corrupt", "incomplete") for c in infos) else 0)
+
+
+def _say_what_else(run_dir: Path) -> None:
+    """After '0 checkpoints': name foreign checkpoints no run layout claimed (on stderr)."""
+    from ckptkit.foreign.detect import detect
+
+    if not fs.is_local(fs.location(run_dir)):
+        return
+    found = [(c.name, f) for c in sorted(Path(run_dir).iterdir()) if (f := detect(c))]
+    if found:
+        names = ", ".join(f"{n} ({f})" for n, f in found[:4]) + (" …" if len(found) > 4 else "")
+        click.echo(
+            f"note: no run layout recognises {run_dir}, but it holds {len(found)} foreign "
+            f"checkpoint(s): {names}; 'ckptkit verify {run_dir}' checks them, "
+            f"'ckptkit adopt {run_dir}' records their digests",
+            err=True,
+        )
 
 
 @main.command()
@@ -384,6 +446,8 @@ def prune(
 ) -> None:
     """Apply a retention policy to a run directory by hand, printing what goes and why.
 
+    RUN_DIR is a ckptkit run or a framework's checkpoint directory (as for 'ls'). Before
+    anything is deleted, the newest checkpoint kept is verified again from its bytes.
     Pinned checkpoints and the newest verified one are never removed. Takes the run's
     writer lock, so it fails (exit 2) while a training run holds it.
 
@@ -392,16 +456,20 @@ def prune(
         ckptkit prune runs/exp1/ckpt --keep-last 3 --keep-every 10000 --dry-run
         ckptkit prune runs/exp1/ckpt --keep-last 2 --max-bytes 500GB
     """
-    from ckptkit.manager import CheckpointManager
+    from ckptkit import retain
     from ckptkit.render.text import render_prune
+    from ckptkit.runs import open_run
+    from ckptkit.runs import prune as run_prune
 
-    mgr = CheckpointManager(
-        run_dir, keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes, readonly=dry_run
+    run = open_run(run_dir, readonly=dry_run)
+    policy = retain.Policy(
+        keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes,
+        delete_corrupt=delete_corrupt,
     )
     try:
-        plan = mgr.prune(dry_run=dry_run, delete_corrupt=delete_corrupt)
+        plan = run_prune(run, policy, dry_run=dry_run)
     finally:
-        mgr.close()
+        run.close()
     if as_json:
         click.echo(
             json.dumps(
@@ -747,7 +815,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     Example:
         ckptkit rollback runs/exp1/ckpt
     """
-    from ckptkit.catalog import rollback as pick
+    from ckptkit.runs import rollback as pick
 
     choice = pick(run_dir)
     if as_json:
@@ -757,6 +825,8 @@ def rollback(run_dir: Path, as_json: bool) -> None:
         click.echo(f"roll back to: {c.path}" if c else "no healthy checkpoint in this run")
         for r in choice.reasons:
             click.echo(f"  {r}")
+        if choice.resume:
+            click.echo(f"resume: {choice.resume}")
         if choice.hints:
             click.echo("suggestions (nothing is changed for you):")
             for h in choice.hints:

@@ -10,17 +10,21 @@ else while reading it (``CK-F024``). A run that does not fit a good checkpoint
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from ckptkit import codes
+from ckptkit import codes, rotation
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
+from ckptkit.catalog import CheckpointInfo
 from ckptkit.collective import Collective, consensus
-from ckptkit.errors import CkptkitError
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.storage import checkpoint
 from ckptkit.storage.fs import Location
 from ckptkit.verify.runner import verify_one
+
+log = logging.getLogger("ckptkit")
 
 
 class Skip(Exception):
@@ -127,4 +131,52 @@ def restore_candidate(
     return result
 
 
-__all__ = ["Skip", "restore_candidate"]
+def candidates(
+    infos: list[CheckpointInfo], *, step: int | None, healthy: bool, root: Location
+) -> tuple[list[CheckpointInfo], list[str]]:
+    """The checkpoints a restore may try, oldest first, and notes on those passed over.
+
+    Committed, verified and corrupt ones are candidates (a corrupt one is skipped unread
+    by the caller unless ``step`` names it); ``healthy`` keeps those whose recorded health
+    is ``ok`` (all of the newest good one when the run has no health data); ``step`` keeps
+    that step only.
+
+    Raises:
+        IncompleteCheckpointError: none qualifies (``step`` missing, no healthy one, or
+            every step directory incomplete).
+    """
+    infos = [c for c in infos if c.status in ("verified", "committed", "corrupt")]
+    notes: list[str] = []
+    if healthy:
+        pick = rotation.choose_rollback(infos)
+        for why in pick.reasons[:-1] if pick.checkpoint is not None else pick.reasons:
+            log.warning("ckptkit: restore(healthy=True): %s", why)
+        notes += [f"{r} (healthy=True)" for r in pick.reasons if ": skipped" in r]
+        allowed = {c.step for c in infos if c.health == "ok"}
+        if not pick.health_data and pick.checkpoint is not None:
+            allowed = {pick.checkpoint.step}
+        infos = [c for c in infos if c.step in allowed]
+        if not infos:
+            raise IncompleteCheckpointError(
+                "no checkpoint with health ok: " + " | ".join(pick.reasons or ["none saved"]),
+                path=root,
+                hint="restore without healthy=True to take the newest verified one anyway",
+            )
+    if step is not None:
+        infos = [c for c in infos if c.step == step]
+        if not infos:
+            raise IncompleteCheckpointError(
+                f"no committed checkpoint for step {step}",
+                path=root,
+                hint="'ckptkit ls RUN' lists the steps that exist",
+            )
+    elif not infos:
+        raise IncompleteCheckpointError(
+            "no committed checkpoint: every step directory is incomplete",
+            path=root,
+            hint="the saves were interrupted; start fresh",
+        )
+    return infos, notes
+
+
+__all__ = ["Skip", "candidates", "restore_candidate"]

@@ -494,6 +494,9 @@ class RollbackChoice:
     """Recovery suggestions for the signals that fired; ckptkit never applies them."""
     health_data: bool = True
     """False when no checkpoint of the run carries a health record (no StabilityWatch)."""
+    resume: str | None = None
+    """How to resume from ``checkpoint`` in the run's own terms (set by
+    :func:`ckptkit.runs.rollback`: ``mgr.restore(...)``, a framework's resume call)."""
 
     def __repr__(self) -> str:
         c = self.checkpoint
@@ -514,6 +517,7 @@ class RollbackChoice:
             "reasons": list(self.reasons),
             "hints": list(self.hints),
             "health_data": self.health_data,
+            "resume": self.resume,
         }
 
 

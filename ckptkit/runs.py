@@ -15,13 +15,15 @@ order and falls back to the native layout.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import retain
+from ckptkit import retain, rotation
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
+from ckptkit.errors import CkptkitError
 from ckptkit.manager import CheckpointManager
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -46,6 +48,10 @@ class Run(retain.RunStore, Protocol):
     def close(self) -> None:
         """Release the lock and anything else held."""
         ...
+
+    # Optional: ``resume_hint(info) -> str``, how to resume this layout from ``info`` (the
+    # framework's own call, e.g. ``trainer.train(resume_from_checkpoint=...)``); see
+    # :func:`resume_hint`.
 
 
 Detector = Callable[[Location, dict[str, Any]], "Run | None"]
@@ -110,6 +116,12 @@ class NativeRun:
     def close(self) -> None:
         self.manager.close()
 
+    def resume_hint(self, info: CheckpointInfo) -> str:
+        return (
+            "mgr.restore(ts, healthy=True) picks this one "
+            f"(or mgr.restore(ts, step={info.step}))"
+        )
+
 
 def open_run(root: str | Location, **options: Any) -> Run:
     """The run at ``root``: the first registered framework layout that recognises it, else
@@ -129,4 +141,88 @@ def open_run(root: str | Location, **options: Any) -> Run:
     return NativeRun(loc, **options)
 
 
-__all__ = ["BUILTIN_LAYOUTS", "DETECTORS", "Detector", "NativeRun", "Run", "open_run", "register"]
+def listing(run: Run, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
+    """Every checkpoint of ``run``, oldest first, with its status (``ckptkit ls``).
+
+    Args:
+        verify: re-verify every checkpoint that is not incomplete from its bytes first
+            (the run records the outcome where it can).
+    """
+    if isinstance(run, NativeRun):
+        return run.manager.list(verify=verify)
+    if verify:
+        for c in run.checkpoints():
+            if c.status != "incomplete":
+                run.reverify(c)
+    return sorted(run.checkpoints(), key=lambda c: c.step)
+
+
+def prune(run: Run, policy: retain.Policy, *, dry_run: bool = False) -> rotation.RetentionPlan:
+    """Apply ``policy`` to ``run`` by hand (``ckptkit prune``) with :mod:`ckptkit.retain`'s rules.
+
+    The newest checkpoint the plan keeps is verified again from its bytes before anything
+    is deleted; the newest good one is never deleted. Needs the run's lock (a framework
+    run: no live writer), unless ``dry_run``.
+    """
+    if isinstance(run, NativeRun):
+        return run.manager.prune(
+            dry_run=dry_run,
+            keep_last=policy.keep_last,
+            keep_every=policy.keep_every,
+            max_bytes=policy.max_bytes,
+            delete_corrupt=policy.delete_corrupt,
+        )
+    return retain.apply(run, policy, dry_run=dry_run).plan
+
+
+def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
+    """The checkpoint of the run at ``run_dir`` to roll back to: the newest with health ok.
+
+    Read-only: lists the run (any layout), changes nothing. Without health data in the
+    run (no StabilityWatch), the newest verified checkpoint, and the choice says so.
+    ``choice.resume`` says how to resume from it in the run's own terms.
+
+    Raises:
+        CkptkitError: ``run_dir`` is not a directory.
+
+    Example:
+        >>> import tempfile
+        >>> rollback(tempfile.mkdtemp()).checkpoint is None
+        True
+    """
+    root = fs.location(run_dir)
+    if fs.kind(root) != "dir":
+        raise CkptkitError(
+            "not a run directory", path=root, hint="pass the run's checkpoint directory"
+        )
+    run = open_run(root)
+    try:
+        choice = rotation.choose_rollback(listing(run))
+        if choice.checkpoint is None:
+            return choice
+        return dataclasses.replace(choice, resume=resume_hint(run, choice.checkpoint))
+    finally:
+        run.close()
+
+
+def resume_hint(run: Run, info: CheckpointInfo) -> str:
+    """How to resume ``run`` from ``info``, in the run's own terms (its framework's call)."""
+    hint = getattr(run, "resume_hint", None)
+    if callable(hint):
+        return str(hint(info))
+    return f"resume from {info.path}"
+
+
+__all__ = [
+    "BUILTIN_LAYOUTS",
+    "DETECTORS",
+    "Detector",
+    "NativeRun",
+    "Run",
+    "listing",
+    "open_run",
+    "prune",
+    "register",
+    "resume_hint",
+    "rollback",
+]

@@ -87,7 +87,8 @@ def render_text(report: DrillReport, out: TextIO) -> None:
         elif c["ok"]:
             mark = "[green]pass[/]"
         else:
-            mark = "[yellow]drift[/]" if c["informational"] else "[red]FAIL[/]"
+            # An informational check never fails the drill: say "differs", not a verdict.
+            mark = "[cyan]differs (info)[/]" if c["informational"] else "[red]FAIL[/]"
         name = c["name"] + (" (info)" if c["informational"] else "")
         table.add_row(name, mark, _fmt(c["statistic"]), _fmt(c["threshold"]), _check_summary(c))
     con.print(table)

@@ -190,8 +190,13 @@ def tensor_summary(tensors: Sequence[dict[str, Any]]) -> str:
 _STATUS_STYLE = {"verified": "green", "committed": "yellow", "corrupt": "bold red", "incomplete": "red"}
 
 
-def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = ()) -> None:
-    """Print a run's checkpoints (``CheckpointInfo``), oldest first, and any leftovers."""
+def render_ls(
+    infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (), layout: str = "ckptkit"
+) -> None:
+    """Print a run's checkpoints (``CheckpointInfo``), oldest first, and any leftovers.
+
+    ``layout`` names the framework for a framework run (``hf-trainer`` ...).
+    """
     con = _console(out)
     t = Table(show_header=True, header_style="bold", box=None)
     for col in ("step", "time", "size", "status", "verified", "pinned", "health", "problem"):
@@ -213,7 +218,8 @@ def render_ls(infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (
     con.print(t)
     total = sum(c.size for c in infos)
     good = sum(c.status == "verified" for c in infos)
-    con.print(f"{len(infos)} checkpoints, {good} verified, {human_bytes(total)}")
+    kind = "" if layout == "ckptkit" else f" ({_e(layout)} run)"
+    con.print(f"{len(infos)} checkpoints, {good} verified, {human_bytes(total)}{kind}")
     for p in leftovers:
         con.print(
             f"[yellow]leftover of an interrupted save:[/] {_e(p)} (removed when a writer opens the run)"

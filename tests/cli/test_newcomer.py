@@ -24,10 +24,10 @@ from click.testing import CliRunner
 
 import ckptkit
 from ckptkit import codes, rotation
-from ckptkit.catalog import rollback
 from ckptkit.cli import SIGPIPE_EXIT, main
 from ckptkit.errors import CkptkitError, CommittedError, IncompleteCheckpointError
 from ckptkit.fit import FitReport
+from ckptkit.runs import rollback
 from ckptkit.stability import StabilityWatch
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every code)
 from ckptkit.watch import not_judging

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit.catalog import rollback
 from ckptkit.cli import main
 from ckptkit.examples.tiny_lm import TinyLM, collate, make_corpus
+from ckptkit.runs import rollback
 from ckptkit.stability import StabilityWatch
 
 

@@ -234,3 +234,21 @@ def test_a_failing_check_never_costs_the_save(
         mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=1))
     assert [c.status for c in mgr.list()] == ["verified"]
     assert any("a bug in a check" in r.message for r in caplog.records)
+
+
+def test_values_scanned_at_save_are_not_scanned_again_and_nan_still_fails(tmp_path: Path) -> None:
+    """One process, all tensors in memory: the read-back verify checks digests only, yet the
+    NaN found in memory before the commit still makes the checkpoint corrupt."""
+    m = _model()
+    ts = ckptkit.TrainState(model=m, optimizer=_stepped(m), step=1)
+    mgr = ckptkit.CheckpointManager(tmp_path / "run", background_verify=False)
+    mgr.save(ts)
+    assert mgr.last_save.values_scanned
+    with torch.no_grad():
+        m[0].weight[0, 0] = float("nan")
+    ts.step = 2
+    with pytest.raises(CommittedError, match="CK-S010"):
+        mgr.save(ts)
+    assert mgr.last_save.values_scanned
+    assert [c.status for c in mgr.list()] == ["verified", "corrupt"]
+    mgr.close()

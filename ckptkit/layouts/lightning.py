@@ -257,6 +257,13 @@ class LightningRun:
                 out.append(fs.location(p))
         return out
 
+    def resume_hint(self, info: CheckpointInfo) -> str:
+        """How to resume from ``info`` in Lightning's terms."""
+        return (
+            f"trainer.fit(model, ckpt_path={str(info.path)!r}) "
+            f"(Fabric: FabricCheckpoints.resume(state, {str(info.path)!r}))"
+        )
+
     def close(self) -> None:
         """Release the run lock (if held)."""
         if self._lock is not None:

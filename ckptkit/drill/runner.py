@@ -740,9 +740,9 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
     run = runs.open_run(ckpt_dir)
     try:
         if run.layout != "ckptkit":
-            for c in run.checkpoints():
-                if c.step == step and c.status in ("verified", "committed"):
-                    return Path(str(c.path))
+            for info in run.checkpoints():
+                if info.step == step and info.status in ("verified", "committed"):
+                    return Path(str(info.path))
     finally:
         run.close()
     return None

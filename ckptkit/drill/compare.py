@@ -566,9 +566,14 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
         3
     """
     if Path(ckpt).is_file():
-        # A single-file checkpoint (a Lightning .ckpt): what adopt recorded beside it.
+        # A single-file checkpoint (a Lightning .ckpt): what adopt recorded beside it;
+        # nothing is known without it (a plain Lightning run).
         side = adopted_path(Path(ckpt))
-        m = mf.Manifest.from_json(side.read_bytes(), path=side.name)
+        m = (
+            mf.Manifest.from_json(side.read_bytes(), path=side.name)
+            if side.is_file()
+            else mf.Manifest(files=(), tensors=(), tree=None, components={}, env={})
+        )
     else:
         m = mf.read(ckpt)
     comps = m.components

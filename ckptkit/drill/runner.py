@@ -58,6 +58,7 @@ from ckptkit.errors import CkptkitError, DrillError
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.recorder import ENV_METRICS, read_jsonl
 from ckptkit.storage import atomic, fs
+from ckptkit.storage.lock import read_lock_info
 from ckptkit.verify.findings import CODES
 
 SCHEMA_VERSION = 2
@@ -740,8 +741,12 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
     run = runs.open_run(ckpt_dir)
     try:
         if run.layout != "ckptkit":
+            # A live ckptkit writer there (the Lightning plugin) verifies each save and
+            # records its digests: wait for that, or the snapshot misses the manifest.
+            writer = read_lock_info(str(run.root)) is not None
+            accept = ("verified",) if writer else ("verified", "committed")
             for info in run.checkpoints():
-                if info.step == step and info.status in ("verified", "committed"):
+                if info.step == step and info.status in accept:
                     return Path(str(info.path))
     finally:
         run.close()

@@ -95,6 +95,8 @@ class CkptkitIO(TorchCheckpointIO):
         max_bytes: byte budget for the kept checkpoints.
         verify_on_load: verify a file before Lightning loads it (refuse a damaged one).
         expect: ``training`` (a resume point: optimizer, step... required) or ``weights``.
+        lock_timeout: seconds to wait for the run lock at the first save (another writer
+            fails the save after that: two runs must not rotate one directory).
 
     Example:
         >>> import tempfile, pathlib, torch
@@ -115,8 +117,10 @@ class CkptkitIO(TorchCheckpointIO):
         max_bytes: int | None = None,
         verify_on_load: bool = True,
         expect: str = "training",
+        lock_timeout: float = 60.0,
     ) -> None:
         super().__init__()
+        self.lock_timeout = lock_timeout
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"CkptkitIO: keep_last must be >= 1 (or None), got {keep_last}")
         self.keep_last = keep_last
@@ -135,7 +139,8 @@ class CkptkitIO(TorchCheckpointIO):
         run = self._runs.get(d)
         if run is None:
             d.mkdir(parents=True, exist_ok=True)
-            run = self._runs[d] = LightningRun(d, readonly=False)
+            # A reader (ls --verify) may hold the lock for a moment to record a verify.
+            run = self._runs[d] = LightningRun(d, readonly=False, lock_timeout=self.lock_timeout)
         return run
 
     def save_checkpoint(

@@ -79,6 +79,8 @@ log = logging.getLogger("ckptkit")
 
 STATE_KEY = "ckptkit"
 """Top-level key of the checkpoint dict that holds what ckptkit adds (RNG, data cursor)."""
+DRILL_PIN = "drill"
+"""Pin of the checkpoint a drill asked for (``CKPTKIT_DRILL_SAVE_AT``): never rotated away."""
 
 
 # --- the CheckpointIO plugin ------------------------------------------------------------------
@@ -410,6 +412,7 @@ class CkptkitCallback(Callback):
         self._state: TrainState | None = None
         self._fp: str | None = None
         self._ids: list[list[Any]] = []
+        self._outside: dict[str, Any] | None = None
 
     # the drill contract ---------------------------------------------------------------
 
@@ -435,8 +438,19 @@ class CkptkitCallback(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         _quiet_loaders(_loaders(trainer.train_dataloader), self.seed, trainer.current_epoch)
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        _quiet_loaders(_loaders(trainer.val_dataloaders), self.seed + 1, trainer.current_epoch)
+    # Validation runs in its own RNG bubble: its loader's iter() (and any draw of the
+    # validation steps) leaves the training streams as they were. Otherwise a resumed run,
+    # which skips the sanity check, would draw differently from the uninterrupted one.
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._outside = rng_capture.capture()
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._back_inside()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._back_inside()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -468,9 +482,14 @@ class CkptkitCallback(Callback):
         self._ids = []
         if self.env.should_save(step):
             d = Path(self.dirpath(Path(trainer.default_root_dir) / "checkpoints"))
-            trainer.save_checkpoint(d / f"epoch={trainer.current_epoch}-step={step}.ckpt")
+            p = d / f"epoch={trainer.current_epoch}-step={step}.ckpt"
+            trainer.save_checkpoint(p)
+            io = trainer.strategy.checkpoint_io
+            if trainer.is_global_zero and isinstance(io, CkptkitIO):
+                io.run(d).pin(p, DRILL_PIN)  # rotation must not take it before the drill does
         if self.env.should_stop(step):
             trainer.should_stop = True
+        self._outside = rng_capture.capture()  # what a validation run now must leave as is
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.recorder.flush()
@@ -500,6 +519,11 @@ class CkptkitCallback(Callback):
         self._pending = state_dict
 
     # details ---------------------------------------------------------------------------
+
+    def _back_inside(self) -> None:
+        if self._outside is not None:
+            rng_capture.restore(self._outside)
+            self._outside = None
 
     def _ids_hook(self) -> None:
         if isinstance(self.sampler, ResumableSampler):
@@ -591,6 +615,8 @@ class FabricCheckpoints:
         full[STATE_KEY] = capture_extras(self.sampler, health=health)
         p = self.path(step)
         self.fabric.save(p, full)
+        if self.env.should_save(step) and self.fabric.is_global_zero:
+            self.io.run(self.dir).pin(p, DRILL_PIN)  # rotation must not take it first
         return p
 
     def should_save(self, step: int) -> bool:
@@ -633,6 +659,7 @@ class FabricCheckpoints:
 
 
 __all__ = [
+    "DRILL_PIN",
     "STATE_KEY",
     "CkptkitCallback",
     "CkptkitIO",

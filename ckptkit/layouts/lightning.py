@@ -205,6 +205,11 @@ class LightningRun:
             if may and ident is not None:
                 self.catalog.note(path.name, ident, ok=ok, why=why)
 
+    def pin(self, path: Path, label: str) -> None:
+        """Pin the file ``path`` (rotation never deletes it); the lock holder only."""
+        self.fence()
+        self.catalog.pin(fs.location(path), label)
+
     def remove(self, info: CheckpointInfo) -> bool:
         """Delete one file and its adopted manifest (the file first: a lone manifest is a
         leftover, never a checkpoint); False when it was gone."""

@@ -31,6 +31,7 @@ from ckptkit.layouts.lightning import LightningRun  # noqa: E402
 SCRIPTS = Path(__file__).parent / "scripts"
 LIT = SCRIPTS / "lit_tiny.py"
 FAB = SCRIPTS / "fabric_tiny.py"
+LIT2 = SCRIPTS / "lit_datamodule.py"  # differently written: DataModule, StatefulDataLoader, val
 EXPECTED = {
     "none": "none",
     "no-rng": "rng",
@@ -246,7 +247,9 @@ def test_fabric_checkpoints_restore_rng_and_the_data_cursor(tmp_path: Path) -> N
 # --- drills -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script", [LIT, FAB], ids=["trainer", "fabric"])
+@pytest.mark.parametrize(
+    "script", [LIT, FAB, LIT2], ids=["trainer", "fabric", "trainer-datamodule"]
+)
 def test_a_clean_drill_passes_bitwise_across_an_epoch_boundary(script: Path, tmp_path: Path) -> None:
     rep = _drill(script, "none", tmp_path, w=6, n=8)  # 10 steps an epoch: 7..14 cross it
     assert rep.ok, rep.to_dict() if hasattr(rep, "to_dict") else rep
@@ -275,6 +278,16 @@ def test_fault_table(script: Path, fault: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [LIT, FAB], ids=["trainer", "fabric"])
+@pytest.mark.parametrize("fault", ["no-rng", "data-version"])
+def test_fault_table_of_the_datamodule_script(fault: str, tmp_path: Path) -> None:
+    rep = _drill(LIT2, fault, tmp_path)
+    assert not rep.ok
+    assert rep.diagnosis.component == EXPECTED[fault]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "script", [LIT, FAB, LIT2], ids=["trainer", "fabric", "trainer-datamodule"]
+)
 def test_a_drill_saved_at_the_end_of_an_epoch_passes(script: Path, tmp_path: Path) -> None:
     assert _drill(script, "none", tmp_path, w=10, n=6).ok

@@ -31,12 +31,10 @@ import torch
 
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
-from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.adopted import adopted_path
-from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.storage import digest
-from ckptkit.storage.atomic import MANIFEST_NAME, fsync_dir
+from ckptkit.storage.atomic import fsync_dir
 from ckptkit.verify.findings import ERROR, INFO, Finding
 from ckptkit.verify.view import Expect
 
@@ -92,9 +90,7 @@ def adopt_checkpoint(
     *,
     force: bool = False,
     expect: Expect | None = None,
-    lookahead: Mapping[str, Any] | None = None,
     health: Mapping[str, Any] | None = None,
-    annotations: Mapping[str, Any] | None = None,
 ) -> Adoption:
     """Verify a foreign checkpoint, then record its digests and component table beside it.
 
@@ -110,12 +106,9 @@ def adopt_checkpoint(
         force: adopt whatever verify says.
         expect: ``weights`` or ``training`` (recorded; later verifies use it); inferred
             when None.
-        lookahead: what the saving run was about to do (the resume guard's look-ahead,
-            recorded as the manifest's ``lookahead``): a framework integration that knows
-            it passes it, so drills and the guard read it as for a native checkpoint.
         health: the training health at save (a ``StabilityWatch`` snapshot), recorded as
-            the manifest's ``health`` (``ckptkit rollback`` reads it).
-        annotations: more ``user`` entries beside ``adopted`` (a framework's own facts).
+            the manifest's ``health`` (``ckptkit rollback`` reads it); a framework
+            integration that feeds a watch passes it.
 
     Raises:
         CkptkitError: the layout is not recognised.
@@ -158,8 +151,7 @@ def adopt_checkpoint(
         components={n: c for n, c in rep.components.items()},
         env={"torch": torch.__version__, "python": platform.python_version()},
         step=s.step,
-        user={**(annotations or {}), "adopted": record},
-        lookahead=dict(lookahead) if lookahead else None,
+        user={"adopted": record},
         health=dict(health) if health else None,
     )
     out = adopted_path(s.target)
@@ -194,64 +186,6 @@ def adopt(
         raise a.refused
     assert a.manifest is not None
     return a.manifest
-
-
-def run_targets(run_dir: Path | str) -> list[Path]:
-    """The foreign checkpoints directly under a run directory (``checkpoint-N/``, ``*.ckpt``).
-
-    A path that is itself a checkpoint (native or foreign) is no run directory: empty.
-    Symlinks are never followed, and a lone ``.safetensors`` file counts only as a
-    ``save_pretrained`` folder (inside a run it is as likely a shard of something else).
-
-    Example:
-        >>> import tempfile, pathlib, torch
-        >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> torch.save({"model": {"w": torch.ones(2)}}, d / "a.ckpt")
-        >>> [p.name for p in run_targets(d)]
-        ['a.ckpt']
-    """
-    root = Path(run_dir)
-    if not root.is_dir() or root.is_symlink() or detect(root) is not None:
-        return []
-    if (root / MANIFEST_NAME).exists():
-        return []
-    out = []
-    for c in sorted(root.iterdir()):
-        if c.is_symlink() or c.name.endswith(ADOPTED_SUFFIX):
-            continue
-        fmt = detect(c)
-        if fmt is not None and (fmt != "safetensors" or c.is_dir()):
-            out.append(c)
-    return out
-
-
-def adopt_run(
-    run_dir: Path | str, *, force: bool = False, expect: Expect | None = None
-) -> list[Adoption]:
-    """Adopt every foreign checkpoint of a run directory (``ckptkit adopt RUN_DIR``).
-
-    Each one is verified and adopted on its own (:func:`adopt_checkpoint`): a damaged one
-    is refused (its :class:`Adoption` says why) and the others are adopted anyway.
-
-    Raises:
-        CkptkitError: ``run_dir`` holds no foreign checkpoint.
-
-    Example:
-        >>> import tempfile, pathlib, torch
-        >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> for s in (1, 2): torch.save({"model": {"w": torch.ones(2)}, "step": s}, d / f"s{s}.pt")
-        >>> [a.manifest.name for a in adopt_run(d)]
-        ['s1.pt.ckptkit-manifest.json', 's2.pt.ckptkit-manifest.json']
-    """
-    targets = run_targets(run_dir)
-    if not targets:
-        raise CkptkitError(
-            "no foreign checkpoint in this directory (and it is not one itself)",
-            path=Path(run_dir),
-            hint="pass a checkpoint (checkpoint-N/, a .ckpt file) or the directory holding "
-            "them; native ckptkit runs need no adopting",
-        )
-    return [adopt_checkpoint(t, force=force, expect=expect) for t in targets]
 
 
 def _refusal(rep: ForeignReport) -> CkptkitError | None:
@@ -305,4 +239,4 @@ def _write_atomic(out: Path, text: str) -> None:
         fsync_dir(out.parent)
 
 
-__all__ = ["Adoption", "adopt", "adopt_checkpoint", "adopt_run", "adopted_path", "run_targets"]
+__all__ = ["Adoption", "adopt", "adopt_checkpoint", "adopted_path"]

@@ -151,6 +151,39 @@ def test_prune_keeps_the_newest_good_and_takes_the_adopted_manifest_along(tmp_pa
         run.close()
 
 
+def test_the_cli_lists_adopts_prunes_and_rolls_back_a_lightning_directory(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ckptkit.cli import main
+
+    ck = tmp_path / "version_0" / "checkpoints"
+    ck.mkdir(parents=True)
+    for s in (5, 10, 15):
+        _ckpt(ck / f"epoch=0-step={s}.ckpt", s)
+    _ckpt(ck / "last.ckpt", 15)
+    run_dir = str(tmp_path / "version_0")
+    r = CliRunner().invoke(main, ["adopt", run_dir])
+    assert r.exit_code == 0, r.output
+    assert all((ck / f"epoch=0-step={s}.ckpt.ckptkit-manifest.json").is_file() for s in (5, 10, 15))
+    r = CliRunner().invoke(main, ["ls", run_dir, "--verify", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["layout"] == "lightning"
+    assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
+        (5, "verified"), (10, "verified"), (15, "verified")
+    ]
+    r = CliRunner().invoke(main, ["prune", run_dir, "--keep-last", "2"])
+    assert r.exit_code == 0, r.output
+    assert not (ck / "epoch=0-step=5.ckpt").exists()
+    assert not (ck / "epoch=0-step=5.ckpt.ckptkit-manifest.json").exists()
+    assert (ck / "last.ckpt").exists()  # a copy of step 15: never rotated
+    r = CliRunner().invoke(main, ["rollback", run_dir])
+    assert r.exit_code == 0, r.output
+    assert "epoch=0-step=15.ckpt" in r.output and "trainer.fit(model, ckpt_path=" in r.output
+
+
 # --- the plugin in a real Trainer -----------------------------------------------------------
 
 
@@ -202,6 +235,27 @@ def test_trainer_saves_are_verified_rotated_and_a_damaged_file_is_refused_at_loa
         _fit(tmp_path, CkptkitIO(), steps=7, ckpt_path=str(newest))
     assert e.value.code is not None and e.value.code.startswith("CK-F")
     assert "refusing to load" in str(e.value) and "ckptkit ls" in str(e.value)
+
+
+def test_the_watch_level_is_the_recorded_health_that_ls_and_rollback_read(tmp_path: Path) -> None:
+    import ckptkit
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
+    trainer = L.Trainer(
+        max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, plugins=[CkptkitIO()],
+        callbacks=[CkptkitCallback(watch=ckptkit.StabilityWatch()),
+                   L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2,
+                                                       save_top_k=-1)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    infos = runs.listing(runs.open_run(tmp_path))
+    assert [(c.step, c.status, c.health) for c in infos] == [(2, "verified", "ok"), (4, "verified", "ok")]
+    choice = runs.rollback(tmp_path)
+    assert choice.checkpoint is not None and choice.checkpoint.step == 4
+    assert "ckpt_path=" in choice.resume
 
 
 def test_save_top_k_removals_never_delete_the_newest_good_checkpoint(tmp_path: Path) -> None:

@@ -201,7 +201,7 @@ class CkptkitIO(TorchCheckpointIO):
         The newest good checkpoint is never deleted, the newest kept good one is verified
         again before anything goes, and the adopted manifest goes with its file.
         """
-        p = Path(path)
+        p = Path(path).resolve()  # the run lists resolved paths; Lightning's may be relative
         run = self.run(p.parent)
         doomed = next((c for c in run.checkpoints() if Path(str(c.path)) == p), None)
         if doomed is None:

@@ -258,7 +258,9 @@ def test_the_watch_level_is_the_recorded_health_that_ls_and_rollback_read(tmp_pa
     assert "ckpt_path=" in choice.resume
 
 
-def test_save_top_k_removals_never_delete_the_newest_good_checkpoint(tmp_path: Path) -> None:
+def test_save_top_k_removals_never_delete_the_newest_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     io = CkptkitIO()
     _fit(tmp_path, io, steps=3, top_k=1)  # Lightning keeps the best by 'step': the newest
     names = sorted(p.name for p in tmp_path.glob("*.ckpt"))
@@ -268,6 +270,8 @@ def test_save_top_k_removals_never_delete_the_newest_good_checkpoint(tmp_path: P
     # Asked to remove the only (newest verified) checkpoint: refused, the file stays.
     io2 = CkptkitIO()
     io2.remove_checkpoint(tmp_path / "epoch=0-step=3.ckpt")
+    monkeypatch.chdir(tmp_path)
+    io2.remove_checkpoint("epoch=0-step=3.ckpt")  # a relative path, as Lightning may pass
     io2.teardown()
     assert (tmp_path / "epoch=0-step=3.ckpt").is_file()
 

@@ -254,12 +254,21 @@ class Catalog:
 
     def record(self, path: Location, man: mf.Manifest, *, ok: bool, why: str | None) -> None:
         """Record a verify outcome for this exact manifest (by its digest)."""
+        self.note(path.name, man.digest, ok=ok, why=why)
+
+    def note(self, name: str, digest: str, *, ok: bool, why: str | None) -> None:
+        """Record a verify outcome for the checkpoint ``name`` as identified by ``digest``.
+
+        The record counts only while ``digest`` still identifies what ``name`` holds (a
+        native checkpoint: its manifest digest; a framework's file: its adopted manifest's
+        digest, or a fingerprint of the file). :meth:`record` calls it.
+        """
         idx = self.index()
         ver = idx.get("verified")
         if not isinstance(ver, dict):
             ver = idx["verified"] = {}
-        ver[path.name] = {
-            "digest": man.digest,
+        ver[name] = {
+            "digest": digest,
             "ok": ok,
             "at": time.time(),
             "problem": why,

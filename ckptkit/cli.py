@@ -171,11 +171,20 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify ckpt.pt --expect training     # fail unless it can resume training
     """
     from ckptkit.render import RENDERERS
+    from ckptkit.runs import framework_checkpoints
     from ckptkit.verify import verify as run_verify
 
-    result = run_verify(path, strict=strict, against_env=against_env,
-                        progress=False if no_progress or as_json else None, format=fmt,
-                        key=_key(key_file), expect=expect)  # type: ignore[arg-type]
+    opts: dict[str, Any] = dict(
+        strict=strict, against_env=against_env,
+        progress=False if no_progress or as_json else None, format=fmt, key=_key(key_file),
+        expect=expect,
+    )
+    targets = framework_checkpoints(path) if fmt is None else None
+    result = run_verify(targets[0] if targets else path, **opts)
+    if targets:  # a framework run (an Accelerate project_dir...): each of its checkpoints
+        result.path = fs.location(path)
+        for t in targets[1:]:
+            result.reports.extend(run_verify(t, **opts).reports)
     if as_json:
         RENDERERS["json"](result, sys.stdout)
     else:
@@ -251,6 +260,7 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
     """
     from ckptkit._progress import activity, bytes_under
     from ckptkit.foreign.adopt import adopt_checkpoint
+    from ckptkit.runs import record_adoption
 
     targets = _adopt_targets(path, fmt)
     results = []
@@ -258,6 +268,10 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
         with activity(f"adopting {target.name}", bytes_under(target), None):
             a = adopt_checkpoint(target, fmt, force=force, expect=expect)  # type: ignore[arg-type]
         results.append(a)
+        if a.manifest is not None:  # its run (a framework layout) lists it verified now
+            bad = a.report.errors
+            why = f"{bad[0].code}: {bad[0].message}" if bad else None
+            record_adoption(target, ok=not bad, why=why)
         if as_json:
             continue
         if a.refused is not None:

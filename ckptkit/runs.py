@@ -49,6 +49,8 @@ class Run(retain.RunStore, Protocol):
         """Release the lock and anything else held."""
         ...
 
+    # Optional: ``record(path, *, ok, why)``, record a verify outcome made elsewhere (an
+    # adoption) in the run's index; see :func:`record_adoption`.
     # Optional: ``resume_hint(info) -> str``, how to resume this layout from ``info`` (the
     # framework's own call, e.g. ``trainer.train(resume_from_checkpoint=...)``); see
     # :func:`resume_hint`.
@@ -60,7 +62,7 @@ Detector = Callable[[Location, dict[str, Any]], "Run | None"]
 DETECTORS: list[tuple[str, Detector]] = []
 """Registered layouts, asked in order by :func:`open_run`."""
 
-BUILTIN_LAYOUTS: tuple[str, ...] = ("ckptkit.layouts.hf",)
+BUILTIN_LAYOUTS: tuple[str, ...] = ("ckptkit.layouts.hf", "ckptkit.layouts.lightning")
 """Modules of :mod:`ckptkit.layouts` that :func:`open_run` imports (each registers itself)."""
 
 _loaded = False
@@ -205,6 +207,45 @@ def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
         run.close()
 
 
+def framework_checkpoints(path: str | Location) -> builtins.list[Location] | None:
+    """The checkpoints of a framework run at ``path``, oldest first; None for a native run,
+    a single checkpoint, or a directory no layout claims (``ckptkit verify RUN_DIR``)."""
+    loc = fs.location(path)
+    if fs.kind(loc) != "dir" or fs.kind(loc / "manifest.json") is not None:
+        return None
+    run = open_run(loc)
+    try:
+        if run.layout == "ckptkit":
+            return None
+        return [c.path for c in sorted(run.checkpoints(), key=lambda c: c.step)]
+    finally:
+        run.close()
+
+
+def record_adoption(path: str | Location, *, ok: bool, why: str | None = None) -> bool:
+    """Record the verify outcome of an adopted framework checkpoint in its run's index.
+
+    ``path`` is one checkpoint (a ``checkpoint-N/``, a ``.ckpt``); the run is its parent
+    directory when a framework layout claims it and keeps an index (``record``). Taken
+    only when no live writer holds the run (it records at save itself). Returns True when
+    recorded. A native or unclaimed directory is never opened for writing.
+    """
+    parent = fs.location(path).parent
+    probe = open_run(parent)
+    probe.close()
+    if probe.layout == "ckptkit" or not callable(getattr(probe, "record", None)):
+        return False
+    try:
+        run = open_run(parent, readonly=False)
+    except CkptkitError:
+        return False  # a live writer holds it
+    try:
+        run.record(fs.location(path), ok=ok, why=why)  # type: ignore[attr-defined]
+        return True
+    finally:
+        run.close()
+
+
 def resume_hint(run: Run, info: CheckpointInfo) -> str:
     """How to resume ``run`` from ``info``, in the run's own terms (its framework's call)."""
     hint = getattr(run, "resume_hint", None)
@@ -219,9 +260,11 @@ __all__ = [
     "Detector",
     "NativeRun",
     "Run",
+    "framework_checkpoints",
     "listing",
     "open_run",
     "prune",
+    "record_adoption",
     "register",
     "resume_hint",
     "rollback",

@@ -598,9 +598,12 @@ def checkpoint_facts(ckpt: str | Path) -> dict[str, Any]:
 
 def _manifest(ckpt: Path) -> mf.Manifest:
     """The native manifest of ``ckpt``, else the one ``ckptkit adopt`` (or a framework
-    integration) wrote beside a framework's checkpoint."""
+    integration) wrote beside a framework's checkpoint; an empty one for a single-file
+    checkpoint nobody adopted (a plain Lightning ``.ckpt``: nothing is known)."""
     if not (ckpt / mf.MANIFEST_NAME).is_file() and adopted_path(ckpt).is_file():
         return mf.read_path(adopted_path(ckpt))
+    if ckpt.is_file():
+        return mf.Manifest(files=(), tensors=(), tree=None, components={}, env={})
     return mf.read(ckpt)
 
 

@@ -516,7 +516,9 @@ def _committed(
     else:
         found = find_checkpoint(ref0.ckpt_dir, save_at)
     if found is None and thorough:
-        return _framework_snapshot(ref0.ckpt_dir, save_at, workdir, ended=ended)
+        snap = _framework_snapshot(ref0.ckpt_dir, save_at, workdir, ended=ended)
+        if snap is not None:
+            return snap
     if found is None and config.isolate:
         # A script that ignores $CKPTKIT_CKPT_DIR writes under its own run directory.
         hits = sorted(
@@ -786,8 +788,6 @@ def _start_step(from_ckpt: Path | str | None) -> int:
         path=path,
         hint="save it with CheckpointManager (which records the step)",
     )
-
-
 
 
 def _expect_steps(run: RunResult, *, first: int, last: int) -> None:

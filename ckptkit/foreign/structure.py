@@ -334,6 +334,13 @@ def _rng_leaf(x: Any) -> tuple[str, bool] | None:
         and len(x[1]) == 625
     ):
         return "Python random state", True
+    if (
+        isinstance(x, Mapping)
+        and isinstance(x.get("state"), tuple | list)
+        and len(x["state"]) == 625
+        and x.get("version") == 3
+    ):
+        return "Python random state", True  # ckptkit's capture: random.getstate() as a dict
     return None
 
 
@@ -356,7 +363,9 @@ def rng_shape(node: Any, depth: int = 0) -> str | None:
         if got is None:
             inner = rng_shape(c, depth + 1)
             if inner is None:
-                if not _scalar(c):  # seeds and counters may sit beside the states
+                # Seeds and counters may sit beside the states, and empty containers (no
+                # named NumPy generators).
+                if not _scalar(c) and not (isinstance(value(c), Mapping | list | tuple) and not value(c)):
                     return None
                 continue
             got = (inner, True)

@@ -143,6 +143,10 @@ def test_ls_and_prune_an_accelerate_project(tmp_path: Path) -> None:
     assert doc["layout"] == "accelerate"
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
         (5, "verified"), (10, "verified"), (15, "verified")]
+    # verify PROJECT_DIR verifies each checkpoint of the layout (not the directory itself)
+    r = cli("verify", str(project), "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.output)["reports"]) == 3
     r = cli("prune", str(project / "checkpoints"), "--keep-last", "2")
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in (project / "checkpoints").iterdir() if p.is_dir()) == [

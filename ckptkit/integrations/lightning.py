@@ -1,0 +1,671 @@
+"""Lightning (Trainer and Fabric): verified ``.ckpt`` saves, verified rotation, exact resumes.
+
+Lightning writes one ``.ckpt`` file per checkpoint and leaves out what an exact resume
+needs: no RNG state (``seed_everything`` only re-applies the first seed), no position in
+a plain data loader, no digests (a flipped bit loads silently), and ``ModelCheckpoint``
+deletes files by ``save_top_k`` without looking at them. Three pieces fill that in:
+
+:class:`CkptkitIO`
+    a ``CheckpointIO`` plugin (``Trainer(plugins=[...])`` / ``Fabric(plugins=[...])``):
+    after each save it verifies the file and records its digests and component table
+    beside it (``<file>.ckptkit-manifest.json``, as ``ckptkit adopt``), records the outcome
+    in the run index, and applies verified rotation (:mod:`ckptkit.retain`: keep the last
+    K / every N / a byte budget, never the newest good one); before each load it verifies
+    the file and refuses a damaged one with the finding's code; a removal Lightning asks
+    for (``save_top_k``) goes through the same rules and takes the manifest with it.
+:class:`CkptkitCallback`
+    a Trainer ``Callback``: saves every rank's RNG and the data cursor (a
+    :class:`~ckptkit.ResumableSampler`, a torchdata ``StatefulDataLoader`` or any object
+    with ``state_dict``) in the checkpoint and restores them at the first step after a
+    resume; writes the step records drills compare (:class:`~ckptkit.Recorder`), feeds a
+    :class:`~ckptkit.StabilityWatch` (its level goes into the manifest for ``rollback``),
+    and follows the drill contract (``CKPTKIT_DRILL_SAVE_AT`` / ``STOP_AT`` /
+    ``RESUME_FROM`` / ``CKPT_DIR``).
+:class:`FabricCheckpoints`
+    the same for a Fabric loop, around ``fabric.save`` / ``fabric.load``.
+
+Lightning is imported here, so this module needs the ``lightning`` extra; the run layout
+(:mod:`ckptkit.layouts.lightning`) does not.
+
+Example:
+    >>> import tempfile, lightning as L
+    >>> cb = CkptkitCallback()
+    >>> trainer = L.Trainer(plugins=[CkptkitIO(keep_last=2)], callbacks=[cb], logger=False,
+    ...                     enable_checkpointing=False, enable_progress_bar=False,
+    ...                     default_root_dir=tempfile.mkdtemp())
+    >>> isinstance(trainer.strategy.checkpoint_io, CkptkitIO)
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:
+    import lightning as L
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.pytorch.callbacks import Callback
+except ImportError as e:  # pragma: no cover - the extra is missing
+    raise ImportError(
+        "ckptkit.integrations.lightning needs Lightning: pip install 'ckptkit[lightning]' "
+        "(or pip install lightning)"
+    ) from e
+
+from ckptkit import retain, rngtrace
+from ckptkit.capture import rng as rng_capture
+from ckptkit.capture import sampler as sampler_capture
+from ckptkit.capture import tree_fingerprint
+from ckptkit.capture.state import TrainState, rank_key
+from ckptkit.catalog import CheckpointInfo
+from ckptkit.drill.contract import DrillEnv
+from ckptkit.errors import CkptkitError, IntegrityError, StateError
+from ckptkit.foreign.adopt import Notes, adopt_checkpoint
+from ckptkit.foreign.adopted import adopted_path
+from ckptkit.foreign.report import verify_foreign
+from ckptkit.layouts.lightning import LightningRun
+from ckptkit.recorder import Recorder
+from ckptkit.sampler import ResumableSampler
+from ckptkit.stability import StabilityWatch
+from ckptkit.verify.findings import ERROR
+
+log = logging.getLogger("ckptkit")
+
+STATE_KEY = "ckptkit"
+"""Top-level key of the checkpoint dict that holds what ckptkit adds (RNG, data cursor)."""
+DRILL_PIN = "drill"
+"""Pin of the checkpoint a drill asked for (``CKPTKIT_DRILL_SAVE_AT``): never rotated away."""
+
+
+# --- the CheckpointIO plugin ------------------------------------------------------------------
+
+
+class CkptkitIO(TorchCheckpointIO):
+    """A ``CheckpointIO`` that verifies and records each ``.ckpt`` and rotates with verification.
+
+    Args:
+        keep_last: after each save, keep this many newest verified checkpoints of the
+            directory and delete older ones (verified rotation); None deletes nothing
+            (Lightning's ``save_top_k`` removals still pass :meth:`remove_checkpoint`).
+        keep_every: also keep every checkpoint whose step is a multiple of this.
+        max_bytes: byte budget for the kept checkpoints.
+        verify_on_load: verify a file before Lightning loads it (refuse a damaged one).
+        expect: ``training`` (a resume point: optimizer, step... required) or ``weights``.
+        lock_timeout: seconds to wait for the run lock at the first save (another writer
+            fails the save after that: two runs must not rotate one directory).
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> io = CkptkitIO()
+        >>> io.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "global_step": 3,
+        ...                     "pytorch-lightning_version": "2.6"}, d / "step=3.ckpt")
+        >>> sorted(p.name for p in d.iterdir() if not p.name.startswith("."))
+        ['step=3.ckpt', 'step=3.ckpt.ckptkit-manifest.json']
+        >>> io.teardown()
+    """
+
+    def __init__(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        max_bytes: int | None = None,
+        verify_on_load: bool = True,
+        expect: str = "training",
+        lock_timeout: float = 60.0,
+    ) -> None:
+        super().__init__()
+        self.lock_timeout = lock_timeout
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"CkptkitIO: keep_last must be >= 1 (or None), got {keep_last}")
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.max_bytes = max_bytes
+        self.verify_on_load = verify_on_load
+        self.expect = expect
+        self._runs: dict[Path, LightningRun] = {}
+        self.last_outcome: retain.Outcome | None = None
+        """What the last rotation did (deleted, re-checked)."""
+
+    def run(self, directory: str | os.PathLike[str]) -> LightningRun:
+        """The run of ``directory``, opened as its writer once (the lock is held until
+        :meth:`teardown`)."""
+        d = Path(directory).resolve()
+        run = self._runs.get(d)
+        if run is None:
+            d.mkdir(parents=True, exist_ok=True)
+            # A reader (ls --verify) may hold the lock for a moment to record a verify.
+            run = self._runs[d] = LightningRun(d, readonly=False, lock_timeout=self.lock_timeout)
+        return run
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        """Write the file (Lightning's way), verify it, record it, then rotate."""
+        p = Path(path)
+        # An overwrite (last.ckpt at every save): the old digests describe the old bytes.
+        adopted_path(p).unlink(missing_ok=True)
+        super().save_checkpoint(checkpoint, path, storage_options)
+        extra = checkpoint.get(STATE_KEY)
+        extra = extra if isinstance(extra, Mapping) else {}
+        health = extra.get("health")
+        adoption = adopt_checkpoint(
+            p,
+            "lightning",
+            force=True,
+            expect=self.expect,  # type: ignore[arg-type]
+            notes=Notes(health=health if isinstance(health, Mapping) else None),
+        )
+        bad = [f for f in adoption.report.findings if f.severity is ERROR]
+        run = self.run(p.parent)
+        run.record(p, ok=not bad, why=f"{bad[0].code}: {bad[0].message}" if bad else None)
+        if bad:
+            log.error(
+                "ckptkit: %s failed its verify after save (%s %s); it is recorded corrupt "
+                "and no rotation counts on it",
+                p.name,
+                bad[0].code,
+                bad[0].message,
+            )
+            return
+        if self.keep_last is not None:
+            step = adoption.report.step
+            self.last_outcome = retain.apply(
+                run,
+                retain.Policy(
+                    keep_last=self.keep_last, keep_every=self.keep_every, max_bytes=self.max_bytes
+                ),
+                fresh=(step,) if step is not None else (),
+            )
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Verify the file, then load it (Lightning's way); a damaged file is refused."""
+        if self.verify_on_load:
+            check_before_load(path, expect=self.expect)
+        if map_location is None:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Delete a file Lightning asks to remove (``save_top_k``) with verified-rotation rules.
+
+        The newest good checkpoint is never deleted, the newest kept good one is verified
+        again before anything goes, and the adopted manifest goes with its file.
+        """
+        p = Path(path).resolve()  # the run lists resolved paths; Lightning's may be relative
+        run = self.run(p.parent)
+        doomed = next((c for c in run.checkpoints() if Path(str(c.path)) == p), None)
+        if doomed is None:
+            if p.exists():  # a duplicate step (last.ckpt beside its named copy)
+                run.remove_file(p)
+            return
+        retain.apply(_Only(run, doomed), retain.Policy(keep_last=0))
+
+    def teardown(self) -> None:
+        """Release the run locks."""
+        for run in self._runs.values():
+            run.close()
+        self._runs.clear()
+        super().teardown()
+
+
+class _Only:
+    """A view of a run in which every checkpoint but ``doomed`` is pinned (one removal
+    that still obeys :func:`ckptkit.retain.apply`)."""
+
+    def __init__(self, run: LightningRun, doomed: CheckpointInfo) -> None:
+        self.run = run
+        self.doomed = doomed
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        return [
+            c if c.path == self.doomed.path else replace(c, pins=(*c.pins, "lightning-keeps"))
+            for c in self.run.checkpoints()
+        ]
+
+    def reverify(self, info: CheckpointInfo) -> list[Any]:
+        return self.run.reverify(info)
+
+    def remove(self, info: CheckpointInfo) -> bool:
+        return self.run.remove(info)
+
+    def fence(self) -> None:
+        self.run.fence()
+
+
+def check_before_load(path: str | os.PathLike[str], *, expect: str | None = None) -> None:
+    """Verify a ``.ckpt`` before it is loaded; raise the first error finding's code.
+
+    Raises:
+        IntegrityError: the file is damaged, or its digests differ from those recorded at
+            save (the message names the file, the finding and what to do).
+
+    Example:
+        >>> import tempfile, pathlib, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.ckpt"
+        >>> torch.save({"state_dict": {"w": torch.ones(1)}, "global_step": 1}, p)
+        >>> check_before_load(p, expect="weights")
+    """
+    rep = verify_foreign(Path(path), "lightning", expect=expect)  # type: ignore[arg-type]
+    bad = [f for f in rep.findings if f.severity is ERROR]
+    if bad:
+        first = bad[0]
+        more = f" ({len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise IntegrityError(
+            f"refusing to load: {first.message}{more}",
+            path=Path(path),
+            code=first.code,
+            hint=(first.hint + "; " if first.hint else "")
+            + "resume from an older checkpoint ('ckptkit ls DIR' lists the verified ones; "
+            "'ckptkit rollback DIR' picks one)",
+        )
+
+
+# --- what Lightning leaves out ------------------------------------------------------------------
+
+
+def capture_extras(sampler: Any = None, *, health: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ckptkit adds to a Lightning checkpoint: every rank's RNG and the data cursor.
+
+    Collective when ``torch.distributed`` is initialised with several ranks (the RNG of
+    every rank is gathered; call it on every rank).
+
+    Example:
+        >>> sorted(capture_extras(ResumableSampler(8)))
+        ['rng', 'sampler']
+    """
+    rank, world = _rank_world()
+    mine = rng_capture.capture(rank=rank, world_size=world)
+    if world > 1:
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+        rngs = {rank_key(i): s for i, s in enumerate(gathered)}
+    else:
+        rngs = {rank_key(rank): mine}
+    out: dict[str, Any] = {"rng": rngs}
+    if sampler is not None:
+        out["sampler"] = sampler_capture.capture(sampler)
+    if health is not None:
+        out["health"] = dict(health)
+    return out
+
+
+def restore_rng(extras: Mapping[str, Any]) -> bool:
+    """Put this rank's RNG back from :func:`capture_extras`' tree; False when it has none.
+
+    Raises:
+        StateError: the checkpoint has no RNG state for this rank.
+    """
+    rngs = extras.get("rng")
+    if not isinstance(rngs, Mapping) or not rngs:
+        return False
+    rank, _world = _rank_world()
+    key = rank_key(rank)
+    if key not in rngs:
+        raise StateError(
+            f"the checkpoint holds RNG state of {sorted(rngs)}, not of {key}",
+            hint="resume at the world size it was saved with (RNG state is per rank)",
+        )
+    rng_capture.restore(rngs[key], rank=rank)
+    return True
+
+
+def restore_sampler(sampler: Any, extras: Mapping[str, Any]) -> bool:
+    """Put the data cursor back; False when the checkpoint has none."""
+    st = extras.get("sampler")
+    if sampler is None or not isinstance(st, Mapping):
+        return False
+    sampler_capture.restore(sampler, st)
+    return True
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _loaders(obj: Any) -> list[Any]:
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [x for v in obj.values() for x in _loaders(v)]
+    if isinstance(obj, list | tuple):
+        return [x for v in obj for x in _loaders(v)]
+    return []
+
+
+def _quiet_loaders(loaders: list[Any], seed: int, epoch: int) -> None:
+    """Give loaders without a generator one seeded by ``(seed, epoch)``: ``iter(loader)``
+    then draws its workers' base seed from it, not from the global torch RNG, so starting
+    an epoch (or a resume) does not shift the training streams."""
+    for dl in loaders:
+        gen = getattr(dl, "_ckptkit_generator", None)
+        if getattr(dl, "generator", None) is None or gen is not None:
+            if gen is None:
+                gen = torch.Generator()
+                dl._ckptkit_generator = gen
+                dl.generator = gen
+            gen.manual_seed((seed * 1_000_003 + epoch) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _loss(outputs: Any) -> Any:
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    if isinstance(outputs, torch.Tensor):
+        return float(outputs.detach().float().cpu())
+    return outputs
+
+
+# --- the Trainer callback ---------------------------------------------------------------------
+
+
+class CkptkitCallback(Callback):
+    """Add to Lightning checkpoints what an exact resume needs, and make the run drillable.
+
+    Args:
+        sampler: the training data cursor: a :class:`~ckptkit.ResumableSampler` (build the
+            DataLoader with ``sampler=``), a torchdata ``StatefulDataLoader`` or any object
+            with ``state_dict``/``load_state_dict``. None saves no position (a mid-epoch
+            resume then restarts the epoch's order: Lightning's own behaviour).
+        recorder: a :class:`~ckptkit.Recorder` for step records; None makes one that writes
+            to ``$CKPTKIT_METRICS`` when set (drills), else keeps them in memory.
+        watch: a :class:`~ckptkit.StabilityWatch` fed every step; its snapshot is the
+            checkpoint's recorded health (``ckptkit rollback`` reads it).
+        restore_rng: restore every rank's RNG on resume (turn off only to see the drift).
+        seed: seeds the data loaders' own generators (see :func:`_quiet_loaders`).
+
+    Example:
+        >>> cb = CkptkitCallback(sampler=ResumableSampler(16, seed=0))
+        >>> cb.state_key
+        'CkptkitCallback'
+    """
+
+    def __init__(
+        self,
+        *,
+        sampler: Any = None,
+        recorder: Recorder | None = None,
+        watch: StabilityWatch | None = None,
+        restore_rng: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.sampler = sampler
+        self.recorder = recorder if recorder is not None else Recorder(None)
+        self.watch = watch
+        if watch is not None:
+            watch.attach(self.recorder)
+        self.restore_rng = restore_rng
+        self.seed = seed if seed is not None else int(getattr(sampler, "seed", 0) or 0)
+        self.env = DrillEnv.from_env()
+        self._pending: Mapping[str, Any] | None = None
+        self._state: TrainState | None = None
+        self._fp: str | None = None
+        self._ids: list[list[Any]] = []
+        self._outside: dict[str, Any] | None = None
+
+    # the drill contract ---------------------------------------------------------------
+
+    def dirpath(self, default: str | os.PathLike[str]) -> str:
+        """Where checkpoints go: ``$CKPTKIT_CKPT_DIR`` in a drill, else ``default``
+        (pass it to ``ModelCheckpoint(dirpath=...)``)."""
+        return str(self.env.ckpt_dir) if self.env.ckpt_dir is not None else os.fspath(default)
+
+    def ckpt_path(self, default: str | None = None) -> str | None:
+        """What to resume from: ``$CKPTKIT_DRILL_RESUME_FROM`` in a drill, else ``default``
+        (pass it to ``trainer.fit(..., ckpt_path=...)``)."""
+        return str(self.env.resume_from) if self.env.resume_from is not None else default
+
+    # Lightning hooks --------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        opts = trainer.optimizers
+        self._state = TrainState(
+            model=pl_module, optimizer=opts[0] if opts else None, recorder=self.recorder
+        )
+        self._ids_hook()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        _quiet_loaders(_loaders(trainer.train_dataloader), self.seed, trainer.current_epoch)
+
+    # Validation runs in its own RNG bubble: its loader's iter() (and any draw of the
+    # validation steps) leaves the training streams as they were. Otherwise a resumed run,
+    # which skips the sanity check, would draw differently from the uninterrupted one.
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._outside = rng_capture.capture()
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._back_inside()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._back_inside()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending is not None:
+            # Restored here, at the first step after the resume, not at load: loading and
+            # building the data iterators in between draw from the global generators.
+            if self.restore_rng:
+                restore_rng(self._pending)
+            self._pending = None
+        self._fp = rngtrace.RngSnapshot.take().fingerprint()
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.global_step
+        fields: dict[str, Any] = {"rng": self._fp, "rng_at": "batch"}
+        if self._ids:
+            fields["sample_ids"] = self._ids
+        cursor = self._cursor()
+        if cursor is not None:
+            fields["cursor"] = cursor
+        self.recorder.log(step, loss=_loss(outputs), **fields)
+        self._ids = []
+        if self.env.should_save(step):
+            d = Path(self.dirpath(Path(trainer.default_root_dir) / "checkpoints"))
+            p = d / f"epoch={trainer.current_epoch}-step={step}.ckpt"
+            trainer.save_checkpoint(p)
+            io = trainer.strategy.checkpoint_io
+            if trainer.is_global_zero and isinstance(io, CkptkitIO):
+                io.run(d).pin(p, DRILL_PIN)  # rotation must not take it before the drill does
+        if self.env.should_stop(step):
+            trainer.should_stop = True
+        self._outside = rng_capture.capture()  # what a validation run now must leave as is
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.recorder.flush()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        obs = self.recorder.observer
+        if obs is not None:
+            obs.close()
+            self.recorder.observer = None
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.remove_observer(self._on_sample)
+        self.recorder.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        health = self.watch.snapshot() if self.watch is not None else None
+        return capture_extras(self.sampler, health=health)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Health at the top level as well, where CkptkitIO records it in the manifest.
+        if self.watch is not None:
+            checkpoint[STATE_KEY] = {"health": self.watch.snapshot()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        restore_sampler(self.sampler, state_dict)
+        self._pending = state_dict
+
+    # details ---------------------------------------------------------------------------
+
+    def _back_inside(self) -> None:
+        if self._outside is not None:
+            rng_capture.restore(self._outside)
+            self._outside = None
+
+    def _ids_hook(self) -> None:
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.remove_observer(self._on_sample)
+            self.sampler.add_observer(self._on_sample)
+
+    def _on_sample(self, epoch: int, index: int | None) -> None:
+        if index is None or not isinstance(self.sampler, ResumableSampler):
+            return
+        h = self.sampler.sample_hash(index)
+        self._ids.append([epoch, index] if h is None else [epoch, index, h])
+
+    def _cursor(self) -> str | None:
+        obs = self.recorder.observer
+        if self.sampler is None or obs is None:
+            return None
+        try:
+            with torch.random.fork_rng(devices=[]):
+                return tree_fingerprint(sampler_capture.capture(self.sampler)["state"])
+        except CkptkitError:
+            return None
+
+
+# --- Fabric -----------------------------------------------------------------------------------
+
+
+class FabricCheckpoints:
+    """Verified saves, rotation and exact resumes around ``fabric.save`` / ``fabric.load``.
+
+    Installs :class:`CkptkitIO` as the Fabric strategy's ``CheckpointIO`` (unless one is
+    there), names files ``step=N.ckpt`` in ``dirpath`` (``$CKPTKIT_CKPT_DIR`` in a drill),
+    adds every rank's RNG and the data cursor to the saved state, and restores them.
+
+    Args:
+        fabric: the ``lightning.Fabric``.
+        dirpath: the checkpoint directory.
+        sampler: the data cursor (as for :class:`CkptkitCallback`).
+        keep_last, keep_every, max_bytes: verified rotation after each save.
+        watch: a :class:`~ckptkit.StabilityWatch` whose snapshot is saved as health.
+        restore_rng: restore the RNG on resume.
+
+    Example:
+        >>> import tempfile, torch, lightning as L
+        >>> fabric = L.Fabric(accelerator="cpu", devices=1)
+        >>> m = torch.nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        >>> ck = FabricCheckpoints(fabric, tempfile.mkdtemp(), keep_last=2)
+        >>> ck.save(5, {"model": m, "optimizer": opt, "step": 5}).name
+        'step=5.ckpt'
+        >>> ck.resume({"model": m, "optimizer": opt})["step"]
+        5
+        >>> ck.close()
+    """
+
+    def __init__(
+        self,
+        fabric: L.Fabric,
+        dirpath: str | os.PathLike[str],
+        *,
+        sampler: Any = None,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        max_bytes: int | None = None,
+        watch: StabilityWatch | None = None,
+        restore_rng: bool = True,
+    ) -> None:
+        self.fabric = fabric
+        self.env = DrillEnv.from_env()
+        self.dir = Path(self.env.ckpt_dir) if self.env.ckpt_dir is not None else Path(dirpath)
+        self.sampler = sampler
+        self.watch = watch
+        self.restore_rng = restore_rng
+        io = fabric.strategy.checkpoint_io
+        if not isinstance(io, CkptkitIO):
+            io = CkptkitIO(keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes)
+            fabric.strategy.checkpoint_io = io  # type: ignore[misc]
+        self.io: CkptkitIO = io
+
+    def path(self, step: int) -> Path:
+        """The file of ``step`` (``step=N.ckpt``: the run layout reads the step from the name)."""
+        return self.dir / f"step={step}.ckpt"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """``fabric.save`` of ``state`` plus RNG and data cursor; verified, then rotated.
+
+        Call it on every rank (as ``fabric.save``).
+        """
+        health = self.watch.snapshot() if self.watch is not None else None
+        full = dict(state)
+        full[STATE_KEY] = capture_extras(self.sampler, health=health)
+        p = self.path(step)
+        self.fabric.save(p, full)
+        if self.env.should_save(step) and self.fabric.is_global_zero:
+            self.io.run(self.dir).pin(p, DRILL_PIN)  # rotation must not take it first
+        return p
+
+    def should_save(self, step: int) -> bool:
+        """Whether the drill asks for a checkpoint after ``step`` (``CKPTKIT_DRILL_SAVE_AT``)."""
+        return self.env.should_save(step)
+
+    def latest(self) -> Path | None:
+        """The newest verified checkpoint of the directory (None: a fresh start)."""
+        if not self.dir.is_dir():
+            return None
+        run = LightningRun(self.dir)
+        good = [c for c in run.checkpoints() if c.status == "verified"]
+        return Path(str(good[-1].path)) if good else None
+
+    def resume(self, state: dict[str, Any], path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+        """Verify and load the checkpoint to resume from into ``state``; restore RNG and cursor.
+
+        ``path`` defaults to ``$CKPTKIT_DRILL_RESUME_FROM`` in a drill, else the newest
+        verified file of the directory. Returns what ``fabric.load`` returns (the
+        remainder: ``step`` and the like), or None for a fresh start.
+
+        Raises:
+            IntegrityError: the file fails its verify (never loaded).
+        """
+        if path is None:
+            src = self.env.resume_from if self.env.resume_from is not None else self.latest()
+            path = None if src is None else str(src)
+        if path is None:
+            return None
+        remainder = self.fabric.load(Path(path), state)
+        extras = remainder.pop(STATE_KEY, None) or {}
+        restore_sampler(self.sampler, extras)
+        if self.restore_rng:
+            restore_rng(extras)
+        return remainder
+
+    def close(self) -> None:
+        """Release the run lock."""
+        self.io.teardown()
+
+
+__all__ = [
+    "DRILL_PIN",
+    "STATE_KEY",
+    "CkptkitCallback",
+    "CkptkitIO",
+    "FabricCheckpoints",
+    "capture_extras",
+    "check_before_load",
+    "restore_rng",
+    "restore_sampler",
+]

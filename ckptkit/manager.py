@@ -44,6 +44,7 @@ from ckptkit.errors import (
     IncompleteCheckpointError,
     LockHeldError,
 )
+from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.restore import Skip, candidates, restore_candidate
 from ckptkit.stability import EmergencyPolicy
 from ckptkit.storage import codec, fs
@@ -144,6 +145,8 @@ class CheckpointManager:
             is verified, becomes ``latest`` and counts for retention like any other; later
             verifies report the findings as warnings, and ``ls`` and the restore notes say
             what was accepted (see :mod:`ckptkit.verify.atsave`).
+        recovery: an automatic recovery policy, off by default (needs ``watch``): see
+            :meth:`recover` and :mod:`ckptkit.recovery`.
 
     On open, leftovers of an interrupted save (temporary directories, half-written
     ``latest``/index replacements) are reported and, when no live writer holds the run,
@@ -177,6 +180,7 @@ class CheckpointManager:
         watch: Any = None,
         emergency: EmergencyPolicy | None = None,
         on_inconsistent: atsave.Policy = "raise",
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
@@ -197,6 +201,7 @@ class CheckpointManager:
         if on_inconsistent not in atsave.POLICIES:
             raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
         self.on_inconsistent: atsave.Policy = on_inconsistent
+        self.recovery = AutoRecovery(recovery, self) if recovery is not None else None
         self.last_save = SaveStats()
         self._lock: Lock | None = None
         self._job: _Job | None = None
@@ -446,6 +451,8 @@ class CheckpointManager:
         fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)
+        if self.recovery is not None:
+            fields.update(self.recovery.on_save(step, health))
         stats = SaveStats(step=step)
         err: BaseException | None = None
         snap: StateSave | None = None
@@ -672,6 +679,23 @@ class CheckpointManager:
         log.warning("ckptkit: emergency checkpoint %s (%s)", path.name, v.summary())
         return path
 
+    def recover(self, state: TrainState) -> RecoveryEvent | None:
+        """Recover automatically from a collapse the watch reports (with ``recovery=``).
+
+        Call once per step on every rank, after the step's metrics reached the watch (and
+        after :meth:`observe`). On a trigger of the policy it restores the newest healthy
+        checkpoint into ``state``, applies the recovery actions and records them
+        (:mod:`ckptkit.recovery`).
+
+        Returns:
+            The event when ``state`` was rolled back or its data cursor jumped (create data
+            iterators again), else None; always None without a recovery policy.
+
+        Raises:
+            RecoveryError: refused by a limit (``CK-D010``) or failed (``CK-D011``).
+        """
+        return self.recovery.check(state) if self.recovery is not None else None
+
     # --- verify, retention -------------------------------------------------------------------
 
     def _verify(
@@ -863,6 +887,8 @@ class CheckpointManager:
                     else "",
                 )
             result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
+            if self.recovery is not None:
+                self.recovery.on_restore(result)  # the run's recovery history continues
             return result
         if mismatch is not None:
             # No checkpoint fits: the run differs from what saved them. Say so, not "lost".

@@ -46,7 +46,7 @@ from ckptkit.errors import (
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.restore import Skip, candidates, restore_candidate
-from ckptkit.stability import EmergencyPolicy
+from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
@@ -448,6 +448,8 @@ class CheckpointManager:
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:
             health = self.watch.snapshot()
+            if coll.world_size > 1:  # healthy only if every rank's watch says so
+                health = StabilityWatch.worst(coll.all_gather(health))
         fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)

@@ -63,16 +63,17 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
-from ckptkit.catalog import Catalog, CheckpointInfo, replace_text
+from ckptkit.catalog import Catalog, CheckpointInfo
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
+from ckptkit.recovery_log import LOG, LOG_VERSION, describe, iter_records, read_log, write_log
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import atomic, fs
@@ -83,11 +84,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckptkit")
 
-LOG = ".ckptkit-recoveries.json"
-"""The run's recoveries log (every recovery and refusal), written by the lock holder."""
 ABANDONED = ".ckptkit-abandoned"
 """Where a recovery sets aside the checkpoints of the trajectory it abandons."""
-LOG_VERSION = 1
 MANIFEST_IDS = 4096
 """Skipped sample ids carried in a manifest's record at most (all of them are in the log)."""
 _WATCH_COPIES = 16
@@ -368,7 +366,7 @@ class AutoRecovery:
         first_warn = min(int(t["episode_start"] or t["step"]) for t in triggers)
         record: dict[str, Any] = {
             "n": n,
-            "time": time.time(),
+            "time": decision["time"],
             "detected_at": detect,
             "trigger": {
                 "reason": triggers[0]["reason"],
@@ -469,7 +467,12 @@ class AutoRecovery:
         try:
             data = read_log(self.host.root, strict=True)
         except CkptkitError as e:
-            return {"ok": False, "n": 0, "why": f"the recoveries log cannot be read ({e.what})"}
+            return {
+                "ok": False,
+                "n": 0,
+                "time": time.time(),
+                "why": f"the recoveries log cannot be read ({e.what})",
+            }
         done = data["recoveries"]
         n = len(done) + 1
         p = self.policy
@@ -477,6 +480,7 @@ class AutoRecovery:
             return {
                 "ok": False,
                 "n": n,
+                "time": time.time(),
                 "why": f"{len(done)} recoveries already in this run (max_recoveries="
                 f"{p.max_recoveries}); the instability keeps coming back",
             }
@@ -487,11 +491,12 @@ class AutoRecovery:
                 return {
                     "ok": False,
                     "n": n,
+                    "time": time.time(),
                     "why": f"only {since} steps after recovery #{last.get('n')} restored step "
                     f"{last['restored']['step']} (min_steps_between={p.min_steps_between}): "
                     "the recovery did not help",
                 }
-        return {"ok": True, "n": n}
+        return {"ok": True, "n": n, "time": time.time()}
 
     def _fail(
         self, coll: Collective, record: dict[str, Any], why: str, cause: BaseException | None = None
@@ -781,95 +786,6 @@ def _brief(c: CheckpointInfo) -> dict[str, Any]:
             "pins": list(c.pins)}
 
 
-# --- the log ------------------------------------------------------------------------------------
-
-
-def read_log(root: str | Location, *, strict: bool = False) -> dict[str, Any]:
-    """Read a run's recoveries log: ``{"version", "recoveries": [...], "refusals": [...]}``.
-
-    Absent: empty lists. Unreadable: empty lists and a ``problem`` (``strict``: raise).
-
-    Raises:
-        RecoveryError: ``strict`` and the log exists but cannot be read (``CK-D011``).
-
-    Example:
-        >>> import tempfile
-        >>> read_log(tempfile.mkdtemp())["recoveries"]
-        []
-    """
-    path = fs.location(root) / LOG
-    empty: dict[str, Any] = {"version": LOG_VERSION, "recoveries": [], "refusals": []}
-    try:
-        raw = fs.read_small(path, 256 << 20)
-    except FileNotFoundError:
-        return empty
-    except OSError as e:
-        problem = f"cannot read {LOG}: {e}"
-    else:
-        try:
-            data = json.loads(raw)
-            if (
-                isinstance(data, dict)
-                and isinstance(data.get("recoveries"), list)
-                and isinstance(data.get("refusals"), list)
-            ):
-                return data
-            problem = f"{LOG} is not a recoveries log"
-        except ValueError as e:
-            problem = f"{LOG} is not valid JSON: {e}"
-    if strict:
-        raise codes.error("CK-D011", problem, path=path)
-    return {**empty, "problem": problem}
-
-
-def write_log(root: Location, data: Mapping[str, Any]) -> None:
-    """Replace the run's recoveries log atomically (the caller holds the run lock)."""
-    text = json.dumps({**data, "version": LOG_VERSION}, indent=1, allow_nan=False)
-    replace_text(root / LOG, text)
-
-
-def describe(record: Mapping[str, Any]) -> str:
-    """One line for humans: what triggered a recovery, what it restored and did.
-
-    Example:
-        >>> describe({"n": 1, "detected_at": 90, "trigger": {"level": "critical",
-        ...   "signals": {"loss.nonfinite": {}}}, "restored": {"checkpoint": "step-00000050"},
-        ...   "actions": {"lr": {"factor": 0.3, "scale": 0.3}, "skip": {"status": "none"}}})
-        'recovery #1 at step 90 (critical: loss.nonfinite): restored step-00000050; LR x0.3'
-    """
-    trig = record.get("trigger", {})
-    sigs = ", ".join(list(trig.get("signals", {}))[:3]) or "no signal named"
-    head = f"recovery #{record.get('n')} at step {record.get('detected_at')} ({trig.get('level')}: {sigs})"
-    if "refused" in record:
-        return f"{head}: refused: {record['refused']}"
-    if "failed" in record:
-        return f"{head}: failed: {record['failed']}"
-    parts = [f"restored {record.get('restored', {}).get('checkpoint')}"]
-    acts = record.get("actions", {})
-    lr, clip, skip = acts.get("lr", {}), acts.get("clip", {}), acts.get("skip", {})
-    done = []
-    if lr.get("factor") is not None:
-        done.append(f"LR x{lr.get('scale', 1.0):g}" if lr.get("applied", True) else "LR unchanged")
-    if clip.get("factor") is not None:
-        done.append(f"clip norm x{clip.get('scale', 1.0):g}")
-    if skip.get("status") == "applied":
-        done.append(
-            f"skipped {skip.get('samples')} samples (steps {skip.get('from_step')}-"
-            f"{skip.get('to_step')})"
-        )
-    elif skip.get("status") == "pending":
-        done.append(f"skip of steps {skip.get('from_step')}-{skip.get('to_step')} due")
-    if acts.get("callback"):
-        done.append("callback")
-    ab = record.get("abandoned") or []
-    if ab:
-        done.append(f"{len(ab)} checkpoint(s) set aside")
-    t = record.get("timing", {}).get("detect_to_resume_s")
-    if t is not None:
-        done.append(f"{t:.2f} s")
-    return f"{head}: {'; '.join(parts + done)}"
-
-
 # --- helpers ------------------------------------------------------------------------------------
 
 
@@ -900,17 +816,10 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def iter_records(root: str | Location) -> Iterator[dict[str, Any]]:
-    """Every recovery and refusal of a run, in order (for ``ckptkit ls`` / ``rollback``)."""
-    data = read_log(root)
-    yield from sorted(
-        [*data["recoveries"], *data["refusals"]], key=lambda r: (r.get("time", 0), r.get("n", 0))
-    )
-
-
 __all__ = [
     "ABANDONED",
     "LOG",
+    "LOG_VERSION",
     "AutoRecovery",
     "RecoveryContext",
     "RecoveryEvent",

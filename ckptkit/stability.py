@@ -794,6 +794,22 @@ class StabilityWatch:
             "time": time.time(),
         }
 
+    @staticmethod
+    def worst(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Return the least healthy of several ranks' :meth:`snapshot` results.
+
+        A checkpoint of a multi-rank run is healthy only if every rank's watch says so
+        (a rank may see what the others do not: its own data shard, its own layers).
+        The first snapshot at the worst level is taken, with ``ranks``: every rank's level.
+
+        Example:
+            >>> StabilityWatch.worst([{"level": "ok"}, {"level": "warn"}])
+            {'level': 'warn', 'ranks': ['ok', 'warn']}
+        """
+        snaps = list(snapshots)
+        pick = max(snaps, key=lambda s: _RANK[s["level"]])
+        return {**pick, "ranks": [s["level"] for s in snaps]}
+
     def params(self) -> dict[str, Any]:
         """Return the thresholds in effect (recorded with every snapshot)."""
         return {

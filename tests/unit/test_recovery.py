@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import ckptkit
 from ckptkit import recovery as rc
+from ckptkit.cli import main
 from ckptkit.errors import RecoveryError
 from ckptkit.manifest import Manifest
 from ckptkit.recovery import RecoveryContext, RecoveryEvent, RecoveryPolicy
@@ -401,3 +403,27 @@ def test_log_is_json_and_describe_reads_it(loop: Callable[..., Loop]) -> None:
     (line,) = [rc.describe(r) for r in rc.iter_records(lp.mgr.root)]
     assert line.startswith("recovery #1 at step 35 (critical: loss.nonfinite)")
     assert "restored step-00000030" in line and "LR x0.3" in line
+
+
+def test_ls_and_rollback_show_the_recoveries(loop: Callable[..., Loop]) -> None:
+    lp = loop(RecoveryPolicy(max_recoveries=1, min_steps_between=0, skip="warning"))
+    health = {**{s: "warn" for s in range(36, 38)}, 38: "nan"}
+    lp.run(50, lambda s: health.get(s, "ok"))
+    with pytest.raises(RecoveryError):
+        lp.run(50, nan_at(45))
+    lp.close()
+    run = str(lp.mgr.root)
+    runner = CliRunner()
+    out = runner.invoke(main, ["ls", run], catch_exceptions=False).output
+    assert "automatic recoveries (2):" in out
+    assert "recovery #1 at step 38 (critical: loss.nonfinite" in out
+    assert "restored step-00000030; LR x0.3; clip norm x0.3" in out
+    assert "recovery #2 at step 45" in out and "refused: 1 recoveries already" in out
+    js = json.loads(runner.invoke(main, ["ls", run, "--json"], catch_exceptions=False).output)
+    assert [r["n"] for r in js["recoveries"]] == [1, 2]
+    assert js["recoveries"][0]["actions"]["skip"]["status"] == "applied"
+    res = runner.invoke(main, ["rollback", run], catch_exceptions=False)
+    assert "roll back to:" in res.output and "automatic recoveries (2):" in res.output
+    res = runner.invoke(main, ["rollback", run, "--json"], catch_exceptions=False)
+    js = json.loads(res.output)
+    assert js["recoveries"][0]["restored"]["step"] == 30 and "refused" in js["recoveries"][1]

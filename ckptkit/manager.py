@@ -145,8 +145,7 @@ class CheckpointManager:
             is verified, becomes ``latest`` and counts for retention like any other; later
             verifies report the findings as warnings, and ``ls`` and the restore notes say
             what was accepted (see :mod:`ckptkit.verify.atsave`).
-        recovery: an automatic recovery policy, off by default (needs ``watch``): see
-            :meth:`recover` and :mod:`ckptkit.recovery`.
+        recovery: automatic recovery (:mod:`ckptkit.recovery`, :meth:`recover`), needs ``watch``.
 
     On open, leftovers of an interrupted save (temporary directories, half-written
     ``latest``/index replacements) are reported and, when no live writer holds the run,
@@ -447,14 +446,12 @@ class CheckpointManager:
         coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:
-            health = self.watch.snapshot()
-            if coll.world_size > 1:  # healthy only if every rank's watch says so
-                health = StabilityWatch.worst(coll.all_gather(health))
+            health = self.watch.snapshot()  # healthy only if every rank's watch says so:
+            health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
         fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)
-        if self.recovery is not None:
-            fields.update(self.recovery.on_save(step, health))
+        fields.update(self.recovery.on_save(step, health) if self.recovery is not None else {})
         stats = SaveStats(step=step)
         err: BaseException | None = None
         snap: StateSave | None = None
@@ -682,20 +679,7 @@ class CheckpointManager:
         return path
 
     def recover(self, state: TrainState) -> RecoveryEvent | None:
-        """Recover automatically from a collapse the watch reports (with ``recovery=``).
-
-        Call once per step on every rank, after the step's metrics reached the watch (and
-        after :meth:`observe`). On a trigger of the policy it restores the newest healthy
-        checkpoint into ``state``, applies the recovery actions and records them
-        (:mod:`ckptkit.recovery`).
-
-        Returns:
-            The event when ``state`` was rolled back or its data cursor jumped (create data
-            iterators again), else None; always None without a recovery policy.
-
-        Raises:
-            RecoveryError: refused by a limit (``CK-D010``) or failed (``CK-D011``).
-        """
+        """Act on the watch's verdict with ``recovery=`` (:meth:`.AutoRecovery.check`)."""
         return self.recovery.check(state) if self.recovery is not None else None
 
     # --- verify, retention -------------------------------------------------------------------

@@ -308,6 +308,13 @@ class AutoRecovery:
     def check(self, state: TrainState) -> RecoveryEvent | None:
         """Act on the newest verdict (see the module docstring); collective when multi-rank.
 
+        Call once per step on every rank, after the step's metrics reached the watch (and
+        after :meth:`CheckpointManager.observe`); ``mgr.recover(state)`` calls it.
+
+        Returns:
+            The event when ``state`` was rolled back or its data cursor jumped (create data
+            iterators again before the next batch), else None.
+
         Raises:
             RecoveryError: a limit refused the recovery (``CK-D010``) or it failed
                 (``CK-D011``); recorded in the run first, raised on every rank.

@@ -302,10 +302,11 @@ def param_hash(model: nn.Module) -> str:
 
 
 def lr_spike(
-    start: int, ramp: int, peak: float, base: Callable[[int], float]
+    start: int, ramp: int, peak: float, base: Callable[[int], float], *, hold: int | None = None
 ) -> Callable[[int], float]:
     """``base`` times a multiplier that climbs geometrically from 1 to ``peak`` over ``ramp``
-    steps from ``start`` and stays there: a peak LR set past the stable edge.
+    steps from ``start`` and stays there (for ``hold`` steps, then back to 1; None: to the
+    end): a peak LR set past the stable edge.
 
     An instability that builds for a few hundred steps (the gradient norm's level and
     spread climb while the loss still looks fine), then diverges. It lives in the schedule,
@@ -319,6 +320,8 @@ def lr_spike(
     """
 
     def factor(step: int) -> float:
+        if hold is not None and step >= start + ramp + hold:
+            return base(step)
         x = min(max(step - start, 0) / max(ramp, 1), 1.0)
         return base(step) * peak**x
 
@@ -447,6 +450,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--spike-peak", type=float, default=12.0, help="lr-spike: LR multiplier at the peak"
     )
     p.add_argument(
+        "--spike-hold", type=int, default=None, help="lr-spike: steps at the peak (default: to the end)"
+    )
+    p.add_argument(
         "--watch",
         action="store_true",
         help="feed loss and grad norm to a StabilityWatch (health in every manifest, an "
@@ -529,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     schedule = warmup_cosine(warmup, args.steps)
     if args.fault == "lr-spike":
         start = args.spike_at if args.spike_at is not None else int(args.steps * 0.4)
-        schedule = lr_spike(start, args.spike_ramp, args.spike_peak, schedule)
+        schedule = lr_spike(start, args.spike_ramp, args.spike_peak, schedule, hold=args.spike_hold)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.amp)
     scaler = torch.amp.GradScaler(

@@ -90,7 +90,7 @@ def main() -> None:
             if rank == bad and passes[step] == 1:
                 if warn_from <= step < nan_at:
                     value = 5.0
-                elif step == nan_at or step == again:
+                elif step in (nan_at, again):
                     value = float("nan")
             watch.update(step, loss=value)
             if step % 10 == 0:

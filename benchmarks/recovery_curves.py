@@ -33,8 +33,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ckptkit.examples.tiny_lm import SPIKE_STEPS
+
 RUNS = {
-    "clean": ["--fault", "none", "--watch"],
+    "clean": ["--fault", "none", "--steps", str(SPIKE_STEPS), "--watch"],
     "spike": ["--fault", "lr-spike"],
     "spike+recover": ["--fault", "lr-spike", "--auto-recover"],
 }

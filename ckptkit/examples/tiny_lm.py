@@ -61,6 +61,20 @@ classic resume bugs, written the way a user writes them:
 ``lr-changed``         the learning rate (param groups and base LRs) ×1.1 after the restore
 =====================  ================================================================
 
+**An instability** (``--fault lr-spike``, not a resume bug): from ``--spike-at`` (default
+40 % of ``--steps``, which defaults to 1500 here) the schedule's LR multiplier climbs
+geometrically to ``--spike-peak`` over ``--spike-ramp`` steps (held ``--spike-hold`` steps,
+default to the end): the gradient norm's level and spread build up for a few hundred steps,
+then the loss diverges. ``--watch`` feeds loss and grad norm to a default
+:class:`~ckptkit.stability.StabilityWatch` (health in every manifest, an emergency
+checkpoint on the first warning); ``--auto-recover`` adds the default
+:class:`~ckptkit.recovery.RecoveryPolicy`: on a critical verdict the manager rolls back to
+the newest healthy checkpoint, lowers the LR and the clip norm, skips the batches seen since
+the first warning and continues (``docs/stability.md``). The summary then also lists the
+recoveries, and ``final_loss_avg`` (the mean loss of the last 50 steps) compares runs::
+
+    python -m ckptkit.examples.tiny_lm --fault lr-spike --auto-recover --ckpt-dir runs/spike
+
 **Data parallelism.** Launched by ``torchrun`` (``WORLD_SIZE`` > 1) or with ``--ddp``, the
 script joins a process group (gloo on CPU, NCCL on CUDA), wraps the model in
 ``DistributedDataParallel``, gives each rank its share of the epoch through the
@@ -445,9 +459,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--spike-at", type=int, default=None, help="lr-spike: first step of the build-up (default: steps*0.4)"
     )
-    p.add_argument("--spike-ramp", type=int, default=300, help="lr-spike: steps to reach the peak")
+    p.add_argument("--spike-ramp", type=int, default=100, help="lr-spike: steps to reach the peak")
     p.add_argument(
-        "--spike-peak", type=float, default=12.0, help="lr-spike: LR multiplier at the peak"
+        "--spike-peak", type=float, default=1000.0, help="lr-spike: LR multiplier at the peak"
     )
     p.add_argument(
         "--spike-hold", type=int, default=None, help="lr-spike: steps at the peak (default: to the end)"
@@ -464,6 +478,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="recover automatically from a collapse: roll back to the newest healthy "
         "checkpoint, LR x0.3, clip norm x0.3, skip the batches since the first warning "
         "(ckptkit.recovery.RecoveryPolicy defaults)",
+    )
+    p.add_argument(
+        "--recover-lr-factor",
+        type=float,
+        default=0.3,
+        help="--auto-recover: multiply the LR by this on each recovery",
     )
     args = p.parse_args(argv)
     if args.steps is None:
@@ -558,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         drill.ckpt_dir or args.ckpt_dir,
         keep_last=args.keep_last,
         watch=watch,
-        recovery=RecoveryPolicy() if args.auto_recover else None,
+        recovery=RecoveryPolicy(lr_factor=args.recover_lr_factor) if args.auto_recover else None,
     )
 
     fault = args.fault

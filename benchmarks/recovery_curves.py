@@ -83,21 +83,28 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
     colors = {"clean": "tab:green", "spike": "tab:red", "spike+recover": "tab:blue"}
+    layer = {"spike": 1, "spike+recover": 2, "clean": 3}
     for name, r in results.items():
         segs = r["segments"]
         final = final_trajectory(segs)
-        kept = {s for s, _ in final}
-        for seg in segs:
-            gone = [(s, v) for s, v in seg if s not in kept or (s, v) not in set(final)]
+        on_final = set(final)
+        for seg in segs:  # the abandoned stretches: what a recovery rolled back
+            gone = [p for p in seg if p not in on_final]
             if gone and name == "spike+recover":
-                ax.plot(*zip(*gone), color=colors[name], lw=0.8, ls="--", alpha=0.5)
-        xs, ys = zip(*final)
+                gx, gy = zip(*gone, strict=True)
+                ax.plot(gx, gy, color=colors[name], lw=0.6, ls=":", alpha=0.6, zorder=0)
+        xs, ys = zip(*final, strict=True)
         ax.plot(xs, [min(y, 12.0) if math.isfinite(y) else 12.0 for y in ys],
-                color=colors[name], lw=1.0, label=f"{name}: final {r['final_loss_avg']:.3f}")
-    for rec in results["spike+recover"]["summary"].get("recoveries", []):
-        ax.axvline(rec["detected_at"], color="tab:blue", lw=0.6, ls=":")
-        ax.annotate(f"recovery #{rec['n']}\n-> step {rec['restored']}",
-                    (rec["detected_at"], 6.0), fontsize=7, color="tab:blue")
+                color=colors[name], lw=0.9, alpha=0.85, zorder=layer.get(name, 1),
+                label=f"{name}: final {r['final_loss_avg']:.3f} (mean of the last 50 steps)")
+    recs = results["spike+recover"]["summary"].get("recoveries", [])
+    for rec in recs:
+        ax.axvline(rec["detected_at"], color="tab:blue", lw=0.5, ls="--", alpha=0.7)
+    if recs:
+        lines = [f"recovery #{r['n']} at step {r['detected_at']} -> step {r['restored']}, "
+                 f"LR x{r['lr_scale']:.3g}, {r['detect_to_resume_s']:.2f} s" for r in recs]
+        ax.text(0.99, 0.55, "\n".join(lines), transform=ax.transAxes, ha="right", va="top",
+                fontsize=7, color="tab:blue")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (clipped at 12)")
     ax.set_yscale("log")
@@ -113,8 +120,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--plot", type=Path, help="write the loss curves to this PNG")
     p.add_argument("--json", type=Path, help="write the numbers as JSON")
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temp dir)")
+    p.add_argument(
+        "--replot", action="store_true",
+        help="do not train: plot the runs kept in --workdir by an earlier call (with --workdir)",
+    )
     p.add_argument("extra", nargs="*", help="more tiny_lm arguments for all three runs")
     a = p.parse_args(argv)
+    if a.replot:
+        results = {}
+        for name in RUNS:
+            d = a.workdir / name.replace("+", "_")
+            summary = json.loads((d / "summary.json").read_text())
+            results[name] = {"summary": summary, "final_loss_avg": summary["final_loss_avg"],
+                             "segments": segments(d / "metrics.jsonl")}
+        plot(results, a.plot)
+        return {}
     with tempfile.TemporaryDirectory() as tmp:
         work = a.workdir or Path(tmp)
         procs = {name: start(name, a.extra, work) for name in RUNS}
@@ -124,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed ({proc.returncode}):\n{err[-3000:]}")
             summary = json.loads(out.strip().splitlines()[-1])
+            metrics.with_name("summary.json").write_text(json.dumps(summary))
             results[name] = {
                 "summary": summary,
                 "final_loss": summary["final_loss"],

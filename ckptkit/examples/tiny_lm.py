@@ -63,9 +63,10 @@ classic resume bugs, written the way a user writes them:
 
 **An instability** (``--fault lr-spike``, not a resume bug): from ``--spike-at`` (default
 40 % of ``--steps``, which defaults to 1500 here) the schedule's LR multiplier climbs
-geometrically to ``--spike-peak`` over ``--spike-ramp`` steps (held ``--spike-hold`` steps,
-default to the end): the gradient norm's level and spread build up for a few hundred steps,
-then the loss diverges. ``--watch`` feeds loss and grad norm to a default
+geometrically to ``--spike-peak`` (1000) over ``--spike-ramp`` (100) steps and is held
+``--spike-hold`` steps (default: to the end): the gradient norm and the loss build up for
+a few dozen steps, then the loss diverges for good. (A slower ramp builds for hundreds of
+steps, but damages the model before the watch warns: see ``docs/stability.md``.) ``--watch`` feeds loss and grad norm to a default
 :class:`~ckptkit.stability.StabilityWatch` (health in every manifest, an emergency
 checkpoint on the first warning); ``--auto-recover`` adds the default
 :class:`~ckptkit.recovery.RecoveryPolicy`: on a critical verdict the manager rolls back to
@@ -322,8 +323,8 @@ def lr_spike(
     steps from ``start`` and stays there (for ``hold`` steps, then back to 1; None: to the
     end): a peak LR set past the stable edge.
 
-    An instability that builds for a few hundred steps (the gradient norm's level and
-    spread climb while the loss still looks fine), then diverges. It lives in the schedule,
+    An instability that builds up (the gradient norm's level and spread climb, then the
+    loss), then diverges. It lives in the schedule,
     as the real mistake does, so a recovery that scales the scheduler's base LRs
     (:func:`ckptkit.recovery.scale_lr`) brings the LR back under the edge for good.
 

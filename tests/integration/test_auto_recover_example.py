@@ -3,7 +3,7 @@
 ``python -m ckptkit.examples.tiny_lm --fault lr-spike`` diverges; with ``--auto-recover``
 the manager rolls back to the newest healthy checkpoint, lowers the LR and continues, and
 the run ends within 10 % of a clean run's final loss with at least one recorded recovery.
-The three runs start together (2 cores: about a minute each); the model is the example's
+The three runs start together (about 40 s of CPU each); the model is the example's
 with a smaller width so the test stays in budget (the watch keeps its defaults).
 """
 

@@ -380,6 +380,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         ckptkit ls runs/exp1/ckpt
         ckptkit ls runs/exp1/ckpt --verify --json
     """
+    from ckptkit.recovery_log import iter_records
     from ckptkit.render.text import render_ls
     from ckptkit.runs import listing, open_run
 
@@ -389,6 +390,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         left = run.leftovers()
     finally:
         run.close()
+    recs = list(iter_records(run_dir))
     if as_json:
         click.echo(
             json.dumps(
@@ -397,12 +399,13 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
                     "layout": run.layout,
                     "checkpoints": [c.to_dict() for c in infos],
                     "leftovers": [str(p) for p in left],
+                    "recoveries": recs,
                 },
                 indent=2,
             )
         )
     else:
-        render_ls(infos, sys.stdout, leftovers=left, layout=run.layout)
+        render_ls(infos, sys.stdout, leftovers=left, layout=run.layout, recoveries=recs)
         if not infos:
             _say_what_else(run_dir)
     sys.exit(1 if any(c.status in ("corrupt", "incomplete") for c in infos) else 0)
@@ -829,6 +832,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     Example:
         ckptkit rollback runs/exp1/ckpt
     """
+    from ckptkit.render.text import render_recoveries
     from ckptkit.runs import rollback as pick
 
     choice = pick(run_dir)
@@ -845,4 +849,5 @@ def rollback(run_dir: Path, as_json: bool) -> None:
             click.echo("suggestions (nothing is changed for you):")
             for h in choice.hints:
                 click.echo(f"  - {h}")
+        render_recoveries(choice.recoveries, sys.stdout)
     sys.exit(0 if choice.checkpoint is not None else 1)

@@ -799,3 +799,25 @@ register_code(
     "(sampler=RandomSampler(ds, generator=g1)) and the loader another (generator=g2)",
     component="sampler",
 )
+register_code(
+    "CK-D010",
+    family="drill",
+    severity=ERROR,
+    title="automatic recovery refused: a limit was reached",
+    hint="the instability came back after the recoveries allowed (or too soon after the last "
+    "one): a lower LR only postponed it. Find the cause before resuming: the recovery records "
+    "('ckptkit ls RUN') name the signals, the checkpoints set aside and the skipped samples",
+    component="progress",
+    error_class=errors.RecoveryError,
+)
+register_code(
+    "CK-D011",
+    family="drill",
+    severity=ERROR,
+    title="automatic recovery failed",
+    hint="no healthy checkpoint could be restored (none saved with health ok, or every one "
+    "failed to read), or a recovery action raised; the run stops where it failed. Save "
+    "checkpoints with a StabilityWatch attached before the instability begins",
+    component="progress",
+    error_class=errors.RecoveryError,
+)

@@ -169,6 +169,13 @@ class DrillError(CkptkitError):
     """A resume drill could not run (the script crashed, no checkpoint appeared)."""
 
 
+class RecoveryError(CkptkitError, RuntimeError):
+    """An automatic recovery was refused (a limit) or failed; training must stop.
+
+    Raised on every rank together, after the refusal or failure is recorded in the run.
+    """
+
+
 __all__ = [
     "CheckpointExistsError",
     "CkptkitError",
@@ -179,6 +186,7 @@ __all__ = [
     "IntegrityError",
     "LockHeldError",
     "ManifestError",
+    "RecoveryError",
     "SignatureError",
     "StateError",
     "UnsafeInputError",

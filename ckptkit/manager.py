@@ -44,8 +44,9 @@ from ckptkit.errors import (
     IncompleteCheckpointError,
     LockHeldError,
 )
+from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.restore import Skip, candidates, restore_candidate
-from ckptkit.stability import EmergencyPolicy
+from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
@@ -144,6 +145,7 @@ class CheckpointManager:
             is verified, becomes ``latest`` and counts for retention like any other; later
             verifies report the findings as warnings, and ``ls`` and the restore notes say
             what was accepted (see :mod:`ckptkit.verify.atsave`).
+        recovery: automatic recovery (:mod:`ckptkit.recovery`, :meth:`recover`), needs ``watch``.
 
     On open, leftovers of an interrupted save (temporary directories, half-written
     ``latest``/index replacements) are reported and, when no live writer holds the run,
@@ -177,6 +179,7 @@ class CheckpointManager:
         watch: Any = None,
         emergency: EmergencyPolicy | None = None,
         on_inconsistent: atsave.Policy = "raise",
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
@@ -197,6 +200,7 @@ class CheckpointManager:
         if on_inconsistent not in atsave.POLICIES:
             raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
         self.on_inconsistent: atsave.Policy = on_inconsistent
+        self.recovery = AutoRecovery(recovery, self) if recovery is not None else None
         self.last_save = SaveStats()
         self._lock: Lock | None = None
         self._job: _Job | None = None
@@ -442,10 +446,12 @@ class CheckpointManager:
         coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:
-            health = self.watch.snapshot()
+            health = self.watch.snapshot()  # healthy only if every rank's watch says so:
+            health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
         fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)
+        fields.update(self.recovery.on_save(step, health) if self.recovery is not None else {})
         stats = SaveStats(step=step)
         err: BaseException | None = None
         snap: StateSave | None = None
@@ -672,6 +678,10 @@ class CheckpointManager:
         log.warning("ckptkit: emergency checkpoint %s (%s)", path.name, v.summary())
         return path
 
+    def recover(self, state: TrainState) -> RecoveryEvent | None:
+        """Act on the watch's verdict with ``recovery=`` (:meth:`.AutoRecovery.check`)."""
+        return self.recovery.check(state) if self.recovery is not None else None
+
     # --- verify, retention -------------------------------------------------------------------
 
     def _verify(
@@ -863,6 +873,8 @@ class CheckpointManager:
                     else "",
                 )
             result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
+            if self.recovery is not None:
+                self.recovery.on_restore(result)  # the run's recovery history continues
             return result
         if mismatch is not None:
             # No checkpoint fits: the run differs from what saved them. Say so, not "lost".

@@ -49,7 +49,7 @@ SCHEMA_VERSION = 1
 FORMAT = "ckptkit"
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest larger than this is refused before parsing (hostile input)."""
-_FREE_FORM = ("tree", "env", "lookahead", "health", "user")
+_FREE_FORM = ("tree", "env", "lookahead", "health", "user", "recoveries")
 """Top-level fields the schema leaves free-form: their nesting is bounded by
 :data:`ckptkit.storage.tree.MAX_NESTING` (as are component summaries), checked before
 anything recursive (the digest, the tree decoder) runs."""
@@ -201,6 +201,8 @@ class Manifest:
     """Consistency findings at save and the saver's policy (:mod:`ckptkit.verify.atsave`)."""
     pins: tuple[str, ...] = ()
     user: Mapping[str, Any] | None = None
+    recoveries: Mapping[str, Any] | None = None
+    """Automatic recoveries in the history of this state (:mod:`ckptkit.recovery`)."""
     signature: Signature | None = None
     """HMAC of the canonical content under the user's key (see :mod:`ckptkit.signing`)."""
 
@@ -246,7 +248,7 @@ class Manifest:
             },
             "env": dict(self.env),
         }
-        for k in ("lookahead", "health", "findings", "user"):
+        for k in ("lookahead", "health", "findings", "user", "recoveries"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = dict(v)
@@ -343,6 +345,7 @@ class Manifest:
             findings=d.get("findings"),
             pins=tuple(d.get("pins", ())),
             user=d.get("user"),
+            recoveries=d.get("recoveries"),
             signature=Signature.from_dict(d["signature"]) if "signature" in d else None,
         )
         if "manifest_digest" in d:

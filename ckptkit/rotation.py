@@ -497,6 +497,8 @@ class RollbackChoice:
     resume: str | None = None
     """How to resume from ``checkpoint`` in the run's own terms (set by
     :func:`ckptkit.runs.rollback`: ``mgr.restore(...)``, a framework's resume call)."""
+    recoveries: tuple[Mapping[str, Any], ...] = ()
+    """The run's automatic recoveries and refusals (:mod:`ckptkit.recovery_log`), oldest first."""
 
     def __repr__(self) -> str:
         c = self.checkpoint
@@ -518,6 +520,7 @@ class RollbackChoice:
             "hints": list(self.hints),
             "health_data": self.health_data,
             "resume": self.resume,
+            "recoveries": [dict(r) for r in self.recoveries],
         }
 
 

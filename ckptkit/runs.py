@@ -20,7 +20,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import retain, rotation
+from ckptkit import recovery_log, retain, rotation
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
@@ -200,6 +200,8 @@ def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
     run = open_run(root)
     try:
         choice = rotation.choose_rollback(listing(run))
+        # The run's automatic recoveries (ckptkit.recovery): what was rolled back already.
+        choice = dataclasses.replace(choice, recoveries=tuple(recovery_log.iter_records(root)))
         if choice.checkpoint is None:
             return choice
         return dataclasses.replace(choice, resume=resume_hint(run, choice.checkpoint))

@@ -414,6 +414,57 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         position -= len(self._undelivered or ())
         return self._rank_indices(offset)[position : position + max(k, 0)].tolist()
 
+    def consumed_between(
+        self, start: Mapping[str, Any], end: Mapping[str, Any], *, limit: int | None = None
+    ) -> list[tuple[int, int]]:
+        """Return the ``(epoch, index)`` pairs this rank is handed from cursor ``start`` to ``end``.
+
+        Both cursors are :meth:`state_dict` results of this rank at this world size (an
+        automatic recovery records the samples it skips with it). Epochs in between are
+        taken whole, as a loop that starts the next epoch when one is done takes them.
+        The sampler itself does not move.
+
+        Args:
+            start: the earlier cursor.
+            end: the later cursor.
+            limit: return at most this many pairs (the first ones).
+
+        Raises:
+            ValueError: a cursor is from another world size or rank, or ``end`` is before
+                ``start``.
+
+        Example:
+            >>> s = ResumableSampler(4, shuffle=False)
+            >>> a = s.state_dict(); _ = [next(iter(s)) for _ in range(1)]
+            >>> s.consumed_between(a, s.state_dict())
+            [(0, 0)]
+        """
+        for c in (start, end):
+            if int(c["world_size"]) != self.world_size or int(c["rank"]) != self.rank:
+                raise ValueError(
+                    "consumed_between: the cursors must be this rank's at this world size "
+                    f"(rank {self.rank} of {self.world_size}), got rank {c['rank']} of "
+                    f"{c['world_size']}"
+                )
+        at = (int(start["epoch"]), int(start["position"]))
+        stop = (int(end["epoch"]), int(end["position"]))
+        if stop < at:
+            raise ValueError(f"consumed_between: end {stop} is before start {at} (epoch, position)")
+        probe = copy.deepcopy(self)
+        out: list[tuple[int, int]] = []
+        epoch, offset, position = at[0], int(start["offset"]), at[1]
+        while (epoch, position) < stop or epoch < stop[0]:
+            probe.epoch = epoch
+            order = probe._rank_indices(offset).tolist()
+            upto = stop[1] if epoch == stop[0] else len(order)
+            out += [(epoch, i) for i in order[position:upto]]
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+            if epoch >= stop[0]:
+                break
+            epoch, offset, position = epoch + 1, 0, 0
+        return out
+
     def fingerprint_next(self, k: int) -> str:
         """Return an xxh3-64 hex digest of :meth:`next_indices` ``(k)``.
 

@@ -58,6 +58,7 @@ baseline (at most ``recompute_every`` steps old).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
@@ -552,6 +553,26 @@ class StabilityWatch:
         self._scale_grew_at: int | None = None
         self._nonfinite: dict[str, int] = {}
 
+    def copy_state(self) -> dict[str, Any]:
+        """Return a deep copy of the windows, references and episode (not the listeners).
+
+        An automatic recovery keeps one for each healthy checkpoint this process saves and
+        goes back to it with :meth:`load_state` when it rolls back to that checkpoint: the
+        watch then judges the resumed run against the healthy baseline it had, instead of
+        being blind for ``warmup`` steps after a :meth:`reset`.
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> _ = w.update(1, loss=1.0); saved = w.copy_state()
+            >>> _ = w.update(2, loss=float("nan")); w.load_state(saved); w.level
+            'ok'
+        """
+        return copy.deepcopy({k: v for k, v in vars(self).items() if k != "listeners"})
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Go back to a :meth:`copy_state` (the listeners stay as they are)."""
+        vars(self).update(copy.deepcopy({k: v for k, v in state.items() if k != "listeners"}))
+
     # --- feeding ---------------------------------------------------------------------------
 
     def update(self, step: int, /, **metrics: Any) -> Verdict:
@@ -773,6 +794,22 @@ class StabilityWatch:
             "time": time.time(),
         }
 
+    @staticmethod
+    def worst(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Return the least healthy of several ranks' :meth:`snapshot` results.
+
+        A checkpoint of a multi-rank run is healthy only if every rank's watch says so
+        (a rank may see what the others do not: its own data shard, its own layers).
+        The first snapshot at the worst level is taken, with ``ranks``: every rank's level.
+
+        Example:
+            >>> StabilityWatch.worst([{"level": "ok"}, {"level": "warn"}])
+            {'level': 'warn', 'ranks': ['ok', 'warn']}
+        """
+        snaps = list(snapshots)
+        pick = max(snaps, key=lambda s: _RANK[s["level"]])
+        return {**pick, "ranks": [s["level"] for s in snaps]}
+
     def params(self) -> dict[str, Any]:
         """Return the thresholds in effect (recorded with every snapshot)."""
         return {
@@ -858,6 +895,21 @@ class EmergencyPolicy:
     def saved(self, step: int) -> None:
         """Record that an emergency checkpoint was saved at ``step``."""
         self.last_saved_step = step
+
+    def rewind(self, step: int) -> None:
+        """Forget what happened after ``step`` (the run was rolled back to it).
+
+        The next warning starts a new episode, and a save after ``step`` no longer
+        rate-limits the next one.
+
+        Example:
+            >>> p = EmergencyPolicy(); _ = p.should_save(Verdict("warn", [], 80)); p.saved(80)
+            >>> p.rewind(50); p.last_saved_step, p.should_save(Verdict("warn", [], 60))
+            (None, True)
+        """
+        self._prev = "ok"
+        if self.last_saved_step is not None and self.last_saved_step > step:
+            self.last_saved_step = None
 
 
 # --- rollback ---------------------------------------------------------------------------------

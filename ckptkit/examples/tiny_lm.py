@@ -61,6 +61,21 @@ classic resume bugs, written the way a user writes them:
 ``lr-changed``         the learning rate (param groups and base LRs) ×1.1 after the restore
 =====================  ================================================================
 
+**An instability** (``--fault lr-spike``, not a resume bug): from ``--spike-at`` (default
+40 % of ``--steps``, which defaults to 1500 here) the schedule's LR multiplier climbs
+geometrically to ``--spike-peak`` (1000) over ``--spike-ramp`` (100) steps and is held
+``--spike-hold`` steps (default: to the end): the gradient norm and the loss build up for
+a few dozen steps, then the loss diverges for good. (A slower ramp builds for hundreds of
+steps, but damages the model before the watch warns: see ``docs/stability.md``.) ``--watch`` feeds loss and grad norm to a default
+:class:`~ckptkit.stability.StabilityWatch` (health in every manifest, an emergency
+checkpoint on the first warning); ``--auto-recover`` adds the default
+:class:`~ckptkit.recovery.RecoveryPolicy`: on a critical verdict the manager rolls back to
+the newest healthy checkpoint, lowers the LR and the clip norm, skips the batches seen since
+the first warning and continues (``docs/stability.md``). The summary then also lists the
+recoveries, and ``final_loss_avg`` (the mean loss of the last 50 steps) compares runs::
+
+    python -m ckptkit.examples.tiny_lm --fault lr-spike --auto-recover --ckpt-dir runs/spike
+
 **Data parallelism.** Launched by ``torchrun`` (``WORLD_SIZE`` > 1) or with ``--ddp``, the
 script joins a process group (gloo on CPU, NCCL on CUDA), wraps the model in
 ``DistributedDataParallel``, gives each rank its share of the epoch through the
@@ -79,6 +94,7 @@ At the end the script prints one JSON line: ``final_step``, ``final_loss``, ``pa
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import itertools
 import json
@@ -100,6 +116,9 @@ from torch import nn
 import ckptkit
 from ckptkit.capture.rng import fingerprint
 from ckptkit.drill.contract import DrillEnv
+from ckptkit.recovery import RecoveryPolicy
+from ckptkit.recovery import describe as describe_recovery
+from ckptkit.stability import StabilityWatch
 
 PAD = 0
 """Padding token id; real tokens are 1..vocab-1."""
@@ -119,6 +138,15 @@ FAULT_COMPONENTS = {
 }
 """Each ``--fault`` and the component a drill should name for it."""
 FAULTS = tuple(FAULT_COMPONENTS)
+"""The resume faults (applied at a restore; a drill should name their component)."""
+INSTABILITIES = ("lr-spike",)
+"""Faults that are no resume bug but an instability induced during training (see
+:func:`lr_spike`): for the stability watch and the automatic recovery, not for drills."""
+SPIKE_STEPS = 1500
+"""``--steps`` when ``--fault lr-spike`` comes without it: room for the watch's warm-up, a
+build-up of a few hundred steps, the collapse and the recovery."""
+TAIL = 50
+"""Steps averaged into ``final_loss_avg`` (one batch's loss is too noisy to compare runs)."""
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -288,6 +316,33 @@ def param_hash(model: nn.Module) -> str:
 # --- schedule --------------------------------------------------------------------------------
 
 
+def lr_spike(
+    start: int, ramp: int, peak: float, base: Callable[[int], float], *, hold: int | None = None
+) -> Callable[[int], float]:
+    """``base`` times a multiplier that climbs geometrically from 1 to ``peak`` over ``ramp``
+    steps from ``start`` and stays there (for ``hold`` steps, then back to 1; None: to the
+    end): a peak LR set past the stable edge.
+
+    An instability that builds up (the gradient norm's level and spread climb, then the
+    loss), then diverges. It lives in the schedule,
+    as the real mistake does, so a recovery that scales the scheduler's base LRs
+    (:func:`ckptkit.recovery.scale_lr`) brings the LR back under the edge for good.
+
+    Example:
+        >>> f = lr_spike(100, 200, 16.0, lambda s: 1.0)
+        >>> f(99), f(200), f(300), f(900)
+        (1.0, 4.0, 16.0, 16.0)
+    """
+
+    def factor(step: int) -> float:
+        if hold is not None and step >= start + ramp + hold:
+            return base(step)
+        x = min(max(step - start, 0) / max(ramp, 1), 1.0)
+        return base(step) * peak**x
+
+    return factor
+
+
 def warmup_cosine(warmup: int, total: int, min_ratio: float = 0.1) -> Callable[[int], float]:
     """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
 
@@ -335,7 +390,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         epilog="Drill contract: CKPTKIT_DRILL_SAVE_AT, CKPTKIT_DRILL_STOP_AT, "
         "CKPTKIT_DRILL_RESUME_FROM, CKPTKIT_METRICS (see the module docstring).",
     )
-    p.add_argument("--steps", type=int, default=200, help="total optimizer steps (LR horizon)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"total optimizer steps (LR horizon; default 200, {SPIKE_STEPS} with --fault lr-spike)",
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: steps/10)")
@@ -392,11 +452,43 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--fault",
-        choices=FAULTS,
+        choices=FAULTS + INSTABILITIES,
         default="none",
-        help="inject a classic resume bug at restore (for drills and tests)",
+        help="inject a classic resume bug at restore (for drills and tests), or an "
+        "instability during training (lr-spike)",
+    )
+    p.add_argument(
+        "--spike-at", type=int, default=None, help="lr-spike: first step of the build-up (default: steps*0.4)"
+    )
+    p.add_argument("--spike-ramp", type=int, default=100, help="lr-spike: steps to reach the peak")
+    p.add_argument(
+        "--spike-peak", type=float, default=1000.0, help="lr-spike: LR multiplier at the peak"
+    )
+    p.add_argument(
+        "--spike-hold", type=int, default=None, help="lr-spike: steps at the peak (default: to the end)"
+    )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="feed loss and grad norm to a StabilityWatch (health in every manifest, an "
+        "emergency checkpoint on the first warning); implied by --auto-recover and lr-spike",
+    )
+    p.add_argument(
+        "--auto-recover",
+        action="store_true",
+        help="recover automatically from a collapse: roll back to the newest healthy "
+        "checkpoint, LR x0.3, clip norm x0.3, skip the batches since the first warning "
+        "(ckptkit.recovery.RecoveryPolicy defaults)",
+    )
+    p.add_argument(
+        "--recover-lr-factor",
+        type=float,
+        default=0.3,
+        help="--auto-recover: multiply the LR by this on each recovery",
     )
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = SPIKE_STEPS if args.fault in INSTABILITIES else 200
     if args.max_len < 8:
         p.error("--max-len must be >= 8")
     return args
@@ -461,7 +553,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay
     )
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, args.steps))
+    schedule = warmup_cosine(warmup, args.steps)
+    if args.fault == "lr-spike":
+        start = args.spike_at if args.spike_at is not None else int(args.steps * 0.4)
+        schedule = lr_spike(start, args.spike_ramp, args.spike_peak, schedule, hold=args.spike_hold)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.amp)
     scaler = torch.amp.GradScaler(
         device.type,
@@ -474,7 +570,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         os.environ.pop("CKPTKIT_METRICS", None)
         args.metrics = None
     rec = ckptkit.Recorder(args.metrics)  # None: $CKPTKIT_METRICS, else memory only
-    mgr = ckptkit.CheckpointManager(drill.ckpt_dir or args.ckpt_dir, keep_last=args.keep_last)
+    watch = (
+        StabilityWatch()
+        if args.watch or args.auto_recover or args.fault in INSTABILITIES
+        else None
+    )
+    mgr = ckptkit.CheckpointManager(
+        drill.ckpt_dir or args.ckpt_dir,
+        keep_last=args.keep_last,
+        watch=watch,
+        recovery=RecoveryPolicy(lr_factor=args.recover_lr_factor) if args.auto_recover else None,
+    )
 
     fault = args.fault
     ts = ckptkit.TrainState(
@@ -489,13 +595,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     restored = drill.restore(ts, mgr)
     if restored is not None and rank == 0:
         print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
-    if restored is not None:
+    if restored is not None and fault in FAULTS:
         corpus, sampler = inject_fault(
             fault, args, ts, corpus=corpus, sampler=sampler, opt=opt, sched=sched
         )
 
     stop = drill.total_steps(args.steps)
     loss_value = float("nan")
+    tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=TAIL)
+    events: list[dict[str, Any]] = []
     autocast = (
         torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     )
@@ -515,7 +623,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        # After an automatic recovery the clip norm is tightened: read it every step.
+        clip = mgr.recovery.clip_norm(args.clip) if mgr.recovery is not None else args.clip
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
         scaler.step(opt)
         scaler.update()
         sched.step()
@@ -540,34 +650,48 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if world > 1:
             # Mean over ranks, summed in rank order (the same bits on every rerun).
             loss_value = math.fsum(r["loss"] for r in ranks) / world
+        tail.append((ts.step, loss_value))
+        if watch is not None:
+            watch.update(ts.step, loss=loss_value, grad_norm=float(grad_norm))
         extra: dict[str, Any] = {}
         if world > 1:
             extra["rank_sample_ids"] = [r["ids"] for r in ranks]
+        due = (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step)
         if args.log == "minimal":
             rec.log(ts.step, loss=loss_value)  # the bound Recorder fills the rest
-            if (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step):
+            if due:
                 mgr.save(ts)
-            if drill.should_stop(ts.step):
-                break
-            continue
-        rec.log(
-            ts.step,
-            loss=loss_value,
-            grad_norm=float(grad_norm),
-            lr=lr,
-            loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
-            tokens=tokens,
-            seq_lens=[n for r in ranks for n in r["lens"]],
-            sample_ids=[i for r in ranks for i in r["ids"]],
-            epoch=sampler.epoch,
-            sample_hashes=[h for r in ranks for h in r["hashes"]],
-            batch_hash=combine([r["batch_hash"] for r in ranks]),
-            rng=combine([r["rng"] for r in ranks]),
-            opt_step=opt_step_count(opt),
-            **extra,
-        )
-        if (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step):
-            mgr.save(ts, lookahead=lookahead(ts.step, opt, scaler, sampler, args, device, world))
+        else:
+            rec.log(
+                ts.step,
+                loss=loss_value,
+                grad_norm=float(grad_norm),
+                lr=lr,
+                loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
+                tokens=tokens,
+                seq_lens=[n for r in ranks for n in r["lens"]],
+                sample_ids=[i for r in ranks for i in r["ids"]],
+                epoch=sampler.epoch,
+                sample_hashes=[h for r in ranks for h in r["hashes"]],
+                batch_hash=combine([r["batch_hash"] for r in ranks]),
+                rng=combine([r["rng"] for r in ranks]),
+                opt_step=opt_step_count(opt),
+                **extra,
+            )
+            if due:
+                mgr.save(
+                    ts, lookahead=lookahead(ts.step, opt, scaler, sampler, args, device, world)
+                )
+        if watch is not None:
+            mgr.observe(ts)  # an emergency checkpoint on the first warning
+            event = mgr.recover(ts)  # with --auto-recover: roll back, act, continue
+            # After an event the cursor may have moved: next_batch() draws afresh each step.
+            if event is not None and event.kind == "restored":
+                events.append(recovery_summary(event.record))
+                while tail and tail[-1][0] > ts.step:
+                    tail.pop()
+                if rank == 0:
+                    print(f"tiny_lm: {describe_recovery(event.record)}", file=sys.stderr)
         if drill.should_stop(ts.step):
             break
     mgr.close()
@@ -578,6 +702,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = {
         "final_step": ts.step,
         "final_loss": loss_value,
+        "final_loss_avg": math.fsum(v for _, v in tail) / max(len(tail), 1),
+        "recoveries": [
+            {**e, "skipped_samples": skipped(mgr, e["n"])} for e in events
+        ],
         "param_hash": param_hash(model),
         "resumed_from": restored.step if restored is not None else None,
         "fault": fault,
@@ -586,6 +714,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if rank == 0:
         print(json.dumps(summary), flush=True)
     return summary
+
+
+def recovery_summary(record: Any) -> dict[str, Any]:
+    """The numbers of one automatic recovery the summary line reports."""
+    trig = record["trigger"]
+    return {
+        "n": record["n"],
+        "first_warning": trig["first_warning_step"],
+        "detected_at": record["detected_at"],
+        "level": trig["level"],
+        "signals": sorted(trig["signals"]),
+        "restored": record["restored"]["step"],
+        "lr_scale": record["actions"]["lr"]["scale"],
+        "detect_to_resume_s": record["timing"]["detect_to_resume_s"],
+    }
+
+
+def skipped(mgr: ckptkit.CheckpointManager, n: int) -> int | None:
+    """Samples recovery ``n`` skipped (None while the skip is not applied yet)."""
+    for r in mgr.recovery.history if mgr.recovery is not None else ():
+        if r.get("n") == n:
+            skip = r.get("actions", {}).get("skip", {})
+            return skip.get("samples") if skip.get("status") == "applied" else None
+    return None
 
 
 def init_ddp(args: argparse.Namespace, device: torch.device) -> tuple[int, int]:

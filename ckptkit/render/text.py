@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ckptkit import recovery_log
 from ckptkit._repr import short
 
 
@@ -191,9 +192,15 @@ _STATUS_STYLE = {"verified": "green", "committed": "yellow", "corrupt": "bold re
 
 
 def render_ls(
-    infos: Sequence[Any], out: TextIO, *, leftovers: Sequence[Any] = (), layout: str = "ckptkit"
+    infos: Sequence[Any],
+    out: TextIO,
+    *,
+    leftovers: Sequence[Any] = (),
+    layout: str = "ckptkit",
+    recoveries: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """Print a run's checkpoints (``CheckpointInfo``), oldest first, and any leftovers.
+    """Print a run's checkpoints (``CheckpointInfo``), oldest first, any leftovers, and the
+    run's automatic recoveries (:func:`ckptkit.recovery_log.iter_records`).
 
     ``layout`` names the framework for a framework run (``hf-trainer`` ...).
     """
@@ -224,6 +231,18 @@ def render_ls(
         con.print(
             f"[yellow]leftover of an interrupted save:[/] {_e(p)} (removed when a writer opens the run)"
         )
+    render_recoveries(recoveries, con)
+
+
+def render_recoveries(records: Sequence[Mapping[str, Any]], out: TextIO | Console) -> None:
+    """Print one line per automatic recovery or refusal of a run (nothing when none)."""
+    if not records:
+        return
+    con = out if isinstance(out, Console) else _console(out)
+    con.print(f"automatic recoveries ({len(records)}):")
+    for r in records:
+        style = "red" if "refused" in r or "failed" in r else "yellow"
+        con.print(f"  [{style}]{_e(recovery_log.describe(r))}[/]")
 
 
 def _ago(seconds: float) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
@@ -209,6 +210,22 @@ def remove_tree(p: Location) -> None:
     fs, path = _fs(p)
     with contextlib.suppress(FileNotFoundError):
         fs.rm(path, recursive=True)
+
+
+def copy_tree(src: Location, dst: Location) -> None:
+    """Copy every file under ``src`` to the same relative path under ``dst``.
+
+    For stores without a rename (an object store); locally, a rename is what moves a tree.
+    """
+    for rel, _ in walk_files(src):
+        if is_local(src):
+            target = _lp(dst / rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_lp(src / rel), target)
+            continue
+        fs, s = _fs(src / rel)
+        _, d = _fs(dst / rel)
+        fs.copy(s, d)
 
 
 def remove_file(p: Location) -> None:

@@ -21,8 +21,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world: int, out: Path, **spec: Any) -> tuple[list[int], list[dict[str, Any] | None]]:
-    """Start ``world`` worker processes; return their exit codes and results."""
+def launch(
+    world: int, out: Path, *, worker: Path = WORKER, **spec: Any
+) -> tuple[list[int], list[dict[str, Any] | None]]:
+    """Start ``world`` worker processes (``worker``); return their exit codes and results."""
     out.mkdir(parents=True, exist_ok=True)
     port = _port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CKPTKIT_NO_PROGRESS": "1"}
@@ -30,7 +32,7 @@ def launch(world: int, out: Path, **spec: Any) -> tuple[list[int], list[dict[str
         subprocess.Popen(
             [
                 sys.executable,
-                str(WORKER),
+                str(worker),
                 json.dumps({**spec, "rank": r, "world": world, "port": port, "out": str(out)}),
             ],
             env=env,

@@ -1,0 +1,123 @@
+"""The run's recoveries log: every automatic recovery and refusal, for humans and tools.
+
+:mod:`ckptkit.recovery` writes it (rank 0, under the run lock); ``ckptkit ls`` and
+``ckptkit rollback`` read it. A leaf module, so the catalog and the renderers can read the
+log without importing the machinery that acts on a run.
+
+Example:
+    >>> import tempfile
+    >>> list(iter_records(tempfile.mkdtemp()))
+    []
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ckptkit import codes
+from ckptkit.storage import fs
+from ckptkit.storage.fs import Location
+
+LOG = ".ckptkit-recoveries.json"
+"""The run's recoveries log (every recovery and refusal), written by the lock holder."""
+LOG_VERSION = 1
+
+
+def read_log(root: str | Location, *, strict: bool = False) -> dict[str, Any]:
+    """Read a run's recoveries log: ``{"version", "recoveries": [...], "refusals": [...]}``.
+
+    Absent: empty lists. Unreadable: empty lists and a ``problem`` (``strict``: raise).
+
+    Raises:
+        RecoveryError: ``strict`` and the log exists but cannot be read (``CK-D011``).
+
+    Example:
+        >>> import tempfile
+        >>> read_log(tempfile.mkdtemp())["recoveries"]
+        []
+    """
+    path = fs.location(root) / LOG
+    empty: dict[str, Any] = {"version": LOG_VERSION, "recoveries": [], "refusals": []}
+    try:
+        raw = fs.read_small(path, 256 << 20)
+    except FileNotFoundError:
+        return empty
+    except OSError as e:
+        problem = f"cannot read {LOG}: {e}"
+    else:
+        try:
+            data = json.loads(raw)
+            if (
+                isinstance(data, dict)
+                and isinstance(data.get("recoveries"), list)
+                and isinstance(data.get("refusals"), list)
+            ):
+                return data
+            problem = f"{LOG} is not a recoveries log"
+        except ValueError as e:
+            problem = f"{LOG} is not valid JSON: {e}"
+    if strict:
+        raise codes.error("CK-D011", problem, path=path)
+    return {**empty, "problem": problem}
+
+
+def write_log(root: Location, data: Mapping[str, Any]) -> None:
+    """Replace the run's recoveries log atomically (the caller holds the run lock)."""
+    text = json.dumps({**data, "version": LOG_VERSION}, indent=1, allow_nan=False)
+    fs.replace_bytes(root / LOG, text.encode())  # atomic: temp, fsync, rename (or one PUT)
+
+
+def describe(record: Mapping[str, Any]) -> str:
+    """One line for humans: what triggered a recovery, what it restored and did.
+
+    Example:
+        >>> describe({"n": 1, "detected_at": 90, "trigger": {"level": "critical",
+        ...   "signals": {"loss.nonfinite": {}}}, "restored": {"checkpoint": "step-00000050"},
+        ...   "actions": {"lr": {"factor": 0.3, "scale": 0.3}, "skip": {"status": "none"}}})
+        'recovery #1 at step 90 (critical: loss.nonfinite): restored step-00000050; LR x0.3'
+    """
+    trig = record.get("trigger", {})
+    sigs = ", ".join(list(trig.get("signals", {}))[:3]) or "no signal named"
+    head = f"recovery #{record.get('n')} at step {record.get('detected_at')} ({trig.get('level')}: {sigs})"
+    if "refused" in record:
+        return f"{head}: refused: {record['refused']}"
+    if "failed" in record:
+        return f"{head}: failed: {record['failed']}"
+    parts = [f"restored {record.get('restored', {}).get('checkpoint')}"]
+    acts = record.get("actions", {})
+    lr, clip, skip = acts.get("lr", {}), acts.get("clip", {}), acts.get("skip", {})
+    done = []
+    if lr.get("factor") is not None:
+        done.append(f"LR x{lr.get('scale', 1.0):g}" if lr.get("applied", True) else "LR unchanged")
+    if clip.get("factor") is not None:
+        done.append(f"clip norm x{clip.get('scale', 1.0):g}")
+    if skip.get("status") == "applied":
+        done.append(
+            f"skipped {skip.get('samples')} samples (steps {skip.get('from_step')}-"
+            f"{skip.get('to_step')})"
+        )
+    elif skip.get("status") == "pending":
+        done.append(f"skip of steps {skip.get('from_step')}-{skip.get('to_step')} due")
+    if acts.get("callback"):
+        done.append("callback")
+    ab = record.get("abandoned") or []
+    if ab:
+        done.append(f"{len(ab)} checkpoint(s) set aside")
+    t = record.get("timing", {}).get("detect_to_resume_s")
+    if t is not None:
+        done.append(f"{t:.2f} s")
+    return f"{head}: {'; '.join(parts + done)}"
+
+
+
+def iter_records(root: str | Location) -> Iterator[dict[str, Any]]:
+    """Every recovery and refusal of a run, in order (for ``ckptkit ls`` / ``rollback``)."""
+    data = read_log(root)
+    yield from sorted(
+        [*data["recoveries"], *data["refusals"]], key=lambda r: (r.get("time", 0), r.get("n", 0))
+    )
+
+
+__all__ = ["LOG", "LOG_VERSION", "describe", "iter_records", "read_log", "write_log"]

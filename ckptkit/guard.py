@@ -96,6 +96,20 @@ def probe_loss(model: torch.nn.Module, probe: ProbeFn) -> float:
     return float(out.item() if isinstance(out, torch.Tensor) else out)
 
 
+def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A save's look-ahead: the user's plus the automatic resume-guard one (``guard`` key).
+
+    Computed before capture, from the same instant: peeking the sampler and hashing the
+    RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
+    """
+    out = dict(user or {})
+    if state.guard_k > 0:
+        la = compute(state, k=state.guard_k, probe=state.probe)
+        la["world_size"] = state.parallel.world_size
+        out[GUARD_KEY] = la
+    return out
+
+
 def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None) -> dict[str, Any]:
     """Return the look-ahead of ``ts``: what the next step will use.
 

@@ -36,7 +36,7 @@ from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
-from ckptkit.collective import Collective, TorchGroup, consensus, current
+from ckptkit.collective import Collective, TorchGroup, any_true, consensus, current
 from ckptkit.commit import Stager, StateSave, commit
 from ckptkit.errors import (
     CkptkitError,
@@ -448,7 +448,7 @@ class CheckpointManager:
         if health is None and self.watch is not None:
             health = self.watch.snapshot()  # healthy only if every rank's watch says so:
             health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
-        fields: dict[str, Any] = {"pins": pins, "lookahead": self._lookahead(state, lookahead)}
+        fields: dict[str, Any] = {"pins": pins, "lookahead": guard_mod.lookahead(state, lookahead)}
         if health is not None:
             fields["health"] = dict(health)
         fields.update(self.recovery.on_save(step, health) if self.recovery is not None else {})
@@ -626,25 +626,11 @@ class CheckpointManager:
             self._bg_coll = coll.dedicated()
         return self._bg_coll
 
-    @staticmethod
-    def _lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The user's look-ahead plus the automatic resume-guard one (``guard`` key).
-
-        Computed before capture, from the same instant: peeking the sampler and hashing
-        the RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
-        """
-        out = dict(user or {})
-        if state.guard_k > 0:
-            la = guard_mod.compute(state, k=state.guard_k, probe=state.probe)
-            la["world_size"] = state.parallel.world_size
-            out[guard_mod.GUARD_KEY] = la
-        return out
-
     def observe(self, state: TrainState, verdict: Any = None) -> Location | None:
         """Act on a stability verdict: save and pin an emergency checkpoint when due.
 
         Call once per step after feeding the watch (``verdict`` defaults to
-        ``self.watch.last``). On the first ``warn`` of an episode (see
+        ``self.watch.last``); with a process group on every rank (they agree to save). On the first ``warn`` of an episode (see
         :class:`ckptkit.stability.EmergencyPolicy`) the current state is saved and
         pinned, with the watch's snapshot as its health. If a checkpoint of this step
         exists already, it is pinned instead.
@@ -664,7 +650,8 @@ class CheckpointManager:
         """
         v = verdict if verdict is not None else (self.watch.last if self.watch else None)
         policy = self.emergency
-        if v is None or policy is None or not policy.should_save(v):
+        due = v is not None and policy is not None and policy.should_save(v)
+        if policy is None or not any_true(current(), due):  # agreed: one rank may degrade alone
             return None
         self.wait()  # a save of this very step may still be settling
         existing = self.root / step_dir_name(state.step)
@@ -674,8 +661,9 @@ class CheckpointManager:
             path = existing
         else:
             path = self.save(state, pin=policy.pin)
-        policy.saved(v.step)
-        log.warning("ckptkit: emergency checkpoint %s (%s)", path.name, v.summary())
+        policy.saved(state.step)
+        log.warning("ckptkit: emergency checkpoint %s (%s)", path.name,
+                    v.summary() if v is not None else "another rank's watch warned")
         return path
 
     def recover(self, state: TrainState) -> RecoveryEvent | None:

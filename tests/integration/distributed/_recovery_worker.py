@@ -93,6 +93,8 @@ def main() -> None:
                 elif step in (nan_at, again):
                     value = float("nan")
             watch.update(step, loss=value)
+            if spec.get("observe"):
+                mgr.observe(ts)  # collective when due on any rank: must not hang
             if step % 10 == 0:
                 mgr.save(ts)
             ev = mgr.recover(ts)

@@ -83,3 +83,18 @@ def test_rank0_recorded_it_once_in_the_log_and_the_manifests(run: dict[str, Any]
     assert man.recoveries is not None and man.recoveries["count"] == 1
     assert man.recoveries["history"][0]["trigger"]["ranks"] == [1]
     assert (run["ckpt"] / rc.ABANDONED / "recovery-001").is_dir()
+
+
+def test_an_emergency_save_on_one_ranks_warning_is_taken_by_every_rank(tmp_path: Path) -> None:
+    """mgr.observe() on every rank: only rank 1 warns, yet both ranks save (no hang)."""
+    import ckptkit
+
+    codes, res = launch(
+        2, tmp_path / "out", worker=WORKER, ckpt=str(tmp_path / "ckpt"), steps=36, bad_rank=1,
+        warn_from=34, nan_at=1000, observe=True,
+    )
+    assert codes == [0, 0], res
+    mgr = ckptkit.CheckpointManager(tmp_path / "ckpt", readonly=True)
+    pinned = {c.step: c for c in mgr.list() if "emergency" in c.pins}
+    assert 34 in pinned and pinned[34].status == "verified"
+    assert pinned[34].health == "warn"  # the worst rank's health

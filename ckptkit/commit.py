@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ckptkit import _progress
+from ckptkit import _progress, crashpoints
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, rank_key
@@ -96,6 +96,7 @@ def commit(
             if prepare is not None:
                 prepare()
             pending = atomic.PendingCheckpoint.create(final, overwrite=overwrite)
+            crashpoints.reached("commit.tmp_created")
         except BaseException as e:
             err = e
     tmp_name, msg = coll.broadcast(
@@ -114,6 +115,7 @@ def commit(
     part: Any = None
     try:
         part = write(pending.tmp if pending is not None else fs.location(tmp_name))
+        crashpoints.reached("commit.files_written")
     except BaseException as e:
         err = e
     try:
@@ -149,9 +151,11 @@ def commit(
             if fence is not None:
                 fence()
             mf.write(pending.tmp, man, fsync=fsync)
+            crashpoints.reached("commit.manifest_written")
             if before_commit is not None:
                 before_commit(pending.tmp)
             pending.finalize(fsync=fsync)
+            crashpoints.reached("commit.done")
         except BaseException as e:
             pending.abort()
             err, outcome = e, describe(e)

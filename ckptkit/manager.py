@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptkit import codes, retain, rotation, signing
+from ckptkit import codes, crashpoints, retain, rotation, signing
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
@@ -590,8 +590,11 @@ class CheckpointManager:
                         hint=first.hint,
                     )
             stats.verify = time.perf_counter() - tv
+            crashpoints.reached("settle.verified")
             self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+            crashpoints.reached("settle.latest")
             stats.deleted = self._rotate()
+            crashpoints.reached("settle.done")
         except CommittedError:
             raise
         except (CkptkitError, OSError) as e:

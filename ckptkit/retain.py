@@ -23,7 +23,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ckptkit import rotation
+from ckptkit import crashpoints, rotation
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 
@@ -140,6 +140,7 @@ def apply(
             why = d.reason.removeprefix("delete: ")
             log.info("ckptkit: deleted %s: %s", _name(doomed), why)
             out.deleted.append(f"{_name(doomed)}: {why}")
+            crashpoints.reached("rotate.deleted")
     return out
 
 

@@ -149,3 +149,18 @@ def s3_run(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     fs.mkdir(bucket)
     fsspec.filesystem("s3").invalidate_cache()
     return f"s3://{bucket}/run"
+
+
+# --- warmed processes ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A warmed process forking a fresh process per case (``tests/zygote.py``), per module."""
+    from zygote import Zygote
+
+    z = Zygote(tmp_path_factory.mktemp("zygote"))
+    try:
+        yield z
+    finally:
+        z.close()

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptkit import crashpoints
 from ckptkit.errors import CheckpointExistsError
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -183,6 +184,7 @@ class PendingCheckpoint:
             old = self.final.parent / f"{self.final.name}{OLD_SUFFIX}.{uuid.uuid4().hex[:8]}"
             os.rename(self.final, old)
         os.rename(self.tmp, self.final)
+        crashpoints.reached("commit.renamed")
         if fsync:
             fsync_dir(self.final.parent)
         if old is not None:

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO, Literal, TypeAlias
 
 from upath import UPath
 
+from ckptkit import crashpoints
 from ckptkit.errors import CkptkitError
 
 Location: TypeAlias = Path | UPath
@@ -257,6 +258,7 @@ def replace_bytes(target: Location, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        crashpoints.reached("index.tmp_written")
         os.replace(tmp, local)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ckptkit import crashpoints
 from ckptkit import manifest as mf
 from ckptkit.collective import Collective
 from ckptkit.storage import codec, dcp, digest, fs, remote, tensors, tree
@@ -152,6 +153,7 @@ def write_shards(
             rank=rank,
         )
         tes = [mf.TensorEntry(k, name, e.dtype, e.shape, e.offsets) for k, e in w.header.items()]
+        crashpoints.reached("commit.file_written")
         return fe, tes
 
     todo = list(plan.files) if names is None else list(names)

@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from ckptkit import crashpoints
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
@@ -169,6 +170,7 @@ class MultipartUpload:
                 UploadId=self._upload_id,
                 Body=bytes(memoryview(buf)[:nbytes]) if nbytes < len(buf) else buf,
             )
+            crashpoints.reached("upload.part")
             return {"PartNumber": number, "ETag": r["ETag"]}
         finally:
             self._give(buf)

@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 # testing at once instead of spending ~40 s in pip).
 STAMP := $(VENV)/.ckptkit-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test check lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,6 +28,14 @@ test: setup
 	$(BIN)/ruff check ckptkit tests benchmarks
 	$(BIN)/mypy ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules tests ckptkit
+
+# The fast lane for development (a few minutes): lint, unit and CLI tests, docstring examples,
+# the documented blocks, and one case of each heavy area (tests/conftest.py SMOKE).
+check: setup
+	$(BIN)/ruff check ckptkit tests benchmarks
+	$(BIN)/mypy ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/integration
 
 lint: setup
 	$(BIN)/ruff check ckptkit tests benchmarks

@@ -1,17 +1,18 @@
-"""A warmed process that forks fresh test processes: a real process per case, no interpreter start.
+"""A warmed process that starts fresh test processes: a real process per case, no interpreter start.
 
 A test that needs "a fresh process" (a writer killed mid-save, a restore that must not see
-the writer's memory) pays ~2-4 s on this machine for ``python -c`` to import torch and
-ckptkit again. A :class:`Zygote` imports them once, then forks one child per request: the
-child is a new process with its own pid, memory and file descriptors, starting from a state
-in which nothing was saved or restored, at the cost of a ``fork``.
+the writer's memory, a training run resumed in a new process) pays ~2-4 s on this machine
+for ``python`` to import torch and ckptkit again. A :class:`Zygote` is a separate Python
+process that imports them once and then starts each requested run the way ``ckptkit drill``
+starts its runs (:mod:`ckptkit.drill.launch`, one mechanism for both): a ``fork`` whose
+child resets what a fresh interpreter would not have (environment, working directory,
+standard streams, signal handlers, warning filters, logging, ``sys.argv``/``sys.path``) and
+runs the script or module as ``__main__``. The child is a new process with its own pid,
+session and memory, starting from a state in which nothing was saved or restored.
 
-The child runs a Python source string with the request's ``argv``, working directory and
-environment (the caller's at the time of the request, plus additions, as ``subprocess``
-would give it); its stdout and stderr go to files; its exit status comes back as a
-``subprocess``-style return code (``-9`` for SIGKILL). A request can be killed at a deadline.
-The zygote itself stays single-threaded and never touches a process group or CUDA, so
-forking it is safe.
+Runs are started one at a time. The zygote stays single-threaded and never touches a
+process group or CUDA, so forking it is safe; where a run cannot be forked (see
+:func:`ckptkit.drill.launch.can_fork`) it is started as a plain subprocess instead.
 """
 
 from __future__ import annotations
@@ -29,45 +30,23 @@ from pathlib import Path
 
 _SERVER = textwrap.dedent(
     """
-    import json, os, sys, traceback
+    import json, os, sys
+    from pathlib import Path
     import torch
     torch.set_num_threads(1)
     import ckptkit, ckptkit.manager, ckptkit.verify.runner  # noqa: F401  (warm imports)
+    from ckptkit.drill.launch import Launch, start
     for name in sys.argv[1:]:
         __import__(name)
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing a child prints may reach the protocol stream
+    out = os.fdopen(os.dup(1), "w")  # the protocol's own stream: nothing else writes to it
+    os.dup2(2, 1)
     for line in sys.stdin:
         req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.setpgid(0, 0)
-                sys.stdin.close()
-                for fd, name in ((1, req["stdout"]), (2, req["stderr"])):
-                    f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(f, fd)
-                    os.close(f)
-                sys.stdout = open(1, "w", closefd=False)
-                sys.stderr = open(2, "w", closefd=False)
-                os.chdir(req["cwd"])
-                os.environ.clear()
-                os.environ.update(req["env"])
-                sys.argv = ["-c", *req["argv"]]
-                exec(compile(req["source"], "<zygote child>", "exec"), {"__name__": "__main__"})
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        print(json.dumps({"pid": pid}), file=out, flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=out, flush=True)
+        launch = Launch(req["argv"], req["env"], Path(req["cwd"]), Path(req["stdout"]),
+                        Path(req["stderr"]))
+        proc = start(launch)
+        print(json.dumps({"pid": proc.pid}), file=out, flush=True)
+        print(json.dumps({"rc": proc.wait()}), file=out, flush=True)
     """
 )
 
@@ -132,20 +111,46 @@ class Zygote:
         cwd: Path | None = None,
         timeout: float = 300.0,
     ) -> Result:
-        """Fork a child that runs ``source`` as ``__main__``; wait for it (kill it at ``timeout``)."""
+        """Run the Python ``source`` as a script in a fresh process; wait for it (kill it at
+        ``timeout``)."""
         return self.start(source, *argv, env=env, cwd=cwd).wait(timeout)
 
     def start(
         self, source: str, *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> Child:
-        """Fork a child that runs ``source`` as ``__main__`` and return at once (one at a time)."""
+        """Start a run of the Python ``source`` as a script and return at once."""
+        self._n += 1
+        script = self.workdir / f"child-{self._n}.py"
+        script.write_text(textwrap.dedent(source))
+        return self.start_argv([sys.executable, str(script), *argv], env=env, cwd=cwd)
+
+    def run_module(
+        self,
+        module: str,
+        *argv: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float = 300.0,
+    ) -> Result:
+        """``python -m module argv...`` in a fresh process; wait for it."""
+        return self.start_argv([sys.executable, "-m", module, *argv], env=env, cwd=cwd).wait(
+            timeout
+        )
+
+    def start_argv(
+        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Child:
+        """Start ``argv`` (this interpreter on a script or module) and return at once.
+
+        ``env`` is added to this process's environment at the time of the call, as
+        ``subprocess`` would pass it.
+        """
         assert self._proc.stdin is not None
         self._n += 1
         out = self.workdir / f"child-{self._n}.out"
         err = self.workdir / f"child-{self._n}.err"
         req = {
-            "source": textwrap.dedent(source),
-            "argv": list(argv),
+            "argv": argv,
             "env": {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
             "cwd": str(cwd or self.workdir),
             "stdout": str(out),
@@ -153,7 +158,7 @@ class Zygote:
         }
         self._proc.stdin.write((json.dumps(req) + "\n").encode())
         self._proc.stdin.flush()
-        pid = self._read(time.monotonic() + 60)["pid"]
+        pid = self._read(time.monotonic() + 120)["pid"]
         return Child(self, pid, out, err)
 
     def _read(self, deadline: float) -> dict[str, int]:

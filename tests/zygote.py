@@ -51,6 +51,10 @@ _SERVER = textwrap.dedent(
 )
 
 
+Env = dict[str, str | None]
+"""Environment additions of a run; None leaves a variable out."""
+
+
 @dataclass
 class Result:
     """What one forked child did."""
@@ -94,6 +98,7 @@ class Zygote:
         self, workdir: Path, *, preload: tuple[str, ...] = (), env: dict[str, str] | None = None
     ) -> None:
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         self._n = 0
         self._buf = b""
         self._proc = subprocess.Popen(
@@ -107,7 +112,7 @@ class Zygote:
         self,
         source: str,
         *argv: str,
-        env: dict[str, str] | None = None,
+        env: Env | None = None,
         cwd: Path | None = None,
         timeout: float = 300.0,
     ) -> Result:
@@ -116,7 +121,7 @@ class Zygote:
         return self.start(source, *argv, env=env, cwd=cwd).wait(timeout)
 
     def start(
-        self, source: str, *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+        self, source: str, *argv: str, env: Env | None = None, cwd: Path | None = None
     ) -> Child:
         """Start a run of the Python ``source`` as a script and return at once."""
         self._n += 1
@@ -128,7 +133,7 @@ class Zygote:
         self,
         module: str,
         *argv: str,
-        env: dict[str, str] | None = None,
+        env: Env | None = None,
         cwd: Path | None = None,
         timeout: float = 300.0,
     ) -> Result:
@@ -138,12 +143,12 @@ class Zygote:
         )
 
     def start_argv(
-        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+        self, argv: list[str], *, env: Env | None = None, cwd: Path | None = None
     ) -> Child:
         """Start ``argv`` (this interpreter on a script or module) and return at once.
 
         ``env`` is added to this process's environment at the time of the call, as
-        ``subprocess`` would pass it.
+        ``subprocess`` would pass it; a key mapped to None is left out.
         """
         assert self._proc.stdin is not None
         self._n += 1
@@ -151,7 +156,11 @@ class Zygote:
         err = self.workdir / f"child-{self._n}.err"
         req = {
             "argv": argv,
-            "env": {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+            "env": {
+                k: v
+                for k, v in {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}.items()
+                if v is not None
+            },
             "cwd": str(cwd or self.workdir),
             "stdout": str(out),
             "stderr": str(err),

@@ -7,14 +7,16 @@ restores the step-W checkpoint in a new process and trains to W+N. On CPU with o
 two are bitwise equal, record by record. Each fault (``--fault``) is the classic bug of
 leaving one component out; its test names the signal that exposes it.
 
-Every run is a subprocess (~4 s, mostly imports), so the runs are started together on a small
-thread pool the first time the module's fixture is used, and each test waits for its own.
+Every run is a fresh process; all but one are forks of two warmed zygotes (tests/zygote.py: a
+new interpreter costs ~4 s of imports per run), started together the first time the module's
+fixture is used, and each test waits for its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import struct
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zygote import Zygote
 
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
@@ -79,45 +82,49 @@ def _bits(v: Any) -> Any:
     return v
 
 
-def tiny_lm(args: list[str], *, ckpt_dir: Path, metrics: Path, **env: str) -> Run:
-    """Run the tiny LM in a fresh interpreter with the drill env vars given."""
+def tiny_lm(
+    args: list[str], *, ckpt_dir: Path, metrics: Path, zygote: Any = None, **env: str
+) -> Run:
+    """Run the tiny LM in a fresh process with the drill env vars given: a fork of a warmed
+    ``zygote`` (tests/zygote.py) when one is given, else a new interpreter."""
+    argv = [*ARGS, *args, "--ckpt-dir", str(ckpt_dir), "--metrics", str(metrics)]
     full_env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
     full_env.update(env)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckptkit.examples.tiny_lm",
-            *ARGS,
-            *args,
-            "--ckpt-dir",
-            str(ckpt_dir),
-            "--metrics",
-            str(metrics),
-        ],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, f"tiny_lm {args} failed:\n{proc.stderr[-4000:]}"
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    if zygote is not None:
+        unset: dict[str, str | None] = {k: None for k in ENV_KEYS if k not in env}
+        res = zygote.run_module("ckptkit.examples.tiny_lm", *argv, env={**unset, **env})
+        rc, out, err = res.returncode, res.stdout, res.stderr
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ckptkit.examples.tiny_lm", *argv],
+            env=full_env, capture_output=True, text=True, timeout=300, check=False,
+        )
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert rc == 0, f"tiny_lm {args} failed:\n{err[-4000:]}"
+    summary = json.loads(out.strip().splitlines()[-1])
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     return Run(records=records, summary=summary, ckpt_dir=ckpt_dir)
 
 
 class Runs:
-    """Futures of every run this module needs, started together on a small pool."""
+    """Futures of every run this module needs, started together on two warmed zygotes.
+
+    Every run is a fresh process: a fork of a zygote that has torch and ckptkit imported
+    (tests/zygote.py), except the plain fresh-process resume, which starts a new interpreter
+    so that one resume in this module is proved without any warm start at all.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)))
+        self.zygotes: queue.Queue[Zygote] = queue.Queue()
+        for i in range(2):
+            self.zygotes.put(Zygote(root / f"zygote-{i}"))
+        self.pool = ThreadPoolExecutor(max_workers=3)
         self.futures: dict[str, Future[Run]] = {}
         self.reference("fp32", [])
         self.reference("fp16", FP16)
         self._submit("restart", self._restart)
-        self.resume("none")
+        self.resume("none", spawn=True)
         self.resume("none", amp=True)
         self.resume("no-scaler", amp=True)
         for fault in FAULTS:
@@ -128,13 +135,27 @@ class Runs:
             self.futures[key] = self.pool.submit(fn)
         return self.futures[key]
 
+    def _run(self, args: list[str], *, spawn: bool = False, **kw: Any) -> Run:
+        if spawn:
+            return tiny_lm(args, **kw)
+        z = self.zygotes.get()
+        try:
+            return tiny_lm(args, zygote=z, **kw)
+        finally:
+            self.zygotes.put(z)
+
     def get(self, key: str) -> Run:
         return self.futures[key].result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        while not self.zygotes.empty():
+            self.zygotes.get().close()
 
     def reference(self, name: str, extra: list[str]) -> Future[Run]:
         def go() -> Run:
             d = self.root / f"ref-{name}"
-            return tiny_lm(
+            return self._run(
                 extra,
                 ckpt_dir=d / "ckpt",
                 metrics=d / "metrics.jsonl",
@@ -144,14 +165,15 @@ class Runs:
 
         return self._submit(f"ref-{name}", go)
 
-    def resume(self, fault: str, *, amp: bool = False) -> Future[Run]:
+    def resume(self, fault: str, *, amp: bool = False, spawn: bool = False) -> Future[Run]:
         name = "fp16" if amp else "fp32"
 
         def go() -> Run:
             ref = self.futures[f"ref-{name}"].result()
             d = self.root / f"resume-{name}-{fault}"
-            return tiny_lm(
+            return self._run(
                 [*(FP16 if amp else []), "--fault", fault],
+                spawn=spawn,
                 ckpt_dir=d / "ckpt",
                 metrics=d / "metrics.jsonl",
                 CKPTKIT_DRILL_RESUME_FROM=str(ref.ckpt_dir / step_dir_name(W)),
@@ -163,21 +185,21 @@ class Runs:
     def _restart(self) -> Run:
         """The everyday path: stop after W, run the same command again (newest checkpoint)."""
         d = self.root / "restart"
-        tiny_lm(
+        self._run(
             [],
             ckpt_dir=d / "ckpt",
             metrics=d / "first.jsonl",
             CKPTKIT_DRILL_SAVE_AT=str(W),
             CKPTKIT_DRILL_STOP_AT=str(W),
         )
-        return tiny_lm([], ckpt_dir=d / "ckpt", metrics=d / "second.jsonl")
+        return self._run([], ckpt_dir=d / "ckpt", metrics=d / "second.jsonl")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     r = Runs(tmp_path_factory.mktemp("tiny_lm"))
     yield r
-    r.pool.shutdown(wait=True, cancel_futures=True)
+    r.close()
 
 
 def after_save(run: Run) -> list[dict[str, Any]]:
@@ -287,25 +309,40 @@ def test_no_scaler_is_harmless_without_amp(runs: Runs) -> None:
     assert_twins(runs.get("ref-fp32"), runs.get("resume-fp32-no-scaler"))
 
 
+GUARD_ARGS = ("--steps", "20", "--save-every", "0")
+
+
+@pytest.fixture(scope="module")
+def guard_ckpt(zygote: Zygote, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LM checkpoint at step 6, for real resumes of every fault."""
+    d = tmp_path_factory.mktemp("guard")
+    res = zygote.run_module(
+        "ckptkit.examples.tiny_lm", *GUARD_ARGS, "--ckpt-dir", str(d),
+        env={"CKPTKIT_DRILL_SAVE_AT": "6", "CKPTKIT_DRILL_STOP_AT": "6",
+             "CKPTKIT_DRILL_RESUME_FROM": None},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    return d / "step-00000006"
+
+
 @pytest.mark.parametrize(
     ("fault", "code"),
     [("none", None), ("no-sampler", "CK-D002"), ("no-scheduler", "CK-D003"),
      ("no-moments", "CK-D005"), ("step-reset", "CK-D001"), ("lr-changed", "CK-D003")],
 )
-def test_resume_guard_flags_real_resumes_without_a_reference(tmp_path: Path, fault: str,
-                                                             code: str | None) -> None:
+def test_resume_guard_flags_real_resumes_without_a_reference(
+    zygote: Zygote, guard_ckpt: Path, tmp_path: Path, fault: str, code: str | None
+) -> None:
     """Every real resume is checked against the checkpoint's look-ahead (no drill needed)."""
-    env = {**os.environ, "CKPTKIT_DRILL_SAVE_AT": "6", "CKPTKIT_DRILL_STOP_AT": "6"}
-    base = [sys.executable, "-m", "ckptkit.examples.tiny_lm", "--steps", "20", "--save-every", "0"]
-    subprocess.run([*base, "--ckpt-dir", str(tmp_path / "a")], env=env, check=True,
-                   capture_output=True, timeout=120)
-    env = {**os.environ, "CKPTKIT_DRILL_RESUME_FROM": str(tmp_path / "a" / "step-00000006"),
-           "CKPTKIT_DRILL_STOP_AT": "9"}
-    proc = subprocess.run([*base, "--ckpt-dir", str(tmp_path / "b"), "--fault", fault], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    found = set(re.findall(r"resume guard: (CK-D\d{3})", proc.stderr))
+    res = zygote.run_module(
+        "ckptkit.examples.tiny_lm", *GUARD_ARGS, "--ckpt-dir", str(tmp_path / "b"),
+        "--fault", fault,
+        env={"CKPTKIT_DRILL_RESUME_FROM": str(guard_ckpt), "CKPTKIT_DRILL_STOP_AT": "9",
+             "CKPTKIT_DRILL_SAVE_AT": None},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    found = set(re.findall(r"resume guard: (CK-D\d{3})", res.stderr))
     if code is None:
-        assert found == set(), proc.stderr[-2000:]
+        assert found == set(), res.stderr[-2000:]
     else:
-        assert code in found, proc.stderr[-2000:]
+        assert code in found, res.stderr[-2000:]

@@ -183,14 +183,6 @@ def test_stop_at_a_named_point(
         assert not [p for p in Path(root).iterdir() if atomic.is_temporary(p)]
 
 
-def test_an_unknown_point_is_an_error_not_a_silent_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(crashpoints.ENV, "commit.nowhere")
-    with pytest.raises(KeyError, match=r"commit\.nowhere"):
-        crashpoints.reached("commit.nowhere")
-    monkeypatch.delenv(crashpoints.ENV)
-    crashpoints.reached("commit.nowhere")  # unarmed: costs one lookup, checks nothing
-
-
 def test_the_kth_time_a_point_is_reached(zygote, tmp_path: Path) -> None:
     """``NAME@K`` stops at the K-th pass: the second file's write of a two-file save."""
     src = """

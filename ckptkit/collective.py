@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,12 +81,14 @@ class TorchGroup:
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         box = [obj]
-        torch.distributed.broadcast_object_list(box, src=src, group=self.group)
+        with peer_failure("broadcast"):
+            torch.distributed.broadcast_object_list(box, src=src, group=self.group)
         return box[0]
 
     def all_gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self._world
-        torch.distributed.all_gather_object(out, obj, group=self.group)
+        with peer_failure("all-gather"):
+            torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
 
     def dedicated(self) -> TorchGroup:
@@ -124,8 +128,29 @@ def any_true(coll: Collective, flag: bool) -> bool:
     if "nccl" in str(dist.get_backend(coll.group)).lower():
         device = torch.device("cuda", torch.cuda.current_device())
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=coll.group)
+    with peer_failure("all-reduce"):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=coll.group)
     return bool(t.item())
+
+
+@contextlib.contextmanager
+def peer_failure(op: str) -> Iterator[None]:
+    """Raise a backend's failure of collective ``op`` as a :class:`DistributedError`.
+
+    When a peer dies (gloo: "Connection closed by peer"), times out, or aborts, the
+    backend raises a bare ``RuntimeError`` (``DistBackendError``) at whichever collective
+    each survivor happens to be in. Callers catch one error type with the cause kept.
+    """
+    try:
+        yield
+    except DistributedError:
+        raise
+    except (RuntimeError, TimeoutError) as e:
+        raise DistributedError(
+            f"the {op} with the other ranks failed ({describe(e)}); a rank died, timed out "
+            "or left the group",
+            hint="see the other ranks' logs for the first failure",
+        ) from e
 
 
 def describe(exc: BaseException) -> str:
@@ -158,4 +183,13 @@ def consensus(coll: Collective, error: BaseException | None, *, what: str) -> No
     )
 
 
-__all__ = ["Collective", "Solo", "TorchGroup", "any_true", "consensus", "current", "describe"]
+__all__ = [
+    "Collective",
+    "Solo",
+    "TorchGroup",
+    "any_true",
+    "consensus",
+    "current",
+    "describe",
+    "peer_failure",
+]

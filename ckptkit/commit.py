@@ -18,8 +18,9 @@ of a :class:`~ckptkit.TrainState` save writes and how rank 0 merges the ranks' p
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +44,11 @@ from ckptkit.storage.shards import (
     SafetensorsShards,
 )
 
+NOTHING_COMMITTED = "nothing was committed; the previous checkpoints are intact"
+MAYBE_COMMITTED = (
+    "rank 0 may or may not have committed it: a restore takes the newest checkpoint that "
+    "verifies, and 'ckptkit ls' shows which"
+)
 SPREAD = ("model", "optimizer")
 """Top-level state whose replicated shards every rank of a multi-rank save helps write."""
 
@@ -99,11 +105,12 @@ def commit(
             crashpoints.reached("commit.tmp_created")
         except BaseException as e:
             err = e
-    tmp_name, msg = coll.broadcast(
-        (str(pending.tmp), None)
-        if pending is not None
-        else (None, describe(err) if err is not None else "no temporary directory")
-    )
+    with _peer_loss(what, final, pending, NOTHING_COMMITTED):
+        tmp_name, msg = coll.broadcast(
+            (str(pending.tmp), None)
+            if pending is not None
+            else (None, describe(err) if err is not None else "no temporary directory")
+        )
     if tmp_name is None:
         if err is not None:
             raise _restated(err, final) from err
@@ -118,17 +125,8 @@ def commit(
         crashpoints.reached("commit.files_written")
     except BaseException as e:
         err = e
-    try:
+    with _peer_loss(what, final, pending, NOTHING_COMMITTED):
         gathered = coll.all_gather((describe(err) if err is not None else None, part))
-    except BaseException as e:
-        if pending is not None:
-            pending.abort()
-        raise DistributedError(
-            f"{what}: the gather of per-rank results failed ({describe(e)}); a rank died or "
-            "timed out mid-save",
-            path=final,
-            hint="nothing was committed; the previous checkpoints are intact",
-        ) from e
     failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
     if failed:
         if pending is not None:
@@ -159,7 +157,8 @@ def commit(
         except BaseException as e:
             pending.abort()
             err, outcome = e, describe(e)
-    outcome = coll.broadcast(outcome)
+    with _peer_loss(what, final, None, MAYBE_COMMITTED):
+        outcome = coll.broadcast(outcome)
     if outcome is not None:
         if err is not None:
             raise _restated(err, final) from err
@@ -168,6 +167,26 @@ def commit(
         )
     return man
 
+
+
+@contextlib.contextmanager
+def _peer_loss(
+    what: str, final: Location, pending: atomic.PendingCheckpoint | None, hint: str
+) -> Iterator[None]:
+    """Turn a collective that failed (a rank died or timed out: gloo's ``RuntimeError``,
+    NCCL's, a timeout) into a :class:`DistributedError` naming the save and what is on disk;
+    rank 0 first removes what it wrote."""
+    try:
+        yield
+    except BaseException as e:
+        if pending is not None:
+            pending.abort()
+        raise DistributedError(
+            f"{what}: a collective with the other ranks failed ({describe(e)}); a rank died "
+            "or timed out mid-save",
+            path=final,
+            hint=hint,
+        ) from e
 
 # --- a plain nested state (ckptkit.save) ---------------------------------------------------------
 

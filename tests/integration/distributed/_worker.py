@@ -10,7 +10,6 @@ import datetime
 import json
 import os
 import random
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch.distributed as dist
 import xxhash
 
 import ckptkit
+from ckptkit import crashpoints
 from ckptkit.sampler import ResumableSampler
 
 N = 96
@@ -144,18 +144,10 @@ def main() -> None:
     elif scenario == "kill":
         train(1)
         mgr.save(ts)  # a good checkpoint to fall back on
+        mgr.wait()  # its settle step (verify, latest, rotate) may run in the background
         train(1)
-        if rank == int(spec["victim"]):
-            from ckptkit.storage import tensors
-
-            real = tensors.write_file
-
-            def dying(path: Any, *a: Any, **kw: Any) -> Any:
-                Path(path).write_bytes(b"partial")
-                os.kill(os.getpid(), signal.SIGKILL)
-                return real(path, *a, **kw)
-
-            tensors.write_file = dying  # type: ignore[assignment]
+        if rank == int(spec["victim"]):  # this rank dies at that point of the next save
+            os.environ[crashpoints.ENV] = spec["point"]
         try:
             mgr.save(ts)
             result["raised"] = None

@@ -13,8 +13,10 @@ import pytest
 from _launch import TIMEOUT, launch
 
 import ckptkit
+from ckptkit import crashpoints
 from ckptkit import manifest as mf
 from ckptkit.sampler import ResumableSampler
+from ckptkit.storage.atomic import is_committed
 from ckptkit.verify.runner import verify_one
 
 pytestmark = pytest.mark.distributed
@@ -81,17 +83,45 @@ def test_restore_other_world_size_continues_without_replay(
         assert "rng:fresh" in res[3]["restored"] and "rng:fresh" not in res[1]["restored"]
 
 
-def test_rank_killed_mid_save_commits_nothing(tmp_path: Path) -> None:
+KILLS = [
+    (1, "commit.file_written"),  # mid-write on a non-zero rank
+    (1, "commit.files_written"),  # its files whole, before the ranks' results meet
+    (0, "commit.tmp_created"),  # rank 0, before anything is written
+    (0, "commit.manifest_written"),  # rank 0, manifest written, not renamed
+    (0, "commit.renamed"),  # rank 0, committed, before the outcome reaches rank 1
+    (0, "settle.latest"),  # rank 0, committed and verified, before rotation
+]
+
+
+@pytest.mark.parametrize(("victim", "point"), KILLS, ids=[f"rank{v}-{p}" for v, p in KILLS])
+def test_a_rank_dies_at_a_named_point_of_a_save(tmp_path: Path, victim: int, point: str) -> None:
+    """One rank of two stops dead at a crash point of the step-2 save; the other never
+    hangs, nothing half-written looks committed, and a fresh world of two restores the
+    newest committed step."""
+    ck = tmp_path / "ck"
     codes, res = launch(
-        2, tmp_path / "o", scenario="kill", victim=1, ckpt=str(tmp_path / "ck"), pg_timeout=20
+        2, tmp_path / "o", scenario="kill", victim=victim, point=point, ckpt=str(ck),
+        pg_timeout=20,
     )
-    assert codes[1] != 0 and res[1] is None  # the victim died
-    assert codes[0] == 0 and res[0] is not None
-    assert res[0]["raised"] and "DistributedError" in res[0]["raised"]
-    assert res[0]["steps"] == [[1, "verified"]]
-    assert not (tmp_path / "ck" / "step-00000002").exists()
-    assert not ckptkit.CheckpointManager(tmp_path / "ck").leftovers()
-    assert (tmp_path / "ck" / "latest").read_text().strip() == "step-00000001"
+    survivor = 1 - victim
+    assert codes[victim] == crashpoints.EXIT_CODE and res[victim] is None, codes
+    assert codes[survivor] == 0 and res[survivor] is not None, codes
+    raised = res[survivor]["raised"]
+    committed = victim == 0 and point in ("commit.renamed", "settle.latest")
+    if not committed:
+        assert raised and "DistributedError" in raised, raised
+    assert raised is None or "DistributedError" in raised, raised
+    steps = sorted(int(p.name.split("-")[1]) for p in ck.glob("step-*") if is_committed(p))
+    assert steps == ([1, 2] if committed else [1]), steps
+    for s in steps:
+        assert ckptkit.verify(ck / f"step-{s:08d}").ok, s
+    assert (ck / "latest").read_text().strip() in {f"step-{s:08d}" for s in steps}
+    codes, res = launch(2, tmp_path / "o-restore", scenario="restore", step=steps[-1], ckpt=str(ck))
+    assert codes == [0, 0], res
+    mgr = ckptkit.CheckpointManager(ck)
+    mgr._writer()  # the next writer removes what the dead one left
+    assert not mgr.leftovers()
+    mgr.close()
 
 
 def test_failure_on_one_rank_raises_everywhere(tmp_path: Path) -> None:

@@ -200,8 +200,8 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option("--verbose", "-v", is_flag=True,
               help="List every tensor (key, dtype, shape, size, file).")
-@click.option("--no-tensors", is_flag=True, hidden=True,
-              help="Do not list tensors (the default now; kept for old scripts).")
+@click.option("--no-tensors", is_flag=True,
+              help="Do not list tensors, even with --verbose (the default without it).")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
 @_key_option

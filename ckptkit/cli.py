@@ -7,6 +7,7 @@ usage error (any :class:`~ckptkit.errors.CkptkitError` is converted here, at the
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import os
@@ -597,7 +598,9 @@ def prune(
     help="Start runs as forks of this interpreter (auto: when the command allows) or as "
     "new processes (spawn).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print only the verdict (and, when it failed, the failed checks and the "
+              "diagnosis): no progress lines, no table.")
 @_edge
 def drill(
     command: tuple[str, ...],
@@ -689,6 +692,7 @@ def _drill(
     from ckptkit.drill.runner import DrillConfig, cleanup, load_config, run_drill
     from ckptkit.render.drill import render_plot, render_text
 
+    _no_option_as_command(command)
     thresholds = {"noise_factor": noise_factor} if noise_factor is not None else None
     given: dict[str, Any] = {
         "command": list(command) or None,
@@ -728,11 +732,39 @@ def _drill(
             else:
                 report.plot = plot_file
         if json_file != "-":
-            render_text(report, sys.stdout)
+            render_text(report, sys.stdout, quiet=quiet)
         write_reports(report)
     finally:
         cleanup(report)
     sys.exit(report.exit_code)
+
+
+def _no_option_as_command(command: tuple[str, ...]) -> None:
+    """Refuse a training command that starts with '-': a mistyped drill option.
+
+    Options the drill does not know end its options (so a command needs no '--'); a
+    typo such as ``-w`` for ``-W`` would otherwise be run as the training command.
+
+    Raises:
+        click.NoSuchOption: naming the option meant, when one is close (case included).
+    """
+    if not command or not command[0].startswith("-") or command[0] == "-":
+        return
+    ctx = click.get_current_context()
+    name = command[0].split("=", 1)[0]
+    spelled = {o: p for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)
+               if o.startswith("-")}
+    close = [o for o in spelled if o.lower() == name.lower()] or difflib.get_close_matches(
+        name, list(spelled), n=2
+    )
+    meant = sorted({" / ".join(sorted(spelled[o].opts, key=len)) for o in close})
+    hint = f" Did you mean {' or '.join(meant)}?" if meant else ""
+    raise click.NoSuchOption(
+        name,
+        message=f"No such option: {name}.{hint} Options are case-sensitive, and the "
+        "training command goes after '--'.",
+        ctx=ctx,
+    )
 
 
 @main.command()

@@ -854,8 +854,9 @@ def watch(
 def rollback(run_dir: Path, as_json: bool) -> None:
     """Pick the newest healthy checkpoint of a run, say why, and suggest recovery steps.
 
-    Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or
-    that are corrupt, are passed over with the reason. Changes nothing: resume from the
+    Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or not
+    judged (saved during the watch's warm-up), or that are corrupt, are passed over with
+    the reason. Changes nothing: resume from the
     printed path ('mgr.restore(ts, healthy=True)' picks the same one). The hints are
     suggestions; ckptkit never changes hyper-parameters. Exit 0 when a healthy
     checkpoint exists, 1 when none does, 2 when RUN_DIR cannot be read.

@@ -9,13 +9,18 @@ warns about a folder named ``ckptkit`` shadowing the package.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+import ckptkit
 from ckptkit.cli import main
+from ckptkit.errors import IncompleteCheckpointError
+from ckptkit.stability import StabilityWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,3 +116,68 @@ def test_drill_quiet_prints_the_verdict_only(
         assert lines == lines[:1]
     else:
         assert lines[1:] == ["failed: twin; diagnosis: unknown (low confidence)"], out
+
+
+# --- health before the watch judges -----------------------------------------------------------
+
+
+def _watched_run(root: Path, saves: tuple[int, ...]) -> Path:
+    """A run whose watch judges from step 25 on (warm-up to 8, a baseline of 16 by 24)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ts = ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    watch = StabilityWatch(window=32, recent=8, min_history=16, warmup=8)
+    with ckptkit.CheckpointManager(root, keep_last=10, watch=watch) as mgr:
+        for step in range(1, max(saves) + 1):
+            watch.update(step, loss=2.0 + 0.01 * (step % 5), grad_norm=1.0 + 0.01 * (step % 3))
+            if step in saves:
+                ts.step = step
+                mgr.save(ts)
+    return root
+
+
+def test_a_save_during_warm_up_is_not_judged_and_never_the_rollback_target(
+    tmp_path: Path,
+) -> None:
+    run = _watched_run(tmp_path / "run", (5, 20, 40))
+    health = {c.step: c.health for c in ckptkit.CheckpointManager(run, readonly=True).list()}
+    assert health == {5: "not judged", 20: "not judged", 40: "ok"}
+    man = json.loads((run / "step-00000005" / "manifest.json").read_text())
+    assert man["health"]["level"] == "not judged"
+    assert man["health"]["not_judging"].startswith("warming up: 5 of 8 steps")
+    assert json.loads((run / "step-00000020" / "manifest.json").read_text())["health"][
+        "not_judging"].startswith("collecting a baseline")
+    assert json.loads((run / "step-00000040" / "manifest.json").read_text())["health"][
+        "not_judging"] is None
+    code, out, _ = _run("ls", str(run))
+    assert code == 0 and out.count("not judged") == 2, out
+
+
+def test_rollback_and_restore_healthy_pass_over_not_judged(tmp_path: Path) -> None:
+    run = _watched_run(tmp_path / "run", (5, 20))
+    code, out, _ = _run("rollback", str(run))
+    assert code == 1 and "no healthy checkpoint" in out
+    assert "step-00000020: skipped, health not judged (collecting a baseline" in out
+    assert "step-00000005: skipped, health not judged (warming up: 5 of 8 steps" in out
+    model = torch.nn.Linear(4, 1)
+    ts = ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(IncompleteCheckpointError, match="no checkpoint with health ok"):
+        ckptkit.CheckpointManager(run, readonly=True).restore(ts, healthy=True)
+    # Once a judged one exists, both take it and say why the newer ones were passed over.
+    run = _watched_run(tmp_path / "run2", (30, 40))
+    with ckptkit.CheckpointManager(run, keep_last=10) as mgr:  # a save after a restart:
+        mgr.watch = StabilityWatch()  # a fresh watch warms up again
+        ts.step = 50
+        mgr.save(ts)
+    code, out, _ = _run("rollback", str(run))
+    assert code == 0 and out.splitlines()[0].endswith("step-00000040"), out
+    assert "step-00000050: skipped, health not judged (warming up: 0 of 500 steps" in out
+    res = ckptkit.CheckpointManager(run, readonly=True).restore(ts, healthy=True)
+    assert res is not None and res.step == 40
+
+
+def test_a_multi_rank_save_is_not_judged_while_any_rank_is() -> None:
+    worst = StabilityWatch.worst
+    assert worst([{"level": "ok"}, {"level": "not judged"}])["level"] == "not judged"
+    assert worst([{"level": "not judged"}, {"level": "warn"}])["level"] == "warn"
+    assert worst([{"level": "ok"}, {"level": "ok"}])["level"] == "ok"

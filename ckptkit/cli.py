@@ -23,6 +23,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.signing import key_from_file
 from ckptkit.storage import fs
+from ckptkit.storage.atomic import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,30 +108,35 @@ def _out_file(path: str | Path) -> Path:
 
 
 class _Where(click.ParamType):
-    """A local path or an fsspec URL (``s3://bucket/run``), checked the way ckptkit reads it.
+    """A local path or an fsspec URL (``s3://bucket/run``), as ckptkit reads it.
 
-    ``must_exist``: a local path must exist (an object-store prefix is checked by the
-    command itself, with the store's own error).
+    A checkpoint's ``manifest.json`` stands for its directory, which every command reads.
+    What the path holds is judged by the command (:func:`_must_be_a_run`, or the library
+    call), so a wrong path gets the same words everywhere.
     """
 
     name = "path_or_url"
-
-    def __init__(self, *, must_exist: bool = False, dir_only: bool = False) -> None:
-        self.must_exist = must_exist
-        self.dir_only = dir_only
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
             loc = fs.location(value)
         except CkptkitError as e:
             self.fail(str(e), param, ctx)
-        if fs.is_local(loc) and self.must_exist:
-            kind = fs.kind(loc)
-            if kind is None:
-                self.fail(f"{value!r} does not exist", param, ctx)
-            if self.dir_only and kind != "dir" and not Path(str(loc)).is_dir():
-                self.fail(f"{value!r} is a file; pass the run directory", param, ctx)
+        if fs.is_local(loc) and loc.name == MANIFEST_NAME and Path(str(loc)).is_file():
+            return loc.parent
         return loc
+
+
+def _must_be_a_run(path: Path, *, checkpoint_ok: bool = False) -> None:
+    """Raise what ``path`` is when a run-level command cannot read it (exit 2 at the edge):
+    a typo with the closest names, a file or one checkpoint with the run that holds it, a
+    directory above runs with the runs under it (:func:`ckptkit.runs.not_a_run`).
+    ``checkpoint_ok``: one checkpoint is fine too (``verify``)."""
+    from ckptkit.runs import not_a_run
+
+    wrong = not_a_run(path, checkpoint_ok=checkpoint_ok)
+    if wrong is not None:
+        raise wrong
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -175,6 +181,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
     from ckptkit.runs import framework_checkpoints
     from ckptkit.verify import verify as run_verify
 
+    _must_be_a_run(path, checkpoint_ok=True)
     opts: dict[str, Any] = dict(
         strict=strict, against_env=against_env,
         progress=False if no_progress or as_json else None, format=fmt, key=_key(key_file),
@@ -360,7 +367,7 @@ class _Bytes(click.ParamType):
 
 
 @main.command(name="ls")
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option(
     "--verify",
@@ -385,6 +392,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
     from ckptkit.render.text import render_ls
     from ckptkit.runs import listing, open_run
 
+    _must_be_a_run(run_dir)
     run = open_run(run_dir, readonly=not reverify)
     try:
         infos = listing(run, verify=reverify)
@@ -430,7 +438,7 @@ def _say_what_else(run_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option(
     "--keep-last",
     type=click.IntRange(min=1),
@@ -479,6 +487,7 @@ def prune(
     from ckptkit.runs import open_run
     from ckptkit.runs import prune as run_prune
 
+    _must_be_a_run(run_dir)
     run = open_run(run_dir, readonly=dry_run)
     policy = retain.Policy(
         keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes,
@@ -848,7 +857,7 @@ def watch(
 
 
 @main.command()
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @_edge
 def rollback(run_dir: Path, as_json: bool) -> None:
@@ -868,6 +877,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     from ckptkit.render.text import render_recoveries
     from ckptkit.runs import rollback as pick
 
+    _must_be_a_run(run_dir)
     choice = pick(run_dir)
     if as_json:
         click.echo(json.dumps(choice.to_dict(), indent=2))

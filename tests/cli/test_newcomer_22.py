@@ -181,3 +181,81 @@ def test_a_multi_rank_save_is_not_judged_while_any_rank_is() -> None:
     assert worst([{"level": "ok"}, {"level": "not judged"}])["level"] == "not judged"
     assert worst([{"level": "not judged"}, {"level": "warn"}])["level"] == "warn"
     assert worst([{"level": "ok"}, {"level": "ok"}])["level"] == "ok"
+
+
+# --- paths: typos, a parent of runs, a manifest.json ---------------------------------------------
+
+
+def _native_run(root: Path, steps: tuple[int, ...] = (10, 20)) -> Path:
+    torch.manual_seed(0)
+    ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2))
+    with ckptkit.CheckpointManager(root, keep_last=len(steps)) as mgr:
+        for s in steps:
+            ts.step = s
+            mgr.save(ts)
+    return root
+
+
+RUN_COMMANDS = [("ls",), ("prune", "--keep-last", "1", "--dry-run"), ("rollback",), ("verify",)]
+
+
+@pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
+def test_a_mistyped_path_names_the_closest_matches(tmp_path: Path, cmd: tuple[str, ...]) -> None:
+    run = _native_run(tmp_path / "exp1" / "ckpt")
+    code, out, err = _run(cmd[0], str(tmp_path / "exp1" / "ckp"), *cmd[1:])
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        f"ckptkit: {tmp_path / 'exp1' / 'ckp'}: no such file or directory. "
+        f"Fix: did you mean {run}?"
+    )
+    # One mechanism: the words inspect and ckptkit.load already use.
+    _, _, inspect_err = _run("inspect", str(tmp_path / "exp1" / "ckp"))
+    assert inspect_err == err
+
+
+def test_verify_library_names_the_closest_matches_too(tmp_path: Path) -> None:
+    run = _native_run(tmp_path / "run")
+    with pytest.raises(IncompleteCheckpointError, match=r"did you mean .*step-00000010"):
+        ckptkit.verify(run / "step-0000010")
+
+
+@pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
+def test_the_parent_of_runs_names_the_runs_under_it(tmp_path: Path, cmd: tuple[str, ...]) -> None:
+    _native_run(tmp_path / "runs" / "exp1" / "ckpt")
+    _native_run(tmp_path / "runs" / "exp2" / "ckpt")
+    hf = tmp_path / "runs" / "hf-out" / "checkpoint-5"  # a Trainer output_dir: a run too
+    hf.mkdir(parents=True)
+    (hf / "trainer_state.json").write_text("{}")
+    code, out, err = _run(cmd[0], str(tmp_path / "runs"), *cmd[1:])
+    assert code == 2 and out == ""
+    assert "a directory of 3 run directories (exp1/ckpt, exp2/ckpt, hf-out), not a" in err
+    assert f"e.g. {tmp_path / 'runs' / 'exp1' / 'ckpt'}" in err
+    code, _, err = _run(cmd[0], str(tmp_path / "runs" / "exp1"), *cmd[1:])
+    assert code == 2 and "a directory of 1 run directory (ckpt)" in err
+    assert not (tmp_path / "runs" / "exp1" / ".ckptkit.lock").exists()  # nothing written there
+    assert sorted(p.name for p in (tmp_path / "runs" / "exp1").iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
+def test_a_run_still_reads_as_a_run(tmp_path: Path, cmd: tuple[str, ...]) -> None:
+    run = _native_run(tmp_path / "run")
+    code, out, _ = _run(cmd[0], str(run), *cmd[1:])
+    assert code == 0, out
+    empty = tmp_path / "empty"
+    empty.mkdir()  # a run with no checkpoint yet: not an error for ls
+    code, out, _ = _run("ls", str(empty))
+    assert code == 0 and "0 checkpoints" in out
+
+
+def test_a_manifest_json_stands_for_its_checkpoint(tmp_path: Path) -> None:
+    run = _native_run(tmp_path / "run")
+    man = run / "step-00000010" / "manifest.json"
+    code, out, _ = _run("verify", str(man))
+    assert code == 0 and out.startswith(f"OK {run / 'step-00000010'} step 10")
+    code, out, _ = _run("inspect", str(man))
+    assert code == 0 and "step=10" in out
+    for cmd in RUN_COMMANDS[:3]:  # one checkpoint: the run commands name its run
+        code, out, err = _run(cmd[0], str(man), *cmd[1:])
+        assert code == 2 and out == ""
+        assert f"{run / 'step-00000010'}: one checkpoint, not a run directory" in err
+        assert f"pass the run directory that holds it ({run})" in err

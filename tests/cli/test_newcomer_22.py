@@ -259,3 +259,28 @@ def test_a_manifest_json_stands_for_its_checkpoint(tmp_path: Path) -> None:
         assert code == 2 and out == ""
         assert f"{run / 'step-00000010'}: one checkpoint, not a run directory" in err
         assert f"pass the run directory that holds it ({run})" in err
+
+
+# --- a whole pickled module -------------------------------------------------------------------
+
+
+def test_verify_of_torch_save_model_reports_the_one_real_cause(tmp_path: Path) -> None:
+    f = tmp_path / "model.pt"
+    torch.save(torch.nn.Linear(2, 2), f)
+    code, out, _ = _run("verify", str(f))
+    assert code == 1
+    findings = [ln for ln in out.splitlines() if ln.startswith("  ") and "CK-" in ln]
+    assert len(findings) == 1, out
+    assert "error   CK-F103" in findings[0] and "torch.nn.modules.linear.Linear" in findings[0]
+    assert "torch.save(model)" in findings[0]
+    assert "MISSING" not in out and "CK-C001" not in out and "Fix: save state dicts" in out
+    doc = json.loads(_run("verify", str(f), "--json")[1])
+    (rep,) = doc["reports"]
+    assert [(x["code"], x["severity"]) for x in rep["findings"]] == [("CK-F103", "error")]
+    # Even when told what it must be: the cause is the pickle, not each component.
+    code, out, _ = _run("verify", str(f), "--expect", "training")
+    assert code == 1 and "CK-C001" not in out
+    # A state dict saved the same way still verifies as before.
+    torch.save({"model": torch.nn.Linear(2, 2).state_dict()}, f)
+    code, out, _ = _run("verify", str(f))
+    assert code == 0 and "CK-F103" not in out

@@ -211,7 +211,7 @@ def render_ls(
         t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
     now = datetime.now().timestamp()
     for c in infos:
-        when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S")
+        when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S") if c.time else "-"
         at = getattr(c, "verified_at", None)
         t.add_row(
             str(c.step),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,39 @@ def test_verify_of_torch_save_model_reports_the_one_real_cause(tmp_path: Path) -
     torch.save({"model": torch.nn.Linear(2, 2).state_dict()}, f)
     code, out, _ = _run("verify", str(f))
     assert code == 0 and "CK-F103" not in out
+
+
+# --- ls on an object store --------------------------------------------------------------------
+
+
+@pytest.mark.s3
+def test_ls_on_s3_shows_when_each_checkpoint_was_written(s3_run: str) -> None:
+    import time
+
+    import fsspec
+
+    before = time.time()
+    ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2))
+    with ckptkit.CheckpointManager(s3_run, keep_last=5) as mgr:
+        for s in (1, 2):
+            ts.step = s
+            mgr.save(ts)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    base = s3_run.removeprefix("s3://")
+    fs.pipe(f"{base}/step-00000003/manifest.json", b"{}")  # corrupt: the store's time
+    fs.pipe(f"{base}/step-00000004/model.safetensors", b"x")  # incomplete: no time known
+    code, out, _ = _run("ls", s3_run, "--json")
+    assert code == 1  # a corrupt and an incomplete one
+    got = {c["step"]: c for c in json.loads(out)["checkpoints"]}
+    recorded = {s: datetime.fromisoformat(json.loads(fs.cat(
+        f"{base}/step-{s:08d}/manifest.json"))["created_at"]).timestamp() for s in (1, 2)}
+    assert got[1]["time"] == recorded[1] and got[2]["time"] == recorded[2]  # the manifest's
+    assert before - 120 < got[3]["time"] < time.time() + 120  # the object's LastModified
+    assert got[4]["time"] == 0.0
+    code, out, _ = _run("ls", s3_run)
+    table = out.split("checkpoints,")[0].splitlines()[:-1]  # the rows, not the summary line
+    rows = {ln.split()[0]: ln for ln in table if ln.split() and ln.split()[0].isdigit()}
+    for s in ("1", "2", "3"):
+        assert datetime.fromtimestamp(got[int(s)]["time"]).strftime("%Y-%m-%d %H:%M") in rows[s]
+        assert "1970" not in rows[s]
+    assert rows["4"].split()[1] == "-"  # unknown, said so (not 1970-01-01)

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,7 +92,8 @@ class CheckpointInfo:
     size: int
     """Bytes on disk (every file of the directory)."""
     time: float
-    """Modification time of the directory (informational; never used for ordering)."""
+    """When it was written (Unix seconds; informational, never used for ordering): the
+    manifest's ``created_at``, else the store's modification time; 0.0 when unknown."""
     pins: tuple[str, ...] = ()
     health: str | None = None
     """Training health recorded at save: ``ok``, ``warn``, ``critical`` or None (no watch)."""
@@ -115,6 +117,24 @@ class CheckpointInfo:
             "problem": self.problem,
             "verified_at": self.verified_at,
         }
+
+
+def _created_at(man: mf.Manifest) -> float | None:
+    """The save time the manifest records (Unix seconds), None when unreadable."""
+    try:
+        return datetime.fromisoformat(man.created_at).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _stored_at(p: Location) -> float:
+    """When the store last wrote checkpoint ``p``: its manifest's modification time, else
+    its directory's (an object store has no directory time); 0.0 when neither says."""
+    for q in (p / atomic.MANIFEST_NAME, p):
+        with contextlib.suppress(OSError):
+            if t := fs.mtime(q):
+                return t
+    return 0.0
 
 
 class Catalog:
@@ -197,15 +217,17 @@ class Catalog:
         if fs.kind(p) != "dir":
             return None
         size = sum(n for _, n in fs.walk_files(p))
-        mtime = fs.mtime(p) if fs.is_local(p) else 0.0
         try:
             man, digest = self.manifest(p)
         except IncompleteCheckpointError as e:
             if fs.kind(p) is None:
                 raise FileNotFoundError(str(p)) from e
-            return CheckpointInfo(step, p, "incomplete", size, mtime, problem=e.what)
+            return CheckpointInfo(step, p, "incomplete", size, _stored_at(p), problem=e.what)
         except CkptkitError as e:
-            return CheckpointInfo(step, p, "corrupt", size, mtime, problem=f"{e.code}: {e.what}")
+            return CheckpointInfo(
+                step, p, "corrupt", size, _stored_at(p), problem=f"{e.code}: {e.what}"
+            )
+        mtime = _created_at(man) or _stored_at(p)
         status: Status = "committed"
         problem: str | None = None
         verified_at: float | None = None

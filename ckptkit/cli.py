@@ -7,6 +7,7 @@ usage error (any :class:`~ckptkit.errors.CkptkitError` is converted here, at the
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.signing import key_from_file
 from ckptkit.storage import fs
+from ckptkit.storage.atomic import MANIFEST_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -106,30 +108,35 @@ def _out_file(path: str | Path) -> Path:
 
 
 class _Where(click.ParamType):
-    """A local path or an fsspec URL (``s3://bucket/run``), checked the way ckptkit reads it.
+    """A local path or an fsspec URL (``s3://bucket/run``), as ckptkit reads it.
 
-    ``must_exist``: a local path must exist (an object-store prefix is checked by the
-    command itself, with the store's own error).
+    A checkpoint's ``manifest.json`` stands for its directory, which every command reads.
+    What the path holds is judged by the command (:func:`_must_be_a_run`, or the library
+    call), so a wrong path gets the same words everywhere.
     """
 
     name = "path_or_url"
-
-    def __init__(self, *, must_exist: bool = False, dir_only: bool = False) -> None:
-        self.must_exist = must_exist
-        self.dir_only = dir_only
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
             loc = fs.location(value)
         except CkptkitError as e:
             self.fail(str(e), param, ctx)
-        if fs.is_local(loc) and self.must_exist:
-            kind = fs.kind(loc)
-            if kind is None:
-                self.fail(f"{value!r} does not exist", param, ctx)
-            if self.dir_only and kind != "dir" and not Path(str(loc)).is_dir():
-                self.fail(f"{value!r} is a file; pass the run directory", param, ctx)
+        if fs.is_local(loc) and loc.name == MANIFEST_NAME and Path(str(loc)).is_file():
+            return loc.parent
         return loc
+
+
+def _must_be_a_run(path: Path, *, checkpoint_ok: bool = False) -> None:
+    """Raise what ``path`` is when a run-level command cannot read it (exit 2 at the edge):
+    a typo with the closest names, a file or one checkpoint with the run that holds it, a
+    directory above runs with the runs under it (:func:`ckptkit.runs.not_a_run`).
+    ``checkpoint_ok``: one checkpoint is fine too (``verify``)."""
+    from ckptkit.runs import not_a_run
+
+    wrong = not_a_run(path, checkpoint_ok=checkpoint_ok)
+    if wrong is not None:
+        raise wrong
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -174,6 +181,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
     from ckptkit.runs import framework_checkpoints
     from ckptkit.verify import verify as run_verify
 
+    _must_be_a_run(path, checkpoint_ok=True)
     opts: dict[str, Any] = dict(
         strict=strict, against_env=against_env,
         progress=False if no_progress or as_json else None, format=fmt, key=_key(key_file),
@@ -200,8 +208,8 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option("--verbose", "-v", is_flag=True,
               help="List every tensor (key, dtype, shape, size, file).")
-@click.option("--no-tensors", is_flag=True, hidden=True,
-              help="Do not list tensors (the default now; kept for old scripts).")
+@click.option("--no-tensors", is_flag=True,
+              help="Do not list tensors, even with --verbose (the default without it).")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default=None,
               help="Read PATH as this foreign format (default: detected).")
 @_key_option
@@ -359,7 +367,7 @@ class _Bytes(click.ParamType):
 
 
 @main.command(name="ls")
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.option(
     "--verify",
@@ -384,6 +392,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
     from ckptkit.render.text import render_ls
     from ckptkit.runs import listing, open_run
 
+    _must_be_a_run(run_dir)
     run = open_run(run_dir, readonly=not reverify)
     try:
         infos = listing(run, verify=reverify)
@@ -429,7 +438,7 @@ def _say_what_else(run_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option(
     "--keep-last",
     type=click.IntRange(min=1),
@@ -478,6 +487,7 @@ def prune(
     from ckptkit.runs import open_run
     from ckptkit.runs import prune as run_prune
 
+    _must_be_a_run(run_dir)
     run = open_run(run_dir, readonly=dry_run)
     policy = retain.Policy(
         keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes,
@@ -597,7 +607,9 @@ def prune(
     help="Start runs as forks of this interpreter (auto: when the command allows) or as "
     "new processes (spawn).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print only the verdict (and, when it failed, the failed checks and the "
+              "diagnosis): no progress lines, no table.")
 @_edge
 def drill(
     command: tuple[str, ...],
@@ -689,6 +701,7 @@ def _drill(
     from ckptkit.drill.runner import DrillConfig, cleanup, load_config, run_drill
     from ckptkit.render.drill import render_plot, render_text
 
+    _no_option_as_command(command)
     thresholds = {"noise_factor": noise_factor} if noise_factor is not None else None
     given: dict[str, Any] = {
         "command": list(command) or None,
@@ -728,11 +741,39 @@ def _drill(
             else:
                 report.plot = plot_file
         if json_file != "-":
-            render_text(report, sys.stdout)
+            render_text(report, sys.stdout, quiet=quiet)
         write_reports(report)
     finally:
         cleanup(report)
     sys.exit(report.exit_code)
+
+
+def _no_option_as_command(command: tuple[str, ...]) -> None:
+    """Refuse a training command that starts with '-': a mistyped drill option.
+
+    Options the drill does not know end its options (so a command needs no '--'); a
+    typo such as ``-w`` for ``-W`` would otherwise be run as the training command.
+
+    Raises:
+        click.NoSuchOption: naming the option meant, when one is close (case included).
+    """
+    if not command or not command[0].startswith("-") or command[0] == "-":
+        return
+    ctx = click.get_current_context()
+    name = command[0].split("=", 1)[0]
+    spelled = {o: p for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)
+               if o.startswith("-")}
+    close = [o for o in spelled if o.lower() == name.lower()] or difflib.get_close_matches(
+        name, list(spelled), n=2
+    )
+    meant = sorted({" / ".join(sorted(spelled[o].opts, key=len)) for o in close})
+    hint = f" Did you mean {' or '.join(meant)}?" if meant else ""
+    raise click.NoSuchOption(
+        name,
+        message=f"No such option: {name}.{hint} Options are case-sensitive, and the "
+        "training command goes after '--'.",
+        ctx=ctx,
+    )
 
 
 @main.command()
@@ -816,14 +857,15 @@ def watch(
 
 
 @main.command()
-@click.argument("run_dir", type=_Where(must_exist=True, dir_only=True))
+@click.argument("run_dir", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @_edge
 def rollback(run_dir: Path, as_json: bool) -> None:
     """Pick the newest healthy checkpoint of a run, say why, and suggest recovery steps.
 
-    Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or
-    that are corrupt, are passed over with the reason. Changes nothing: resume from the
+    Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or not
+    judged (saved during the watch's warm-up), or that are corrupt, are passed over with
+    the reason. Changes nothing: resume from the
     printed path ('mgr.restore(ts, healthy=True)' picks the same one). The hints are
     suggestions; ckptkit never changes hyper-parameters. Exit 0 when a healthy
     checkpoint exists, 1 when none does, 2 when RUN_DIR cannot be read.
@@ -835,6 +877,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     from ckptkit.render.text import render_recoveries
     from ckptkit.runs import rollback as pick
 
+    _must_be_a_run(run_dir)
     choice = pick(run_dir)
     if as_json:
         click.echo(json.dumps(choice.to_dict(), indent=2))

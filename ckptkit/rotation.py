@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ckptkit._repr import brief
-from ckptkit.stability import HINTS
+from ckptkit.stability import HINTS, NOT_JUDGED
 
 Health = Literal["ok", "warn", "critical"]
 _BAD_HEALTH = frozenset({"warn", "critical"})
@@ -51,7 +51,8 @@ class CkptInfo:
     pinned: frozenset[str] = frozenset()
     """Pin labels (``"emergency"``, ``"best"``...). Pinned checkpoints are never deleted."""
     health: str | None = None
-    """Training health at save time: ``"ok"``, ``"warn"``, ``"critical"`` or unknown (None)."""
+    """Training health at save time: ``"ok"``, ``"not judged"`` (saved during the watch's
+    warm-up: not healthy), ``"warn"``, ``"critical"`` or unknown (None)."""
     time: float = 0.0
     """Save time (Unix seconds). Informational only: ordering always uses ``step``."""
 
@@ -528,8 +529,8 @@ def choose_rollback(ckpts: Iterable[Candidate]) -> RollbackChoice:
     """Pick the checkpoint to roll back to: the newest good one whose health is ``ok``.
 
     Pure: reads the records it is given, no I/O. Corrupt and incomplete checkpoints and
-    those whose recorded health is ``warn``/``critical`` are passed over, each with the
-    reason. When no checkpoint of the run has a health record at all (saved without a
+    those whose recorded health is ``warn``/``critical`` or ``not judged`` (saved before
+    the watch could judge the run) are passed over, each with the reason. When no checkpoint of the run has a health record at all (saved without a
     :class:`~ckptkit.StabilityWatch`), there is nothing to judge health by: the newest
     good checkpoint is picked and the choice says that no health data exists. Hints name
     fixes only for signals that actually fired.
@@ -574,6 +575,9 @@ def choose_rollback(ckpts: Iterable[Candidate]) -> RollbackChoice:
         fired.extend(str(k) for k in sigs)
         if c.health is None:
             why = "no health record (saved without a StabilityWatch): cannot vouch for it"
+        elif c.health == NOT_JUDGED:
+            wait = rec.get("not_judging") or "saved before the watch could judge the run"
+            why = f"health not judged ({wait}): cannot vouch for it"
         else:
             named = "; ".join(
                 f"{n}: {s.get('detail', '') if isinstance(s, Mapping) else s}"

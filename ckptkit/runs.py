@@ -18,9 +18,10 @@ import builtins
 import dataclasses
 import importlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import recovery_log, retain, rotation
+from ckptkit import recovery_log, retain, rotation, whatis
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
@@ -224,6 +225,36 @@ def framework_checkpoints(path: str | Location) -> builtins.list[Location] | Non
         run.close()
 
 
+def not_a_run(path: str | Location, *, checkpoint_ok: bool = False) -> CkptkitError | None:
+    """The error to raise for ``path`` given to a run-level command, else None.
+
+    A directory a framework layout claims is a run; anything else is judged by
+    :func:`ckptkit.whatis.not_a_run` (a typo with the closest names, a file or one
+    checkpoint with the run that holds it, a directory above runs with the runs in it).
+    ``checkpoint_ok``: one checkpoint is fine too (``ckptkit verify``).
+
+    Example:
+        >>> import tempfile, os
+        >>> top = tempfile.mkdtemp(); os.makedirs(top + "/out/checkpoint-5")
+        >>> print(not_a_run(top).what)
+        a directory of 1 run directory (out), not a run
+        >>> not_a_run(top + "/out") is None
+        True
+    """
+    return whatis.not_a_run(str(fs.location(path)), checkpoint_ok=checkpoint_ok, claimed=_claimed)
+
+
+def _claimed(root: Path) -> bool:
+    """A registered framework layout recognises ``root`` as its run directory."""
+    _load_builtin_layouts()
+    for _name, detect in DETECTORS:
+        run = detect(fs.location(root), {})
+        if run is not None:
+            run.close()
+            return True
+    return False
+
+
 def record_adoption(path: str | Location, *, ok: bool, why: str | None = None) -> bool:
     """Record the verify outcome of an adopted framework checkpoint in its run's index.
 
@@ -264,6 +295,7 @@ __all__ = [
     "Run",
     "framework_checkpoints",
     "listing",
+    "not_a_run",
     "open_run",
     "prune",
     "record_adoption",

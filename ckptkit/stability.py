@@ -73,6 +73,14 @@ from ckptkit._jsonval import encode_float
 Level = Literal["ok", "warn", "critical"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
 _RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
+NOT_JUDGED = "not judged"
+"""The health recorded for a checkpoint saved while the watch could not judge the run yet
+(its warm-up, or no baseline window yet) and had seen nothing wrong: neither healthy nor
+unhealthy. ``ckptkit rollback`` and ``restore(healthy=True)`` do not take it as healthy."""
+Health = Literal["ok", "not judged", "warn", "critical"]
+"""A checkpoint's recorded health (``snapshot()["level"]``): a :data:`Level`, or
+:data:`NOT_JUDGED`."""
+_HEALTH_RANK: dict[str, int] = {"ok": 0, NOT_JUDGED: 1, "warn": 2, "critical": 3}
 _MAD_TO_SIGMA = 1.4826
 # Relative floor of a scale estimate (in log space: 0.1 %), so a constant series does not
 # give infinite z-scores for the first change in the last digit.
@@ -756,8 +764,11 @@ class StabilityWatch:
         """Return the JSON-able health record for a checkpoint manifest.
 
         Returns:
-            ``{"level", "step", "episode_start", "first_warn_step", "signals", "window",
-            "params", "time"}``: ``signals`` maps each signal of the current episode to
+            ``{"level", "not_judging", "step", "episode_start", "first_warn_step",
+            "signals", "window", "params", "time"}``: ``level`` is the watch's level, or
+            ``"not judged"`` while it is ``ok`` only because nothing could be judged yet
+            (``not_judging`` says why: see :func:`not_judging`; None once it judges);
+            ``signals`` maps each signal of the current episode to
             ``{level, statistic, threshold, detail}``; ``window`` maps each tracked metric
             to its rolling statistics (baseline median and sigma, recent median, last
             z-score, std ratio; for metrics with drift tests also the healthiest reference
@@ -767,7 +778,9 @@ class StabilityWatch:
             >>> w = StabilityWatch()
             >>> _ = w.update(5, loss=1.0)
             >>> snap = w.snapshot(); snap["level"], snap["step"]
-            ('ok', 5)
+            ('not judged', 5)
+            >>> _ = w.update(6, loss=float("nan")); w.snapshot()["level"]
+            'critical'
         """
         sigs: dict[str, Signal] = dict(self.episode_signals)
         if self.last is not None:
@@ -783,8 +796,10 @@ class StabilityWatch:
             }
         if self._nonfinite:
             window["nonfinite_counts"] = dict(self._nonfinite)
+        waiting = not_judging(self)
         return {
-            "level": self.level,
+            "level": NOT_JUDGED if self.level == "ok" and waiting is not None else self.level,
+            "not_judging": waiting,
             "step": self.last.step if self.last is not None else None,
             "episode_start": self.episode_start,
             "first_warn_step": self.first_warn_step,
@@ -799,15 +814,19 @@ class StabilityWatch:
         """Return the least healthy of several ranks' :meth:`snapshot` results.
 
         A checkpoint of a multi-rank run is healthy only if every rank's watch says so
-        (a rank may see what the others do not: its own data shard, its own layers).
-        The first snapshot at the worst level is taken, with ``ranks``: every rank's level.
+        (a rank may see what the others do not: its own data shard, its own layers), and
+        judged only if every rank's watch judged: ``not judged`` ranks between ``ok`` and
+        ``warn``. The first snapshot at the worst level is taken, with ``ranks``: every
+        rank's level.
 
         Example:
             >>> StabilityWatch.worst([{"level": "ok"}, {"level": "warn"}])
             {'level': 'warn', 'ranks': ['ok', 'warn']}
+            >>> StabilityWatch.worst([{"level": "ok"}, {"level": "not judged"}])["level"]
+            'not judged'
         """
         snaps = list(snapshots)
-        pick = max(snaps, key=lambda s: _RANK[s["level"]])
+        pick = max(snaps, key=lambda s: _HEALTH_RANK[s["level"]])
         return {**pick, "ranks": [s["level"] for s in snaps]}
 
     def params(self) -> dict[str, Any]:
@@ -847,6 +866,29 @@ class StabilityWatch:
                 for k, v in sorted(self.specs.items())
             },
         }
+
+
+def not_judging(w: StabilityWatch) -> str | None:
+    """Why the watch cannot call the run healthy yet (None once every test is armed).
+
+    During its warm-up only NaN/Inf and the loss-scale floor are judged, and the trend
+    tests need a baseline window first: an "ok" then means "nothing judged", not healthy
+    (a checkpoint saved then records the health :data:`NOT_JUDGED`).
+
+    Example:
+        >>> w = StabilityWatch(warmup=100)
+        >>> _ = w.update(1, loss=2.0)
+        >>> not_judging(w)
+        'warming up: 1 of 100 steps (only NaN/Inf and the loss-scale floor are judged)'
+    """
+    if w.updates <= w.warmup:
+        return (
+            f"warming up: {w.updates} of {w.warmup} steps (only NaN/Inf and the loss-scale "
+            "floor are judged)"
+        )
+    if w.tracks and not any(t.ready for t in w.tracks.values()):
+        return f"collecting a baseline: {w.min_history} steps of history before the trend tests"
+    return None
 
 
 # --- emergency checkpoints --------------------------------------------------------------------
@@ -967,11 +1009,14 @@ __all__ = [
     "DEFAULT_SIGNALS",
     "HINTS",
     "LEVELS",
+    "NOT_JUDGED",
     "EmergencyPolicy",
+    "Health",
     "Level",
     "Signal",
     "SignalSpec",
     "StabilityWatch",
     "Verdict",
+    "not_judging",
     "worse",
 ]

@@ -27,7 +27,7 @@ from typing import IO, Any, Literal
 from ckptkit.errors import CkptkitError
 from ckptkit.recorder import parse_line
 from ckptkit.render.text import PipeConsole
-from ckptkit.stability import _RANK, Level, StabilityWatch, Verdict, worse
+from ckptkit.stability import _RANK, Level, StabilityWatch, Verdict, not_judging, worse
 
 
 class JsonlFollower:
@@ -143,28 +143,6 @@ class WatchState:
 
 
 ExitOn = Literal["warn", "critical", "never"]
-
-
-def not_judging(w: StabilityWatch) -> str | None:
-    """Why the watch cannot call the run healthy yet (None once every test is armed).
-
-    During its warm-up only NaN/Inf and the loss-scale floor are judged, and the trend
-    tests need a baseline window first: an "ok" then means "nothing judged", not healthy.
-
-    Example:
-        >>> w = StabilityWatch(warmup=100)
-        >>> _ = w.update(1, loss=2.0)
-        >>> not_judging(w)
-        'warming up: 1 of 100 steps (only NaN/Inf and the loss-scale floor are judged)'
-    """
-    if w.updates <= w.warmup:
-        return (
-            f"warming up: {w.updates} of {w.warmup} steps (only NaN/Inf and the loss-scale "
-            "floor are judged)"
-        )
-    if w.tracks and not any(t.ready for t in w.tracks.values()):
-        return f"collecting a baseline: {w.min_history} steps of history before the trend tests"
-    return None
 
 
 def follow(
@@ -352,4 +330,6 @@ def render(state: WatchState, out: IO[str]) -> None:
     PipeConsole(file=out, width=120).print(dashboard(state))
 
 
-__all__ = ["JsonlFollower", "WatchState", "dashboard", "follow", "render", "write_alert"]
+__all__ = [
+    "JsonlFollower", "WatchState", "dashboard", "follow", "not_judging", "render", "write_alert",
+]

@@ -1,4 +1,4 @@
-"""Say what a path is when a call wanted one checkpoint and got something else.
+"""Say what a path is when a call wanted a checkpoint or a run and got something else.
 
 ``ckptkit.load("runs/x")`` on a run directory, ``ckptkit inspect`` on a typo or on a
 ``torch.save`` file: "no manifest" is true but does not help. :func:`not_a_checkpoint`
@@ -6,12 +6,16 @@ looks at the path (existence, the checkpoints under it, a foreign format, a stra
 ``manifest.json``) and returns the error that names what is there and what to pass
 instead; None when the path is a checkpoint directory (or something it cannot judge: a
 URL, an interrupted save, which the manifest reader reports with its own code).
+:func:`not_a_run` does the same for the run-level commands (``ls``, ``prune``,
+``rollback``, ``verify``), and :func:`missing` is the one "no such file or directory"
+error, with the closest names, that both give.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ckptkit.catalog import step_of
@@ -47,7 +51,7 @@ def not_a_checkpoint(
         return None  # a URL (object store): the manifest reader says what is missing
     p = Path(text)
     if not os.path.lexists(p):
-        return IncompleteCheckpointError("no such file or directory", path=p, hint=_nearby(p))
+        return missing(p)
     if p.is_file():
         if p.name == MANIFEST_NAME:
             return CkptkitError(
@@ -76,12 +80,8 @@ def not_a_checkpoint(
         return None  # an interrupted save: the manifest reader's CK-M001 says so
     runs = [c for c in _subdirs(p) if any(step_of(k.name) is not None for k in _checkpoints_under(c))]
     if runs:
-        names = ", ".join(c.name for c in runs[:MAX_LISTED]) + (" …" if len(runs) > MAX_LISTED else "")
-        return IncompleteCheckpointError(
-            f"a directory of {len(runs)} run director{'ies' if len(runs) != 1 else 'y'} "
-            f"({names}), not a checkpoint",
-            path=p,
-            hint=f"pass one checkpoint of a run; 'ckptkit ls {runs[0]}' lists that run's",
+        return _directory_of_runs(
+            p, runs, "a checkpoint", f"pass one checkpoint of a run; 'ckptkit ls {runs[0]}' lists that run's"
         )
     if not any(p.iterdir()):
         return IncompleteCheckpointError(
@@ -90,6 +90,127 @@ def not_a_checkpoint(
             hint="pass a checkpoint directory (one that holds manifest.json)",
         )
     return None
+
+
+def missing(path: str | os.PathLike[str]) -> IncompleteCheckpointError:
+    """The error for a path that does not exist: the closest names beside it, or what the
+    nearest existing parent holds.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "step-00000010").mkdir()
+        >>> missing(d / "step-0000010").hint == f"did you mean {d / 'step-00000010'}?"
+        True
+    """
+    p = Path(path)
+    return IncompleteCheckpointError("no such file or directory", path=p, hint=_nearby(p))
+
+
+def not_a_run(
+    path: str | os.PathLike[str],
+    *,
+    checkpoint_ok: bool = False,
+    claimed: Callable[[Path], bool] | None = None,
+) -> CkptkitError | None:
+    """The error to raise for ``path`` given where a run directory is read, else None.
+
+    What a run-level command (``ls``, ``prune``, ``rollback``) tells its user: a typo
+    (with the closest names), a file or one checkpoint (with the run that holds it), a
+    directory above runs (with the runs under it). None for a directory holding
+    checkpoints of any layout, an empty one (a run with none yet), or a URL (the store
+    answers for itself).
+
+    Args:
+        path: what the command was given.
+        checkpoint_ok: one checkpoint is fine too (``verify``): a checkpoint directory, a
+            foreign checkpoint, any file.
+        claimed: whether a framework run layout recognises a directory as its run (the
+            run layer's detectors: :func:`ckptkit.runs.not_a_run` passes them).
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> top = tempfile.mkdtemp()
+        >>> _ = ckptkit.save({"w": torch.ones(1)}, top + "/exp1/ckpt/step-00000010")
+        >>> print(not_a_run(top).what)
+        a directory of 1 run directory (exp1/ckpt), not a run
+        >>> not_a_run(top + "/exp1/ckpt") is None
+        True
+    """
+    text = str(path)
+    if "://" in text:
+        return None
+    p = Path(text)
+    if not os.path.lexists(p):
+        return missing(p)
+    if checkpoint_ok and (not p.is_dir() or os.path.lexists(p / MANIFEST_NAME) or detect(p)):
+        return None
+    if not p.is_dir() or os.path.lexists(p / MANIFEST_NAME):
+        fmt = detect(p) if not p.is_dir() else None
+        what = "one checkpoint" if p.is_dir() else f"a {fmt} file" if fmt else "a file"
+        return CkptkitError(
+            f"{what}, not a run directory",
+            path=p,
+            hint=f"pass the run directory that holds it ({p.parent}); 'ckptkit verify {p}' "
+            "checks this one alone",
+        )
+    def is_run(d: Path) -> bool:
+        return _holds_checkpoints(d) or (claimed is not None and claimed(d))
+
+    if is_run(p):
+        return None
+    runs = _runs_below(p, is_run)
+    if not runs:
+        return None  # an empty run, or one with nothing recognisable yet: the listing says so
+    what = "a run or a checkpoint" if checkpoint_ok else "a run"
+    return _directory_of_runs(p, runs, what, f"pass one of them, e.g. {runs[0]}")
+
+
+def _directory_of_runs(p: Path, runs: list[Path], not_what: str, hint: str) -> CkptkitError:
+    names = [c.relative_to(p).as_posix() for c in runs]
+    shown = ", ".join(names[:MAX_LISTED]) + (" …" if len(names) > MAX_LISTED else "")
+    n = len(runs)
+    return IncompleteCheckpointError(
+        f"a directory of {n} run director{'ies' if n != 1 else 'y'} ({shown}), not {not_what}",
+        path=p,
+        hint=hint,
+    )
+
+
+MAX_SEARCHED = 256
+"""Directories :func:`not_a_run` looks into for runs below the one given (two levels)."""
+
+
+def _holds_checkpoints(p: Path) -> bool:
+    """``p`` holds checkpoints of some layout: step directories (even interrupted ones),
+    checkpoint directories, or files and folders a foreign format recognises."""
+    try:
+        kids = sorted(p.iterdir())
+    except OSError:
+        return False
+    if any(c.is_dir() and (step_of(c.name) is not None or os.path.lexists(c / MANIFEST_NAME))
+           for c in kids):
+        return True
+    return any(detect(c) is not None for c in kids[:MAX_SEARCHED])
+
+
+def _runs_below(p: Path, is_run: Callable[[Path], bool]) -> list[Path]:
+    """Runs one or two levels below ``p`` (``runs/`` holding ``exp1/ckpt``), in name order."""
+    found: list[Path] = []
+    budget = MAX_SEARCHED
+    for child in _subdirs(p):
+        budget -= 1
+        if is_run(child):
+            found.append(child)
+            continue
+        for grandchild in _subdirs(child):
+            budget -= 1
+            if is_run(grandchild):
+                found.append(grandchild)
+            if budget <= 0:
+                return found
+        if budget <= 0:
+            break
+    return found
 
 
 def _subdirs(p: Path) -> list[Path]:
@@ -144,4 +265,4 @@ def _nearby(p: Path) -> str:
     )
 
 
-__all__ = ["not_a_checkpoint"]
+__all__ = ["missing", "not_a_checkpoint", "not_a_run"]

@@ -43,7 +43,7 @@ from ckptkit.foreign.structure import (
 from ckptkit.foreign.view import ForeignState, count_tensors, optimizer_facts, optimizer_view
 from ckptkit.storage import digest, files
 from ckptkit.verify.context import FileScan
-from ckptkit.verify.findings import CODES, INFO, Finding, Severity
+from ckptkit.verify.findings import CODES, ERROR, INFO, Finding, Severity
 from ckptkit.verify.view import RESUME_STATE, Expect, Found, NonFinite, count_nonfinite
 
 ADOPTED_SUFFIX = "ckptkit-manifest.json"
@@ -113,6 +113,10 @@ class Scan:
     scan_values: bool = True
     """Read tensor values for the NaN/Inf scan (verify); False for inspect and adopt."""
     rows: dict[str, _Row] = field(default_factory=dict)
+    opaque: bool = False
+    """Nothing in the checkpoint could be read: it is one pickle that needs code (a
+    ``torch.save(model)``). What it holds is unknown, so that is the one finding, an error,
+    and no component is reported missing (:meth:`needs_code`)."""
     reasons: dict[str, str] = field(default_factory=dict)
     """Why a component is absent, in the tool's terms (used when it stays absent)."""
     required: set[str] = field(default_factory=set)
@@ -223,6 +227,29 @@ class Scan:
             self.add(problem.code, problem.message, path=rel, component=component, severity=sev)
         self._cache[rel] = obj
         return obj
+
+    def needs_code(self, rel: str) -> bool:
+        """When ``rel``, the whole checkpoint, is a pickle that needs code, say so as the one
+        cause (``CK-F103`` as an error, with what to save instead) and mark the scan
+        :attr:`opaque`; True when so, False when ``rel`` failed otherwise."""
+        i = next((i for i, f in enumerate(self.findings)
+                  if f.path == rel and f.code == "CK-F103"), None)
+        if i is None:
+            return False
+        self.findings[i] = CODES["CK-F103"].finding(
+            f"{self.findings[i].message}: the whole file is one pickled object (as "
+            "torch.save(model) writes: the class, not a state dict), so nothing in it can be "
+            "checked",
+            path=rel,
+            component=self.findings[i].component,
+            severity=ERROR,
+            hint="save state dicts instead, e.g. torch.save({'model': model.state_dict(), "
+            "'optimizer': opt.state_dict(), 'step': step}, PATH), or use ckptkit.save; to "
+            "convert this file, load it in code you trust (torch.load(PATH, "
+            "weights_only=False)) and save its state_dict()",
+        )
+        self.opaque = True
+        return True
 
     def why_unread(self, rel: str) -> str:
         """Why ``rel`` gave nothing (for a component's absence reason)."""
@@ -436,7 +463,9 @@ class Scan:
                     reason=self.reasons.get(name),
                 )
         why = ""
-        if expect is None:
+        if self.opaque:
+            expect = None  # nothing was read: no component can be held to be there
+        elif expect is None:
             held = {n for n, c in table.items() if c.present and n in RESUME_STATE}
             if held == {"model"}:
                 expect = "weights"

@@ -85,7 +85,7 @@ def verify_foreign(
     s = scan(path, fmt)
     adopted = read_adopted(s)
     recorded = recorded_files(s, adopted) if adopted is not None else None
-    if adopted is None:
+    if adopted is None and not s.opaque:  # opaque: nothing was checked, say only why
         s.add(
             "CK-F107",
             "no digests: the files carry no checksums "
@@ -97,6 +97,8 @@ def verify_foreign(
     if expect is None and adopted and adopted.get("expect") in EXPECTS:
         expect, source = adopted["expect"], "given"
     state = s.finish(expect)
+    if s.opaque:  # what it holds is unknown: no component can be called missing
+        families = [f for f in families if f != "completeness"]
     ctx = ReaderContext(root=s.target, manifest=None, state=state, files=s.file_scans(recorded))
     findings = ordered([*s.findings, *run_checks(ctx, families)])
     scans = ctx.files.values()
@@ -111,7 +113,7 @@ def verify_foreign(
         format=s.format,
         found=dict(state.found()),
         expect=state.expect,
-        expect_source=source,
+        expect_source=source if state.expect is not None else None,
         expect_why=state.expect_why if source == "inferred" else "",
         detected_step=s.step,
         scan=s,

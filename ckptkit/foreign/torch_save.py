@@ -26,6 +26,8 @@ def scan(s: Scan) -> None:
     rel = s.files[0]
     obj = s.load(rel, component="model")
     if obj is None:
+        if s.needs_code(rel):  # torch.save(model): one cause, not every component missing
+            return
         why = s.why_unread(rel)
         for name in ("model", "optimizer", "progress"):
             s.absent(name, why)

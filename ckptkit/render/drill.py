@@ -63,8 +63,11 @@ def _check_summary(c: dict[str, Any]) -> str:
     return str(d.get("summary", ""))
 
 
-def render_text(report: DrillReport, out: TextIO) -> None:
+def render_text(report: DrillReport, out: TextIO, *, quiet: bool = False) -> None:
     """Print the verdict, the checks table, the diagnosis and the overhead.
+
+    ``quiet`` (``ckptkit drill -q``): the verdict line only, and for a failed drill one more
+    line naming the failed checks and the diagnosis (the reports hold the rest).
 
     Example:
         >>> render_text(report, sys.stdout)  # doctest: +SKIP
@@ -78,6 +81,15 @@ def render_text(report: DrillReport, out: TextIO) -> None:
         f"{cfg['save_step'] + 1}..{cfg['stop_step']} ({cfg['repeat']} reference run(s), "
         f"{cfg['threads']} thread(s), {cfg['device']})"
     )
+    if quiet:
+        if not d["ok"]:
+            failed = [c["name"] for c in d["checks"] if not (c["ok"] or c["informational"])]
+            diag = d["diagnosis"]
+            con.print(
+                f"failed: {', '.join(failed) or 'the drill did not run'}; diagnosis: "
+                f"{diag['component']} ({diag['confidence']} confidence)"
+            )
+        return
     table = Table(show_header=True, header_style="bold", box=None)
     for col in ("check", "verdict", "statistic", "threshold", "detail"):
         table.add_column(col, overflow="fold")

@@ -95,7 +95,8 @@ def render_verify(result: Any, out: TextIO, *, verbose: bool = False) -> None:
                 else:
                     where = _e(", ".join(c.where[:3]) + (" …" if len(c.where) > 3 else ""))
                 comps.add_row(name, mark, "yes" if c.required else "", where)
-            con.print(comps)
+            if comps.row_count:  # none when nothing could be read (an opaque pickle)
+                con.print(comps)
         for f in rep.findings:
             sev = str(f.severity)
             where = f" {_e(f.path)}" if f.path else ""
@@ -210,7 +211,7 @@ def render_ls(
         t.add_column(col, overflow="fold", justify="right" if col in ("step", "size") else "left")
     now = datetime.now().timestamp()
     for c in infos:
-        when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S")
+        when = datetime.fromtimestamp(c.time).strftime("%Y-%m-%d %H:%M:%S") if c.time else "-"
         at = getattr(c, "verified_at", None)
         t.add_row(
             str(c.step),

@@ -23,6 +23,7 @@ from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
 from ckptkit.verify.report import Report, VerifyResult, empty_components
 from ckptkit.verify.view import EXPECTS, Expect, apply_expect
+from ckptkit.whatis import missing
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
@@ -196,9 +197,9 @@ def verify(
     root = fs.location(path)
     k = signing.resolve_key(key)
     if fs.kind(root) is None:
-        raise IncompleteCheckpointError(
-            "no such file or directory", path=root, hint="check the path"
-        )
+        if fs.is_local(root):
+            raise missing(Path(str(root)))  # with the closest names beside it
+        raise IncompleteCheckpointError("no such file or directory", path=root, hint="check the URL")
     if expect is not None and expect not in EXPECTS:
         raise CkptkitError(
             f"unknown expectation {expect!r}", hint="pass expect='weights' or expect='training'"

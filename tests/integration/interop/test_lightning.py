@@ -244,20 +244,24 @@ def test_the_watch_level_is_the_recorded_health_that_ls_and_rollback_read(tmp_pa
     import ckptkit
 
     data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
+    # A watch that judges after 16 steps: step 8 is saved while it collects its baseline.
+    watch = ckptkit.StabilityWatch(window=16, recent=8, min_history=8, warmup=4)
     trainer = L.Trainer(
-        max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+        max_steps=16, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, plugins=[CkptkitIO()],
-        callbacks=[CkptkitCallback(watch=ckptkit.StabilityWatch()),
-                   L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2,
+        callbacks=[CkptkitCallback(watch=watch),
+                   L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=8,
                                                        save_top_k=-1)],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(_Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
     infos = runs.listing(runs.open_run(tmp_path))
-    assert [(c.step, c.status, c.health) for c in infos] == [(2, "verified", "ok"), (4, "verified", "ok")]
+    assert [(c.step, c.status, c.health) for c in infos] == [
+        (8, "verified", "not judged"), (16, "verified", "ok")
+    ]
     choice = runs.rollback(tmp_path)
-    assert choice.checkpoint is not None and choice.checkpoint.step == 4
+    assert choice.checkpoint is not None and choice.checkpoint.step == 16
     assert "ckpt_path=" in choice.resume
 
 

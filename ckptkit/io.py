@@ -7,6 +7,7 @@ written or read on any path; every byte is verified while it is read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -49,7 +50,9 @@ def save(
         shard_bytes: the largest file before a group is split.
         overwrite: replace an existing ckptkit checkpoint at ``path`` (like torch.save);
             a directory that is not a checkpoint is never replaced.
-        step: training step to record in the manifest.
+        step: training step to record in the manifest (default: ``state["step"]`` when
+            ``state`` is a mapping whose top-level ``"step"`` is an integer, as in
+            ``save({"model": ..., "step": 1000}, path)``).
         progress: show a progress bar (default: on a terminal, for big saves).
         user: free-form JSON metadata stored in the manifest.
         key: HMAC key to sign the manifest with (default: ``CKPTKIT_HMAC_KEY`` or
@@ -66,9 +69,11 @@ def save(
         >>> import tempfile, torch, ckptkit
         >>> d = tempfile.mkdtemp() + "/ckpt"
         >>> m = ckptkit.save({"model": {"w": torch.ones(2)}, "step": 3}, d)
-        >>> [f.path for f in m.files]
-        ['model.safetensors']
+        >>> [f.path for f in m.files], m.step
+        (['model.safetensors'], 3)
     """
+    if step is None:
+        step = _step_of(state)
     return commit.save_tree(
         state,
         path,
@@ -80,6 +85,14 @@ def save(
         manifest_fields={"user": user} if user is not None else None,
         key=signing.resolve_key(key),
     )
+
+
+def _step_of(state: Any) -> int | None:
+    """The step a plain ``save`` records: an integer ``state["step"]`` (a bool is no step)."""
+    value = state.get("step") if isinstance(state, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,14 @@ Run::
     python -m ckptkit.examples.tiny_lm --steps 200 --ckpt-dir runs/tiny/ckpt \\
         --metrics runs/tiny/metrics.jsonl
 
-Run it again with the same ``--ckpt-dir`` and it continues from the newest checkpoint; on CPU
-with the same ``--threads`` the continuation is bitwise identical to an uninterrupted run.
+Run it again with the same ``--ckpt-dir`` and it continues from the newest checkpoint (and
+says so, with the step); on CPU with the same ``--threads`` the continuation is bitwise
+identical to an uninterrupted run. Without ``--ckpt-dir`` every invocation is a new run in
+a fresh numbered directory, ``runs/tiny_lm/run-NNN/ckpt`` (printed at start), so two
+commands in one directory never share checkpoints; ``--resume`` continues the newest of
+those runs instead. A resume from a checkpoint whose recorded health is not ``ok``, or one
+that already reached ``--steps``, is said on stderr, never silent. Under ``ckptkit drill``
+the drill's ``CKPTKIT_CKPT_DIR`` is used as it is.
 
 **Drill contract** (environment variables, read by :mod:`ckptkit.drill.contract`; ``ckptkit
 drill`` sets them, nothing else in the script changes):
@@ -105,6 +111,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,6 +154,8 @@ SPIKE_STEPS = 1500
 build-up of a few hundred steps, the collapse and the recovery."""
 TAIL = 50
 """Steps averaged into ``final_loss_avg`` (one batch's loss is too noisy to compare runs)."""
+RUNS = "runs/tiny_lm"
+"""Where runs without ``--ckpt-dir`` go: one ``run-NNN`` directory per invocation."""
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -439,7 +448,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (0: off)")
     p.add_argument("--keep-last", type=int, default=3)
-    p.add_argument("--ckpt-dir", default="runs/tiny_lm/ckpt")
+    p.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help=f"checkpoint directory; continues from its newest checkpoint (default: a new run "
+        f"in {RUNS}/run-NNN/ckpt; a drill's $CKPTKIT_CKPT_DIR wins)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"without --ckpt-dir: continue the newest {RUNS}/run-NNN instead of starting a new one",
+    )
     p.add_argument(
         "--metrics", default=None, help="JSONL metrics file (default: $CKPTKIT_METRICS, else none)"
     )
@@ -575,8 +594,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.watch or args.auto_recover or args.fault in INSTABILITIES
         else None
     )
+    ckpt_dir = drill.ckpt_dir or args.ckpt_dir or run_dir(resume=args.resume, world=world)
     mgr = ckptkit.CheckpointManager(
-        drill.ckpt_dir or args.ckpt_dir,
+        ckpt_dir,
         keep_last=args.keep_last,
         watch=watch,
         recovery=RecoveryPolicy(lr_factor=args.recover_lr_factor) if args.auto_recover else None,
@@ -593,14 +613,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         recorder=rec,
     )
     restored = drill.restore(ts, mgr)
+    stop = drill.total_steps(args.steps)
     if restored is not None and rank == 0:
-        print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
+        say_resumed(restored, stop)
     if restored is not None and fault in FAULTS:
         corpus, sampler = inject_fault(
             fault, args, ts, corpus=corpus, sampler=sampler, opt=opt, sched=sched
         )
 
-    stop = drill.total_steps(args.steps)
     loss_value = float("nan")
     tail: collections.deque[tuple[int, float]] = collections.deque(maxlen=TAIL)
     events: list[dict[str, Any]] = []
@@ -714,6 +734,59 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if rank == 0:
         print(json.dumps(summary), flush=True)
     return summary
+
+
+def run_dir(*, resume: bool, world: int = 1) -> str:
+    """The checkpoint directory of a run started without ``--ckpt-dir``.
+
+    A new ``runs/tiny_lm/run-NNN/ckpt`` per invocation (the next free number), or with
+    ``resume`` the newest existing one. Rank 0 decides; the other ranks take its answer.
+    """
+    choice: list[str | None] = [None]
+    if world == 1 or torch.distributed.get_rank() == 0:
+        runs = sorted(
+            (p for p in Path(RUNS).glob("run-*") if p.name[4:].isdigit()),
+            key=lambda p: int(p.name[4:]),
+        )
+        if resume and runs:
+            path = runs[-1] / "ckpt"
+            print(f"tiny_lm: --resume: continuing {path}", file=sys.stderr)
+        else:
+            n = int(runs[-1].name[4:]) + 1 if runs else 1
+            path = Path(RUNS) / f"run-{n:03d}" / "ckpt"
+            path.mkdir(parents=True)
+            why = " (--resume: no earlier run)" if resume else ""
+            print(
+                f"tiny_lm: new run{why}, checkpoints in {path} (continue it with "
+                f"--ckpt-dir {path}, or --resume for the newest run)",
+                file=sys.stderr,
+            )
+        choice = [str(path)]
+    if world > 1:
+        torch.distributed.broadcast_object_list(choice, src=0)
+    assert choice[0] is not None
+    return choice[0]
+
+
+def say_resumed(restored: Any, stop: int) -> None:
+    """Say which checkpoint the run continues, and what about it is not ordinary."""
+    print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
+    health = restored.manifest.health if restored.manifest is not None else None
+    if health and health.get("level") not in (None, "ok"):
+        level = health["level"]
+        signals = ", ".join(sorted(health.get("signals") or {})) or "no signal named"
+        print(
+            f"tiny_lm: warning: that checkpoint's recorded health is {level} ({signals}); "
+            f"'ckptkit rollback {Path(str(restored.path)).parent}' names the newest healthy "
+            "one, or start a new run without --ckpt-dir",
+            file=sys.stderr,
+        )
+    if restored.step >= stop:
+        print(
+            f"tiny_lm: step {restored.step} already reached the {stop} steps asked for: "
+            "nothing to train (raise --steps, or start a new run without --ckpt-dir)",
+            file=sys.stderr,
+        )
 
 
 def recovery_summary(record: Any) -> dict[str, Any]:

@@ -10,8 +10,10 @@ a gloo job.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import logging
+import signal
 import sys
 import time
 
@@ -42,6 +44,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # a hung job shows its stacks
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
     torch.set_num_threads(1)
     if a.world > 1:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,21 @@ from ckptkit.catalog import Catalog
 SCRIPT = Path(__file__).with_name("preempt_script.py")
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120.0
+
+
+_JOBS: list[Job] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test() -> Any:
+    """A test that fails half-way leaves no live job (or open pipe) to later tests."""
+    yield
+    while _JOBS:
+        job = _JOBS.pop()
+        if job.p.poll() is None:
+            job.p.kill()
+            job.p.wait()
+            job._close()
 
 
 class Job:
@@ -44,6 +60,7 @@ class Job:
             text=True,
             env=full,
         )
+        _JOBS.append(self)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.err = ""
@@ -85,8 +102,21 @@ class Job:
         try:
             code = self.p.wait(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
+            # Every thread's stack to stderr (faulthandler in the script), then a clean kill:
+            # a hang is diagnosed, and no live process or open pipe leaks into later tests.
+            self.p.send_signal(signal.SIGUSR2)
+            time.sleep(2)
             self.p.kill()
-            raise
+            self.p.wait()
+            self._close()
+            raise AssertionError(
+                f"the job did not exit within {TIMEOUT} s; seen {self.seen[-5:]}; "
+                f"stderr with its threads' stacks:\n{self.err}"
+            ) from None
+        self._close()
+        return code
+
+    def _close(self) -> None:
         self._outt.join(timeout=10)
         while True:  # drain the rest of stdout
             try:
@@ -100,7 +130,6 @@ class Job:
         for stream in (self.p.stdout, self.p.stderr):
             if stream is not None:
                 stream.close()
-        return code
 
     def digests(self) -> dict[int, str]:
         out = {}

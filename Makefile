@@ -27,7 +27,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check ckptkit tests benchmarks
 	$(BIN)/mypy ckptkit
-	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules tests ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 --doctest-modules tests ckptkit
 
 # The fast lane for development (a few minutes): lint, unit and CLI tests, docstring examples,
 # the documented blocks, and one case of each heavy area (tests/conftest.py SMOKE).

@@ -34,7 +34,7 @@ test: setup
 check: setup
 	$(BIN)/ruff check ckptkit tests benchmarks
 	$(BIN)/mypy ckptkit
-	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli tests/docs ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/integration
 
 lint: setup

@@ -43,14 +43,16 @@ Example:
     >>> from ckptkit.stability import StabilityWatch
     >>> model = torch.nn.Linear(2, 2)
     >>> ts = ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    >>> watch = StabilityWatch()
+    >>> watch = StabilityWatch(warmup=0, window=16, recent=8)  # judges from step 16 on
     >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=watch,
     ...                                 recovery=RecoveryPolicy(lr_factor=0.5))
-    >>> ts.step = 10; _ = watch.update(10, loss=1.0); _ = mgr.save(ts)
-    >>> ts.step = 11; _ = watch.update(11, loss=float("nan"))
+    >>> for step in range(1, 21):
+    ...     _ = watch.update(step, loss=1.0 + 0.01 * (step % 3))
+    >>> ts.step = 20; _ = mgr.save(ts)       # health ok: a checkpoint recovery may return to
+    >>> ts.step = 21; _ = watch.update(21, loss=float("nan"))
     >>> event = mgr.recover(ts)
     >>> event.step, ts.step, ts.optimizer.param_groups[0]["lr"]
-    (10, 10, 0.05)
+    (20, 20, 0.05)
     >>> mgr.close()
 """
 

@@ -231,15 +231,19 @@ class Scan:
     def needs_code(self, rel: str) -> bool:
         """When ``rel``, the whole checkpoint, is a pickle that needs code, say so as the one
         cause (``CK-F103`` as an error, with what to save instead) and mark the scan
-        :attr:`opaque`; True when so, False when ``rel`` failed otherwise."""
+        :attr:`opaque`; True when so, False when ``rel`` failed otherwise.
+
+        The restricted unpickler refuses the whole file at the first global it does not
+        allow, so a pickled model and a state dict with one object planted in it look the
+        same from here: the message names the globals and claims neither."""
         i = next((i for i, f in enumerate(self.findings)
                   if f.path == rel and f.code == "CK-F103"), None)
         if i is None:
             return False
         self.findings[i] = CODES["CK-F103"].finding(
-            f"{self.findings[i].message}: the whole file is one pickled object (as "
-            "torch.save(model) writes: the class, not a state dict), so nothing in it can be "
-            "checked",
+            f"{self.findings[i].message}: nothing in the file can be read without running "
+            "that code, so none of it can be checked (torch.save(model) pickles the model's "
+            "class, not a state dict; an object planted in a state dict does the same)",
             path=rel,
             component=self.findings[i].component,
             severity=ERROR,

@@ -6,6 +6,10 @@ PIP := $(BIN)/python -m pip
 # Reinstall only when what decides the environment changed (a no-op `make test` starts
 # testing at once instead of spending ~40 s in pip).
 STAMP := $(VENV)/.ckptkit-installed
+# Two pytest workers, one test module each at a time (module-scoped fixtures such as the
+# warmed zygotes and the shared tiny-LM runs are built once): most tests wait on their own
+# subprocesses or on I/O, so two workers keep both cores busy. XDIST= runs in one process.
+XDIST ?= -n 2 --dist loadfile
 
 .PHONY: setup demo test check lint bench clean
 
@@ -27,7 +31,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check ckptkit tests benchmarks
 	$(BIN)/mypy ckptkit
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 --doctest-modules tests ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 --doctest-modules tests ckptkit
 
 # The fast lane for development (a few minutes): lint, unit and CLI tests, docstring examples,
 # the documented blocks, and one case of each heavy area (tests/conftest.py SMOKE).

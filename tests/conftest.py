@@ -21,6 +21,12 @@ settings.register_profile(
 )
 settings.load_profile("ckptkit")
 
+collect_ignore_glob = ["integration/interop/scripts/*.py"]
+"""Training scripts the framework tests run as ``python SCRIPT`` (Trainer, Accelerate,
+Lightning): they train at import, so ``--doctest-modules`` must not import them (it trained
+a model into the working directory at collection, and two pytest workers raced for its
+lock)."""
+
 SMOKE = (
     "tests/integration/distributed/test_commit_matrix.py::test_commit_matrix[tensors-gloo2-sync]",
     "tests/integration/test_crash_points.py::test_stop_at_a_named_point[local-sync-commit.renamed]",
@@ -149,6 +155,11 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 proc.kill()
                 pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
             time.sleep(0.1)
+    # A filesystem object cached before the endpoint existed (no credentials, another
+    # endpoint) must not be reused: fsspec caches S3FileSystem instances per arguments.
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
     env = {
         "AWS_ENDPOINT_URL": url,
         "AWS_ACCESS_KEY_ID": "testing",

@@ -139,13 +139,20 @@ def test_restore_on_empty_dir_is_a_fresh_start(
     assert DrillEnv().restore(tr.ts, ckptkit.CheckpointManager(tmp_path / "new2")) is None
 
 
+def _saved(root: Path, ts: ckptkit.TrainState) -> Path:
+    """Save and close: the read-back verify runs in the background, and a manager opened
+    next must find it recorded, not still running."""
+    with ckptkit.CheckpointManager(root) as mgr:
+        return Path(mgr.save(ts))
+
+
 @pytest.mark.parametrize("component", ["scheduler", "sampler"])
 def test_strict_restore_raises_when_checkpoint_lacks_a_passed_component(
     tiny_model: Callable[..., torch.nn.Module], tmp_path: Path, component: str
 ) -> None:
     saver = Trainer(tiny_model, **{component: False})
     saver.train(2)
-    ckptkit.CheckpointManager(tmp_path).save(saver.ts)
+    _saved(tmp_path, saver.ts)
 
     loader = Trainer(tiny_model, seed=3)
     with pytest.raises(ckptkit.StateError, match=f"no {component} state"):
@@ -161,7 +168,7 @@ def test_non_strict_restore_notes_the_missing_component(
 ) -> None:
     saver = Trainer(tiny_model, **{component: False})
     saver.train(2)
-    ckptkit.CheckpointManager(tmp_path).save(saver.ts)
+    _saved(tmp_path, saver.ts)
 
     loader = Trainer(tiny_model, seed=3)
     with caplog.at_level(logging.WARNING, logger="ckptkit"):
@@ -177,7 +184,7 @@ def test_strict_restore_raises_when_checkpoint_lacks_the_scaler(
     tiny_model: Callable[..., torch.nn.Module], tmp_path: Path
 ) -> None:
     model = tiny_model()
-    ckptkit.CheckpointManager(tmp_path).save(ckptkit.TrainState(model=model, step=1))
+    _saved(tmp_path, ckptkit.TrainState(model=model, step=1))
     scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
     ts = ckptkit.TrainState(model=tiny_model(seed=2), scaler=scaler)
     with pytest.raises(ckptkit.CkptkitError, match="no scaler state"):
@@ -190,7 +197,7 @@ def test_strict_mismatch_is_not_corruption(
 ) -> None:
     saver = Trainer(tiny_model, scheduler=False)
     saver.train(2)
-    ckptkit.CheckpointManager(tmp_path).save(saver.ts)
+    _saved(tmp_path, saver.ts)
 
     loader = Trainer(tiny_model, seed=3)
     with pytest.raises(ckptkit.StateError, match="no scheduler state"):

@@ -125,7 +125,8 @@ _FAMILY = {"C": ("completeness",), "S": ("consistency",), "R": ("compat",)}
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("run")
-    return ckptkit.CheckpointManager(root).save(build())
+    with ckptkit.CheckpointManager(root) as mgr:  # close: joins the background read-back verify
+        return mgr.save(build())
 
 
 # --- clean checkpoints -----------------------------------------------------------------------

@@ -43,7 +43,8 @@ def _source() -> Path:
         fp8={"x.scale": torch.ones(1), "x.amax_history": torch.ones(4, 1)},
         data={"snapshot": "a"},
     )
-    return ckptkit.CheckpointManager(_BASE / "run").save(ts)
+    with ckptkit.CheckpointManager(_BASE / "run") as mgr:  # close: joins the background read-back verify
+        return mgr.save(ts)
 
 
 _SRC = _source()

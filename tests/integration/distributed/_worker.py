@@ -176,3 +176,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Everything is written and the process group destroyed. Skip the interpreter's
+    # teardown: once in five fresh-clone runs both ranks of a 2-rank FSDP2 restore aborted
+    # there ("terminate called without an active exception", SIGABRT) after writing their
+    # results, a C++ thread of torch's destroyed at exit, not anything the test checks.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -921,3 +921,12 @@ def inject_fault(
 
 if __name__ == "__main__":
     main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The process group is destroyed and the summary printed. Under load a 2-rank gloo
+        # run sometimes aborted in interpreter teardown (SIGABRT, "terminate called without
+        # an active exception") after all of that, and torchrun then reports the rank as
+        # failed; ending here skips the teardown. To be root-caused (see the closing note
+        # of issue 22).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

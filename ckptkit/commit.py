@@ -173,9 +173,10 @@ def commit(
 def _peer_loss(
     what: str, final: Location, pending: atomic.PendingCheckpoint | None, hint: str
 ) -> Iterator[None]:
-    """Turn a collective that failed (a rank died or timed out: gloo's ``RuntimeError``,
-    NCCL's, a timeout) into a :class:`DistributedError` naming the save and what is on disk;
-    rank 0 first removes what it wrote."""
+    """Say what a failed collective of this save means on disk: the collective layer
+    (:func:`ckptkit.collective.peer_failure`) already names the backend failure; this adds
+    the save, the hint for what was or was not committed, and on rank 0 removes what it
+    wrote first."""
     try:
         yield
     except BaseException as e:

@@ -1,0 +1,125 @@
+"""Issue 23: every "good" verdict is one a restore can use.
+
+For every hostile newest checkpoint of the suite (tests/hostile.py) the readers must agree:
+``ckptkit.verify`` passes it exactly when ``CheckpointManager.restore`` restores it; ``ls
+--verify`` calls it verified exactly then; ``verify RUN`` exits 0 exactly then; ``prune
+--keep-last 1`` never leaves a run that restore cannot use; no command lets a non-ckptkit
+exception out, blocks, or runs pickled code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from hostile import CASES, MARKER, STEPS, make_run, train_state
+
+import ckptkit
+from ckptkit.catalog import step_dir_name
+from ckptkit.cli import main
+
+NEWEST = step_dir_name(STEPS[-1])
+DEADLINE_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("audit-templates")
+    return {s: make_run(base / s, storage=s) for s in ("tensors", "dcp")}
+
+
+def _bounded(what: str, fn: Callable[[], Any], fifos: list[Path]) -> Any:
+    """Run ``fn`` in a thread; fail (waking a reader blocked on a FIFO) past the deadline.
+
+    ckptkit errors are returned (a clean refusal); anything else fails the test."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except ckptkit.CkptkitError as e:
+            out["value"] = e
+        except BaseException as e:  # what this audit exists to find
+            out["escaped"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(DEADLINE_S)
+    if t.is_alive():
+        for f in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail(f"{what} blocked for more than {DEADLINE_S:.0f}s")
+    if "escaped" in out:
+        raise AssertionError(f"{what} let a non-ckptkit exception escape") from out["escaped"]
+    return out["value"]
+
+
+def _cli(args: list[str], fifos: list[Path]) -> Result:
+    res: Result = _bounded(
+        f"ckptkit {' '.join(args)}",
+        lambda: CliRunner().invoke(main, args, catch_exceptions=True),
+        fifos,
+    )
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise AssertionError(
+            f"ckptkit {' '.join(args)} raised (a traceback for the user):\n{res.output}"
+        ) from res.exception
+    assert "Traceback" not in res.output, res.output
+    return res
+
+
+def _restored_dir(run: Path, storage: str, fifos: list[Path]) -> str | None:
+    """Which checkpoint directory a training job resuming from ``run`` restores."""
+
+    def restore() -> str | None:
+        with ckptkit.CheckpointManager(run) as mgr:
+            r = mgr.restore(train_state(seed=5, storage=storage))
+        return None if r is None or r.path is None else Path(str(r.path)).name
+
+    got = _bounded("CheckpointManager.restore", restore, fifos)
+    assert not isinstance(got, ckptkit.CkptkitError), (
+        f"restore found nothing to use although {step_dir_name(STEPS[0])} is good: {got}"
+    )
+    return got  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_verify_restore_ls_and_prune_agree(
+    templates: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    case = CASES[name]
+    run = tmp_path / "run"
+    shutil.copytree(templates[case.storage], run, symlinks=True)
+    newest = run / NEWEST
+    fifos = case.damage(newest, run)
+
+    verdict = _bounded("ckptkit.verify", lambda: ckptkit.verify(newest), fifos)
+    good = not isinstance(verdict, ckptkit.CkptkitError) and verdict.ok
+    assert good == case.restorable, (
+        f"{name}: verify says {'good' if good else 'bad'} about a checkpoint the catalogue "
+        f"marks {'restorable' if case.restorable else 'hostile'}: {verdict}"
+    )
+
+    run_verify = _cli(["verify", str(run)], fifos)
+    assert (run_verify.exit_code == 0) == good, run_verify.output
+
+    listed = _cli(["ls", "--verify", "--json", str(run)], fifos)
+    rows = {Path(r["path"]).name: r for r in json.loads(listed.output)["checkpoints"]}
+    assert (rows.get(NEWEST, {}).get("status") == "verified") == good, listed.output
+
+    picked = _restored_dir(run, case.storage, fifos)
+    assert (picked == NEWEST) == good, f"verify said {good}, restore used {picked}"
+
+    _cli(["prune", "--keep-last", "1", str(run)], fifos)
+    assert _restored_dir(run, case.storage, fifos) == picked, "prune removed what restore used"
+    assert not (run.parent / MARKER).exists(), "pickled code ran"

@@ -411,8 +411,9 @@ register_code(
     family="integrity",
     severity=ERROR,
     title="pickle names a global outside the allow-list",
-    hint="DCP metadata is unpickled with an allow-list of its own classes; this file names "
-    "another global (code that would run on a plain pickle.load), so it was not executed. "
+    hint="DCP metadata is unpickled with an allow-list of its own classes, and DCP's "
+    "non-tensor items with torch's weights-only one; this file names another global (code "
+    "that would run on a plain pickle.load), so it was not executed. "
     "Do not load this checkpoint: it may be hostile; " + ROLLBACK,
     error_class=errors.UnsafeInputError,
 )

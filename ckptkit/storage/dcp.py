@@ -12,6 +12,11 @@ Here, reading goes through:
 * :func:`read_metadata`: ``.metadata`` must be listed in the manifest; its bytes are read
   once, checked against the digest, then unpickled with an allow-list of DCP's metadata
   classes (:class:`MetadataUnpickler`), never plain pickle;
+* :func:`coverage`: what ``.metadata`` asks a load to read, checked against the manifest
+  before any shard is opened (every storage entry names a listed shard, its byte range lies
+  inside the size the manifest records, every item has a storage entry) and, given proven
+  bytes, every non-tensor item parses with ``weights_only=True``. The reader and native
+  verify both call it, so verify cannot call "good" what the reader refuses;
 * :class:`VerifyingReader`: each ``.distcp`` shard is read once, in file order, hashed on
   the way (each byte read once, as issue 11 asks) and checked against the manifest when
   its last byte is read; tensors are parsed by ``torch.load(weights_only=True)``;
@@ -35,7 +40,8 @@ import os
 import pickle
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import IO, Any, cast
 
@@ -52,6 +58,7 @@ DCP_DIR = "dcp"
 DCP_COMPONENT = "dcp"
 """``component`` of the manifest entries of DCP files (they hold model and optimizer)."""
 METADATA = ".metadata"
+METADATA_REL = f"{DCP_DIR}/{METADATA}"
 MAX_METADATA_BYTES = 1 << 30
 """Refuse a ``.metadata`` larger than this before reading it."""
 
@@ -289,6 +296,267 @@ def open_regular(path: Location, *, rel: str) -> Iterator[io.BufferedReader]:
         yield f
 
 
+# --- coverage: what .metadata asks a load to read ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One ``storage_data`` entry of ``.metadata``: where the bytes of one item lie."""
+
+    fqn: str
+    """The item's name in the saved state dict."""
+    name: str
+    """The shard file holding it, by its name inside ``dcp/`` (``relative_path``)."""
+    offset: int
+    length: int
+    byte_io: bool
+    """A non-tensor value (DCP's ``BYTE_IO``): loaded as a whole ``torch.save`` blob."""
+    descriptors: tuple[str, ...]
+    """DCP stream transforms applied to the stored bytes (none for what ckptkit writes)."""
+
+    @property
+    def rel(self) -> str:
+        return f"{DCP_DIR}/{self.name}"
+
+
+ItemBytes = Callable[[Item], "bytes | None"]
+"""An item's stored bytes, read from a shard whose digest matched; None: not proven, so
+not parsed."""
+
+
+def coverage(
+    md: Any, listed: Mapping[str, mf.FileEntry], *, item_bytes: ItemBytes | None = None
+) -> list[CkptkitError]:
+    """Everything a load of ``md`` would refuse, checked before any shard is opened.
+
+    The one rule for DCP coverage: the reader (:func:`load`) raises the first problem
+    before DCP plans a read, and native verify reports each as a finding, so a checkpoint
+    verify calls good is one the reader will read. Checked:
+
+    * ``.metadata`` has DCP's structure (``CK-F108``) and every transform it names is
+      one DCP's reader knows (``CK-F108``);
+    * every item of the state dict has a storage entry (``CK-F105``);
+    * every storage entry names a shard the manifest lists, by a plain file name
+      (``CK-F021``): an unlisted file would be read without a digest;
+    * its byte range lies inside the size the manifest records for that shard
+      (``CK-F106``); the reader and verify's file scan both prove the file has that size;
+    * with ``item_bytes``, every non-tensor item parses with ``weights_only=True``
+      (:func:`load_byte_item`: ``CK-F023`` a global, ``CK-F108`` damage). The reader
+      parses them the same way as it reads each proven shard.
+
+    Args:
+        md: ``.metadata`` as :func:`read_metadata` returned it (unpickled safely, but its
+            fields can hold anything).
+        listed: the manifest's DCP entries (:func:`entries`).
+        item_bytes: reads an item's bytes from a proven shard; None checks structure only.
+
+    Returns:
+        The problems as ckptkit errors (code, path, message), in metadata order; empty
+        when a load would accept the metadata.
+
+    Example:
+        >>> coverage(torch.Size([1]), {})[0].code
+        'CK-F108'
+    """
+    try:
+        items, missing = _layout(md)
+    except Exception as e:  # untrusted structure: any failure is damage, never a traceback
+        return [
+            codes.error(
+                "CK-F108",
+                f"DCP metadata has an unexpected structure: {type(e).__name__}: {e}"[:300],
+                path=METADATA_REL,
+            )
+        ]
+    problems: list[CkptkitError] = []
+    if missing:
+        problems.append(
+            codes.error(
+                "CK-F105",
+                f"{len(missing)} item(s) of the state dict have no storage entry in "
+                ".metadata, e.g. " + ", ".join(missing[:4]),
+                path=METADATA_REL,
+            )
+        )
+    for it in items:
+        problem = entry_problem(it, listed)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        if item_bytes is None or not it.byte_io:
+            continue
+        raw = item_bytes(it)
+        if raw is None:
+            continue  # its shard is not proven: the file findings say why
+        try:
+            load_byte_item(_untransformed(raw, it.descriptors), fqn=it.fqn, rel=it.rel)
+        except CkptkitError as e:
+            problems.append(e)
+    return problems
+
+
+def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError | None:
+    """Why a load must not read ``it`` (an unlisted shard, a range past its end), or None."""
+    if "/" in it.name or "\\" in it.name or it.name in ("", ".", "..", METADATA):
+        return codes.error(
+            "CK-F021",
+            f"DCP metadata places item {it.fqn} in {it.name!r}, which is not a shard file "
+            "of this checkpoint: refusing to read it",
+            path=METADATA_REL,
+        )
+    fe = listed.get(it.name)
+    if fe is None:
+        return codes.error(
+            "CK-F021",
+            "DCP metadata names a shard the manifest does not list: refusing to read it",
+            path=it.rel,
+        )
+    if it.offset < 0 or it.length < 0 or it.offset + it.length > fe.size:
+        return codes.error(
+            "CK-F106",
+            f"item {it.fqn} lies past the end of the shard ({it.offset}+{it.length} > "
+            f"{fe.size} bytes)",
+            path=it.rel,
+        )
+    return None
+
+
+def load_byte_item(data: bytes, *, fqn: str, rel: str, map_location: Any = None) -> Any:
+    """Parse one non-tensor DCP item with ``weights_only=True``, as the reader loads it.
+
+    DCP's own planner uses ``weights_only=False`` here; a value that needs a global is
+    refused, never executed.
+
+    Raises:
+        UnsafeInputError: ``CK-F023`` the pickle names a global outside torch's
+            weights-only allow-list.
+        IntegrityError: ``CK-F108`` the bytes are not a loadable ``torch.save`` blob.
+    """
+    try:
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "global" in str(e).lower():
+            raise codes.error(
+                "CK-F023",
+                f"item {fqn} needs code to unpickle ({first[:200]}); not executed",
+                path=rel,
+            ) from None
+        raise codes.error("CK-F108", f"item {fqn} is a damaged pickle: {first[:200]}", path=rel) from None
+    except Exception as e:  # untrusted bytes: any failure is damage, never a traceback
+        raise codes.error(
+            "CK-F108", f"item {fqn} cannot be read: {type(e).__name__}: {e}"[:300], path=rel
+        ) from None
+
+
+def read_item(root: Location, it: Item) -> bytes:
+    """The stored bytes of one item, read from its shard under ``root/dcp`` (no digest).
+
+    Callers read only shards whose digest they proved; the range was checked by
+    :func:`entry_problem`.
+
+    Raises:
+        IncompleteCheckpointError: ``CK-F001`` the shard is missing.
+        UnsafeInputError: ``CK-F022`` it is not a regular file.
+        OSError: reading failed.
+    """
+    path = root / DCP_DIR / it.name
+    if not fs.is_local(path):
+        return fs.read_ranges(path, [(it.offset, it.offset + it.length)])[0]
+    with open_regular(path, rel=it.rel) as f:
+        f.seek(it.offset)
+        return f.read(it.length)
+
+
+def _layout(md: Any) -> tuple[list[Item], list[str]]:
+    """The storage entries of ``md`` and the state-dict items that have none.
+
+    Raises:
+        AttributeError, TypeError, ValueError, KeyError: not DCP's structure.
+    """
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
+    if not isinstance(md, Metadata):
+        raise TypeError(f"the pickle holds a {type(md).__name__}, not DCP Metadata")
+    sd_meta, storage = md.state_dict_metadata, md.storage_data
+    if not isinstance(sd_meta, dict) or not isinstance(storage, dict):
+        raise TypeError("state_dict_metadata and storage_data must be dicts")
+    byte_io: set[str] = set()
+    missing: list[str] = []
+    for fqn, m in sd_meta.items():
+        if not isinstance(fqn, str):
+            raise TypeError(f"state_dict_metadata key {fqn!r} is not a string"[:200])
+        if isinstance(m, BytesStorageMetadata):
+            byte_io.add(fqn)
+            needed = [MetadataIndex(fqn)]
+        elif isinstance(m, TensorStorageMetadata) and isinstance(m.chunks, list):
+            needed = [MetadataIndex(fqn, c.offsets) for c in m.chunks]
+        else:
+            raise TypeError(f"item {fqn} has metadata of type {type(m).__name__}"[:200])
+        if any(ix not in storage for ix in needed):
+            missing.append(fqn)
+    registry = ExtensionRegistry()
+    items: list[Item] = []
+    for idx, info in storage.items():
+        if not isinstance(idx, MetadataIndex) or not isinstance(info, _StorageInfo):
+            raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
+        it = _item(idx, info, byte_io=idx.fqn in byte_io and idx.offset is None)
+        registry.from_descriptor_list(list(it.descriptors))  # ValueError: unknown to DCP
+        items.append(it)
+    return items, missing
+
+
+def _item(idx: Any, info: Any, *, byte_io: bool = False) -> Item:
+    """One storage entry (``MetadataIndex`` → ``_StorageInfo``) as an :class:`Item`.
+
+    Raises:
+        TypeError: a field of the wrong type.
+    """
+    fqn, name = idx.fqn, info.relative_path
+    if not isinstance(fqn, str) or not isinstance(name, str):
+        raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
+    descriptors = tuple(info.transform_descriptors or ())
+    if not all(isinstance(d, str) for d in descriptors):
+        raise TypeError(f"item {fqn} names transforms {descriptors!r}"[:200])
+    return Item(
+        fqn=fqn,
+        name=name,
+        offset=_byte_count(info.offset, fqn),
+        length=_byte_count(info.length, fqn),
+        byte_io=byte_io,
+        descriptors=descriptors,
+    )
+
+
+def _byte_count(v: Any, fqn: str) -> int:
+    """An offset or length as DCP would use it: an ``int`` (negatives: :func:`entry_problem`)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"item {fqn} has a byte offset/length {v!r} that is not an integer"[:200])
+    return v
+
+
+def _untransformed(raw: bytes, descriptors: Sequence[str]) -> bytes:
+    """The item's bytes after DCP's load transforms (none for what ckptkit writes)."""
+    if not descriptors:
+        return raw
+    from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
+
+    stream = _StorageReaderTransforms().transform_load_stream(
+        cast(Any, None), descriptors, io.BytesIO(raw)
+    )
+    return bytes(stream.read(-1))
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
 def load(
     state_dict: dict[str, Any],
     root: Location,
@@ -301,7 +569,8 @@ def load(
 
     Every byte is read once and checked against the manifest on the way; shard files no
     rank reads are hashed by the rank they are assigned to (``verify_rank`` of
-    ``verify_world``), so every listed file is checked by someone.
+    ``verify_world``), so every listed file is checked by someone. Before DCP plans a
+    read, :func:`coverage` refuses what native verify refuses.
 
     Raises:
         CkptkitError: any failure, on every rank (DCP propagates failures to all ranks).
@@ -310,6 +579,9 @@ def load(
 
     md = read_metadata(root, man)
     listed = entries(man)
+    problems = coverage(md, listed)
+    if problems:
+        raise problems[0]
     planner_cls, reader_cls = _classes()
     reader = reader_cls(root / DCP_DIR, md, listed)
     with _translated("DCP load"), _quiet():
@@ -358,7 +630,11 @@ def _classes() -> tuple[type, type]:
         """DCP's default load planner with non-tensor items parsed by ``weights_only=True``."""
 
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            obj = torch.load(value, weights_only=True)
+            fqn = read_item.storage_index.fqn
+            self.place(read_item, load_byte_item(value.getvalue(), fqn=fqn, rel=DCP_DIR))
+
+        def place(self, read_item: Any, obj: Any) -> None:
+            """Put a parsed non-tensor item into the state dict being loaded."""
             if self.flatten_state_dict:
                 _set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -442,13 +718,13 @@ def _classes() -> tuple[type, type]:
         def _read_file(self, name: str, reqs: Sequence[Any], planner: Any) -> None:
 
             rel = f"{DCP_DIR}/{name}"
-            fe = self._listed.get(name)
-            if fe is None or "/" in name or name in ("", ".", ".."):
-                raise codes.error(
-                    "CK-F021",
-                    "DCP metadata names a shard the manifest does not list: refusing to read it",
-                    path=rel,
-                )
+            # The same rule coverage() applied to every entry before the load began.
+            for req in reqs:
+                idx = req.storage_index
+                problem = entry_problem(_item(idx, self.storage_data[idx]), self._listed)
+                if problem is not None:
+                    raise problem
+            fe = self._listed[name]
             spans = sorted(
                 reqs,
                 key=lambda r: (
@@ -465,14 +741,7 @@ def _classes() -> tuple[type, type]:
                 pos = 0
                 for req in spans:
                     info = self.storage_data[req.storage_index]
-                    off, length = int(info.offset), int(info.length)
-                    if off < 0 or length < 0 or off + length > size:
-                        raise codes.error(
-                            "CK-F106",
-                            f"item {req.storage_index.fqn} lies past the end of the "
-                            f"shard ({off}+{length} > {size} bytes)",
-                            path=rel,
-                        )
+                    off, length = info.offset, info.length
                     if off >= pos:  # overlapping items (never written by DCP) hash once
                         with mv[pos : off + length] as part:
                             h.update(part)
@@ -490,7 +759,8 @@ def _classes() -> tuple[type, type]:
                 )
             self.checked.add(name)
             for req, data in deferred:  # parsed only now that the bytes are proven
-                planner.load_bytes(req, io.BytesIO(data))
+                fqn = req.storage_index.fqn
+                planner.place(req, load_byte_item(data, fqn=fqn, rel=rel))
 
     return SafeLoadPlanner, VerifyingReader
 
@@ -641,13 +911,20 @@ __all__ = [
     "DCP_COMPONENT",
     "DCP_DIR",
     "METADATA",
+    "METADATA_REL",
+    "Item",
+    "ItemBytes",
     "MetadataUnpickler",
     "check_file",
+    "coverage",
     "entries",
+    "entry_problem",
     "files_of",
     "load",
+    "load_byte_item",
     "loads_metadata",
     "open_regular",
+    "read_item",
     "read_metadata",
     "read_verified",
     "save",

@@ -54,6 +54,7 @@ class CheckContext:
     on_bytes: Callable[[int], None] | None = None
     _scans: dict[str, FileScan] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has(self) -> frozenset[str]:
@@ -77,6 +78,12 @@ class CheckContext:
                 for s in pool.map(self._scan, todo):
                     self._scans[s.entry.path] = s
         return self._scans
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per context: one analysis several checks report from."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _scan(self, fe: mf.FileEntry) -> FileScan:
         if not fs.is_local(self.root):

@@ -179,35 +179,92 @@ def outside(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
+# --- DCP storage ---------------------------------------------------------------------------
+# What the DCP reader refuses, verify refuses: both ask dcp.coverage, once per checkpoint
+# here, and each check below reports the problems of its own code.
+
+
+def _dcp_problems(ctx: CheckContext) -> list[CkptkitError]:
+    return ctx.memo("dcp.coverage", lambda: _dcp_coverage(ctx))  # type: ignore[no-any-return]
+
+
+def _dcp_coverage(ctx: CheckContext) -> list[CkptkitError]:
+    """What a DCP load of this checkpoint would refuse (nothing when it has no DCP files).
+
+    Only proven bytes are parsed: ``.metadata`` and each non-tensor item are read only
+    when the file scan found their file's digest matching the manifest.
+    """
+    m = ctx.manifest
+    assert m is not None
+    scans = ctx.scan_all()
+    scan = scans.get(dcp.METADATA_REL)
+    if scan is None or scan.digest != scan.entry.xxh3_128:
+        return []  # unlisted (CK-F021 below) or damaged (file findings): never parsed
+    try:
+        md = dcp.read_metadata(ctx.root, m)
+    except CkptkitError as e:
+        return [e]
+
+    def proven_bytes(it: dcp.Item) -> bytes | None:
+        s = scans.get(it.rel)
+        if s is None or s.digest is None or s.digest != s.entry.xxh3_128:
+            return None
+        try:
+            return dcp.read_item(ctx.root, it)
+        except OSError:
+            return None  # read a moment ago; the load re-checks these bytes anyway
+        except CkptkitError:
+            return None  # swapped since the scan: the load refuses it with this finding
+
+    return dcp.coverage(md, dcp.entries(m), item_bytes=proven_bytes)
+
+
+def _dcp_findings(ctx: CheckContext, code: str) -> Iterator[Finding]:
+    for e in _dcp_problems(ctx):
+        if e.code == code:
+            yield CODES[code].finding(
+                e.what, path=str(e.path) if e.path is not None else dcp.METADATA_REL
+            )
+
+
 @check("CK-F021")
 def dcp_metadata_listed(ctx: CheckContext) -> Iterator[Finding]:
-    """A tree that says its state is in DCP files must list the DCP metadata."""
+    """Every DCP file a load reads is listed: the metadata, and each shard it names."""
     m = ctx.manifest
     assert m is not None
     claims = isinstance(m.tree, dict) and isinstance(m.tree.get("dcp"), dict)
-    if claims and m.file(f"{dcp.DCP_DIR}/{dcp.METADATA}") is None:
+    if claims and m.file(dcp.METADATA_REL) is None:
         yield CODES["CK-F021"].finding(
             "the state tree says model/optimizer are stored with DCP, but "
-            f"{dcp.DCP_DIR}/{dcp.METADATA} is not listed: a load would have to read an "
+            f"{dcp.METADATA_REL} is not listed: a load would have to read an "
             "unlisted file, and refuses to",
-            path=f"{dcp.DCP_DIR}/{dcp.METADATA}",
+            path=dcp.METADATA_REL,
         )
+    yield from _dcp_findings(ctx, "CK-F021")
 
 
 @check("CK-F023")
 def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
-    """The listed DCP metadata unpickles with the allow-list (checked after its digest)."""
-    m = ctx.manifest
-    assert m is not None
-    rel = f"{dcp.DCP_DIR}/{dcp.METADATA}"
-    scan = ctx.scan_all().get(rel)
-    if scan is None or scan.digest != scan.entry.xxh3_128:
-        return  # unlisted or damaged: other findings say so; unproven bytes are never parsed
-    try:
-        dcp.read_metadata(ctx.root, m)
-    except CkptkitError as e:
-        if e.code == "CK-F023":
-            yield CODES["CK-F023"].finding(e.what, path=rel)
+    """The DCP metadata and its non-tensor items unpickle without any other global."""
+    yield from _dcp_findings(ctx, "CK-F023")
+
+
+@check("CK-F105")
+def dcp_items_stored(ctx: CheckContext) -> Iterator[Finding]:
+    """Every item of the DCP state dict has a storage entry."""
+    yield from _dcp_findings(ctx, "CK-F105")
+
+
+@check("CK-F106")
+def dcp_items_inside(ctx: CheckContext) -> Iterator[Finding]:
+    """Every DCP item's byte range lies inside its shard."""
+    yield from _dcp_findings(ctx, "CK-F106")
+
+
+@check("CK-F108")
+def dcp_readable(ctx: CheckContext) -> Iterator[Finding]:
+    """The DCP metadata and its non-tensor items parse (damage, unexpected structure)."""
+    yield from _dcp_findings(ctx, "CK-F108")
 
 
 @check("CK-F022", needs=("files",))

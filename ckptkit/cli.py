@@ -418,7 +418,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         render_ls(infos, sys.stdout, leftovers=left, layout=run.layout, recoveries=recs)
         if not infos:
             _say_what_else(run_dir)
-    sys.exit(1 if any(c.status in ("corrupt", "incomplete") for c in infos) else 0)
+    sys.exit(1 if any(c.status in ("corrupt", "unreadable", "incomplete") for c in infos) else 0)
 
 
 def _say_what_else(run_dir: Path) -> None:

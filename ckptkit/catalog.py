@@ -321,8 +321,10 @@ class Catalog:
         outcome: codes.Outcome
         if raw in ("verified", "corrupt", "unreadable"):
             outcome = raw
-        else:  # written before outcomes had names: a bool
-            outcome = "verified" if rec.get("ok") is True else "corrupt"
+        elif isinstance(rec.get("ok"), bool):  # written before outcomes had names
+            outcome = "verified" if rec["ok"] else "corrupt"
+        else:
+            return Verdict(None, problem="its verify record in the run index is malformed")
         problem = rec.get("problem")
         return Verdict(
             outcome,

@@ -52,7 +52,7 @@ from ckptkit import codes, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
-from ckptkit.errors import CkptkitError
+from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic, fs
@@ -247,6 +247,9 @@ class HFRun:
         else:
             try:
                 man = mf.read_path(man_path)
+            except UnreadableError as e:  # a permission or I/O error: not damage
+                return CheckpointInfo(step, p, "unreadable", size, mtime, tuple(sorted(pins)),
+                                      problem=f"{e.code}: adopted manifest: {e.what}")
             except CkptkitError as e:
                 return CheckpointInfo(step, p, "corrupt", size, mtime, tuple(sorted(pins)),
                                       problem=f"{e.code}: adopted manifest: {e.what}")

@@ -15,6 +15,7 @@ from ckptkit.errors import (
     ManifestError,
     SignatureError,
     StateError,
+    UnreadableError,
     UnsafeInputError,
 )
 from ckptkit.io import PartialLoad, load, save
@@ -47,6 +48,7 @@ __all__ = [
     "StabilityWatch",
     "StateError",
     "TrainState",
+    "UnreadableError",
     "UnsafeInputError",
     "__version__",
     "load",

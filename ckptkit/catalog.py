@@ -21,9 +21,21 @@ A checkpoint's status:
 ``committed``
     a valid manifest, not verified yet (or files missing or resized since).
 ``corrupt``
-    verify failed (at save, restore or ``ls --verify``) or the manifest is invalid.
+    verify failed (at save, restore or ``ls --verify``) or the manifest is invalid. A
+    recorded ``corrupt`` is a claim of the index, not proof: a restore reads the
+    checkpoint again before passing over it, and retention re-verifies it from its bytes
+    before deleting it.
+``unreadable``
+    the last verify or restore could not read it for a reason that is not damage (a
+    permission, an I/O error, the store unreachable: :func:`ckptkit.codes.transient`).
+    Neither good nor corrupt: a restore tries it again, retention never deletes it.
 ``incomplete``
     a step directory without a manifest.
+
+The index records one verdict per checkpoint, for the manifest digest it was made on.
+With a key (the manifests' HMAC key), each record carries a MAC
+(:func:`ckptkit.signing.sign_verdict`); a record without a valid one counts as no record
+at all (``committed``): never as verified, never as corrupt.
 """
 
 from __future__ import annotations
@@ -44,8 +56,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from ckptkit import codes, signing
 from ckptkit import manifest as mf
-from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
@@ -58,7 +71,7 @@ LATEST = "latest"
 INDEX = ".ckptkit-index.json"
 """Run-level record of verify outcomes (and pins added after a save); written under the lock."""
 
-Status = Literal["verified", "committed", "corrupt", "incomplete"]
+Status = Literal["verified", "committed", "corrupt", "unreadable", "incomplete"]
 
 
 def step_dir_name(step: int) -> str:
@@ -83,6 +96,19 @@ def step_of(name: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What the run index says about one checkpoint, once its record has been checked."""
+
+    outcome: codes.Outcome | None
+    """``verified``, ``corrupt`` or ``unreadable``; None when no record counts (none, one
+    made on other bytes, or one whose MAC does not check under the key)."""
+    at: float | None = None
+    """When that verify or restore ran (Unix seconds)."""
+    problem: str | None = None
+    """What it found, or why the record does not count."""
+
+
+@dataclass(frozen=True)
 class CheckpointInfo:
     """One checkpoint of a run directory, as ``ckptkit ls`` shows it."""
 
@@ -98,7 +124,7 @@ class CheckpointInfo:
     health: str | None = None
     """Training health recorded at save: ``ok``, ``warn``, ``critical`` or None (no watch)."""
     problem: str | None = None
-    """Why it is corrupt, incomplete, or no longer counted as verified."""
+    """Why it is corrupt, unreadable, incomplete, or not counted as verified."""
     verified_at: float | None = None
     """When verify last read every byte of it (Unix seconds), None when never."""
     health_record: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
@@ -223,6 +249,10 @@ class Catalog:
             if fs.kind(p) is None:
                 raise FileNotFoundError(str(p)) from e
             return CheckpointInfo(step, p, "incomplete", size, _stored_at(p), problem=e.what)
+        except UnreadableError as e:  # a permission or I/O error: not evidence of damage
+            return CheckpointInfo(
+                step, p, "unreadable", size, _stored_at(p), problem=f"{e.code}: {e.what}"
+            )
         except CkptkitError as e:
             return CheckpointInfo(
                 step, p, "corrupt", size, _stored_at(p), problem=f"{e.code}: {e.what}"
@@ -230,13 +260,15 @@ class Catalog:
         mtime = _created_at(man) or _stored_at(p)
         status: Status = "committed"
         problem: str | None = None
-        verified_at: float | None = None
-        if isinstance(rec, dict) and rec.get("digest") == digest:
-            verified_at = rec.get("at") if isinstance(rec.get("at"), (int, float)) else None
+        verdict = self.verdict(p.name, digest, rec)
+        verified_at = verdict.at
+        if verdict.outcome is None:
+            problem = verdict.problem
+        elif verdict.outcome != "verified":
+            status, problem = verdict.outcome, verdict.problem
+        else:
             changed = _changed_files(p, man)
-            if not rec.get("ok"):
-                status, problem = "corrupt", rec.get("problem")
-            elif changed:
+            if changed:
                 problem = (
                     f"files missing or resized since it was verified ({', '.join(changed[:3])}); "
                     "'ckptkit ls --verify' checks them again"
@@ -260,6 +292,46 @@ class Catalog:
             dict(man.health) if isinstance(man.health, Mapping) else None,
         )
 
+    def verdict(self, name: str, ident: str, rec: Any) -> Verdict:
+        """The verdict the index record ``rec`` gives checkpoint ``name``, if it counts.
+
+        It counts only while ``ident`` (the manifest digest, or a framework file's
+        fingerprint) is the one it was made on, and, with a key, only if its MAC checks:
+        whoever can write the run directory can edit the index, and an unsigned ``ok``
+        must not make a checkpoint verified, nor an unsigned ``ok: false`` make one
+        corrupt. Every layout reads its records through this method.
+
+        Example:
+            >>> import tempfile
+            >>> Catalog(tempfile.mkdtemp()).verdict("step-1", "ab", {"digest": "ab", "ok": False})
+            Verdict(outcome='corrupt', at=None, problem=None)
+        """
+        if not isinstance(rec, dict) or rec.get("digest") != ident:
+            return Verdict(None)
+        if self.key is not None:
+            why = signing.check_verdict(name, rec, self.key)
+            if why is not None:
+                return Verdict(
+                    None,
+                    problem=f"its verify record in the run index does not count ({why}); "
+                    "'ckptkit ls --verify' checks it again",
+                )
+        at = rec.get("at")
+        raw = rec.get("outcome")
+        outcome: codes.Outcome
+        if raw in ("verified", "corrupt", "unreadable"):
+            outcome = raw
+        elif isinstance(rec.get("ok"), bool):  # written before outcomes had names
+            outcome = "verified" if rec["ok"] else "corrupt"
+        else:
+            return Verdict(None, problem="its verify record in the run index is malformed")
+        problem = rec.get("problem")
+        return Verdict(
+            outcome,
+            at if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
+            problem if isinstance(problem, str) else None,
+        )
+
     def latest_name(self) -> str | None:
         """What the ``latest`` pointer names (None when there is no pointer)."""
         try:
@@ -274,27 +346,38 @@ class Catalog:
 
     # --- recording (the caller holds the run lock) -------------------------------------------
 
-    def record(self, path: Location, man: mf.Manifest, *, ok: bool, why: str | None) -> None:
+    def record(
+        self, path: Location, man: mf.Manifest, outcome: codes.Outcome, *, why: str | None
+    ) -> None:
         """Record a verify outcome for this exact manifest (by its digest)."""
-        self.note(path.name, man.digest, ok=ok, why=why)
+        self.note(path.name, man.digest, outcome, why=why)
 
-    def note(self, name: str, digest: str, *, ok: bool, why: str | None) -> None:
+    def note(self, name: str, digest: str, outcome: codes.Outcome, *, why: str | None) -> None:
         """Record a verify outcome for the checkpoint ``name`` as identified by ``digest``.
 
         The record counts only while ``digest`` still identifies what ``name`` holds (a
         native checkpoint: its manifest digest; a framework's file: its adopted manifest's
-        digest, or a fingerprint of the file). :meth:`record` calls it.
+        digest, or a fingerprint of the file). With a key it is signed (see
+        :meth:`verdict`). :meth:`record` calls it.
+
+        Args:
+            outcome: what was found (:func:`ckptkit.codes.outcome` of the error codes).
+            why: the first findings, for ``ls``.
         """
         idx = self.index()
         ver = idx.get("verified")
         if not isinstance(ver, dict):
             ver = idx["verified"] = {}
-        ver[name] = {
+        rec: dict[str, Any] = {
             "digest": digest,
-            "ok": ok,
+            "ok": outcome == "verified",  # what readers before named outcomes look at
+            "outcome": outcome,
             "at": time.time(),
             "problem": why,
         }
+        if self.key is not None:
+            rec["mac"] = signing.sign_verdict(name, rec, self.key)
+        ver[name] = rec
         self._write_index(idx)
 
     def forget(self, names: Iterable[str]) -> None:
@@ -459,6 +542,7 @@ __all__ = [
     "Catalog",
     "CheckpointInfo",
     "Status",
+    "Verdict",
     "replace_text",
     "step_dir_name",
     "step_of",

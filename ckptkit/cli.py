@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from ckptkit import codes
 from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
@@ -279,7 +280,7 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
         if a.manifest is not None:  # its run (a framework layout) lists it verified now
             bad = a.report.errors
             why = f"{bad[0].code}: {bad[0].message}" if bad else None
-            record_adoption(target, ok=not bad, why=why)
+            record_adoption(target, codes.outcome(f.code for f in bad), why=why)
         if as_json:
             continue
         if a.refused is not None:
@@ -417,7 +418,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         render_ls(infos, sys.stdout, leftovers=left, layout=run.layout, recoveries=recs)
         if not infos:
             _say_what_else(run_dir)
-    sys.exit(1 if any(c.status in ("corrupt", "incomplete") for c in infos) else 0)
+    sys.exit(1 if any(c.status in ("corrupt", "unreadable", "incomplete") for c in infos) else 0)
 
 
 def _say_what_else(run_dir: Path) -> None:

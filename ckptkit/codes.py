@@ -14,6 +14,8 @@ drill and resume-guard verdicts. ``1xx`` codes are about checkpoints of other to
 from __future__ import annotations
 
 import enum
+import errno
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -213,6 +215,139 @@ def error(
         ('IntegrityError', 'CK-F002', True)
     """
     return CODES[code].error(what, path=path, hint=hint)
+
+
+# --- transient is not corrupt ----------------------------------------------------------------
+# One classifier for every place where a failed read becomes a verdict (verify's file scans,
+# the readers a restore uses, the manifest reader, the catalog): a failure that says nothing
+# about the bytes makes the checkpoint ``unreadable`` (CK-F025), tried again later and never
+# deleted as corrupt. A missing listed file, a short file or a wrong digest stay damage.
+
+UNREADABLE = "CK-F025"
+"""The code of a read that failed for a reason that is not evidence of damage."""
+
+TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EACCES", "EPERM",  # permissions: fixed by a chmod, not by a replica
+        "EIO", "EREMOTEIO",  # the device or the remote end failed this read
+        "EMFILE", "ENFILE", "ENOMEM", "ENOBUFS",  # this process or host ran short
+        "ESTALE", "ETIMEDOUT", "EAGAIN", "EWOULDBLOCK", "EINTR", "EBUSY",
+        "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE",
+        "ENETDOWN", "ENETUNREACH", "ENETRESET", "EHOSTDOWN", "EHOSTUNREACH", "ENOLINK",
+    )
+    if hasattr(errno, name)
+)
+"""``errno`` values of a read failure that do not show the file's bytes are damaged."""
+
+_TRANSIENT_TYPES = (PermissionError, TimeoutError, ConnectionError, BlockingIOError,
+                    InterruptedError)
+"""Built-in types s3fs and other fsspec stores raise *without* an errno (``AccessDenied``
+becomes ``PermissionError(message)``, ``RequestTimeout`` a ``TimeoutError``)."""
+
+_TRANSIENT_FOREIGN = frozenset({
+    # botocore (its own hierarchy, not OSError): connection and timeout failures
+    ("botocore", "HTTPClientError"),
+    ("botocore", "ConnectionError"),
+    ("botocore", "ResponseStreamingError"),
+    # aiohttp / urllib3 / http.client: the transport under s3fs, gcsfs, adlfs
+    ("aiohttp", "ClientConnectionError"),
+    ("aiohttp", "ClientPayloadError"),
+    ("aiohttp", "ServerTimeoutError"),
+    ("urllib3", "HTTPError"),
+    ("http", "IncompleteRead"),
+    ("http", "RemoteDisconnected"),
+})
+"""``(top-level module, class name)`` of transport errors the object-store clients let
+through unconverted (after their own retries); matched along the class hierarchy by name
+so that no optional client is imported here."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Return whether a failed read is *not* evidence that the file's bytes are damaged.
+
+    True for permission errors, I/O errors, exhausted descriptors or memory, stale NFS
+    handles, interrupted or timed-out calls and every connection or timeout error of an
+    object-store client; those make a checkpoint ``unreadable`` (try again later). False
+    for everything else, a missing file (``ENOENT``) included: that stays damage.
+
+    Example:
+        >>> import errno
+        >>> transient(PermissionError(errno.EACCES, "Permission denied"))
+        True
+        >>> transient(OSError(errno.EIO, "Input/output error"))
+        True
+        >>> transient(FileNotFoundError(errno.ENOENT, "No such file"))
+        False
+    """
+    if isinstance(exc, errors.UnreadableError):
+        return True
+    if isinstance(exc, errors.CkptkitError):
+        return False  # a ckptkit finding already says what it is
+    if isinstance(exc, FileNotFoundError):
+        return False
+    if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
+        return True
+    if isinstance(exc, _TRANSIENT_TYPES):
+        return True
+    for cls in type(exc).__mro__:
+        if (cls.__module__.split(".", 1)[0], cls.__name__) in _TRANSIENT_FOREIGN:
+            return True
+    return False
+
+
+def read_error(
+    exc: BaseException,
+    *,
+    path: object,
+    damage: str = "CK-F004",
+    what: str = "cannot be read",
+    hint: str | None = None,
+) -> errors.CkptkitError:
+    """The ckptkit error for a failed read of a listed file: ``CK-F025`` or ``damage``.
+
+    Every read site calls this instead of choosing a code itself, so that verify, the
+    restore's readers and the catalog agree on what a failed read means.
+
+    Args:
+        exc: what the read raised.
+        path: the file, relative to the checkpoint when inside it.
+        damage: the code when the failure is evidence of damage.
+        what: the start of the message (the exception's text follows).
+        hint: a fix for the damage case more specific than the registered one.
+
+    Example:
+        >>> import errno
+        >>> read_error(PermissionError(errno.EACCES, "Permission denied"), path="a").code
+        'CK-F025'
+        >>> read_error(OSError(errno.EISDIR, "Is a directory"), path="a").code
+        'CK-F004'
+    """
+    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    if transient(exc):
+        return error(UNREADABLE, f"{what} now: {why}", path=path)
+    return error(damage, f"{what}: {why}", path=path, hint=hint)
+
+
+Outcome = Literal["verified", "corrupt", "unreadable"]
+"""What one verify (or restore) established about a checkpoint, as the run index records it."""
+
+
+def outcome(error_codes: Iterable[str | None]) -> Outcome:
+    """The outcome of a check from the codes of its error findings.
+
+    No error: ``verified``. Only unreadable files (``CK-F025``): ``unreadable``, neither
+    good nor damaged. Any other error: ``corrupt`` (damage seen in one file decides, even
+    when another could not be read).
+
+    Example:
+        >>> outcome([]), outcome(["CK-F025"]), outcome(["CK-F025", "CK-F003"])
+        ('verified', 'unreadable', 'corrupt')
+    """
+    found = list(error_codes)
+    if not found:
+        return "verified"
+    return "unreadable" if all(c == UNREADABLE for c in found) else "corrupt"
 
 
 # --- the codes ------------------------------------------------------------------------------
@@ -424,6 +559,17 @@ register_code(
     title="checkpoint cannot be read",
     hint="reading it failed in a way no other finding names (a malformed state tree, a "
     "value of the wrong type, an unparsable device); the message says what; " + ROLLBACK,
+)
+register_code(
+    UNREADABLE,
+    family="integrity",
+    severity=ERROR,
+    title="file cannot be read now",
+    hint="the read failed for a reason that is not damage (permissions, an I/O error, too "
+    "many open files, a stale handle, the store busy or unreachable); the checkpoint is "
+    "'unreadable', not corrupt: it is tried again later and never deleted as corrupt. "
+    "Fix the cause (chmod, the mount, the credentials or the network), then verify again",
+    error_class=errors.UnreadableError,
 )
 register_code(
     "CK-F101",

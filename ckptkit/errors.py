@@ -116,6 +116,12 @@ class IntegrityError(CkptkitError):
     """Bytes on disk differ from what the manifest recorded (size, digest, header)."""
 
 
+class UnreadableError(CkptkitError):
+    """A file could not be read *now* (permissions, an I/O error, a busy or unreachable
+    store): not evidence that its bytes are damaged. The checkpoint is ``unreadable``, never
+    ``corrupt``: it is tried again later and never deleted as corrupt."""
+
+
 class IncompleteCheckpointError(CkptkitError, FileNotFoundError):
     """No committed checkpoint here: the manifest (commit marker) or a listed file is missing."""
 
@@ -189,5 +195,6 @@ __all__ = [
     "RecoveryError",
     "SignatureError",
     "StateError",
+    "UnreadableError",
     "UnsafeInputError",
 ]

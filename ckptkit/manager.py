@@ -360,7 +360,7 @@ class CheckpointManager:
         self._join()
         if verify:
             for c in self.catalog.list():
-                if c.status in ("verified", "committed", "corrupt"):
+                if c.status in ("verified", "committed", "corrupt", "unreadable"):
                     self._verify(c.path)
         return self._noted(self.catalog.list())
 
@@ -688,7 +688,7 @@ class CheckpointManager:
             if mine:
                 m = man or rep.manifest
                 if m is not None:
-                    self.catalog.record(path, m, ok=not bad, why=why)
+                    self.catalog.record(path, m, codes.outcome(f.code for f in bad), why=why)
         if not bad:
             self._fresh.add(path.name)
         return bad
@@ -801,9 +801,14 @@ class CheckpointManager:
         Candidates are tried newest first. One that fails while it is read (digest,
         size, header, a malformed tree, a file of the wrong kind, a DCP checkpoint for a
         run that does not use DCP) is skipped with a warning saying why, recorded corrupt
-        when the fault is in its bytes, and the next older one is tried. One recorded
-        corrupt before is skipped unread. ``latest`` is re-pointed to what is really
-        newest and verified. Returns None when the run has no checkpoint (a fresh start).
+        when the fault is in its bytes, and the next older one is tried. One that cannot
+        be read now for a reason that is not damage (a permission, an I/O error, the store
+        unreachable: ``CK-F025``) is skipped the same way but recorded ``unreadable``,
+        never corrupt, and tried again by the next restore. One recorded corrupt or
+        unreadable before is read again too (the index is a claim, not proof): if it now
+        verifies, that is recorded and it is used. ``latest`` is re-pointed to what is
+        really newest and verified. Returns None when the run has no checkpoint (a fresh
+        start).
 
         A checkpoint that is whole but does not fit the run (``strict``: the run passes
         state it lacks; the model's keys, shapes or dtypes differ, ``CK-R010``) is passed
@@ -831,15 +836,17 @@ class CheckpointManager:
         skipped: builtins.list[str] = []
         mismatch: CkptkitError | None = None
         for c in reversed(infos):
-            if c.status == "corrupt" and step is None:
-                skipped.append(f"{c.path.name}: failed verification earlier ({c.problem})")
-                log.warning("ckptkit: skipping %s", skipped[-1])
-                continue
+            # A recorded corrupt or unreadable one is read like any other: reading verifies
+            # every byte, and the record may be a transient failure or an edited index.
             try:
                 result = restore_candidate(state, c.path, strict=strict, coll=coll, key=self.key)
             except Skip as s:
                 if s.damaged:
-                    self._note(c.path, ok=False, why=f"{s.error.code or 'error'}: {s.error.what}")
+                    self._note(
+                        c.path,
+                        codes.outcome([s.error.code]),
+                        why=f"{s.error.code or 'error'}: {s.error.what}",
+                    )
                 if step is not None:
                     raise s.error from None
                 if s.mismatch and mismatch is None:
@@ -847,8 +854,8 @@ class CheckpointManager:
                 skipped.append(f"{c.path.name}: {s.error}")
                 log.warning("ckptkit: skipping %s", skipped[-1])
                 continue
-            if c.status == "committed":
-                self._note(c.path, ok=True, why=None)  # every byte was verified while read
+            if c.status != "verified":
+                self._note(c.path, "verified", why=None)  # every byte was verified while read
             else:
                 with self._maybe_writer() as mine:
                     if mine:  # a kill may have left latest behind what is really newest
@@ -876,7 +883,7 @@ class CheckpointManager:
             hint="restore files from a replica, or start fresh",
         )
 
-    def _note(self, path: Location, *, ok: bool, why: str | None) -> None:
+    def _note(self, path: Location, outcome: codes.Outcome, *, why: str | None) -> None:
         """Record what a restore found and re-point ``latest``, if no other writer runs."""
         try:
             man, _ = self.catalog.manifest(path)
@@ -884,7 +891,7 @@ class CheckpointManager:
             return  # an invalid manifest is listed as corrupt without a record
         with self._maybe_writer() as mine:
             if mine:
-                self.catalog.record(path, man, ok=ok, why=why)
+                self.catalog.record(path, man, outcome, why=why)
                 self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
 
 

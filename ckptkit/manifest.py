@@ -29,10 +29,11 @@ from typing import Any
 
 import jsonschema_rs
 
-from ckptkit import signing
+from ckptkit import codes, signing
 from ckptkit._repr import brief
 from ckptkit._version import __version__
 from ckptkit.errors import (
+    CkptkitError,
     IncompleteCheckpointError,
     ManifestError,
     SignatureError,
@@ -776,12 +777,7 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
             "'ckptkit ls RUN'",
         ) from None
     except OSError as e:
-        raise UnsafeInputError(
-            f"cannot be read ({e.strerror or e})",
-            path=p,
-            code="CK-M008",
-            hint="check the permissions and the disk, then try again",
-        ) from None
+        raise _unreadable(e, p) from None
     with f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_MANIFEST_BYTES:
@@ -794,12 +790,7 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
         try:
             text = _read_all(f, MAX_MANIFEST_BYTES + 1)
         except OSError as e:
-            raise UnsafeInputError(
-                f"cannot be read ({e.strerror or e})",
-                path=p,
-                code="CK-M008",
-                hint="check the disk, then try again",
-            ) from None
+            raise _unreadable(e, p) from None
     if len(text) > MAX_MANIFEST_BYTES:
         raise UnsafeInputError(
             f"manifest grew past {MAX_MANIFEST_BYTES} bytes while being read",
@@ -823,11 +814,10 @@ def _read_remote(loc: Location, *, key: bytes | None) -> Manifest:
             hint="point at a step prefix that holds manifest.json, or roll back with "
             "'ckptkit ls RUN'",
         ) from None
-    except OSError as e:
-        raise UnsafeInputError(
-            f"cannot be read ({e})", path=where, code="CK-M008",
-            hint="check the credentials and the endpoint, then try again",
-        ) from None
+    except Exception as e:  # s3fs lets some transport errors through unconverted
+        if not isinstance(e, OSError) and not codes.transient(e):
+            raise
+        raise _unreadable(e, where) from None
     if len(text) > MAX_MANIFEST_BYTES:
         raise UnsafeInputError(
             f"manifest is larger than {MAX_MANIFEST_BYTES} bytes",
@@ -836,6 +826,18 @@ def _read_remote(loc: Location, *, key: bytes | None) -> Manifest:
             hint="do not load this checkpoint; its manifest is absurdly large",
         )
     return Manifest.from_json(text, path=where, key=key)
+
+
+def _unreadable(exc: BaseException, where: object) -> CkptkitError:
+    """A manifest read that failed: ``CK-F025`` when that is not damage (a permission, an
+    I/O error, the store unreachable: :func:`ckptkit.codes.transient`), else ``CK-M008``."""
+    return codes.read_error(
+        exc,
+        path=where,
+        damage="CK-M008",
+        hint="check the permissions and the disk (or the credentials and the endpoint), "
+        "then try again",
+    )
 
 
 def _read_all(f: Any, limit: int) -> bytes:

@@ -95,7 +95,10 @@ def restore_candidate(
     except CkptkitError as e:
         err = e
     except Exception as e:  # untrusted input: any failure is a finding, never a traceback
-        err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
+        if codes.transient(e):  # a permission, EIO, the store unreachable: not damage
+            err = codes.read_error(e, path=path)
+        else:
+            err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
     try:
         consensus(coll, err, what=f"restore of {path.name}")
     except CkptkitError as e:
@@ -106,7 +109,10 @@ def restore_candidate(
     except CkptkitError as e:
         err, damaged = e, e.code not in ("CK-R010", "CK-R011")
     except Exception as e:
-        err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
+        if codes.transient(e):
+            err = codes.read_error(e, path=path)
+        else:
+            err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
     else:
         err = None
     try:
@@ -136,8 +142,8 @@ def candidates(
 ) -> tuple[list[CheckpointInfo], list[str]]:
     """The checkpoints a restore may try, oldest first, and notes on those passed over.
 
-    Committed, verified and corrupt ones are candidates (a corrupt one is skipped unread
-    by the caller unless ``step`` names it); ``healthy`` keeps those whose recorded health
+    Committed, verified, unreadable and corrupt ones are candidates (the caller reads a
+    recorded corrupt one again: the record is a claim, not proof); ``healthy`` keeps those whose recorded health
     is ``ok`` (all of the newest good one when the run has no health data); ``step`` keeps
     that step only.
 
@@ -145,7 +151,7 @@ def candidates(
         IncompleteCheckpointError: none qualifies (``step`` missing, no healthy one, or
             every step directory incomplete).
     """
-    infos = [c for c in infos if c.status in ("verified", "committed", "corrupt")]
+    infos = [c for c in infos if c.status in ("verified", "committed", "corrupt", "unreadable")]
     notes: list[str] = []
     if healthy:
         pick = rotation.choose_rollback(infos)

@@ -9,7 +9,12 @@ a run, whatever its layout, with the rules that make deletion safe:
    justifies the deletions) is verified again from its bytes, unless it was just verified
    (``fresh``); if it fails, it is recorded corrupt by the run, the plan is made again, and
    nothing it would have justified is deleted;
-3. the newest good checkpoint is never deleted, whatever the plan says.
+3. the newest good checkpoint is never deleted, whatever the plan says;
+4. a checkpoint is deleted *as corrupt* only after it failed a verify from its bytes
+   just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
+   (unsigned without a key, and possibly a transient failure). If it verifies now, or
+   cannot be read for a reason that is not damage (``unreadable``), it is kept;
+5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it).
 
 A native run (:class:`ckptkit.CheckpointManager`) and a framework run (a Trainer output
 directory, a Lightning ``checkpoints/`` directory) are both a :class:`RunStore`: the same
@@ -20,10 +25,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ckptkit import crashpoints, rotation
+from ckptkit import codes, crashpoints, rotation
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 
@@ -136,6 +141,11 @@ def apply(
             log.error("ckptkit: refusing to delete step %d: newest verified", d.ckpt.step)
             continue
         doomed = by_step.get(d.ckpt.step)
+        if doomed is not None and doomed.status == "corrupt":
+            found = _recheck_corrupt(run, doomed, out)
+            if found != "corrupt":
+                out.plan = _kept(out.plan, d.ckpt.step, found)
+                continue
         if doomed is not None and run.remove(doomed):
             why = d.reason.removeprefix("delete: ")
             log.info("ckptkit: deleted %s: %s", _name(doomed), why)
@@ -144,12 +154,54 @@ def apply(
     return out
 
 
+def _recheck_corrupt(run: RunStore, info: CheckpointInfo, out: Outcome) -> codes.Outcome:
+    """Verify a checkpoint recorded corrupt from its bytes before it is deleted as corrupt.
+
+    Returns what its bytes show now: ``corrupt`` (delete it), ``verified`` or
+    ``unreadable`` (a permission, EIO: ``CK-F025``; keep it). The run records it.
+    """
+    bad = run.reverify(info)
+    found = codes.outcome(f.code for f in bad)
+    first = f"{bad[0].code} {bad[0].message}" if bad else "verified again, ok"
+    out.rechecked.append(f"{_name(info)}: {first}" + ("" if found == "corrupt" else "; kept"))
+    if found != "corrupt":
+        log.warning(
+            "ckptkit: %s was recorded corrupt, but its re-verify before deleting found it "
+            "%s; it is kept",
+            _name(info),
+            found,
+        )
+    return found
+
+
+def _kept(plan: rotation.RetentionPlan, step: int, found: codes.Outcome) -> rotation.RetentionPlan:
+    """``plan`` with the checkpoint of ``step``, recorded corrupt, kept after all: its
+    bytes, read again before deleting, showed no damage (``found``)."""
+    reason = (
+        "keep: recorded corrupt, but it verified from its bytes before deleting"
+        if found == "verified"
+        else "keep: recorded corrupt, but unreadable now (not evidence of damage)"
+    )
+    unreadable = found == "unreadable"
+    decisions = tuple(
+        replace(
+            d, keep=True, reason=reason,
+            ckpt=replace(d.ckpt, corrupt=False, unreadable=unreadable),
+        )
+        if d.ckpt.step == step
+        else d
+        for d in plan.decisions
+    )
+    return replace(plan, decisions=decisions)
+
+
 def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
     return rotation.CkptInfo(
         step=c.step,
         size=c.size,
         verified=c.status in policy.good,
         corrupt=c.status in ("corrupt", "incomplete"),
+        unreadable=c.status == "unreadable",
         pinned=frozenset(c.pins),
         health=c.health,
         time=c.time,

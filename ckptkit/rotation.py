@@ -14,6 +14,8 @@ Conventions shared by every policy:
   ordering, so a clock jump cannot change what is kept.
 * A *good* checkpoint is ``verified and not corrupt``. ``corrupt`` also stands for
   incomplete (no valid manifest): neither is a resume target.
+* An ``unreadable`` checkpoint (its last read failed for a reason that is not damage: a
+  permission, an I/O error) is neither good nor corrupt, and no rule deletes it.
 * Results never depend on the order of the input sequence.
 """
 
@@ -37,7 +39,7 @@ class CkptInfo:
 
     Example:
         >>> CkptInfo(step=1000, size=2_000_000, verified=True, pinned=frozenset({"best"}))
-        CkptInfo(step=1000, size=2000000, verified=True, corrupt=False, pinned=frozenset({'best'}), health=None, time=0.0)
+        CkptInfo(step=1000, size=2000000, verified=True, corrupt=False, pinned=frozenset({'best'}), health=None, time=0.0, unreadable=False)
     """
 
     step: int
@@ -55,6 +57,9 @@ class CkptInfo:
     warm-up: not healthy), ``"warn"``, ``"critical"`` or unknown (None)."""
     time: float = 0.0
     """Save time (Unix seconds). Informational only: ordering always uses ``step``."""
+    unreadable: bool = False
+    """True when its last read failed for a reason that is not damage (``CK-F025``): it
+    may be whole, so no rule deletes it; it does not count toward ``keep_last`` either."""
 
     @property
     def good(self) -> bool:
@@ -341,7 +346,8 @@ def plan(
     3. Corrupt or incomplete checkpoints are kept and flagged unless
        ``delete_corrupt=True``: they are evidence, and deleting them must be asked
        for. They never count toward ``keep_last`` and ``max_bytes`` never drops them
-       (it does count their bytes).
+       (it does count their bytes). Unreadable ones are always kept, with the same
+       protection: they may be whole, and nothing has shown otherwise.
     4. Otherwise a checkpoint is kept if any policy keeps it: :class:`KeepLast`
        (``keep_last``), :class:`KeepEvery` (``keep_every``), :class:`KeepHealthy`
        (``keep_healthy``) and :class:`KeepPending` (unverified ones newer than the
@@ -392,6 +398,13 @@ def plan(
         if c.pinned or c.step == newest:
             keep.append(True)
             why.append(f"keep: {r}" + ("; corrupt, flagged" if c.corrupt else ""))
+            protected.append(True)
+        elif c.unreadable and not c.corrupt:
+            keep.append(True)
+            why.append(
+                "keep: unreadable now (not evidence of damage); retried later, never "
+                "deleted by retention"
+            )
             protected.append(True)
         elif c.corrupt:
             keep.append(not delete_corrupt)

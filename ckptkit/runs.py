@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import recovery_log, retain, rotation, whatis
+from ckptkit import codes, recovery_log, retain, rotation, whatis
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
@@ -50,7 +50,7 @@ class Run(retain.RunStore, Protocol):
         """Release the lock and anything else held."""
         ...
 
-    # Optional: ``record(path, *, ok, why)``, record a verify outcome made elsewhere (an
+    # Optional: ``record(path, outcome, *, why)``, record a verify outcome made elsewhere (an
     # adoption) in the run's index; see :func:`record_adoption`.
     # Optional: ``resume_hint(info) -> str``, how to resume this layout from ``info`` (the
     # framework's own call, e.g. ``trainer.train(resume_from_checkpoint=...)``); see
@@ -255,7 +255,9 @@ def _claimed(root: Path) -> bool:
     return False
 
 
-def record_adoption(path: str | Location, *, ok: bool, why: str | None = None) -> bool:
+def record_adoption(
+    path: str | Location, outcome: codes.Outcome, *, why: str | None = None
+) -> bool:
     """Record the verify outcome of an adopted framework checkpoint in its run's index.
 
     ``path`` is one checkpoint (a ``checkpoint-N/``, a ``.ckpt``); the run is its parent
@@ -273,7 +275,7 @@ def record_adoption(path: str | Location, *, ok: bool, why: str | None = None) -
     except CkptkitError:
         return False  # a live writer holds it
     try:
-        run.record(fs.location(path), ok=ok, why=why)  # type: ignore[attr-defined]
+        run.record(fs.location(path), outcome, why=why)  # type: ignore[attr-defined]
         return True
     finally:
         run.close()

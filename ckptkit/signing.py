@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ ENV_KEY_FILE = "CKPTKIT_HMAC_KEY_FILE"
 MIN_KEY_BYTES = 16
 """Shorter keys are refused: an HMAC is only as strong as its key."""
 _MAC_CONTEXT = b"ckptkit manifest v1\x00"
+_VERDICT_CONTEXT = b"ckptkit run-index verdict v1\x00"
+"""A verdict record's MAC is made in its own context: it can never pass as a manifest's."""
 _ID_CONTEXT = b"ckptkit key id v1"
 
 KeyLike = bytes | str
@@ -170,3 +174,43 @@ def check(content: bytes, signature: Signature | None, key: bytes) -> str | None
             f"{want.key_id})"
         )
     return "the manifest changed after it was signed (the signature does not match its content)"
+
+
+def _verdict_content(name: str, record: Mapping[str, Any]) -> bytes:
+    """What a verdict MAC covers: the checkpoint's name and every field but the MAC."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    return json.dumps([name, body], sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign_verdict(name: str, record: Mapping[str, Any], key: bytes) -> str:
+    """Return the MAC (hex) of a run-index verdict ``record`` about checkpoint ``name``.
+
+    The run index records what verify and restore found (``verified``, ``corrupt``,
+    ``unreadable``) for a manifest digest; with a key, each record carries this MAC so
+    that whoever can write the run directory cannot plant a verdict.
+
+    Example:
+        >>> len(sign_verdict("step-00000001", {"digest": "ab", "outcome": "verified"},
+        ...                  b"0123456789abcdef"))
+        64
+    """
+    return hmac.new(key, _VERDICT_CONTEXT + _verdict_content(name, record), hashlib.sha256).hexdigest()
+
+
+def check_verdict(name: str, record: Mapping[str, Any], key: bytes) -> str | None:
+    """Return None if ``record`` carries a valid MAC under ``key`` for ``name``, else why not.
+
+    Example:
+        >>> k = b"0123456789abcdef"
+        >>> rec = {"digest": "ab", "outcome": "corrupt"}
+        >>> check_verdict("step-1", {**rec, "mac": sign_verdict("step-1", rec, k)}, k) is None
+        True
+        >>> check_verdict("step-1", rec, k)
+        'unsigned'
+    """
+    mac = record.get("mac")
+    if not isinstance(mac, str):
+        return "unsigned"
+    if hmac.compare_digest(sign_verdict(name, record, key), mac):
+        return None
+    return "its MAC does not match (written with another key, or edited after it was signed)"

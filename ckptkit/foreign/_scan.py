@@ -598,7 +598,7 @@ def _scan_recorded(root: Path, fe: mf.FileEntry, *, outside: bool) -> FileScan:
     except (FileNotFoundError, NotADirectoryError):
         return FileScan(fe, exists=False)
     except OSError as e:
-        return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+        return FileScan.unreadable(fe, e)
     if outside or stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(root.resolve()):
         return FileScan(fe, exists=True, outside=True)
     what = files.kind(st.st_mode)
@@ -611,7 +611,7 @@ def _scan_recorded(root: Path, fe: mf.FileEntry, *, outside: bool) -> FileScan:
     except UnsafeInputError:  # swapped for a symlink or a FIFO after the lstat: never read
         return FileScan(fe, exists=True, not_regular="replaced while being checked")
     except OSError as e:
-        return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+        return FileScan.unreadable(fe, e)
     return FileScan(fe, exists=True, size=size, digest=hexd)
 
 

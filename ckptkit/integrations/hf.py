@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptkit import retain
+from ckptkit import codes, retain
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.codes import CODES, error
@@ -305,13 +305,13 @@ class _Keeper:
         if a.refused is not None:
             log.error("ckptkit: %s failed its verify and is not adopted: %s", path.name, a.refused)
             if self.run is not None:
-                self.run.record(path, ok=False, why=str(a.refused))
+                self.run.record(path, codes.outcome([a.refused.code]), why=str(a.refused))
             return a
         if a.missing:
             log.warning("ckptkit: %s lacks %s: a resume from it is not exact",
                         path.name, ", ".join(a.missing))
         if self.run is not None:
-            self.run.record(path, ok=True, why=None)
+            self.run.record(path, "verified", why=None)
             if self.policy is not None:
                 out = retain.apply(self.run, self.policy, fresh={step})
                 for line in out.deleted:

@@ -58,7 +58,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "(or pip install lightning)"
     ) from e
 
-from ckptkit import retain, rngtrace
+from ckptkit import codes, retain, rngtrace
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
@@ -165,7 +165,11 @@ class CkptkitIO(TorchCheckpointIO):
         )
         bad = [f for f in adoption.report.findings if f.severity is ERROR]
         run = self.run(p.parent)
-        run.record(p, ok=not bad, why=f"{bad[0].code}: {bad[0].message}" if bad else None)
+        run.record(
+            p,
+            codes.outcome(f.code for f in bad),
+            why=f"{bad[0].code}: {bad[0].message}" if bad else None,
+        )
         if bad:
             log.error(
                 "ckptkit: %s failed its verify after save (%s %s); it is recorded corrupt "

@@ -40,21 +40,19 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import logging
 import re
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import xxhash
 
+from ckptkit import codes, runs
 from ckptkit import manifest as mf
-from ckptkit import runs
-from ckptkit.catalog import INDEX, Catalog, CheckpointInfo, Status, replace_text
+from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
-from ckptkit.errors import CkptkitError
+from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic, fs
@@ -249,6 +247,9 @@ class HFRun:
         else:
             try:
                 man = mf.read_path(man_path)
+            except UnreadableError as e:  # a permission or I/O error: not damage
+                return CheckpointInfo(step, p, "unreadable", size, mtime, tuple(sorted(pins)),
+                                      problem=f"{e.code}: adopted manifest: {e.what}")
             except CkptkitError as e:
                 return CheckpointInfo(step, p, "corrupt", size, mtime, tuple(sorted(pins)),
                                       problem=f"{e.code}: adopted manifest: {e.what}")
@@ -267,10 +268,11 @@ class HFRun:
                 )
             else:
                 status = "verified"
-        if isinstance(rec, dict) and rec.get("digest") == key:
-            verified_at = rec.get("at") if isinstance(rec.get("at"), int | float) else None
-            if not rec.get("ok") and status != "corrupt":
-                status, problem = "corrupt", str(rec.get("problem") or "verify failed")
+        verdict = self.catalog.verdict(p.name, key, rec)
+        if verdict.outcome is not None:
+            verified_at = verdict.at
+            if verdict.outcome != "verified" and status != "corrupt":
+                status, problem = verdict.outcome, verdict.problem or "verify failed"
         return CheckpointInfo(step, p, status, size, mtime, tuple(sorted(pins)), health,
                               problem, verified_at, health_rec)
 
@@ -285,10 +287,14 @@ class HFRun:
         p = Path(str(info.path))
         rep = verify_foreign(p, self._layout, expect="training")
         bad = [f for f in rep.findings if f.severity is ERROR]
-        self.record(p, ok=not bad, why="; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None)
+        self.record(
+            p,
+            codes.outcome(f.code for f in bad),
+            why="; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None,
+        )
         return bad
 
-    def record(self, path: Path, *, ok: bool, why: str | None) -> None:
+    def record(self, path: Path, outcome: codes.Outcome, *, why: str | None) -> None:
         """Record a verify outcome of ``path`` in the run index (only the lock holder)."""
         if self._lock is None:
             return
@@ -297,12 +303,7 @@ class HFRun:
         with contextlib.suppress(CkptkitError):
             if man_path.is_file():
                 key = mf.read_path(man_path).digest
-        idx = self.catalog.index()
-        ver = idx.get("verified")
-        if not isinstance(ver, dict):
-            ver = idx["verified"] = {}
-        ver[path.name] = {"digest": key, "ok": ok, "at": time.time(), "problem": why}
-        replace_text(self.meta / INDEX, json.dumps(idx, indent=1, sort_keys=True))
+        self.catalog.note(path.name, key, outcome, why=why)
 
     def pin(self, path: Path, label: str) -> None:
         """Pin a checkpoint in the run index (rotation never deletes it); needs the lock."""

@@ -44,8 +44,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ckptkit import codes, runs
 from ckptkit import manifest as mf
-from ckptkit import runs
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, LockHeldError
@@ -195,15 +195,17 @@ class LightningRun:
             if may:
                 ident = self._identity(path)
                 if ident is not None:
-                    self.catalog.note(path.name, ident, ok=not bad, why=why)
+                    self.catalog.note(
+                        path.name, ident, codes.outcome(f.code for f in bad), why=why
+                    )
         return bad
 
-    def record(self, path: Path, *, ok: bool, why: str | None = None) -> None:
+    def record(self, path: Path, outcome: codes.Outcome, *, why: str | None = None) -> None:
         """Record a verify outcome of ``path`` done elsewhere (the integration at save)."""
         with self._maybe_writer() as may:
             ident = self._identity(path)
             if may and ident is not None:
-                self.catalog.note(path.name, ident, ok=ok, why=why)
+                self.catalog.note(path.name, ident, outcome, why=why)
 
     def pin(self, path: Path, label: str) -> None:
         """Pin the file ``path`` (rotation never deletes it); the lock holder only."""
@@ -293,10 +295,11 @@ class LightningRun:
         problem: str | None = None
         verified_at: float | None = None
         ident = self._identity(f, man)
-        if isinstance(rec, dict) and ident is not None and rec.get("digest") == ident:
-            verified_at = rec.get("at") if isinstance(rec.get("at"), (int, float)) else None
-            if not rec.get("ok"):
-                status, problem = "corrupt", rec.get("problem")
+        verdict = self.catalog.verdict(f.name, ident, rec) if ident is not None else None
+        if verdict is not None and verdict.outcome is not None:
+            verified_at = verdict.at
+            if verdict.outcome != "verified":
+                status, problem = verdict.outcome, verdict.problem
             elif man is not None and _adopted_size(man) not in (None, st.st_size):
                 problem = "the file was rewritten since it was verified"
             else:

@@ -189,7 +189,13 @@ def tensor_summary(tensors: Sequence[dict[str, Any]]) -> str:
     return f"tensors: {len(tensors)} ({heads}; {dtypes}), {human_bytes(total)}"
 
 
-_STATUS_STYLE = {"verified": "green", "committed": "yellow", "corrupt": "bold red", "incomplete": "red"}
+_STATUS_STYLE = {
+    "verified": "green",
+    "committed": "yellow",
+    "corrupt": "bold red",
+    "unreadable": "magenta",
+    "incomplete": "red",
+}
 
 
 def render_ls(

@@ -287,11 +287,14 @@ def open_regular(path: Location, *, rel: str) -> Iterator[io.BufferedReader]:
     Raises:
         IncompleteCheckpointError: ``CK-F001`` it does not exist.
         UnsafeInputError: ``CK-F022`` it is a FIFO, device, directory or symlink.
+        UnreadableError: ``CK-F025`` it cannot be read now (a permission, an I/O error).
     """
     try:
         raw = files.open_regular(str(path), code="CK-F022", rel=rel)
     except FileNotFoundError:
         raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
+    except OSError as e:  # a permission or I/O error is not damage: the classifier says
+        raise codes.read_error(e, path=rel) from None
     with io.BufferedReader(cast(Any, raw)) as f:
         yield f
 
@@ -865,7 +868,15 @@ def _translated(what: str) -> Iterator[None]:
         raise translate(e, what) from None
     except CkptkitError:
         raise
-    except (RuntimeError, ValueError, KeyError, AssertionError, OSError) as e:
+    except OSError as e:
+        if codes.transient(e):
+            raise codes.read_error(e, path=what) from None
+        raise DistributedError(
+            f"{what} failed: {type(e).__name__}: {e}",
+            hint="the DCP files do not fit this model/optimizer or are damaged; restore "
+            "another checkpoint",
+        ) from e
+    except (RuntimeError, ValueError, KeyError, AssertionError) as e:
         raise DistributedError(
             f"{what} failed: {type(e).__name__}: {e}",
             hint="the DCP files do not fit this model/optimizer or are damaged; restore "

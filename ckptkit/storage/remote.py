@@ -201,8 +201,12 @@ gaps between tensors) are fetched together in one range and copied out."""
 def _fill(loc: Location, segments: list[tuple[int, memoryview]], rel: str) -> None:
     try:
         fs.read_ranges_into(loc, segments)
-    except OSError as e:
-        raise codes.error("CK-F002", f"{e} (truncated or rewritten)", path=rel) from None
+    except Exception as e:  # s3fs lets some transport errors through unconverted
+        if not isinstance(e, OSError) and not codes.transient(e):
+            raise
+        raise codes.read_error(
+            e, path=rel, damage="CK-F002", what="cannot be read (truncated or rewritten?)"
+        ) from None
 
 
 class _Plan:

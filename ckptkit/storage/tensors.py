@@ -523,10 +523,7 @@ def read_file(
     except (FileNotFoundError, NotADirectoryError):
         raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
     except OSError as e:
-        raise codes.error(
-            "CK-F004", f"cannot be read: {e.strerror or e}", path=rel,
-            hint="check permissions and the disk, then load again",
-        ) from None
+        raise codes.read_error(e, path=rel) from None
     try:
         size = os.fstat(f.fileno()).st_size
         if size != expected.size:
@@ -572,6 +569,10 @@ def read_file(
                 path=rel,
             )
         return out
+    except CkptkitError:
+        raise
+    except OSError as e:  # a read failed half-way: damage or not, the classifier says
+        raise codes.read_error(e, path=rel) from None
     finally:
         f.close()
 

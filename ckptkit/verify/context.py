@@ -37,8 +37,18 @@ class FileScan:
     header_error_code: str | None = None
     """``CK-F004`` (bad header) or ``CK-F008`` (will not decompress), from the reader."""
     io_error: str | None = None
+    """Why the file could not be read (the message of :func:`ckptkit.codes.read_error`)."""
+    io_error_code: str | None = None
+    """``CK-F025`` when that read failure is not evidence of damage, else ``CK-F004``."""
     finite: tensors.FiniteScan | None = None
     """NaN/Inf seen in floating tensors during the digest pass (uncompressed files)."""
+
+    @classmethod
+    def unreadable(cls, fe: mf.FileEntry, exc: BaseException) -> FileScan:
+        """The scan of a listed file whose read failed: damage or not, the classifier says
+        (:func:`ckptkit.codes.read_error`)."""
+        err = codes.read_error(exc, path=fe.path)
+        return cls(fe, exists=True, io_error=err.what, io_error_code=err.code)
 
 
 @dataclass
@@ -95,7 +105,7 @@ class CheckContext:
         except (FileNotFoundError, NotADirectoryError):
             return FileScan(fe, exists=False)
         except OSError as e:
-            return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+            return FileScan.unreadable(fe, e)
         real_root = root.resolve()
         if stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(real_root):
             return FileScan(fe, exists=True, outside=True)
@@ -122,7 +132,7 @@ class CheckContext:
                 return FileScan(fe, exists=True, outside=True)
             return FileScan(fe, exists=True, not_regular="replaced while being checked")
         except OSError as e:
-            return FileScan(fe, exists=True, io_error=f"{e.strerror or e}")
+            return FileScan.unreadable(fe, e)
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):
             header, err = None, None
         return FileScan(
@@ -162,8 +172,10 @@ class CheckContext:
             hexd, size = remote.hash_file(
                 p, on_bytes=self.on_bytes, on_chunk=finite.feed if finite is not None else None
             )
-        except OSError as e:
-            return FileScan(fe, exists=True, io_error=f"{e}")
+        except Exception as e:  # s3fs lets some transport errors through unconverted
+            if not isinstance(e, OSError) and not codes.transient(e):
+                raise
+            return FileScan.unreadable(fe, e)
         return FileScan(
             fe, exists=True, size=size, digest=hexd, header=header,
             header_error=err[1] if err else None, header_error_code=err[0] if err else None,

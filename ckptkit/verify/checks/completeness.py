@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptkit import manifest as mf
+from ckptkit.codes import UNREADABLE
 from ckptkit.storage import dcp, fs
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.dcp import DCP_DIR, METADATA
@@ -192,6 +193,10 @@ def _file_problem(ctx: CheckContext, rel: str) -> str | None:
         return "is missing"
     if scan.outside:
         return "resolves outside the checkpoint"
+    if scan.io_error is not None and scan.io_error_code == UNREADABLE:
+        # CK-F025 reports it; claiming the component absent too would turn a read that
+        # failed for a reason other than damage (a chmod, EIO) into a corrupt verdict.
+        return None
     if scan.io_error is not None:
         return f"cannot be read ({scan.io_error})"
     if scan.size != scan.entry.size:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
 from ckptkit.storage import atomic, dcp, fs
 from ckptkit.verify.context import CheckContext
@@ -89,12 +90,27 @@ def file_header(ctx: CheckContext) -> Iterator[Finding]:
             yield CODES["CK-F004"].finding(
                 s.header_error, path=s.entry.path, component=s.entry.component or "checkpoint"
             )
-        if s.io_error is not None:
+        if s.io_error is not None and s.io_error_code != UNREADABLE:
             yield CODES["CK-F004"].finding(
-                f"cannot be read: {s.io_error}",
+                s.io_error,
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
                 hint="check permissions and the disk, then verify again",
+            )
+
+
+@check(UNREADABLE, needs=())
+def unreadable_now(ctx: CheckContext) -> Iterator[Finding]:
+    """A read that failed for a reason that is not damage (:func:`ckptkit.codes.transient`)."""
+    e = ctx.manifest_error
+    if e is not None and e.code == UNREADABLE:
+        yield CODES[UNREADABLE].finding(e.what, path=atomic.MANIFEST_NAME)
+    if "files" not in ctx.has:
+        return
+    for s in ctx.scan_all().values():
+        if s.io_error is not None and s.io_error_code == UNREADABLE:
+            yield CODES[UNREADABLE].finding(
+                s.io_error, path=s.entry.path, component=s.entry.component or "checkpoint"
             )
 
 

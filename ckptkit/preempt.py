@@ -12,7 +12,8 @@ signal and a grace period. :class:`PreemptionGuard` turns that signal into a cle
    them at the same step);
 3. :meth:`PreemptionGuard.stop` waits for the save in flight (an async save and the
    background verify the manager runs after each save), saves the current step unless
-   it is saved already or no longer fits in the ``deadline``, verifies it by reading it
+   this state is saved already (:meth:`CheckpointManager.holds`) or no longer fits in the
+   ``deadline``, verifies it by reading it
    back, optionally asks SLURM to requeue the job, releases the run lock and exits with
    a requeue-friendly code (``128 + signal``: 143 for SIGTERM, 138 for SIGUSR1).
 
@@ -57,7 +58,6 @@ from typing import Any, NoReturn
 import torch
 
 from ckptkit.capture.state import TrainState
-from ckptkit.catalog import step_dir_name
 from ckptkit.errors import CkptkitError
 from ckptkit.manager import CheckpointManager
 
@@ -339,7 +339,9 @@ class PreemptionGuard:
         why: str | None = None
         if self.state is None:
             why = "no state to save (state=None)"
-        elif (self.manager.root / step_dir_name(self.state.step)).exists():
+        elif self.manager.holds(self.state.step):
+            # This very state, verified: not merely a directory of this step, which may
+            # hold another trajectory's state (the run restored an older step).
             why = f"step {self.state.step} is saved already"
         elif self.deadline is not None:
             left = self.deadline - (time.monotonic() - t0)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptkit import codes, crashpoints, recovery, retain, rotation, signing
+from ckptkit import codes, crashpoints, retain, rotation, signing, trajectory
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
@@ -208,12 +208,7 @@ class CheckpointManager:
         self._bg_coll: Collective | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
-        self._ours: dict[str, str] = {}
-        """This process's trajectory: the checkpoint it restored last and each one it
-        committed since, by name, with their manifest digests (what :meth:`holds` vouches
-        for)."""
-        self._branch_from: int | None = None
-        """The step restored last, until a save past it sets aside what is newer."""
+        self.trajectory = trajectory.Trajectory(self.catalog, self._good_statuses, join=self._join)
         if not readonly and fs.is_local(self.root):  # object stores have no directories
             self.root.mkdir(parents=True, exist_ok=True)
         self._clean_on_open()
@@ -399,35 +394,6 @@ class CheckpointManager:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
         return self.catalog.leftovers()
 
-    def holds(self, step: int) -> bool:
-        """Return whether the run holds, verified, the state this process has at ``step``.
-
-        True only for the checkpoint this manager restored last or one it committed
-        since, while its manifest is the one it read or wrote (same digest) and it is
-        verified. A directory of that step from another trajectory (the run restored an
-        older step and trained again, or another job wrote it) is not this state, whatever
-        its name. With several ranks, rank 0's answer counts (it commits the manifests).
-
-        Example:
-            >>> import tempfile, torch, ckptkit
-            >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp())
-            >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=3)
-            >>> _ = mgr.save(ts)
-            >>> mgr.holds(3), mgr.holds(4)
-            (True, False)
-        """
-        name = step_dir_name(step)
-        want = self._ours.get(name)
-        if want is None:
-            return False
-        for c in self.list():
-            if c.path.name == name and c.status in self._good_statuses:
-                try:
-                    return self.catalog.manifest(c.path)[1] == want
-                except CkptkitError:
-                    return False
-        return False
-
     @property
     def _good_statuses(self) -> tuple[str, ...]:
         return ("verified",) if self.verify_after_save else ("verified", "committed")
@@ -536,51 +502,14 @@ class CheckpointManager:
         )
         stats.write = time.perf_counter() - tw
         if man is not None:
-            self._ours[final.name] = man.digest
+            self.trajectory.committed(final.name, man.digest)
             self._on_findings(final, man, stats)
         return man
 
     def _prepare(self, step: int) -> None:
-        """Before a commit, on rank 0: take the run lock, then branch if this save does.
-
-        A save past the step this process restored, while the run holds checkpoints newer
-        than that step, continues another trajectory than theirs: those checkpoints are
-        superseded. They are set aside whole into ``.ckptkit-abandoned/branch-NNN-from-
-        step-XXXXXXXX/`` (kept for a post-mortem; no longer listed, resumed, rotated or
-        rolled back to), before the commit, so a crash in between leaves the run at the
-        restored step, never at a step of the abandoned trajectory. Only the first save
-        after a restore can branch.
-        """
+        """Rank 0, before a commit: the run lock, then a branch (:mod:`ckptkit.trajectory`)."""
         self._writer()
-        base = self._branch_from
-        if base is None or step <= base:
-            return
-        newer = [c for c in self.catalog.list() if c.step > base]
-        if newer:
-            dest = self._branch_dir(base)
-            moved = recovery.set_aside(self.catalog, newer, dest)
-            self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-            log.warning(
-                "ckptkit: this run restored %s and now saves step %d from it: %s of the "
-                "abandoned trajectory set aside into %s (kept, never resumed or rotated)",
-                step_dir_name(base),
-                step,
-                ", ".join(moved),
-                f"{recovery.ABANDONED}/{dest.name}",
-            )
-        self._branch_from = None
-
-    def _branch_dir(self, base: int) -> Location:
-        """A new ``.ckptkit-abandoned/branch-NNN-from-step-XXXXXXXX`` (N: one more than any)."""
-        parent = self.root / recovery.ABANDONED
-        taken = [0]
-        if fs.kind(parent) == "dir":
-            for p in parent.iterdir():
-                head, _, rest = p.name.partition("-")
-                num = rest.split("-", 1)[0]
-                if head == "branch" and num.isascii() and num.isdigit():
-                    taken.append(int(num))
-        return parent / f"branch-{max(taken) + 1:03d}-from-{step_dir_name(base)}"
+        self.trajectory.branch(step)
 
     def _checked(
         self, snap: StateSave, coll: Collective, stats: SaveStats
@@ -714,8 +643,7 @@ class CheckpointManager:
         ``self.watch.last``); with a process group on every rank (they agree to save). On the first ``warn`` of an episode (see
         :class:`ckptkit.stability.EmergencyPolicy`) the current state is saved and
         pinned, with the watch's snapshot as its health. If this state is saved already
-        (:meth:`holds`: not merely a directory of this step), that checkpoint is pinned
-        instead.
+        (``trajectory.holds``), that checkpoint is pinned instead.
 
         Returns:
             The emergency checkpoint's directory, or None when nothing was saved.
@@ -737,8 +665,7 @@ class CheckpointManager:
             return None
         self.wait()  # a save of this very step may still be settling
         existing = self.root / step_dir_name(state.step)
-        coll = current()
-        if coll.broadcast(self.holds(state.step) if coll.rank == 0 else None):
+        if self.trajectory.holds(state.step):
             self._writer()
             self.catalog.pin(existing, policy.pin)
             path = existing
@@ -944,8 +871,7 @@ class CheckpointManager:
                     else "",
                 )
             result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
-            self._ours = {c.path.name: result.manifest.digest} if result.manifest else {}
-            self._branch_from = c.step
+            self.trajectory.restored(c.path.name, result.manifest, c.step)
             if self.recovery is not None:
                 self.recovery.on_restore(result)  # the run's recovery history continues
             return result

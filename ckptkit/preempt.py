@@ -12,7 +12,7 @@ signal and a grace period. :class:`PreemptionGuard` turns that signal into a cle
    them at the same step);
 3. :meth:`PreemptionGuard.stop` waits for the save in flight (an async save and the
    background verify the manager runs after each save), saves the current step unless
-   this state is saved already (:meth:`CheckpointManager.holds`) or no longer fits in the
+   this state is saved already (``manager.trajectory.holds``) or no longer fits in the
    ``deadline``, verifies it by reading it
    back, optionally asks SLURM to requeue the job, releases the run lock and exits with
    a requeue-friendly code (``128 + signal``: 143 for SIGTERM, 138 for SIGUSR1).
@@ -339,7 +339,7 @@ class PreemptionGuard:
         why: str | None = None
         if self.state is None:
             why = "no state to save (state=None)"
-        elif self.manager.holds(self.state.step):
+        elif self.manager.trajectory.holds(self.state.step):
             # This very state, verified: not merely a directory of this step, which may
             # hold another trajectory's state (the run restored an older step).
             why = f"step {self.state.step} is saved already"

@@ -12,9 +12,9 @@ job.
 from __future__ import annotations
 
 import argparse
+import atexit
 import faulthandler
 import hashlib
-import atexit
 import logging
 import os
 import signal

@@ -1,4 +1,4 @@
-"""A process's trajectory: what ``CheckpointManager.holds`` vouches for, and the branch a
+"""A process's trajectory: what ``CheckpointManager.trajectory.holds`` vouches for, and the branch a
 save makes after restoring an older step (issue 23, repro 10 and "What to build" 6).
 
 The pre-emption guard skips its save only when the run holds *this* state: the checkpoint
@@ -60,8 +60,8 @@ def _steps(root: Path) -> list[int]:
 def test_holds_what_this_process_saved(tmp_path: Path) -> None:
     with ckptkit.CheckpointManager(tmp_path) as mgr:
         mgr.save(_at(_state(), 3, 1.0))
-        assert mgr.holds(3)
-        assert not mgr.holds(4)
+        assert mgr.trajectory.holds(3)
+        assert not mgr.trajectory.holds(4)
 
 
 def test_holds_the_restored_checkpoint_and_not_the_newer_ones(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_holds_the_restored_checkpoint_and_not_the_newer_ones(tmp_path: Path) ->
     with ckptkit.CheckpointManager(tmp_path, keep_last=10) as mgr:
         assert mgr.restore(_state(), step=20) is not None
         # Directories of steps 30 and 40 exist: not this process's state at those steps.
-        assert [mgr.holds(s) for s in (10, 20, 30, 40)] == [False, True, False, False]
+        assert [mgr.trajectory.holds(s) for s in (10, 20, 30, 40)] == [False, True, False, False]
 
 
 def test_a_checkpoint_another_writer_replaced_is_not_held(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_a_checkpoint_another_writer_replaced_is_not_held(tmp_path: Path) -> Non
     mine.close()
     with ckptkit.CheckpointManager(tmp_path) as other:
         other.save(_at(_state(), 5, 2.0), overwrite=True)
-    assert not mine.holds(5)  # same name, another manifest digest
+    assert not mine.trajectory.holds(5)  # same name, another manifest digest
 
 
 def test_a_checkpoint_that_fails_its_verify_is_not_held(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_a_checkpoint_that_fails_its_verify_is_not_held(tmp_path: Path) -> None:
         data[-1] ^= 0xFF
         shard.write_bytes(bytes(data))
         assert [c.status for c in mgr.list(verify=True)] == ["corrupt"]
-        assert not mgr.holds(5)
+        assert not mgr.trajectory.holds(5)
 
 
 def test_a_save_past_a_restored_older_step_sets_the_newer_ones_aside(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_a_save_past_a_restored_older_step_sets_the_newer_ones_aside(tmp_path: P
         mgr.restore(ts, step=20)
         mgr.save(_at(ts, 30, 30.5))  # trajectory B, at a step A also saved
         mgr.wait()
-        assert mgr.holds(30)
+        assert mgr.trajectory.holds(30)
         assert mgr.latest() is not None and mgr.latest().step == 30  # type: ignore[union-attr]
         mgr.save(_at(ts, 35, 35.5))  # later saves branch no more
     assert _steps(tmp_path) == [10, 20, 30, 35]

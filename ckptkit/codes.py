@@ -828,6 +828,14 @@ register_code(
     component="optimizer",
 )
 register_code(
+    "CK-S012",
+    family="consistency",
+    severity=ERROR,
+    title="a value the resume guard reads is malformed",
+    hint="the checkpoint was edited or damaged where it records its look-ahead or its "
+    "scheduler/optimizer state (restore skips it); " + ROLLBACK,
+)
+register_code(
     "CK-R001",
     family="compat",
     severity=WARNING,

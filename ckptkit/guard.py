@@ -34,6 +34,7 @@ import xxhash
 from ckptkit import rngtrace
 from ckptkit.capture import tree_fingerprint
 from ckptkit.observe import StepObserver, scaler_state
+from ckptkit.storage.tree import TAG
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
@@ -47,7 +48,113 @@ DEFAULT_K = 8
 PROBE_RTOL = 1e-6
 """Relative tolerance of the probe loss (bitwise where the run is deterministic)."""
 
+MAX_K = 1 << 16
+"""The most next sample ids a look-ahead records (a larger ``guard_k`` checks this many):
+a restore peeks that many, so a hostile ``k`` is refused instead of sizing an allocation."""
+
 ProbeFn = Callable[[torch.nn.Module], Any]
+
+
+# --- what the guard reads from a checkpoint, checked before anything is restored -------------
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _k(v: Any) -> bool:
+    return _int(v) and 0 <= v <= MAX_K
+
+
+def _reals(v: Any) -> bool:
+    return isinstance(v, list) and all(_real(x) for x in v)
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, list) and all(_int(x) for x in v)
+
+
+def _mappings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, Mapping) for x in v)
+
+
+_LOOKAHEAD: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "k": (_k, f"an integer from 0 to {MAX_K}"),
+    "next_step": (_int, "an integer"),
+    "rng": (_str, "a string"),
+    "rng_v": (_int, "an integer"),
+    "rng_gaps": (_mappings, "a list of objects"),
+    "rng_at": (_str, "a string"),
+    "lr": (_reals, "a list of finite numbers"),
+    "opt_step": (_int, "an integer"),
+    "sched_epoch": (_int, "an integer"),
+    "loss_scale": (_real, "a finite number"),
+    "scale_growth": (_int, "an integer"),
+    "scaler": (_str, "a string"),
+    "sample_ids": (_ints, "a list of integers"),
+    "epoch": (_int, "an integer"),
+    "data_id": (_str, "a string"),
+    "probe_loss": (_real, "a finite number"),
+    "world_size": (_int, "an integer"),
+}
+"""Every look-ahead key the guard reads, with the type it reads it as (:func:`compute`
+writes exactly these)."""
+
+
+def _plain_json(v: Any) -> bool:
+    """A value the tree decoder returns as it is (not a tagged object such as a tensor)."""
+    return not (isinstance(v, Mapping) and TAG in v)
+
+
+def problems(saved: Any, tree: Any) -> list[str]:
+    """Return what the resume guard could not read in a checkpoint (empty: all of it).
+
+    The guard compares the restored run with the checkpoint's look-ahead record
+    (``saved``, the manifest's ``lookahead.guard``) and reads some values back from the
+    restored objects (``tree``: the scheduler's ``last_epoch``, every optimizer group's
+    ``lr``). Each of them is checked here, so that a checkpoint carrying a value of the
+    wrong type is refused by verify and by restore alike (``CK-S012``) before anything is
+    restored, instead of raising out of ``restore()`` once the live state was replaced.
+
+    Example:
+        >>> problems({"k": "three", "next_step": 4}, {})
+        ["look-ahead 'k' is 'three', not an integer from 0 to 65536"]
+    """
+    out: list[str] = []
+    if saved is not None:
+        if not isinstance(saved, Mapping):
+            return [f"look-ahead record is a {type(saved).__name__}, not an object"]
+        for key, (ok, want) in _LOOKAHEAD.items():
+            if key in saved and not ok(saved[key]):
+                out.append(f"look-ahead {key!r} is {_shown(saved[key])}, not {want}")
+    parts = tree if isinstance(tree, Mapping) else {}
+    sched = parts.get("scheduler")
+    sd = sched.get("state_dict") if isinstance(sched, Mapping) else None
+    if isinstance(sd, Mapping) and "last_epoch" in sd:
+        v = sd["last_epoch"]
+        if _plain_json(v) and not _int(v):
+            out.append(f"scheduler last_epoch is {_shown(v)}, not an integer")
+    opt = parts.get("optimizer")
+    osd = opt.get("state_dict") if isinstance(opt, Mapping) else None
+    groups = osd.get("param_groups") if isinstance(osd, Mapping) else None
+    for i, g in enumerate(groups if isinstance(groups, list) else []):
+        v = g.get("lr") if isinstance(g, Mapping) else None
+        if isinstance(g, Mapping) and "lr" in g and _plain_json(v) and not _real(v):
+            out.append(f"optimizer param group {i} lr is {_shown(v)}, not a finite number")
+    return out
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 def _fp(data: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(data)
@@ -104,7 +211,7 @@ def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, An
     """
     out = dict(user or {})
     if state.guard_k > 0:
-        la = compute(state, k=state.guard_k, probe=state.probe)
+        la = compute(state, k=min(state.guard_k, MAX_K), probe=state.probe)
         la["world_size"] = state.parallel.world_size
         out[GUARD_KEY] = la
     return out

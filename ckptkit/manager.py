@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ckptkit import codes, crashpoints, retain, rotation, signing
+from ckptkit import codes, crashpoints, retain, rotation, signing, trajectory
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
@@ -208,6 +208,7 @@ class CheckpointManager:
         self._bg_coll: Collective | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
+        self.trajectory = trajectory.Trajectory(self.catalog, self._good_statuses, join=self._join)
         if not readonly and fs.is_local(self.root):  # object stores have no directories
             self.root.mkdir(parents=True, exist_ok=True)
         self._clean_on_open()
@@ -495,14 +496,20 @@ class CheckpointManager:
             write=write,
             build=build,
             overwrite=overwrite,
-            prepare=self._writer,
+            prepare=lambda: self._prepare(snap.step),
             fence=self._fence,
             key=self.key,
         )
         stats.write = time.perf_counter() - tw
         if man is not None:
+            self.trajectory.committed(final.name, man.digest)
             self._on_findings(final, man, stats)
         return man
+
+    def _prepare(self, step: int) -> None:
+        """Rank 0, before a commit: the run lock, then a branch (:mod:`ckptkit.trajectory`)."""
+        self._writer()
+        self.trajectory.branch(step)
 
     def _checked(
         self, snap: StateSave, coll: Collective, stats: SaveStats
@@ -635,8 +642,8 @@ class CheckpointManager:
         Call once per step after feeding the watch (``verdict`` defaults to
         ``self.watch.last``); with a process group on every rank (they agree to save). On the first ``warn`` of an episode (see
         :class:`ckptkit.stability.EmergencyPolicy`) the current state is saved and
-        pinned, with the watch's snapshot as its health. If a checkpoint of this step
-        exists already, it is pinned instead.
+        pinned, with the watch's snapshot as its health. If this state is saved already
+        (``trajectory.holds``), that checkpoint is pinned instead.
 
         Returns:
             The emergency checkpoint's directory, or None when nothing was saved.
@@ -658,7 +665,7 @@ class CheckpointManager:
             return None
         self.wait()  # a save of this very step may still be settling
         existing = self.root / step_dir_name(state.step)
-        if existing.exists():
+        if self.trajectory.holds(state.step):
             self._writer()
             self.catalog.pin(existing, policy.pin)
             path = existing
@@ -871,6 +878,7 @@ class CheckpointManager:
                     else "",
                 )
             result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
+            self.trajectory.restored(c.path.name, result.manifest, c.step)
             if self.recovery is not None:
                 self.recovery.on_restore(result)  # the run's recovery history continues
             return result

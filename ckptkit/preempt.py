@@ -12,7 +12,8 @@ signal and a grace period. :class:`PreemptionGuard` turns that signal into a cle
    them at the same step);
 3. :meth:`PreemptionGuard.stop` waits for the save in flight (an async save and the
    background verify the manager runs after each save), saves the current step unless
-   it is saved already or no longer fits in the ``deadline``, verifies it by reading it
+   this state is saved already (``manager.trajectory.holds``) or no longer fits in the
+   ``deadline``, verifies it by reading it
    back, optionally asks SLURM to requeue the job, releases the run lock and exits with
    a requeue-friendly code (``128 + signal``: 143 for SIGTERM, 138 for SIGUSR1).
 
@@ -57,7 +58,6 @@ from typing import Any, NoReturn
 import torch
 
 from ckptkit.capture.state import TrainState
-from ckptkit.catalog import step_dir_name
 from ckptkit.errors import CkptkitError
 from ckptkit.manager import CheckpointManager
 
@@ -154,6 +154,7 @@ class PreemptionGuard:
         self._agreed = False
         self._group = _agreement_group()
         self._watchdog: threading.Thread | None = None
+        self._exiting = False
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -186,7 +187,13 @@ class PreemptionGuard:
     def __enter__(self) -> PreemptionGuard:
         return self.install()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is SystemExit and self._exiting:
+            # The guard's own exit is leaving the block: the process ends with its code.
+            # Putting SIG_DFL back now would let a second notice end it by the signal
+            # during teardown (-15, not 143); the signals stay ignored until it is gone.
+            self._closed.set()
+            return
         self.uninstall()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -297,13 +304,25 @@ class PreemptionGuard:
         )
 
     def exit(self, outcome: Preempted | None = None) -> NoReturn:
-        """Requeue (if asked), release the run lock, restore the handlers, and exit."""
+        """Requeue (if asked), release the run lock, and exit with the guard's code.
+
+        From here on the pre-emption signals are ignored (``SIG_IGN``, which Python keeps
+        through interpreter teardown): a second SIGTERM while the process exits (an
+        impatient operator, a second notice) cannot turn the requeue-friendly 143 into a
+        death by the signal. Leaving the guard's ``with`` block with this ``SystemExit``
+        keeps them ignored; catching it inside the block (a test) and leaving normally
+        puts the previous handlers back.
+        """
         code = outcome.exit_code if outcome is not None else self.exit_code
         if self.requeue:
             _requeue_slurm()
         with contextlib.suppress(CkptkitError, OSError):
             self.manager.close()
-        self.uninstall()
+        self._exiting = True
+        self._closed.set()  # the watchdog stands down
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals:
+                signal.signal(s, signal.SIG_IGN)
         raise SystemExit(code)
 
     def stop(self) -> NoReturn:
@@ -320,7 +339,9 @@ class PreemptionGuard:
         why: str | None = None
         if self.state is None:
             why = "no state to save (state=None)"
-        elif (self.manager.root / step_dir_name(self.state.step)).exists():
+        elif self.manager.trajectory.holds(self.state.step):
+            # This very state, verified: not merely a directory of this step, which may
+            # hold another trajectory's state (the run restored an older step).
             why = f"step {self.state.step} is saved already"
         elif self.deadline is not None:
             left = self.deadline - (time.monotonic() - t0)

@@ -65,7 +65,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -693,16 +693,12 @@ class AutoRecovery:
                     hint="only the training process may recover its run",
                 )
             cat = self.host.catalog
-            dest = self.host.root / ABANDONED / f"recovery-{n:03d}"
-            moved: list[str] = []
-            for c in cat.list():
-                if c.step <= restored:
-                    continue
-                out.append({**_brief(c), "moved_to": f"{ABANDONED}/recovery-{n:03d}/{c.path.name}"})
-                move_aside(c.path, dest / c.path.name, cat)
-                moved.append(c.path.name)
-            if moved:
-                cat.forget(moved)
+            newer = [c for c in cat.list() if c.step > restored]
+            out = [
+                {**_brief(c), "moved_to": f"{ABANDONED}/recovery-{n:03d}/{c.path.name}"}
+                for c in newer
+            ]
+            set_aside(cat, newer, self.host.root / ABANDONED / f"recovery-{n:03d}")
             cat.point_latest(accept=self.host._good_statuses)  # type: ignore[arg-type]
         return out
 
@@ -790,6 +786,26 @@ def move_aside(src: Location, dst: Location, catalog: Catalog) -> None:
     catalog.remove(src)
 
 
+def set_aside(catalog: Catalog, infos: Iterable[CheckpointInfo], dest: Location) -> list[str]:
+    """Move checkpoints out of the run into ``dest``, whole, and forget their records.
+
+    For a trajectory the run no longer continues: the one a recovery abandons, or the one
+    a restore of an older step supersedes (:meth:`CheckpointManager.save`). Set aside, a
+    checkpoint is kept for a post-mortem but no longer listed, restored, rotated or
+    rolled back to, and its step can be saved again. Returns the names moved; those moved
+    before a failure are forgotten too.
+    """
+    moved: list[str] = []
+    try:
+        for c in infos:
+            move_aside(c.path, dest / c.path.name, catalog)
+            moved.append(c.path.name)
+    finally:
+        if moved:
+            catalog.forget(moved)
+    return moved
+
+
 def _brief(c: CheckpointInfo) -> dict[str, Any]:
     return {"step": c.step, "name": c.path.name, "status": c.status, "health": c.health,
             "pins": list(c.pins)}
@@ -838,5 +854,6 @@ __all__ = [
     "move_aside",
     "read_log",
     "scale_lr",
+    "set_aside",
     "write_log",
 ]

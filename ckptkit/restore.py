@@ -125,15 +125,31 @@ def restore_candidate(
     if saved and state.guard_k > 0:
         # Sample ids and the RNG fingerprint are rank 0's and only mean something at
         # the layout of the save; step, LR, scale, optimizer step and probe hold anywhere.
-        rg = guard_mod.ResumeGuard(
-            saved,
-            probe=state.probe,
-            per_rank=saved.get("world_size") == state.parallel.world_size
-            and state.parallel.rank == 0,
-        )
-        result.notes += [f"{f.code} {f.message}" for f in rg.check_restored(state)]
-        result.guard = rg
-        guard_mod.attach(state.recorder, rg)
+        try:
+            rg = guard_mod.ResumeGuard(
+                saved,
+                probe=state.probe,
+                per_rank=saved.get("world_size") == state.parallel.world_size
+                and state.parallel.rank == 0,
+            )
+            result.notes += [f"{f.code} {f.message}" for f in rg.check_restored(state)]
+        except Exception as e:
+            # CK-S012 (verify, above) refuses every value the guard reads before the state
+            # is touched; this is the net for a restored object the guard still cannot
+            # read. The state was replaced: the older candidate the caller falls back to
+            # replaces it again, and a restore that finds none raises, never a traceback.
+            err = codes.error(
+                "CK-S012",
+                f"the resume guard cannot read the restored state: {type(e).__name__}: {e}",
+                path=path,
+            )
+        else:
+            result.guard = rg
+            guard_mod.attach(state.recorder, rg)
+    try:
+        consensus(coll, err, what=f"restore of {path.name}")
+    except CkptkitError as e:
+        raise Skip(e, damaged=True) from None
     return result
 
 

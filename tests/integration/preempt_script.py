@@ -1,21 +1,26 @@
 """A training loop under a PreemptionGuard, for the pre-emption tests (run as a subprocess).
 
 Prints one line per event on stdout (``step N DIGEST``, ``saving N``, ``saved N``,
-``stopping N``, ``stalling N``) so a test can send its signal at a chosen moment: mid-step,
-mid-save (sync), while an async save writes, during the guard's own save. Resumes from the
-run directory when it holds a checkpoint. With ``--rank/--world/--port`` it is one rank of
-a gloo job.
+``stopping N``, ``stalling N``, ``waiting N``, ``exiting``) so a test can send its signal at
+a chosen moment: mid-step, mid-save (sync), while an async save writes, during the guard's
+own save, at a chosen step boundary (``--signal-at``), while the process exits
+(``--hold-exit``). Resumes from the run directory when it holds a checkpoint (from
+``--restore-step`` when given). With ``--rank/--world/--port`` it is one rank of a gloo
+job.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import faulthandler
 import hashlib
 import logging
+import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -27,6 +32,20 @@ def digest(model: torch.nn.Module) -> str:
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+HOLD_SECONDS = 60.0
+"""How long ``--hold-exit`` waits for its file at most (a test that died leaves no hung job)."""
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    """Poll ``check`` until it is true (a marker file, a received signal), with a deadline."""
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not check():
+        if time.monotonic() > deadline:
+            print(f"gave up waiting for {what}", file=sys.stderr, flush=True)
+            return
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -43,6 +62,12 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--data-seed", type=int, default=0, help="another data order: another trajectory")
+    ap.add_argument("--restore-step", type=int, default=None, help="restore this step, not the newest")
+    ap.add_argument("--signal-at", type=int, default=None,
+                    help="at this step, wait for the pre-emption signal before the boundary")
+    ap.add_argument("--hold-exit", default=None,
+                    help="when the process exits, print 'exiting' and wait until this file exists")
     a = ap.parse_args()
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # a hung job shows its stacks
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
@@ -58,12 +83,22 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ts = ckptkit.TrainState(model=model, optimizer=opt, step=0)
     mgr = ckptkit.CheckpointManager(a.run, keep_last=3)
-    res = mgr.restore(ts)
+    res = mgr.restore(ts, step=a.restore_step)
     print(f"resumed {res.step if res is not None else 0} {digest(model)}", flush=True)
     guard = ckptkit.PreemptionGuard(mgr, ts, deadline=a.deadline, requeue=a.requeue)
+    if a.hold_exit is not None:
+        # Runs after the guard raised SystemExit, as interpreter teardown would (threads
+        # joined, a logger flushing): a second signal landing here must change nothing.
+        hold = a.hold_exit
+
+        def held() -> None:
+            print("exiting", flush=True)
+            wait_for(lambda: os.path.exists(hold), hold)
+
+        atexit.register(held)
     with guard:
         while ts.step < a.steps:
-            g = torch.Generator().manual_seed(ts.step)
+            g = torch.Generator().manual_seed(ts.step + a.data_seed)
             x = torch.randn(8, a.width, generator=g)
             loss = model(x).pow(2).mean()
             loss.backward()
@@ -74,6 +109,9 @@ def main() -> None:
             if a.stall_at == ts.step:
                 print(f"stalling {ts.step}", flush=True)
                 time.sleep(3600)  # a step that never ends (a hung collective, a slow eval)
+            if a.signal_at == ts.step:
+                print(f"waiting {ts.step}", flush=True)
+                wait_for(lambda: guard.requested, "the pre-emption signal")
             if ts.step % a.save_every == 0:
                 print(f"saving {ts.step}", flush=True)
                 mgr.save(ts, async_=a.mode == "async")

@@ -239,6 +239,49 @@ def test_second_signal_during_the_guards_save_changes_nothing(tmp_path: Path) ->
     _check_resumable(run, job, stop, width=1024)
 
 
+def test_a_second_sigterm_while_the_process_exits_still_ends_143(tmp_path: Path) -> None:
+    """Issue 23 item 12: the guard saved and raised SystemExit(143); a second SIGTERM that
+    lands during interpreter teardown (threads joined, loggers flushed) must not end the
+    process by the signal: the scheduler reads 143 and requeues."""
+    run = tmp_path / "run"
+    hold = tmp_path / "let-it-exit"
+    job = Job(run, "--save-every", "1000", "--hold-exit", str(hold))
+    job.until(r"step 3 \w+")
+    job.send(signal.SIGTERM)
+    stop = int(job.until(r"stopping (\d+)").group(1))
+    job.until("exiting")  # the save is verified; the process is on its way out
+    job.send(signal.SIGTERM)
+    hold.touch()
+    assert job.wait() == 128 + signal.SIGTERM, job.err
+    _check_resumable(run, job, stop)
+
+
+def test_sigterm_after_restoring_an_older_step_saves_the_new_trajectory(tmp_path: Path) -> None:
+    """Issue 23 repro 10: a job restores step 20 of a run holding 20, 30, 40 and trains on
+    another data order; SIGTERM at step 30 must save its step 30 (a step-30 directory of
+    the abandoned trajectory exists), and the requeued job resumes that, never step 40."""
+    run = tmp_path / "run"
+    first = Job(run, "--steps", "40", "--save-every", "10", "--step-sleep", "0")
+    assert first.wait() == 0, first.err
+    assert [c.step for c in Catalog(run).list()] == [20, 30, 40]  # keep_last=3
+    job = Job(run, "--restore-step", "20", "--data-seed", "1000", "--save-every", "1000",
+              "--signal-at", "30")
+    assert job.until(r"resumed (\d+) (\w+)").groups() == ("20", first.digests()[20])
+    job.until(r"waiting 30")
+    job.send(signal.SIGTERM)
+    assert int(job.until(r"stopping (\d+)").group(1)) == 30
+    assert job.wait() == 128 + signal.SIGTERM, job.err
+    assert "saved and verified step-00000030" in job.err
+    assert job.digests()[30] != first.digests()[30]  # another trajectory indeed
+    assert _restored_digest(run) == (30, job.digests()[30])
+    assert [c.step for c in Catalog(run).list()] == [20, 30]
+    # The abandoned steps are set aside whole (kept for a post-mortem, never resumed).
+    aside = run / ".ckptkit-abandoned" / "branch-001-from-step-00000020"
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000030", "step-00000040"]
+    for p in aside.iterdir():
+        assert ckptkit.verify(p).ok
+
+
 def test_sigkill_during_the_guards_save_leaves_a_clean_run(tmp_path: Path) -> None:
     """The scheduler's hard kill lands while the guard saves: nothing is damaged; the
     run resumes from a verified checkpoint (the new one or the previous)."""

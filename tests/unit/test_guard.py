@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +15,7 @@ import torch
 
 import ckptkit
 from ckptkit import guard
+from ckptkit import manifest as mf
 
 
 def _setup(seed: int = 0) -> dict[str, Any]:
@@ -264,3 +270,120 @@ def test_changed_data_identity_is_reported(tmp_path) -> None:  # type: ignore[no
     b = _loop_state(tmp_path, data={"snapshot": "v2"})
     result = b["mgr"].restore(b["ts"])
     assert "CK-R003" in [f.code for f in result.guard.findings]
+
+
+# --- issue 23 repro 8: a hostile value never raises out of restore() ---------------------
+
+
+def _hostile_run(tmp_path: Path) -> tuple[Path, dict[int, torch.Tensor]]:
+    """A run with steps 1 and 2 (a StepLR at last_epoch 1 and 2); the weights of each."""
+    s = _setup()
+    weights = {}
+    with ckptkit.CheckpointManager(tmp_path) as mgr:
+        for step in (1, 2):
+            _train(s, 1)
+            weights[step] = s["model"][0].weight.detach().clone()
+            mgr.save(s["ts"])
+    return tmp_path, weights
+
+
+def _rewrite(d: Path, where: str, value: Any) -> None:
+    """Put ``value`` at the ``/``-separated path of the manifest; recompute its digest."""
+    obj = json.loads((d / "manifest.json").read_text())
+    *parents, last = where.split("/")
+    node = obj
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(last) if isinstance(node, list) else last] = value
+    obj["manifest_digest"] = mf.content_digest(obj)
+    (d / "manifest.json").write_text(json.dumps(obj))
+
+
+HOSTILE = [
+    ("tree/scheduler/state_dict/last_epoch", "three"),
+    ("tree/optimizer/state_dict/param_groups/0/lr", "fast"),
+    ("lookahead/guard/k", "three"),
+    ("lookahead/guard/k", 10**12),
+    ("lookahead/guard/lr", ["x"]),
+    ("lookahead/guard/probe_loss", [1]),
+    ("lookahead/guard/sample_ids", 5),
+    ("lookahead/guard/opt_step", "many"),
+    ("lookahead/guard", [1, 2]),
+]
+
+
+@pytest.mark.parametrize(("where", "value"), HOSTILE, ids=[f"{w}={v!r}"[:60] for w, v in HOSTILE])
+def test_a_malformed_value_the_guard_reads_is_a_finding_and_restore_falls_back(
+    tmp_path: Path, where: str, value: Any
+) -> None:
+    run, weights = _hostile_run(tmp_path)
+    newest = run / "step-00000002"
+    _rewrite(newest, where, value)
+    rep = ckptkit.verify(newest)
+    assert not rep.ok and "CK-S012" in [f.code for f in rep.findings], rep.findings
+    s = _setup(seed=1)
+    s["ts"].probe = probe  # the probe's recorded loss is read too
+    res = ckptkit.CheckpointManager(run).restore(s["ts"])
+    assert res is not None and res.step == 1
+    assert any("step-00000002" in n and "CK-S012" in n for n in res.notes), res.notes
+    assert torch.equal(s["model"][0].weight, weights[1])
+    assert s["sched"].last_epoch == 1
+
+
+def test_a_malformed_value_with_nothing_to_fall_back_to_leaves_the_live_state_alone(
+    tmp_path: Path,
+) -> None:
+    run, _ = _hostile_run(tmp_path)
+    shutil.rmtree(run / "step-00000001")
+    _rewrite(run / "step-00000002", "tree/scheduler/state_dict/last_epoch", "three")
+    s = _setup(seed=1)
+    before = s["model"][0].weight.detach().clone()
+    with pytest.raises(ckptkit.CkptkitError) as ei:
+        ckptkit.CheckpointManager(run).restore(s["ts"])
+    assert "CK-S012" in str(ei.value)
+    # Refused before anything was restored: the live objects are as they were.
+    assert torch.equal(s["model"][0].weight, before)
+    assert s["sched"].last_epoch == 0
+
+
+def test_verify_cli_reports_the_malformed_value_without_a_traceback(tmp_path: Path) -> None:
+    run, _ = _hostile_run(tmp_path)
+    _rewrite(run / "step-00000002", "lookahead/guard/lr", ["x"])
+    out = subprocess.run(
+        [sys.executable, "-m", "ckptkit", "verify", str(run / "step-00000002")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "CK-S012" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_a_restored_object_the_guard_cannot_read_makes_restore_fall_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The net behind CK-S012: whatever the guard fails to read after a restore skips that
+    checkpoint (the older one is restored over it), never raises out of restore()."""
+    run, weights = _hostile_run(tmp_path)
+    real = guard.ResumeGuard.check_restored
+    calls: list[int] = []
+
+    def unreadable_once(self: guard.ResumeGuard, ts: ckptkit.TrainState) -> Any:
+        calls.append(ts.step)
+        if len(calls) == 1:
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+        return real(self, ts)
+
+    monkeypatch.setattr(guard.ResumeGuard, "check_restored", unreadable_once)
+    s = _setup(seed=1)
+    res = ckptkit.CheckpointManager(run).restore(s["ts"])
+    assert res is not None and res.step == 1 and calls == [2, 1]
+    assert any("CK-S012" in n and "cannot read the restored state" in n for n in res.notes)
+    assert torch.equal(s["model"][0].weight, weights[1])
+
+
+def test_problems_accepts_what_compute_writes() -> None:
+    s = _setup()
+    _train(s, 2)
+    saved = guard.compute(s["ts"], probe=probe)
+    assert guard.problems(saved, {"scheduler": {"state_dict": s["sched"].state_dict()}}) == []

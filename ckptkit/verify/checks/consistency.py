@@ -11,8 +11,9 @@ words in both. Only the NaN/Inf scans (CK-S010, CK-S011) read tensor values. A p
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
+from ckptkit import guard
 from ckptkit.codes import ROLLBACK
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
@@ -378,3 +379,17 @@ def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
         yield CODES["CK-S011"].finding(
             f"{len(found)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in found]),
         )
+
+
+# --- what the resume guard reads -------------------------------------------------------------
+
+
+@check("CK-S012", needs=("manifest",))
+def guard_values(ctx: CheckContext) -> Iterator[Finding]:
+    # One rule for verify and restore: restore runs this check before it touches the state.
+    man = ctx.manifest
+    assert man is not None
+    look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
+    found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
+    if found:
+        yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))

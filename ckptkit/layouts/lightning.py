@@ -51,7 +51,7 @@ from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, LockHeldError
 from ckptkit.foreign._load import safe_torch_load
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
-from ckptkit.foreign.adopted import adopted_path
+from ckptkit.foreign.adopted import adopted_path, needs_code_problem, unverifiable
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -293,7 +293,10 @@ class LightningRun:
         problem: str | None = None
         verified_at: float | None = None
         ident = self._identity(f, man)
-        if isinstance(rec, dict) and ident is not None and rec.get("digest") == ident:
+        code = unverifiable(man) if man is not None else []
+        if code:  # adopted with --force: the manifest cannot vouch for a file needing code
+            status, problem = "corrupt", needs_code_problem(code, "lightning")
+        elif isinstance(rec, dict) and ident is not None and rec.get("digest") == ident:
             verified_at = rec.get("at") if isinstance(rec.get("at"), (int, float)) else None
             if not rec.get("ok"):
                 status, problem = "corrupt", rec.get("problem")

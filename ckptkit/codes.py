@@ -483,6 +483,16 @@ register_code(
     hint="the file is damaged or not what its name says; restore the file from a replica, or resume from an earlier checkpoint",
 )
 register_code(
+    "CK-F109",
+    family="integrity",
+    severity=ERROR,
+    title="foreign archive inflates past the limit: not read",
+    hint="torch.save never compresses its members, so a deflated member this large is hostile "
+    "or re-packed; if you trust the file, raise the limit with CKPTKIT_MAX_INFLATED_BYTES=N "
+    "(bytes) and verify again",
+    error_class=errors.UnsafeInputError,
+)
+register_code(
     "CK-C001",
     family="completeness",
     severity=ERROR,

@@ -190,6 +190,11 @@ class _Reader:
             if zf is None:
                 s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=component)
                 return None
+            big = _load.check_zip_sizes(zf, archive_size=len(blob))
+            if big is not None:
+                zf.close()
+                s.add(big.code, f"item {fqn}: {big.message}", path=rel, component=component)
+                return None
             try:
                 with zf:
                     bad = zf.testzip()

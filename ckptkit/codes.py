@@ -441,9 +441,11 @@ register_code(
 register_code(
     "CK-F103",
     family="integrity",
-    severity=WARNING,
+    # An error in any file a resume loads, info in one none does: the severity of each
+    # finding comes from ckptkit.foreign.loads.needs_code_verdict.
+    severity=ERROR,
     title="pickle needs code to load: not read",
-    hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Re-save that state as plain tensors/dicts if it matters for resume",
+    hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Resume from an earlier checkpoint; re-save that state as plain tensors/dicts if it matters for resume",
     error_class=errors.UnsafeInputError,
 )
 register_code(

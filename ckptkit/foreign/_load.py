@@ -367,7 +367,8 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
     Returns:
         ``(object, None)``, or ``(None, problem)``: ``CK-F101``/``CK-F102`` for a damaged
         archive, ``CK-F109`` for compressed members that would inflate past
-        :func:`max_inflated_bytes` (checked before anything is read, CRC pass or not), ``CK-F103`` when an intact pickle names globals outside the allow-list
+        :func:`max_inflated_bytes` (checked before anything is read, CRC pass or not),
+        ``CK-F103`` when an intact pickle names globals outside the allow-list
         (they are named; nothing is executed), ``CK-F108`` for any other failure (a
         damaged pickle, random bytes: never an exception, this reads untrusted input).
 

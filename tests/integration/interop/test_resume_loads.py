@@ -51,9 +51,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _statuses(run_dir: Path) -> dict[str, tuple[int, str, str | None]]:
+def _statuses(run_dir: Path, *extra: str) -> dict[str, tuple[int, str, str | None]]:
     """``ckptkit ls --json``: name -> (step, status, problem), newest last."""
-    r = _cli("ls", str(run_dir), "--json")
+    r = _cli("ls", str(run_dir), "--json", *extra)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     doc = json.loads(r.stdout)
     return {
@@ -137,6 +137,10 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
         assert _resume(project) == (1, 15)
     assert any("checkpoint_2" in rec.getMessage() and "CK-F103" in rec.getMessage() for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
     assert not marker.exists()
+    # ls --verify reads the bytes and records the verdict in the run index.
+    got = _statuses(project, "--verify")
+    assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
+    (project / ".ckptkit-index.json").unlink()  # forget it: the adopted manifest must say so too
 
     # Adopted with --force (an unsigned manifest): still not good, still not picked.
     r = _cli("adopt", str(planted), "--force")
@@ -180,5 +184,8 @@ def test_a_trainer_rng_state_needing_code_is_not_good(hf_run: Path, tmp_path: Pa
     r = _cli("prune", str(out), "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()  # the newest good one is kept
+    r = _cli("rollback", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert f"roll back to: {out / 'checkpoint-2'}" in r.stdout
     assert resume_checkpoint(out) == str(out / "checkpoint-2")
     assert not marker.exists()

@@ -588,9 +588,11 @@ register_code(
 register_code(
     "CK-F103",
     family="integrity",
-    severity=WARNING,
+    # An error in any file a resume loads, info in one none does: the severity of each
+    # finding comes from ckptkit.foreign.loads.needs_code_verdict.
+    severity=ERROR,
     title="pickle needs code to load: not read",
-    hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Re-save that state as plain tensors/dicts if it matters for resume",
+    hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Resume from an earlier checkpoint; re-save that state as plain tensors/dicts if it matters for resume",
     error_class=errors.UnsafeInputError,
 )
 register_code(
@@ -628,6 +630,16 @@ register_code(
     severity=ERROR,
     title="foreign file unreadable",
     hint="the file is damaged or not what its name says; restore the file from a replica, or resume from an earlier checkpoint",
+)
+register_code(
+    "CK-F109",
+    family="integrity",
+    severity=ERROR,
+    title="foreign archive inflates past the limit: not read",
+    hint="torch.save never compresses its members, so a deflated member this large is hostile "
+    "or re-packed; if you trust the file, raise the limit with CKPTKIT_MAX_INFLATED_BYTES=N "
+    "(bytes) and verify again",
+    error_class=errors.UnsafeInputError,
 )
 register_code(
     "CK-C001",

@@ -10,6 +10,7 @@ reported unreadable with the globals it asks for, and is never executed.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import pickletools
 import struct
@@ -23,13 +24,26 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
-from ckptkit.errors import IntegrityError
+from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.storage import dcp
 from ckptkit.storage import tensors as st
 
 ZIP_CHUNK = 1 << 20
 MAX_PICKLE_BYTES = 256 << 20
 """A ``data.pkl`` (or DCP ``.metadata``) larger than this is not parsed (hostile input)."""
+
+MAX_INFLATED_ENV = "CKPTKIT_MAX_INFLATED_BYTES"
+"""Environment variable that overrides :data:`MAX_INFLATED_BYTES` (a number of bytes)."""
+MAX_INFLATED_BYTES = 256 << 20
+"""How many bytes the *compressed* members of a torch zip archive may inflate to, in total,
+before ckptkit refuses to load it (``CK-F109``).
+
+``torch.load`` reads ``data.pkl`` and every storage member into memory whole, so a small
+file whose deflated members expand to gigabytes (a zip bomb) would drive ``verify``,
+``inspect`` and ``adopt`` to gigabytes of memory. torch.save stores its members
+uncompressed: their bytes are on disk and cost no more than the file's own size, so only
+compressed members count against this bound (a large real checkpoint is never refused).
+"""
 
 
 def _numpy_globals() -> list[Any]:
@@ -100,6 +114,91 @@ def _open_zip(src: Path | IO[bytes]) -> tuple[zipfile.ZipFile | None, str | None
         return zipfile.ZipFile(src), None
     except ZIP_OPEN_ERRORS as e:
         return None, f"{_errname(e)}: {_first_line(e)}"
+
+
+def max_inflated_bytes() -> int:
+    """The bound on inflated bytes: ``$CKPTKIT_MAX_INFLATED_BYTES``, else the default.
+
+    Raises:
+        CkptkitError: the variable is set but is not a non-negative whole number of bytes.
+
+    Example:
+        >>> import os; os.environ.pop(MAX_INFLATED_ENV, None) and None
+        >>> max_inflated_bytes() == MAX_INFLATED_BYTES
+        True
+    """
+    raw = os.environ.get(MAX_INFLATED_ENV)
+    if raw is None or raw.strip() == "":
+        return MAX_INFLATED_BYTES
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise CkptkitError(
+            f"{MAX_INFLATED_ENV}={raw!r} is not a number of bytes",
+            hint=f"set it to a whole number of bytes, e.g. {MAX_INFLATED_ENV}={4 << 30} "
+            "(4 GiB), or unset it for the default (256 MiB)",
+        )
+    return int(text)
+
+
+def check_zip_sizes(zf: zipfile.ZipFile, *, archive_size: int) -> Problem | None:
+    """Check what each member of a zip archive claims it holds, before anything reads it.
+
+    A stored (uncompressed) member must hold as many bytes as it claims and fit in the
+    archive (else ``CK-F102``: a lying or damaged directory). Compressed members may
+    inflate to at most :func:`max_inflated_bytes` in total (else ``CK-F109``, naming the
+    member, its sizes and the override); torch never compresses, so this bounds only
+    archives that were re-packed, or built to exhaust memory.
+
+    Example:
+        >>> import io, zipfile
+        >>> buf = io.BytesIO()
+        >>> with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        ...     z.writestr("a/data.pkl", bytes(1 << 20))
+        >>> check_zip_sizes(zipfile.ZipFile(buf), archive_size=len(buf.getvalue())) is None
+        True
+    """
+    limit = max_inflated_bytes()
+    inflated = 0
+    for info in zf.infolist():
+        name = info.filename
+        if info.compress_size > archive_size:
+            return Problem(
+                "CK-F102",
+                f"member {name!r} claims {info.compress_size} bytes in an archive of "
+                f"{archive_size}: truncated or damaged",
+            )
+        if info.compress_type == zipfile.ZIP_STORED:
+            if info.file_size != info.compress_size:
+                return Problem(
+                    "CK-F102",
+                    f"stored member {name!r} claims {info.file_size} bytes but holds "
+                    f"{info.compress_size}: damaged",
+                )
+            continue
+        inflated += info.file_size
+        if inflated > limit:
+            return Problem(
+                "CK-F109",
+                f"compressed member {name!r} inflates to {info.file_size} bytes from "
+                f"{info.compress_size} ({inflated} bytes of compressed members so far), past "
+                f"the limit of {limit} bytes; not loaded (set {MAX_INFLATED_ENV} to a larger "
+                "number of bytes to read it anyway)",
+            )
+    return None
+
+
+def _check_sizes(path: Path) -> Problem | None:
+    """:func:`check_zip_sizes` for the archive at ``path`` (None when it does not open:
+    the CRC pass or ``torch.load`` reports that damage)."""
+    zf, _why = _open_zip(path)
+    if zf is None:
+        return None
+    with zf:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return None
+        return check_zip_sizes(zf, archive_size=size)
 
 
 def check_zip(path: Path) -> Problem | None:
@@ -267,7 +366,9 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
 
     Returns:
         ``(object, None)``, or ``(None, problem)``: ``CK-F101``/``CK-F102`` for a damaged
-        archive, ``CK-F103`` when an intact pickle names globals outside the allow-list
+        archive, ``CK-F109`` for compressed members that would inflate past
+        :func:`max_inflated_bytes` (checked before anything is read, CRC pass or not),
+        ``CK-F103`` when an intact pickle names globals outside the allow-list
         (they are named; nothing is executed), ``CK-F108`` for any other failure (a
         damaged pickle, random bytes: never an exception, this reads untrusted input).
 
@@ -277,8 +378,11 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
         >>> safe_torch_load(p)
         ({'a': 1}, None)
     """
-    if check_crc and is_zip(path):
-        bad = check_zip(path)
+    if is_zip(path):
+        # Sizes first, CRC or not: torch.load would inflate every member into memory.
+        bad = _check_sizes(path)
+        if bad is None and check_crc:
+            bad = check_zip(path)
         if bad is not None:
             return None, bad
     try:

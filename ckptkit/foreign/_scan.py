@@ -28,6 +28,7 @@ from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.errors import UnsafeInputError
 from ckptkit.foreign import _load
+from ckptkit.foreign.loads import needs_code_verdict
 from ckptkit.foreign.structure import (
     EPOCH_KEYS,
     STEP_KEYS,
@@ -43,7 +44,7 @@ from ckptkit.foreign.structure import (
 from ckptkit.foreign.view import ForeignState, count_tensors, optimizer_facts, optimizer_view
 from ckptkit.storage import digest, files
 from ckptkit.verify.context import FileScan
-from ckptkit.verify.findings import CODES, ERROR, INFO, Finding, Severity
+from ckptkit.verify.findings import CODES, ERROR, Finding, Severity
 from ckptkit.verify.view import RESUME_STATE, Expect, Found, NonFinite, count_nonfinite
 
 ADOPTED_SUFFIX = "ckptkit-manifest.json"
@@ -127,6 +128,8 @@ class Scan:
     _optimizers: list[Any] = field(default_factory=list)
     _steps: dict[str, int] = field(default_factory=dict)
     _cache: dict[str, Any] = field(default_factory=dict)
+    _refused: dict[str, str] = field(default_factory=dict)
+    """What the reader said of each pickle that needs code (before the layout's verdict)."""
 
     @classmethod
     def start(cls, target: Path | str, fmt: str, *, scan_values: bool = True) -> Scan:
@@ -208,13 +211,12 @@ class Scan:
             return inner
         return f"{file}:{inner}"
 
-    def load(self, rel: str, *, component: str, critical: bool = True) -> Any | None:
+    def load(self, rel: str, *, component: str) -> Any | None:
         """Load a torch file safely, once; on failure record the finding and return None.
 
         A file that is a symlink or resolves outside the checkpoint is never read (the
-        registered CK-F009 check reports it). ``critical=False`` files (e.g.
-        ``training_args.bin``) hold no resume state: a pickle needing code there is
-        reported as info, not a warning.
+        registered CK-F009 check reports it). A pickle that needs code is reported through
+        :meth:`refused_pickle`: an error when a resume of this layout loads the file.
         """
         if rel in self._cache:
             return self._cache[rel]
@@ -222,11 +224,31 @@ class Scan:
             self._cache[rel] = None
             return None
         obj, problem = _load.safe_torch_load(self.path(rel))
-        if problem is not None:
-            sev = INFO if (problem.code == "CK-F103" and not critical) else None
-            self.add(problem.code, problem.message, path=rel, component=component, severity=sev)
+        if problem is not None and problem.code == "CK-F103":
+            self.refused_pickle(rel, problem.message, component=component)
+        elif problem is not None:
+            self.add(problem.code, problem.message, path=rel, component=component)
         self._cache[rel] = obj
         return obj
+
+    def refused_pickle(self, rel: str, message: str, *, component: str | None = None) -> None:
+        """Record that ``rel`` holds a pickle that needs code (``CK-F103``; nothing was run).
+
+        Its severity and the reason come from :func:`ckptkit.foreign.loads.needs_code_verdict`
+        (how this layout's framework loads ``rel`` on resume): an error when a resume loads
+        the file (the code would run, or the resume would fail), info when none does.
+        """
+        self._refused[rel] = message
+        sev, why = needs_code_verdict(self.format, rel)
+        hint = None
+        if sev is ERROR:
+            hint = (
+                "do not resume from this checkpoint: resume from an earlier one ('ckptkit ls "
+                "RUN' lists them; the integrations' resume picks skip this one); if the file "
+                "is yours, make that state plain tensors, numbers and dicts"
+            )
+        self.add("CK-F103", f"{message}; {why}", path=rel, component=component, hint=hint,
+                 severity=sev)
 
     def needs_code(self, rel: str) -> bool:
         """When ``rel``, the whole checkpoint, is a pickle that needs code, say so as the one
@@ -241,7 +263,7 @@ class Scan:
         if i is None:
             return False
         self.findings[i] = CODES["CK-F103"].finding(
-            f"{self.findings[i].message}: nothing in the file can be read without running "
+            f"{self._refused.get(rel, self.findings[i].message)}: nothing in the file can be read without running "
             "that code, so none of it can be checked (torch.save(model) pickles the model's "
             "class, not a state dict; an object planted in a state dict does the same)",
             path=rel,

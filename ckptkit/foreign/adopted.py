@@ -16,6 +16,7 @@ from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
+from ckptkit.foreign.loads import needs_code_verdict
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
@@ -90,4 +91,46 @@ def recorded_files(s: Scan, adopted: dict[str, Any]) -> dict[str, dict[str, Any]
     return recorded
 
 
-__all__ = ["adopted_path", "read_adopted", "recorded_files"]
+def unverifiable(man: mf.Manifest) -> list[str]:
+    """Files an adopted manifest records as needing code to unpickle (``adopt --force``).
+
+    Adopt records a file there when its ``CK-F103`` was not info, i.e. when a resume of the
+    layout loads it (:func:`ckptkit.foreign.loads.needs_code_verdict`). The manifest was
+    written with ``--force`` and cannot vouch for such a file: a run listing must not call
+    the checkpoint verified.
+
+    Example:
+        >>> unverifiable(mf.Manifest(files=(), tensors=(), tree=None, components={},
+        ...     env={}, user={"adopted": {"files": [], "unverifiable": ["x.pkl"]}}))
+        ['x.pkl']
+    """
+    adopted = (man.user or {}).get("adopted")
+    names = adopted.get("unverifiable") if isinstance(adopted, dict) else None
+    if not isinstance(names, list):
+        return []
+    return sorted({n for n in names if isinstance(n, str)})
+
+
+def needs_code_problem(names: list[str], fmt: str) -> str:
+    """Why a checkpoint whose adopted manifest records ``names`` as needing code is not good.
+
+    Example:
+        >>> needs_code_problem(["custom_checkpoint_0.pkl"], "accelerate").endswith(
+        ...     "resuming from this checkpoint would run that code")
+        True
+    """
+    _sev, why = needs_code_verdict(fmt, names[0])
+    more = f" (and {', '.join(names[1:3])})" if len(names) > 1 else ""
+    return (
+        f"CK-F103: {names[0]}{more} needs code to unpickle (recorded by 'ckptkit adopt "
+        f"--force'; not executed): {why}"
+    )
+
+
+__all__ = [
+    "adopted_path",
+    "needs_code_problem",
+    "read_adopted",
+    "recorded_files",
+    "unverifiable",
+]

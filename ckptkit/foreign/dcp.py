@@ -31,7 +31,6 @@ from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.structure import Lazy, TensorMeta
 from ckptkit.foreign.torch_save import scan_tree
-from ckptkit.verify.findings import INFO
 
 META = ".metadata"
 
@@ -52,6 +51,10 @@ def scan(s: Scan) -> None:
         s.absent("model", ".metadata is missing: no item of the checkpoint can be located")
         return
     md, problem = _load.read_dcp_metadata(s.path(META))
+    if problem is not None and problem.code == "CK-F103":
+        s.refused_pickle(META, f".metadata {problem.message}")
+        s.absent("model", f".metadata could not be read ({problem.code})")
+        return
     if problem is not None:
         s.add(problem.code, f".metadata {problem.message}", path=META)
         s.absent("model", f".metadata could not be read ({problem.code})")
@@ -187,6 +190,11 @@ class _Reader:
             if zf is None:
                 s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=component)
                 return None
+            big = _load.check_zip_sizes(zf, archive_size=len(blob))
+            if big is not None:
+                zf.close()
+                s.add(big.code, f"item {fqn}: {big.message}", path=rel, component=component)
+                return None
             try:
                 with zf:
                     bad = zf.testzip()
@@ -212,13 +220,11 @@ class _Reader:
                     path=rel,
                     component=component,
                 )
-            else:  # an item of no resume state, e.g. a pickled object: not decoded
-                s.add(
-                    "CK-F103",
+            else:  # a pickled object: dcp.load would unpickle it with weights_only=False
+                s.refused_pickle(
+                    rel,
                     f"item {fqn} needs code to unpickle (not on the allow-list); not executed",
-                    path=rel,
                     component=component,
-                    severity=INFO,
                 )
             return None
         except Exception as e:  # not a torch.save blob (another serialisation)

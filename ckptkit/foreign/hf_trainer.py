@@ -149,7 +149,7 @@ def scan(s: Scan) -> None:
 
     # env and config
     if s.has("training_args.bin"):
-        s.load("training_args.bin", component="env", critical=False)
+        s.load("training_args.bin", component="env")
     if s.has("config.json"):
         s.present("env", ["config.json:transformers_version"])
     s.unrecognised("files", [f for f in s.files if f not in used and f not in KNOWN])

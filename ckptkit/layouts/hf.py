@@ -54,6 +54,7 @@ from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
+from ckptkit.foreign.adopted import needs_code_problem, unverifiable
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
@@ -262,10 +263,13 @@ class HFRun:
                 lvl = man.health.get("level")
                 health = lvl if isinstance(lvl, str) else None
             changed = _changed(p, man)
+            code = unverifiable(man)
             if changed:
                 status, problem = "corrupt", (
                     f"{', '.join(changed[:3])} missing or resized since it was adopted"
                 )
+            elif code:
+                status, problem = "corrupt", needs_code_problem(code, self._layout)
             else:
                 status = "verified"
         verdict = self.catalog.verdict(p.name, key, rec)

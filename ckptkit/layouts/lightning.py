@@ -51,7 +51,7 @@ from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, LockHeldError
 from ckptkit.foreign._load import safe_torch_load
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
-from ckptkit.foreign.adopted import adopted_path
+from ckptkit.foreign.adopted import adopted_path, needs_code_problem, unverifiable
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -296,7 +296,10 @@ class LightningRun:
         verified_at: float | None = None
         ident = self._identity(f, man)
         verdict = self.catalog.verdict(f.name, ident, rec) if ident is not None else None
-        if verdict is not None and verdict.outcome is not None:
+        code = unverifiable(man) if man is not None else []
+        if code:  # adopted with --force: the manifest cannot vouch for a file needing code
+            status, problem = "corrupt", needs_code_problem(code, "lightning")
+        elif verdict is not None and verdict.outcome is not None:
             verified_at = verdict.at
             if verdict.outcome != "verified":
                 status, problem = verdict.outcome, verdict.problem

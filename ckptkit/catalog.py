@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
@@ -150,10 +151,12 @@ def native_evidence(root: Location) -> str | None:
 
     * ``manifest.json`` in ``root`` (one native checkpoint, not a framework's run);
     * the ``latest`` pointer, a regular file naming a step directory;
-    * a step directory (:data:`STEP_RE`) holding ``manifest.json`` (a committed checkpoint).
+    * a step directory (:data:`STEP_RE`) holding ``manifest.json`` (a committed checkpoint),
+      or, on a local disk, one without that holds no foreign checkpoint either (an
+      interrupted native save; torchtitan names its DCP folders ``step-N`` too, and those
+      are no evidence).
 
-    The run index and the run lock are no evidence: framework runs keep them too. Nor is
-    a step directory without a manifest (torchtitan names its DCP folders ``step-N``).
+    The run index and the run lock are no evidence: framework runs keep them too.
 
     Example:
         >>> import tempfile, os
@@ -173,11 +176,21 @@ def native_evidence(root: Location) -> str | None:
                 return LATEST
     if fs.kind(root) != "dir":
         return None
+    interrupted: str | None = None
     with contextlib.suppress(OSError):
         for p in root.iterdir():
-            if step_of(p.name) is not None and fs.kind(p / atomic.MANIFEST_NAME) is not None:
+            if step_of(p.name) is None:
+                continue
+            if fs.kind(p / atomic.MANIFEST_NAME) is not None:
                 return f"{p.name}/{atomic.MANIFEST_NAME}"
-    return None
+            if (
+                interrupted is None
+                and fs.is_local(p)
+                and fs.kind(p) == "dir"
+                and foreign_format(Path(str(p))) is None
+            ):
+                interrupted = f"{p.name}/ (an interrupted save)"
+    return interrupted
 
 
 @dataclass(frozen=True)

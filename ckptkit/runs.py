@@ -12,9 +12,9 @@ directories and returns a :class:`Run` for them. :func:`open_run` asks the detec
 order and falls back to the native layout.
 
 Layouts never hide each other: a directory that holds a native run
-(:func:`ckptkit.catalog.native_evidence`: a step directory with a manifest, or the
-``latest`` pointer naming one) is the native run, whatever else lies in it, and no
-detector is asked. A stray framework entry beside it (a ``checkpoint-3/``, an Accelerate
+(:func:`ckptkit.catalog.native_evidence` says what counts: a step directory with a
+manifest, the ``latest`` pointer naming one ...) is the native run, whatever else lies in
+it, and no detector is asked. A stray framework entry beside it (a ``checkpoint-3/``, an Accelerate
 ``checkpoints/``, a ``trainer_state.json``) and a second directory for a step are
 :func:`ignored`: never listed, verified, restored or pruned as part of the run, and named
 by every run-level command (on stderr).
@@ -190,7 +190,8 @@ def _strays(root: Location, evidence: str) -> builtins.list[Ignored]:
         finally:
             run.close()
         out += [
-            Ignored(c.path, f"{_rel(c.path, root)} (a {run.layout or name} checkpoint) {tail}")
+            Ignored(c.path, f"{_rel(c.path, root)} (a checkpoint of the {run.layout or name} "
+                            f"layout) {tail}")
             for c in found
         ]
     if fs.is_local(root):

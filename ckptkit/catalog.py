@@ -59,13 +59,17 @@ from typing import Any, Literal
 from ckptkit import codes, signing
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
+from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
 
-STEP_RE = re.compile(r"^step-(\d+)$")
-"""Name of a checkpoint directory in a run directory."""
+STEP_RE = re.compile(r"\Astep-([0-9]{1,19})\Z")
+"""Name of a checkpoint directory in a run directory. ASCII digits only (``\\d`` and
+``int()`` accept any Unicode digit, e.g. an Arabic-Indic nine), anchored with
+``\\A``/``\\Z`` (``$`` matches before a final newline), at most 19 digits (``int()`` of
+a longer string is slow, and past 4300 digits raises)."""
 LATEST = "latest"
 """The pointer file: the name of the newest verified checkpoint, one line."""
 INDEX = ".ckptkit-index.json"
@@ -93,6 +97,113 @@ def step_of(name: str) -> int | None:
     """
     m = STEP_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def misplaced(name: str, step: object) -> str | None:
+    """Why a manifest recording ``step`` does not belong in the directory ``name``, or None.
+
+    A step directory holds the checkpoint of its own step: a copy of step 40's checkpoint
+    named ``step-00000050`` would otherwise count as step 50 (the newest, kept by
+    retention while the real newest is deleted, and picked by restore). A directory that
+    is not a step directory, or a manifest that records no step, makes no claim to check.
+    The catalog lists a misplaced checkpoint as corrupt and verify reports it (``CK-S020``).
+
+    Example:
+        >>> print(misplaced("step-00000050", 40))
+        the manifest records step 40 but the directory is step-00000050 (step 50)
+        >>> misplaced("step-00000040", 40) is None, misplaced("ckpt", 40) is None
+        (True, True)
+    """
+    where = step_of(name)
+    if where is None or step is None or step == where:
+        return None
+    return f"the manifest records step {step} but the directory is {name} (step {where})"
+
+
+def step_dirs(root: Location) -> dict[int, builtins.list[Location]]:
+    """Every entry of ``root`` named as a step directory, by step; each step's entries are
+    ordered with the one the run uses first (see :func:`canonical_first`).
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp(); os.mkdir(d + "/step-3"); os.mkdir(d + "/step-00000003")
+        >>> [p.name for p in step_dirs(fs.location(d))[3]]
+        ['step-00000003', 'step-3']
+    """
+    out: dict[int, builtins.list[Location]] = {}
+    for p in root.iterdir():
+        step = step_of(p.name)
+        if step is not None:
+            out.setdefault(step, []).append(p)
+    return {s: canonical_first(s, ps) for s, ps in out.items()}
+
+
+def canonical_first(step: int, paths: Iterable[Location]) -> builtins.list[Location]:
+    """Order directories named for one ``step``: the checkpoint of the step first.
+
+    ckptkit names a step :func:`step_dir_name`; a second directory for the same step
+    (``step-3`` beside ``step-00000003``: a hand copy or rename) is a duplicate. A
+    directory comes before anything else of that name (a file is never a checkpoint),
+    then the canonical name, then by name, so the choice never depends on listing order.
+    """
+    paths = builtins.list(paths)
+    if len(paths) < 2:
+        return paths  # the common case: no stat (one request each on an object store)
+    canonical = step_dir_name(step)
+    return sorted(paths, key=lambda p: (fs.kind(p) != "dir", p.name != canonical, p.name))
+
+
+def native_evidence(root: Location) -> str | None:
+    """What shows that ``root`` is a native ckptkit run (or checkpoint), or None.
+
+    A run directory that holds a native run *is* that native run, whatever framework
+    entries lie beside it (a stray ``checkpoint-3/``, an Accelerate ``checkpoints/``, a
+    ``trainer_state.json``): :func:`ckptkit.runs.open_run` and ``ckptkit verify RUN`` ask
+    this before any framework layout, and the strays are reported as ignored. Evidence,
+    cheapest first:
+
+    * ``manifest.json`` in ``root`` (one native checkpoint, not a framework's run);
+    * the ``latest`` pointer, a regular file naming a step directory;
+    * a step directory (:data:`STEP_RE`) holding ``manifest.json`` (a committed checkpoint),
+      or, on a local disk, one without that holds no foreign checkpoint either (an
+      interrupted native save; torchtitan names its DCP folders ``step-N`` too, and those
+      are no evidence).
+
+    The run index and the run lock are no evidence: framework runs keep them too.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp(); os.mkdir(d + "/checkpoint-3")
+        >>> native_evidence(fs.location(d)) is None
+        True
+        >>> os.mkdir(d + "/step-00000010"); open(d + "/step-00000010/manifest.json", "w").close()
+        >>> native_evidence(fs.location(d))
+        'step-00000010/manifest.json'
+    """
+    if fs.kind(root / atomic.MANIFEST_NAME) is not None:
+        return atomic.MANIFEST_NAME
+    if fs.kind(root / LATEST) == "file":
+        with contextlib.suppress(OSError):
+            name = fs.read_small(root / LATEST, 4096).decode(errors="replace").strip()
+            if step_of(name) is not None:
+                return LATEST
+    if fs.kind(root) != "dir":
+        return None
+    interrupted: str | None = None
+    with contextlib.suppress(OSError):
+        for p in root.iterdir():
+            if step_of(p.name) is None:
+                continue
+            if fs.kind(p / atomic.MANIFEST_NAME) is not None:
+                return f"{p.name}/{atomic.MANIFEST_NAME}"
+            if (
+                interrupted is None
+                and fs.is_local(p)
+                and fs.kind(p) == "dir"
+                and foreign_format(Path(str(p))) is None
+            ):
+                interrupted = f"{p.name}/ (an interrupted save)"
+    return interrupted
 
 
 @dataclass(frozen=True)
@@ -216,7 +327,10 @@ class Catalog:
         """Every checkpoint directory of the run, oldest first, with its status.
 
         Cheap: reads manifests (cached) and stats files, never file contents. A
-        checkpoint deleted while it is listed (a live run rotating) is left out.
+        checkpoint deleted while it is listed (a live run rotating) is left out. One
+        directory per step: a second one for a step (``step-3`` beside
+        ``step-00000003``) is not listed (:meth:`duplicates` names it), so it is never
+        restored and never deleted by retention.
         """
         if fs.kind(self.root) != "dir":
             return []
@@ -225,10 +339,8 @@ class Catalog:
         records: dict[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
         extra_pins: dict[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
         out: builtins.list[CheckpointInfo] = []
-        for p in self.root.iterdir():
-            step = step_of(p.name)
-            if step is None:
-                continue
+        for step, paths in step_dirs(self.root).items():
+            p = paths[0]
             try:
                 info = self._info(p, step, records.get(p.name), extra_pins.get(p.name))
             except FileNotFoundError:
@@ -238,6 +350,27 @@ class Catalog:
             if info is not None:
                 out.append(info)
         return sorted(out, key=lambda c: c.step)
+
+    def duplicates(self) -> builtins.list[tuple[Location, Location]]:
+        """``(duplicate, the checkpoint of its step)`` for every second directory of a step.
+
+        :meth:`list` lists the canonical one (:func:`canonical_first`); the others are
+        reported here, never listed, restored or deleted: which copy is right is for a
+        person to judge (``ckptkit verify`` checks both).
+
+        Example:
+            >>> import tempfile, os
+            >>> d = tempfile.mkdtemp(); os.mkdir(d + "/step-3"); os.mkdir(d + "/step-00000003")
+            >>> [(a.name, b.name) for a, b in Catalog(d).duplicates()]
+            [('step-3', 'step-00000003')]
+        """
+        if fs.kind(self.root) != "dir":
+            return []
+        out = []
+        for _step, paths in sorted(step_dirs(self.root).items()):
+            if fs.kind(paths[0]) == "dir":
+                out += [(p, paths[0]) for p in paths[1:] if fs.kind(p) == "dir"]
+        return out
 
     def _info(self, p: Location, step: int, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
         if fs.kind(p) != "dir":
@@ -262,7 +395,11 @@ class Catalog:
         problem: str | None = None
         verdict = self.verdict(p.name, digest, rec)
         verified_at = verdict.at
-        if verdict.outcome is None:
+        wrong_place = misplaced(p.name, man.step)
+        if wrong_place is not None:
+            # Not a checkpoint of this step, whatever a verify recorded for its bytes.
+            status, problem = "corrupt", f"CK-S020: {wrong_place}"
+        elif verdict.outcome is None:
             problem = verdict.problem
         elif verdict.outcome != "verified":
             status, problem = verdict.outcome, verdict.problem
@@ -543,8 +680,12 @@ __all__ = [
     "CheckpointInfo",
     "Status",
     "Verdict",
+    "canonical_first",
+    "misplaced",
+    "native_evidence",
     "replace_text",
     "step_dir_name",
+    "step_dirs",
     "step_of",
     "whole",
 ]

@@ -179,7 +179,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify ckpt.pt --expect training     # fail unless it can resume training
     """
     from ckptkit.render import RENDERERS
-    from ckptkit.runs import framework_checkpoints
+    from ckptkit.runs import framework_checkpoints, ignored_at
     from ckptkit.verify import verify as run_verify
 
     _must_be_a_run(path, checkpoint_ok=True)
@@ -189,6 +189,10 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         expect=expect,
     )
     targets = framework_checkpoints(path) if fmt is None else None
+    if fmt is None and targets is None and fs.kind(path) == "dir" and (
+        fs.kind(path / MANIFEST_NAME) is None
+    ):
+        _warn_ignored(ignored_at(path))  # a native run: what lies in it is not all its own
     result = run_verify(targets[0] if targets else path, **opts)
     if targets:  # a framework run (an Accelerate project_dir...): each of its checkpoints
         result.path = fs.location(path)
@@ -391,15 +395,17 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
     """
     from ckptkit.recovery_log import iter_records
     from ckptkit.render.text import render_ls
-    from ckptkit.runs import listing, open_run
+    from ckptkit.runs import ignored, listing, open_run
 
     _must_be_a_run(run_dir)
     run = open_run(run_dir, readonly=not reverify)
     try:
         infos = listing(run, verify=reverify)
         left = run.leftovers()
+        strays = ignored(run)
     finally:
         run.close()
+    _warn_ignored(strays)
     recs = list(iter_records(run_dir))
     if as_json:
         click.echo(
@@ -409,6 +415,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
                     "layout": run.layout,
                     "checkpoints": [c.to_dict() for c in infos],
                     "leftovers": [str(p) for p in left],
+                    "ignored": [i.to_dict() for i in strays],
                     "recoveries": recs,
                 },
                 indent=2,
@@ -419,6 +426,13 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
         if not infos:
             _say_what_else(run_dir)
     sys.exit(1 if any(c.status in ("corrupt", "unreadable", "incomplete") for c in infos) else 0)
+
+
+def _warn_ignored(strays: list[Any]) -> None:
+    """Name, on stderr, what lies in a run directory but is not one of its checkpoints
+    (``ckptkit.runs.ignored``: strays of another layout, a second directory for a step)."""
+    for i in strays:
+        click.echo(f"warning: {i.why}", err=True)
 
 
 def _say_what_else(run_dir: Path) -> None:
@@ -485,7 +499,7 @@ def prune(
     """
     from ckptkit import retain
     from ckptkit.render.text import render_prune
-    from ckptkit.runs import open_run
+    from ckptkit.runs import ignored, open_run
     from ckptkit.runs import prune as run_prune
 
     _must_be_a_run(run_dir)
@@ -495,6 +509,7 @@ def prune(
         delete_corrupt=delete_corrupt,
     )
     try:
+        _warn_ignored(ignored(run))  # never in the plan: never deleted
         plan = run_prune(run, policy, dry_run=dry_run)
     finally:
         run.close()
@@ -876,9 +891,11 @@ def rollback(run_dir: Path, as_json: bool) -> None:
         ckptkit rollback runs/exp1/ckpt
     """
     from ckptkit.render.text import render_recoveries
+    from ckptkit.runs import ignored_at
     from ckptkit.runs import rollback as pick
 
     _must_be_a_run(run_dir)
+    _warn_ignored(ignored_at(run_dir))
     choice = pick(run_dir)
     if as_json:
         click.echo(json.dumps(choice.to_dict(), indent=2))

@@ -848,6 +848,24 @@ register_code(
     "scheduler/optimizer state (restore skips it); " + ROLLBACK,
 )
 register_code(
+    "CK-S020",
+    family="consistency",
+    severity=ERROR,
+    title="manifest step differs from its directory",
+    hint="this is a copy or rename of another step's checkpoint, not a checkpoint of the "
+    "step its name says; it is never restored or counted as the newest: rename it to the "
+    "step its manifest records (step-NNNNNNNN, 8 digits) or remove it",
+)
+register_code(
+    "CK-S021",
+    family="consistency",
+    severity=WARNING,
+    title="second directory for one step",
+    hint="the run uses the directory named step-NNNNNNNN (8 digits) and ignores this one: "
+    "it is never restored or pruned; compare the two and remove or move out the one you "
+    "do not want",
+)
+register_code(
     "CK-R001",
     family="compat",
     severity=WARNING,

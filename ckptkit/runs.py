@@ -10,6 +10,14 @@ checkpoints in its own layout (a Trainer's ``checkpoint-N/``, a Lightning ``*.ck
 an integration registers a detector with :func:`register` that recognises its run
 directories and returns a :class:`Run` for them. :func:`open_run` asks the detectors in
 order and falls back to the native layout.
+
+Layouts never hide each other: a directory that holds a native run
+(:func:`ckptkit.catalog.native_evidence` says what counts: a step directory with a
+manifest, the ``latest`` pointer naming one ...) is the native run, whatever else lies in
+it, and no detector is asked. A stray framework entry beside it (a ``checkpoint-3/``, an Accelerate
+``checkpoints/``, a ``trainer_state.json``) and a second directory for a step are
+:func:`ignored`: never listed, verified, restored or pruned as part of the run, and named
+by every run-level command (on stderr).
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import codes, recovery_log, retain, rotation, whatis
+from ckptkit import catalog, codes, recovery_log, retain, rotation, whatis
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
+from ckptkit.foreign.detect import FORMATS
+from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.manager import CheckpointManager
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -89,6 +99,20 @@ def register(name: str, detector: Detector) -> None:
     DETECTORS.append((name, detector))
 
 
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    """An entry of a run directory that is not one of the run's checkpoints (see
+    :func:`ignored`)."""
+
+    path: Location
+    why: str
+    """What it is, why the run ignores it, and what to do about it."""
+
+    def to_dict(self) -> dict[str, str]:
+        """Return the JSON form (``ckptkit ls --json``: ``ignored``)."""
+        return {"path": str(self.path), "why": self.why}
+
+
 class NativeRun:
     """A native run directory (a :class:`CheckpointManager`'s) as a :class:`Run`."""
 
@@ -125,23 +149,133 @@ class NativeRun:
             f"(or mgr.restore(ts, step={info.step}))"
         )
 
+    def ignored(self) -> builtins.list[Ignored]:
+        """Entries of the run directory that are not its checkpoints: second directories
+        for a step, and framework entries a layout would claim if the run were not here."""
+        out = [
+            Ignored(
+                dup,
+                f"{dup.name} is a second directory for step {catalog.step_of(dup.name)} "
+                f"(the run uses {used.name}): ignored (CK-S021): never listed, restored or "
+                "pruned; compare the two ('ckptkit verify' checks both) and remove or move "
+                "out the one you do not want",
+            )
+            for dup, used in self.manager.catalog.duplicates()
+        ]
+        evidence = catalog.native_evidence(self.root)
+        if evidence is not None:
+            out += _strays(self.root, evidence)
+        return out
+
+
+def _strays(root: Location, evidence: str) -> builtins.list[Ignored]:
+    """What the framework layouts would see in the native run at ``root`` (``evidence``:
+    why it is native): each layout's checkpoints, and top-level files that make ``root``
+    itself look like a framework checkpoint (``trainer_state.json``)."""
+    _load_builtin_layouts()
+    out: builtins.list[Ignored] = []
+    tail = (
+        f"lies in a native ckptkit run ({evidence}): ignored: not listed, verified, "
+        "restored or pruned as part of the run; move it out of the run directory"
+    )
+    for name, detect in DETECTORS:
+        try:
+            run = detect(root, {})
+        except CkptkitError:
+            continue  # a layout that cannot even list it claims nothing
+        if run is None:
+            continue
+        try:
+            found = sorted(run.checkpoints(), key=lambda c: (c.step, str(c.path)))
+        finally:
+            run.close()
+        out += [
+            Ignored(c.path, f"{_rel(c.path, root)} (a checkpoint of the {run.layout or name} "
+                            f"layout) {tail}")
+            for c in found
+        ]
+    if fs.is_local(root):
+        fmt = foreign_format(Path(str(root)))
+        if fmt is not None:
+            own = {catalog.LATEST}
+            files = sorted(
+                p.name for p in root.iterdir()
+                if fs.kind(p) == "file" and not p.name.startswith(".") and p.name not in own
+            )
+            out.append(
+                Ignored(
+                    root,
+                    f"its top-level files ({', '.join(files[:4]) or 'none'}) look like a "
+                    f"{FORMATS[fmt]}, but the directory holds a native ckptkit run "
+                    f"({evidence}): they are ignored, and the directory is listed, verified "
+                    "and pruned as the native run; move them out of the run directory",
+                )
+            )
+    return out
+
+
+def _rel(path: Location, root: Location) -> str:
+    """``path`` relative to ``root`` (both local or both under one URL)."""
+    p, r = str(path), str(root).rstrip("/") + "/"
+    return p[len(r):] if p.startswith(r) else p
+
+
+def ignored(run: Run) -> builtins.list[Ignored]:
+    """Entries of ``run``'s directory that are not its checkpoints (the run never lists,
+    restores or prunes them); empty for a layout that reports none.
+
+    A native run reports second directories for a step and stray framework entries (a
+    ``checkpoint-3/``, a ``checkpoints/checkpoint_0/``, a ``trainer_state.json`` at the
+    top): :func:`open_run` made it the native run although a framework layout would
+    have claimed it.
+
+    Example:
+        >>> import tempfile, torch, ckptkit, os
+        >>> d = tempfile.mkdtemp()
+        >>> _ = ckptkit.save({"w": torch.ones(1)}, d + "/step-00000001", step=1)
+        >>> os.mkdir(d + "/step-1")
+        >>> [i.path.name for i in ignored(open_run(d))]
+        ['step-1']
+    """
+    find = getattr(run, "ignored", None)
+    return list(find()) if callable(find) else []
+
+
+def ignored_at(path: str | Location) -> builtins.list[Ignored]:
+    """:func:`ignored` of the run at ``path`` (opened read-only, closed again)."""
+    run = open_run(path)
+    try:
+        return ignored(run)
+    finally:
+        run.close()
+
+
+def framework_run(root: str | Location, **options: Any) -> Run | None:
+    """The framework run at ``root``: the first registered layout that recognises it; None
+    for a native run (:func:`ckptkit.catalog.native_evidence`: asked first, so a stray
+    framework entry never hides a native run) or a directory no layout claims."""
+    _load_builtin_layouts()
+    loc = fs.location(root)
+    if catalog.native_evidence(loc) is not None:
+        return None
+    for _name, detect in DETECTORS:
+        run = detect(loc, dict(options))
+        if run is not None:
+            return run
+    return None
+
 
 def open_run(root: str | Location, **options: Any) -> Run:
-    """The run at ``root``: the first registered framework layout that recognises it, else
-    the native layout.
+    """The run at ``root``: the native run when it holds one, else the first registered
+    framework layout that recognises it, else the native layout (see the module docstring).
 
     Example:
         >>> import tempfile
         >>> open_run(tempfile.mkdtemp()).layout
         'ckptkit'
     """
-    _load_builtin_layouts()
-    loc = fs.location(root)
-    for _name, detect in DETECTORS:
-        run = detect(loc, dict(options))
-        if run is not None:
-            return run
-    return NativeRun(loc, **options)
+    run = framework_run(root, **options)
+    return run if run is not None else NativeRun(fs.location(root), **options)
 
 
 def listing(run: Run, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
@@ -246,13 +380,11 @@ def not_a_run(path: str | Location, *, checkpoint_ok: bool = False) -> CkptkitEr
 
 def _claimed(root: Path) -> bool:
     """A registered framework layout recognises ``root`` as its run directory."""
-    _load_builtin_layouts()
-    for _name, detect in DETECTORS:
-        run = detect(fs.location(root), {})
-        if run is not None:
-            run.close()
-            return True
-    return False
+    run = framework_run(root)
+    if run is None:
+        return False
+    run.close()
+    return True
 
 
 def record_adoption(
@@ -293,9 +425,13 @@ __all__ = [
     "BUILTIN_LAYOUTS",
     "DETECTORS",
     "Detector",
+    "Ignored",
     "NativeRun",
     "Run",
     "framework_checkpoints",
+    "framework_run",
+    "ignored",
+    "ignored_at",
     "listing",
     "not_a_run",
     "open_run",

@@ -109,9 +109,9 @@ def train_state() -> Callable[..., dict[str, Any]]:
 def saved_ckpt(tmp_path: Path) -> Callable[..., Path]:
     """Save a small training state under tmp_path and return the checkpoint directory."""
 
-    def make(name: str = "ckpt", **kw: Any) -> Path:
+    def make(name: str = "ckpt", step: int = 3, **kw: Any) -> Path:
         d = tmp_path / name
-        ckptkit.save(trained_state(), d, step=3, **kw)
+        ckptkit.save(trained_state(), d, step=step, **kw)
         return d
 
     return make

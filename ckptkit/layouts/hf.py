@@ -65,10 +65,12 @@ log = logging.getLogger("ckptkit")
 
 Layout = Literal["hf-trainer", "accelerate"]
 
-TRAINER_RE = re.compile(r"^checkpoint-(\d+)$")
-"""A Trainer checkpoint folder (``N`` = global step)."""
-ACCELERATE_RE = re.compile(r"^checkpoint_(\d+)$")
-"""An Accelerate automatic-naming checkpoint folder (``I`` = save count)."""
+TRAINER_RE = re.compile(r"\Acheckpoint-([0-9]{1,19})\Z")
+"""A Trainer checkpoint folder (``N`` = global step). As for native step names
+(:data:`ckptkit.catalog.STEP_RE`): ASCII digits only, ``\\Z`` (``$`` matches before a
+final newline), at most 19 digits."""
+ACCELERATE_RE = re.compile(r"\Acheckpoint_([0-9]{1,19})\Z")
+"""An Accelerate automatic-naming checkpoint folder (``I`` = save count); ASCII digits."""
 _RNG_ACC = re.compile(r"^random_states_\d+\.pkl$")
 _PATTERNS: dict[Layout, re.Pattern[str]] = {"hf-trainer": TRAINER_RE, "accelerate": ACCELERATE_RE}
 

@@ -66,8 +66,11 @@ SUFFIX = ".ckpt"
 """Lightning's checkpoint file extension."""
 CHECKPOINTS_DIR = "checkpoints"
 """Where a Lightning logger version directory keeps its checkpoints."""
-_STEP_IN_NAME = re.compile(r"(?:^|[-_/])step=(\d+)")
-_LAST = re.compile(r"^last(?:-v\d+)?\.ckpt$")
+_STEP_IN_NAME = re.compile(r"(?:\A|[-_/])step=([0-9]{1,19})(?!\d)")
+"""``step=N`` in a file name: ASCII digits only (``\\d`` and ``int()`` take any Unicode
+digit), not followed by any other digit, at most 19 (a longer number is no step:
+``int()`` of thousands of digits raises)."""
+_LAST = re.compile(r"\Alast(?:-v[0-9]+)?\.ckpt\Z")
 
 
 def step_in_name(name: str) -> int | None:
@@ -108,10 +111,6 @@ def ckpt_files(root: Path) -> list[Path]:
         for e in entries
         if e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.is_file(follow_symlinks=False)
     )
-
-
-def _looks_native(root: Path) -> bool:
-    return (root / "manifest.json").exists() or any(root.glob("step-*"))
 
 
 class LightningRun:
@@ -390,7 +389,8 @@ def _adopted_size(man: mf.Manifest) -> int | None:
 def detect(root: Location, options: dict[str, Any]) -> LightningRun | None:
     """``root`` as a Lightning run: ``*.ckpt`` files in it (or in its ``checkpoints/``).
 
-    A native ckptkit run (``step-N/`` directories, a ``manifest.json``) is never one.
+    A native ckptkit run is never one: :func:`ckptkit.runs.open_run` asks
+    :func:`ckptkit.catalog.native_evidence` before any layout.
 
     Example:
         >>> import tempfile
@@ -400,7 +400,7 @@ def detect(root: Location, options: dict[str, Any]) -> LightningRun | None:
     if not fs.is_local(root):
         return None
     p = Path(str(root))
-    if not p.is_dir() or p.is_symlink() or _looks_native(p):
+    if not p.is_dir() or p.is_symlink():
         return None
     if not ckpt_files(p) and not ckpt_files(p / CHECKPOINTS_DIR):
         return None

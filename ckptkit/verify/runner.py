@@ -11,6 +11,7 @@ from typing import Any
 
 from ckptkit import _progress, signing
 from ckptkit import manifest as mf
+from ckptkit.catalog import native_evidence
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.read import resolve_format
@@ -235,6 +236,11 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
     if fmt is not None:
         return [(root, fmt)]
     if os.path.lexists(root / atomic.MANIFEST_NAME):
+        return None
+    if native_evidence(fs.location(root)) is not None:
+        # A native run, whatever else lies in it (a trainer_state.json, a stray
+        # checkpoint-3/): its step directories are what is verified; the CLI names the
+        # strays as ignored (ckptkit.runs.ignored).
         return None
     found = detect(root)
     if found is not None:

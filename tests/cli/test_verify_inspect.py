@@ -42,8 +42,8 @@ def test_verify_json_conforms_to_schema(saved_ckpt) -> None:  # type: ignore[no-
 
 
 def test_verify_run_dir_checks_each(saved_ckpt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    saved_ckpt("step-00000001")
-    bad = saved_ckpt("step-00000002")
+    saved_ckpt("step-00000001", step=1)
+    bad = saved_ckpt("step-00000002", step=2)
     (bad / "manifest.json").unlink()
     code, out, _ = _run("verify", str(tmp_path), "--json")
     report = json.loads(out)

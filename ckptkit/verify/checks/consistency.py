@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 
-from ckptkit import guard
+from ckptkit import catalog, guard
 from ckptkit.codes import ROLLBACK
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
@@ -393,3 +393,35 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
     if found:
         yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
+
+
+@check("CK-S020")
+def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
+    """The manifest's step is the step its directory is named for (one rule with the
+    catalog's listing: :func:`ckptkit.catalog.misplaced`)."""
+    assert ctx.manifest is not None
+    why = catalog.misplaced(ctx.root.name, ctx.manifest.step)
+    if why is not None:
+        step = ctx.manifest.step
+        yield CODES["CK-S020"].finding(
+            why,
+            hint=f"this is a copy or rename of step {step}'s checkpoint: rename it to "
+            f"{catalog.step_dir_name(step) if isinstance(step, int) else 'its own step'} "
+            "(if that does not exist) or remove it; until then it is never restored or "
+            "counted as the newest",
+        )
+
+
+@check("CK-S021", needs=())
+def duplicate_step(ctx: CheckContext) -> Iterator[Finding]:
+    """A second directory for a step the run holds under another name is ignored by the
+    run (:meth:`ckptkit.catalog.Catalog.duplicates`); say so where it is verified."""
+    step = catalog.step_of(ctx.root.name)
+    if step is None or ctx.root.name == catalog.step_dir_name(step):
+        return  # the canonical name is never the duplicate (no listing of the run needed)
+    for dup, used in catalog.Catalog(ctx.root.parent).duplicates():
+        if dup.name == ctx.root.name:
+            yield CODES["CK-S021"].finding(
+                f"{dup.name} is a second directory for step {step}: the run uses "
+                f"{used.name} and ignores this one (never restored, never pruned)",
+            )

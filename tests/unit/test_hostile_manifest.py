@@ -410,3 +410,30 @@ def test_hostile_value_is_one_corrupt_checkpoint_not_a_broken_run(tmp_path: Path
         mgr.wait()  # raises what the background verify and rotation raised
     status = {c.step: c for c in Catalog(run).list()}
     assert status[3].status == "verified" and status[2].status == "corrupt"
+
+
+def _set_opt_state_key(o: dict[str, Any], key: Any) -> None:
+    o["tree"]["optimizer"]["state_dict"]["state"] = {"$t": "dict", "items": [[key, {}]]}
+
+
+_VIEW_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
+    # Values the tree decoder accepts (a huge int is a valid dict key) but verify's state
+    # view once converted with float() or int() and raised.
+    "optimizer-state-key-10**400": lambda o: _set_opt_state_key(o, 10**400),
+    "optimizer-state-key-superscript": lambda o: _set_opt_state_key(o, "²"),
+    "rng-rank-superscript": lambda o: o["tree"]["rng"].__setitem__(
+        "rank²", o["tree"]["rng"]["rank00000"]
+    ),
+    "param-group-lr-10**400": lambda o: o["tree"]["optimizer"]["state_dict"]["param_groups"][0]
+    .__setitem__("lr", 10**400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEW_EDITS))
+def test_verify_state_view_reads_hostile_numbers_without_raising(tmp_path: Path, name: str) -> None:
+    run = tmp_path / "run"
+    with ckptkit.CheckpointManager(run) as mgr:
+        mgr.save(_train_state(1))
+    _rewrite(run / "step-00000001", _VIEW_EDITS[name])
+    res = ckptkit.verify(run / "step-00000001")  # a finding or a pass, never a traceback
+    assert all(f.code.startswith("CK-") for f in res.findings)

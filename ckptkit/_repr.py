@@ -31,9 +31,13 @@ def brief(name: str, /, **fields: Any) -> str:
 def short(v: Any) -> str:
     """A repr of ``v`` that stays short: long strings cut, long collections counted.
 
+    Safe on hostile values (huge ints too): error messages quote what a manifest holds.
+
     Example:
         >>> short("x" * 100)[-10:], short(list(range(10))), short({"a": 1, "b": 2})
         ("xx…' (100)", '[0, 1, 2, 3, … +6]', '{a, b}')
+        >>> short(-(10**400))
+        '-<an int of 1329 bits>'
     """
     if isinstance(v, PurePath):
         return repr(str(v))
@@ -52,6 +56,9 @@ def short(v: Any) -> str:
         return ("(" if isinstance(v, tuple) else "[") + head + more + (")" if isinstance(v, tuple) else "]")
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 256:
+        # repr() of a huge int is long, and past 4300 digits it raises instead.
+        return f"{'-' if v < 0 else ''}<an int of {v.bit_length()} bits>"
     text = repr(v)
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptkit._repr import short
 from ckptkit.errors import ManifestError, StateError
 from ckptkit.storage.tensors import DTYPES
 
@@ -228,9 +229,13 @@ _NP_SCALARS: dict[str, np.dtype[Any]] = {
 """numpy scalar dtypes :func:`encode` writes (``x.dtype.str`` without byte order)."""
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _SIZE_MAX = 1 << 63
-_DECODE_ERRORS = (
-    KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OverflowError,
-)
+_DECODE_ERRORS = (TypeError, ValueError, OverflowError, RuntimeError)
+"""What converting a hostile JSON value can raise (a huge int to a float, an unhashable
+value looked up, a string torch or numpy cannot parse). The decoder checks each value
+before converting it; these are turned into ``CK-M009`` at the one conversion boundary
+(:func:`rebuild`'s tagged values) as a safety net for a check it lacks, with the path to
+the value. Not ``KeyError``/``IndexError``/``AttributeError``: fields are checked before
+they are read, so those would be bugs here, and a bug must not pass as damaged input."""
 
 
 class _Malformed(Exception):
@@ -295,8 +300,7 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
             return out
         if not isinstance(x, dict):
             return x  # a JSON scalar (the parser admits finite numbers only)
-        tag = x.get(TAG)
-        if tag is None:
+        if TAG not in x:
             res = {}
             for k, v in x.items():
                 try:
@@ -305,26 +309,32 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
                     e.where.append(_seg(k))
                     raise
             return res
-        return dec_tagged(x, tag, depth)
+        tag = x[TAG]
+        try:
+            return dec_tagged(x, tag, depth)
+        except _DECODE_ERRORS as e:
+            # The decode boundary: a conversion below met a value no check above foresaw.
+            why = str(e) if len(str(e)) <= 120 else str(e)[:119] + "…"
+            raise _Malformed(f"a {short(tag)} value cannot be rebuilt ({type(e).__name__}: {why})") from None
 
     def fields(x: dict[str, Any], tag: str) -> None:
         need, opt = _TAG_FIELDS[tag]
         have = set(x) - {TAG}
         if not need <= have or not have <= need | opt:
             raise _Malformed(
-                f"a {tag!r} value has fields {sorted(have)}; it needs {sorted(need)}"
+                f"a {short(tag)} value has fields {short(sorted(have))}; it needs {sorted(need)}"
                 + (f" and may have {sorted(opt)}" if opt else "")
             )
 
     def items_of(x: dict[str, Any], tag: str) -> list[Any]:
         v = x["items"]
         if not isinstance(v, list):
-            raise _Malformed(f"the items of a {tag!r} value are {type(v).__name__}, not a list")
+            raise _Malformed(f"the items of a {short(tag)} value are {type(v).__name__}, not a list")
         return v
 
     def dec_tagged(x: dict[str, Any], tag: Any, depth: int) -> Any:
         if not isinstance(tag, str) or tag not in _TAG_FIELDS:
-            raise _Malformed(f"unknown tag {tag!r} (written by a newer ckptkit?)")
+            raise _Malformed(f"unknown tag {short(tag)} (written by a newer ckptkit?)")
         if not (tag == "tensor" and x.keys() == _REF_FIELDS):  # the common case, checked fast
             fields(x, tag)
         if tag in ("tensor", "ndarray"):
@@ -332,9 +342,9 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
             if not isinstance(key, str):
                 raise _Malformed(f"a {tag} reference has a key of type {type(key).__name__}")
             if key not in known:
-                raise _Malformed(f"references tensor {key!r}, which the manifest does not list")
+                raise _Malformed(f"references tensor {short(key)}, which the manifest does not list")
             if tag_of.setdefault(key, tag) != tag:
-                raise _Malformed(f"tensor {key!r} is referenced both as a tensor and an ndarray")
+                raise _Malformed(f"tensor {short(key)} is referenced both as a tensor and an ndarray")
             if not isinstance(x.get("requires_grad", False), bool):
                 raise _Malformed("requires_grad is not a boolean")
             return leaf(tag, key, x)
@@ -364,8 +374,8 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
             return out
         v = x.get("v")
         if tag == "float":
-            if v not in _NONFINITE:
-                raise _Malformed(f"a float tag holds {v!r}, not 'nan', 'inf' or '-inf'")
+            if not isinstance(v, str) or v not in _NONFINITE:
+                raise _Malformed(f"a float tag holds {short(v)}, not 'nan', 'inf' or '-inf'")
             return _NONFINITE[v]
         if tag == "size":
             dims = items_of(x, tag)
@@ -375,7 +385,7 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
         if tag == "dtype":
             dt = _TORCH_DTYPES.get(v) if isinstance(v, str) else None
             if dt is None:
-                raise _Malformed(f"unknown torch dtype {v!r}")
+                raise _Malformed(f"unknown torch dtype {short(v)}")
             return dt
         if tag == "device":
             if not isinstance(v, str) or len(v) > 64:
@@ -383,7 +393,7 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
             try:
                 return torch.device(v)
             except RuntimeError:
-                raise _Malformed(f"torch cannot parse the device {v!r}") from None
+                raise _Malformed(f"torch cannot parse the device {short(v)}") from None
         if tag == "npscalar":
             return _npscalar(x["dtype"], dec(v, depth + 1))
         # bytes
@@ -406,16 +416,19 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
 def _npscalar(name: Any, v: Any) -> Any:
     dt = _NP_SCALARS.get(name) if isinstance(name, str) else None
     if dt is None:
-        raise _Malformed(f"unsupported numpy scalar dtype {name!r}")
+        raise _Malformed(f"unsupported numpy scalar dtype {short(name)}")
     if dt.kind == "b":
         ok = type(v) is bool
     elif dt.kind in "iu":
         info = np.iinfo(dt)
         ok = type(v) is int and info.min <= v <= info.max
     else:
-        ok = type(v) in (int, float)
+        # encode writes a float scalar's .item(): always a Python float (non-finite ones
+        # tagged), so an int here was not written by encode; a finite value past the
+        # dtype's range would silently become inf.
+        ok = type(v) is float and not (math.isfinite(v) and abs(v) > float(np.finfo(dt).max))
     if not ok:
-        raise _Malformed(f"{v!r} is not a value of numpy {dt.name}")
+        raise _Malformed(f"{short(v)} is not a value of numpy {dt.name}")
     return dt.type(v)
 
 
@@ -496,7 +509,7 @@ def decode_key(k: Any) -> Any:
     """
     try:
         return _hashable(decode(k, {}))
-    except (ManifestError, TypeError):
+    except ManifestError:
         return repr(k)
 
 

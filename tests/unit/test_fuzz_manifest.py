@@ -44,6 +44,7 @@ hostile_strings = st.sampled_from(
 )
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([10**400, -(10**400), 2**63, 2**64, 1e308, -1e308]),  # past every width
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20), hostile_strings,
 )
 json_values = st.recursive(json_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6)

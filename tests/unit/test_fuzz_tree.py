@@ -3,6 +3,11 @@ tensor table, components, file kinds) and assert that no non-ckptkit exception e
 ``ckptkit.load``, ``ckptkit.verify``, ``describe`` (inspect) and ``CheckpointManager.restore``,
 that nothing blocks, and that restore falls back to the good older checkpoint.
 
+Issue 23 item 2: the decoder alone, every tag it knows with hostile payloads (numbers at
+every magnitude, wrong container types, missing and extra fields), returns a value or raises
+``CK-M009``, and ``check`` (verify) refuses exactly what ``decode`` (load) refuses; on disk,
+verify calls such a checkpoint corrupt exactly when restore refuses it and falls back.
+
 ``CKPTKIT_FUZZ_EXAMPLES=N`` runs more examples; ``CKPTKIT_FUZZ_COUNTS=FILE`` writes the
 tried / refused cleanly / escaped counts as JSON (also printed with ``pytest -s``).
 """
@@ -28,7 +33,9 @@ from hypothesis import strategies as st
 
 import ckptkit
 from ckptkit import manifest as mf
+from ckptkit.catalog import Catalog
 from ckptkit.describe import describe
+from ckptkit.storage import tree as tree_mod
 from ckptkit.verify.findings import CODES
 from ckptkit.verify.runner import VerifyResult
 
@@ -69,8 +76,10 @@ def _report_counts() -> Iterator[None]:
 
 # --- what a mutation can put in ----------------------------------------------------------
 
+HUGE = [10**400, -(10**400), 2**63, -(2**63) - 1, 2**64, 2**1024, 1e308, -1e308, 5e-324, -0.0]
+"""Numbers past every width a decoder converts to (int64, uint64, float64, float16)."""
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from(HUGE),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
     st.sampled_from([*_KEYS, "nope", "", "$t"]),
 )
@@ -94,7 +103,9 @@ def tagged(draw: st.DrawFn, inner: st.SearchStrategy[Any]) -> dict[str, Any]:
         "ndarray": {"key": draw(st.sampled_from(_KEYS) | scalars)},
         "tuple": {"items": draw(st.lists(inner, max_size=3) | scalars)},
         "dict": {"items": draw(st.lists(st.lists(inner, min_size=0, max_size=3), max_size=3))},
-        "float": {"v": draw(st.sampled_from(["nan", "inf", "-inf", "1e5", 1.0, None]))},
+        "float": {"v": draw(st.sampled_from(["nan", "inf", "-inf", "1e5", 1.0, None])
+                            | scalars | st.lists(scalars, max_size=2)
+                            | st.dictionaries(st.text(max_size=3), scalars, max_size=2))},
         "size": {"items": draw(st.lists(st.integers(-3, 2**70), max_size=3) | scalars)},
         "dtype": {"v": draw(torch_dtypes)},
         "device": {"v": draw(devices)},
@@ -316,3 +327,108 @@ def test_restore_falls_back_from_mutated_newest(ops: list[tuple[Any, ...]]) -> N
     assert r is not None
     if bad:
         assert r.step == 1, f"restored the damaged newest checkpoint (step {r.step})"
+
+
+# --- the decoder alone: every tag it knows x hostile payloads (issue 23 item 2) ------------
+
+hostile_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.sampled_from(HUGE), st.floats(),
+    st.text(max_size=6),
+    st.sampled_from(["nan", "inf", "-inf", "f8", "f2", "i1", "u8", "?", "float32", "bfloat16",
+                     "cpu", "cuda:0", "AAAA", "w", "b", "$t"]),
+)
+hostile_values = st.recursive(
+    hostile_leaves,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+    max_leaves=5,
+)
+_DECODER_TAGS = sorted(tree_mod._TAG_FIELDS)  # every tag the decoder knows: a new one is fuzzed too
+
+
+@st.composite
+def hostile_tagged(draw: st.DrawFn, inner: st.SearchStrategy[Any]) -> dict[str, Any]:
+    """A tagged value of a known tag (now and then an unknown one) with hostile fields."""
+    tag = draw(st.sampled_from(_DECODER_TAGS) | hostile_leaves)
+    need, opt = tree_mod._TAG_FIELDS.get(tag, (frozenset({"v"}), frozenset()))
+    out: dict[str, Any] = {"$t": tag}
+    for name in sorted(need | opt):
+        if draw(st.integers(0, 9)) == 0:
+            continue  # a missing field (or an absent optional one)
+        out[name] = draw(inner | hostile_values)
+    if draw(st.integers(0, 9)) == 0:
+        out["extra"] = draw(hostile_leaves)
+    return out
+
+
+hostile_trees = st.recursive(
+    hostile_values,
+    lambda inner: hostile_tagged(inner)
+    | st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _decode_outcome(fn: Callable[[], Any]) -> str | None:
+    """None when ``fn`` decoded; the code when it refused. Anything else fails the test."""
+    try:
+        fn()
+    except ckptkit.ManifestError as e:
+        assert e.code == "CK-M009" and "'tree" in e.what, e
+        return e.code
+    return None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(value={"$t": "npscalar", "dtype": "f8", "v": 10**400})
+@example(value={"$t": "float", "v": []})
+@example(value={"$t": "npscalar", "dtype": "f2", "v": 1e300})
+@example(value={"$t": "npscalar", "dtype": "u8", "v": -(10**400)})
+@example(value={"$t": None})
+@given(value=hostile_trees)
+def test_decoding_a_hostile_value_returns_or_raises_m009(value: Any) -> None:
+    """``check`` (every manifest read, so verify) and ``decode`` (load) never raise anything
+    but CK-M009 (warnings are errors here: a numpy overflow would fail too), and agree."""
+    tensors = {"w": torch.zeros(2), "b": torch.zeros(2, dtype=torch.bfloat16)}
+    tree = {"x": value}
+    checked = _decode_outcome(lambda: tree_mod.check(tree, {"w": "F32", "b": "BF16"}))
+    loaded = _decode_outcome(lambda: tree_mod.decode(tree, tensors))
+    assert checked == loaded, f"verify {'refuses' if checked else 'passes'} what load does not"
+
+
+def _extra_state(step: int) -> ckptkit.TrainState:
+    """:func:`_state` with an ``extra`` dict: restore puts the tree's ``extra`` back into it."""
+    ts = _state(step)
+    return ckptkit.TrainState(model=ts.model, optimizer=ts.optimizer, step=step, extra={})
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@example(value={"$t": "npscalar", "dtype": "f8", "v": 10**400})
+@example(value={"$t": "float", "v": []})
+@example(value={"$t": "float", "v": "inf"})
+@given(value=hostile_trees)
+def test_verify_and_restore_agree_on_a_hostile_value(value: Any) -> None:
+    """The newest checkpoint carries the value (digest recomputed): verify calls it corrupt
+    exactly when restore refuses it and falls back to the older one; the catalog lists it
+    (corrupt only if verify fails) and never raises."""
+    run = _BASE / "agree"
+    if run.exists():
+        shutil.rmtree(run)
+    shutil.copytree(_TEMPLATE, run)
+    obj = json.loads(json.dumps(_MANIFEST))
+    obj["tree"]["extra"] = {"x": value}
+    obj["manifest_digest"] = mf.content_digest(obj)
+    (run / NEW / "manifest.json").write_text(json.dumps(obj))
+    res = ckptkit.verify(run / NEW)
+    listed = {c.path.name: c for c in Catalog(run).list()}
+    assert set(listed) == {OLD, NEW}
+    if listed[NEW].status == "corrupt":
+        assert not res.ok and "CK-M009" in (listed[NEW].problem or "")
+    with ckptkit.CheckpointManager(run, keep_last=5) as mgr:
+        r = mgr.restore(_extra_state(0))
+    assert r is not None
+    assert r.step == (2 if res.ok else 1), (
+        f"verify {'passed' if res.ok else 'failed'} step 2 but restore took step {r.step}: "
+        f"{[f.code for f in res.findings if f.severity == 'error']}"
+    )

@@ -364,3 +364,76 @@ def test_every_encodable_value_passes_both(tmp_path: Path) -> None:
 def test_tuple_key_holding_a_tensor_is_refused_at_save(tmp_path: Path) -> None:
     with pytest.raises(ckptkit.StateError, match="dict key"):
         ckptkit.save({"d": {(torch.ones(1),): 1}}, tmp_path / "c")
+
+
+# --- issue 23, reproduction 3: one hostile value, the run goes on ---------------------------
+
+_ISSUE23_VALUES = {
+    "npscalar-10**400": {"$t": "npscalar", "dtype": "f8", "v": 10**400},
+    "float-tag-list": {"$t": "float", "v": []},
+    "npscalar-f2-past-range": {"$t": "npscalar", "dtype": "f2", "v": 1e300},
+    "npscalar-int-for-float": {"$t": "npscalar", "dtype": "f8", "v": 1},
+    "null-tag": {"$t": None},
+}
+
+
+def _train_state(step: int) -> ckptkit.TrainState:
+    torch.manual_seed(step)
+    model = torch.nn.Linear(3, 2)
+    return ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              step=step)
+
+
+@pytest.mark.parametrize("name", sorted(_ISSUE23_VALUES))
+def test_hostile_value_is_one_corrupt_checkpoint_not_a_broken_run(tmp_path: Path, name: str) -> None:
+    """The checkpoint lists as corrupt naming the key path; restore falls back; the next save
+    commits, verifies and rotates with no raw error (its background listing reads the bad
+    manifest too)."""
+    from ckptkit.catalog import Catalog
+
+    run = tmp_path / "run"
+    with ckptkit.CheckpointManager(run) as mgr:
+        mgr.save(_train_state(1))
+        mgr.save(_train_state(2))
+    _rewrite(run / "step-00000002", lambda o: o["tree"].__setitem__("x", _ISSUE23_VALUES[name]))
+    with pytest.raises(ckptkit.ManifestError) as ei:
+        mf.read(run / "step-00000002")
+    assert ei.value.code == "CK-M009" and "manifest.json" in str(ei.value)
+    assert "tree/x" in str(ei.value)
+    status = {c.step: c for c in Catalog(run).list()}
+    assert status[2].status == "corrupt" and "CK-M009" in (status[2].problem or "")
+    assert status[1].status == "verified"
+    with ckptkit.CheckpointManager(run, keep_last=2) as mgr:
+        r = mgr.restore(_train_state(0))
+        assert r is not None and r.step == 1
+        mgr.save(_train_state(3))
+        mgr.wait()  # raises what the background verify and rotation raised
+    status = {c.step: c for c in Catalog(run).list()}
+    assert status[3].status == "verified" and status[2].status == "corrupt"
+
+
+def _set_opt_state_key(o: dict[str, Any], key: Any) -> None:
+    o["tree"]["optimizer"]["state_dict"]["state"] = {"$t": "dict", "items": [[key, {}]]}
+
+
+_VIEW_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
+    # Values the tree decoder accepts (a huge int is a valid dict key) but verify's state
+    # view once converted with float() or int() and raised.
+    "optimizer-state-key-10**400": lambda o: _set_opt_state_key(o, 10**400),
+    "optimizer-state-key-superscript": lambda o: _set_opt_state_key(o, "²"),
+    "rng-rank-superscript": lambda o: o["tree"]["rng"].__setitem__(
+        "rank²", o["tree"]["rng"]["rank00000"]
+    ),
+    "param-group-lr-10**400": lambda o: o["tree"]["optimizer"]["state_dict"]["param_groups"][0]
+    .__setitem__("lr", 10**400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_VIEW_EDITS))
+def test_verify_state_view_reads_hostile_numbers_without_raising(tmp_path: Path, name: str) -> None:
+    run = tmp_path / "run"
+    with ckptkit.CheckpointManager(run) as mgr:
+        mgr.save(_train_state(1))
+    _rewrite(run / "step-00000001", _VIEW_EDITS[name])
+    res = ckptkit.verify(run / "step-00000001")  # a finding or a pass, never a traceback
+    assert all(f.code.startswith("CK-") for f in res.findings)

@@ -56,8 +56,13 @@ def num(x: Any) -> float | None:
     """A number (tagged non-finite floats and 0-d tensors' JSON forms included), else None."""
     if isinstance(x, bool):
         return None
-    if isinstance(x, int | float):
-        return float(x)
+    if isinstance(x, float):
+        return x
+    if isinstance(x, int):
+        try:
+            return float(x)
+        except OverflowError:  # a JSON int has any magnitude; past a float's, not a number
+            return None
     if isinstance(x, Mapping) and x.get(TAG) == "float":
         v = x.get("v")
         if v in ("nan", "inf", "-inf"):
@@ -71,6 +76,21 @@ def integer(x: Any) -> int | None:
     if v is None or not math.isfinite(v) or not v.is_integer() or v < 0:
         return None
     return int(v)
+
+
+def decimal(s: str) -> int | None:
+    """A non-negative int spelled in ASCII digits (a rank or parameter index), else None.
+
+    ``str.isdigit`` alone admits ``'²'`` (``int`` refuses it) and digit strings longer
+    than ``int`` converts; both are refused here, not raised.
+
+    Example:
+        >>> decimal("12"), decimal("²"), decimal("1" * 5000), decimal("-1")
+        (12, None, None, None)
+    """
+    if s.isascii() and s.isdigit() and len(s) <= 18:
+        return int(s)
+    return None
 
 
 def mapping(x: Any) -> Mapping[str, Any]:
@@ -273,7 +293,7 @@ def _optimizer_params(
         return None
     state: dict[int, Mapping[str, Any]] = {}
     for k, v in items(sd.get("state")):
-        idx = integer(k) if not isinstance(k, str) else (int(k) if k.isdigit() else None)
+        idx = integer(k) if not isinstance(k, str) else decimal(k)
         if idx is not None and isinstance(v, Mapping):
             state[idx] = v
     names = opt.get("param_names")

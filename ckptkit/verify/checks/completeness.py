@@ -106,8 +106,9 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     ranks: set[int] = set()
     rng_tree = st.tree_part(ctx, "rng")
     for key, _ in st.items(rng_tree):
-        if isinstance(key, str) and key.startswith("rank") and key[4:].isdigit():
-            ranks.add(int(key[4:]))
+        rank = st.decimal(key[4:]) if isinstance(key, str) and key.startswith("rank") else None
+        if rank is not None:
+            ranks.add(rank)
     if not ranks:
         return  # nothing recorded per rank (not a TrainState layout)
     inside = {r for r in ranks if r < world}

@@ -1,0 +1,74 @@
+"""Issue 23, reproduction 3: one hostile value in the newest manifest's state tree (digest
+recomputed) used to crash every run-level command with a traceback. Each command runs as a
+subprocess with a timeout and must exit with its documented code (docs/cli.md: 0 clean, 1
+findings, 2 unreadable input) and a message naming the manifest and the key path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckptkit
+from ckptkit import manifest as mf
+
+NEW, OLD = "step-00000002", "step-00000001"
+
+HOSTILE = {
+    "npscalar-10**400": {"$t": "npscalar", "dtype": "f8", "v": 10**400},
+    "float-tag-list": {"$t": "float", "v": []},
+}
+
+
+def _state(step: int) -> ckptkit.TrainState:
+    torch.manual_seed(step)
+    model = torch.nn.Linear(3, 2)
+    return ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              step=step)
+
+
+@pytest.fixture(params=sorted(HOSTILE))
+def run(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A run of two verified steps; the newest manifest's tree carries the hostile value."""
+    root = tmp_path / "run"
+    with ckptkit.CheckpointManager(root) as mgr:
+        mgr.save(_state(1))
+        mgr.save(_state(2))
+    p = root / NEW / "manifest.json"
+    obj: dict[str, Any] = json.loads(p.read_text())
+    obj["tree"]["x"] = HOSTILE[request.param]
+    obj["manifest_digest"] = mf.content_digest(obj)
+    p.write_text(json.dumps(obj))
+    return root
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "ckptkit", *args], capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert "Traceback" not in out, out
+    return r.returncode, out
+
+
+def test_run_commands_report_the_value_without_a_traceback(run: Path) -> None:
+    named = f"{NEW}/manifest.json"
+    code, out = _cli("verify", str(run))
+    assert code == 1 and "CK-M009" in out and "tree/x" in out and str(run / NEW) in out, out
+    code, out = _cli("inspect", str(run / NEW))
+    assert code == 2 and "CK-M009" in out and named in out and "tree/x" in out, out
+    code, out = _cli("ls", str(run), "--json")
+    assert code == 1, out
+    status = {c["path"].rsplit("/", 1)[-1]: c for c in json.loads(out)["checkpoints"]}
+    assert status[NEW]["status"] == "corrupt" and "tree/x" in status[NEW]["problem"]
+    assert status[OLD]["status"] == "verified"
+    code, out = _cli("rollback", str(run))
+    assert code == 0 and f"{OLD}: picked" in out, out
+    code, out = _cli("prune", str(run), "--keep-last", "1")
+    assert code == 0 and (run / OLD / "manifest.json").is_file(), out
+    assert (run / NEW).is_dir(), "prune deleted a corrupt checkpoint without --delete-corrupt"

@@ -63,7 +63,13 @@ def _int(v: Any) -> bool:
 
 
 def _real(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A number the guard can compare as a float (an int past float's range is not)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _str(v: Any) -> bool:

@@ -409,7 +409,9 @@ def test_hostile_value_is_one_corrupt_checkpoint_not_a_broken_run(tmp_path: Path
         mgr.save(_train_state(3))
         mgr.wait()  # raises what the background verify and rotation raised
     status = {c.step: c for c in Catalog(run).list()}
-    assert status[3].status == "verified" and status[2].status == "corrupt"
+    assert status[3].status == "verified" and 2 not in status
+    # the save after restoring step 1 branched the run: step 2 is set aside, kept whole
+    assert list((run / ".ckptkit-abandoned").glob("branch-*/step-00000002/manifest.json"))
 
 
 def _set_opt_state_key(o: dict[str, Any], key: Any) -> None:

@@ -180,3 +180,21 @@ def test_a_fifo_adopted_manifest_in_a_lightning_dir_is_a_finding(tmp_path: Path)
     left = sorted(p.name for p in ck.glob("*.ckpt"))
     assert left == ["epoch=0-step=10.ckpt", "epoch=0-step=15.ckpt"]
     assert f.is_fifo()
+
+
+def test_a_fifo_adopted_manifest_in_a_trainer_dir_is_listed_corrupt(tmp_path: Path) -> None:
+    """The Trainer layout read the same FIFO as 'not adopted' (verify fails on it)."""
+    out = tmp_path / "out"
+    for s in (2, 4):
+        d = out / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    f = _fifo(out / "checkpoint-4" / "ckptkit-manifest.json")
+    r = _ckptkit("ls", str(out), "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["layout"] == "hf-trainer"
+    rows = {c["step"]: c for c in doc["checkpoints"]}
+    assert rows[2]["status"] == "committed" and "not adopted" in rows[2]["problem"]
+    assert rows[4]["status"] == "corrupt" and "CK-M008" in rows[4]["problem"]
+    assert "FIFO" in rows[4]["problem"] and f.is_fifo()

@@ -60,7 +60,7 @@ from ckptkit import codes, signing
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
 from ckptkit.foreign.detect import detect as foreign_format
-from ckptkit.storage import atomic, fs
+from ckptkit.storage import atomic, digest, fs
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
@@ -295,30 +295,47 @@ class Catalog:
     # --- reading -----------------------------------------------------------------------------
 
     def manifest(self, ckpt: Location) -> tuple[mf.Manifest, str]:
-        """Read and validate a checkpoint's manifest once per version of the file.
+        """Read and validate a checkpoint's manifest once per content of the file.
 
         Returns ``(manifest, manifest digest)``. A save lists the run several times; the
-        cache (keyed by the manifest file's inode, size and mtime) keeps that to one
-        validation per manifest version.
+        cache keeps that to one validation per manifest content. It is keyed by a digest
+        of the bytes read now, never by the file's inode, size and mtime: a manifest
+        rewritten in place with its size and mtime kept (bit rot, an edit followed by
+        ``touch -r``) must not be vouched for by what an earlier version said (retention
+        decides deletions on this). Manifests are small: reading one is cheap.
 
         Raises:
             IncompleteCheckpointError: no manifest (``CK-M001``).
             ManifestError: the manifest is invalid (its ``CK-M`` code).
         """
-        version = fs.fingerprint(ckpt / atomic.MANIFEST_NAME)
-        if version is None:
-            return mf.read(ckpt, key=self.key), ""  # raises the right CK-M001/M00x error
+        where = ckpt / atomic.MANIFEST_NAME
+        try:
+            data = fs.read_small(where, mf.MAX_MANIFEST_BYTES)
+        except (OSError, CkptkitError):
+            man = mf.read(ckpt, key=self.key)  # raises the right CK-M001/M00x error
+            return man, man.digest
+        if len(data) > mf.MAX_MANIFEST_BYTES:
+            man = mf.read(ckpt, key=self.key)  # raises CK-M006
+            return man, man.digest
+        version = digest.hexdigest_bytes(data)
         hit = self._manifests.get(str(ckpt))
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
-        man = mf.read(ckpt, key=self.key)
+        man = mf.Manifest.from_json(data, path=fs.url(where), key=self.key)
         self._manifests[str(ckpt)] = (version, man, man.digest)
         return man, man.digest
 
     def index(self) -> dict[str, Any]:
-        """The run index (``{}`` when absent or unreadable: it is advisory)."""
+        """The run index (``{}`` when absent or unreadable: it is advisory).
+
+        Raises:
+            UnsafeInputError: ``CK-F022``, the index is a FIFO, device, directory or
+                symlink: never opened (a FIFO would block), never silently replaced.
+        """
         try:
-            data = json.loads(fs.read_small(self.root / INDEX, 64 << 20))
+            data = json.loads(fs.read_small(self.root / INDEX, 64 << 20, hint=_INDEX_FIX))
+        except CkptkitError:
+            raise  # not a regular file (an UnsafeInputError is a ValueError too)
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -335,6 +352,9 @@ class Catalog:
         if fs.kind(self.root) != "dir":
             return []
         index = self.index()
+        # Every restore, prune and save starts here and may end by rewriting ``latest``:
+        # a pointer of the wrong kind stops them before they do anything.
+        fs.check_regular(self.root / LATEST, hint=_LATEST_FIX)
         raw_rec, raw_pins = index.get("verified"), index.get("pins")
         records: dict[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
         extra_pins: dict[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
@@ -470,11 +490,16 @@ class Catalog:
         )
 
     def latest_name(self) -> str | None:
-        """What the ``latest`` pointer names (None when there is no pointer)."""
+        """What the ``latest`` pointer names (None when there is no pointer).
+
+        Raises:
+            UnsafeInputError: ``CK-F022``, ``latest`` is not a regular file (never opened).
+        """
         try:
-            name = fs.read_small(self.root / LATEST, 4096).decode(errors="replace").strip()
+            raw = fs.read_small(self.root / LATEST, 4096, hint=_LATEST_FIX)
         except OSError:
             return None
+        name = raw.decode(errors="replace").strip()
         return name or None
 
     def leftovers(self) -> builtins.list[Location]:
@@ -641,6 +666,16 @@ class Catalog:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+_LATEST_FIX = (
+    "ckptkit keeps the 'latest' pointer as a regular file holding one checkpoint name; "
+    "remove this one while no ckptkit process writes to the run: the next save, restore or "
+    "prune writes the pointer again"
+)
+_INDEX_FIX = (
+    "ckptkit keeps its run index as a regular file; remove this one while no ckptkit "
+    "process writes to the run: 'ckptkit ls --verify RUN' records the verify outcomes again"
+)
 
 
 def _changed_files(path: Location, man: mf.Manifest) -> list[str]:

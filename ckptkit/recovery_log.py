@@ -32,6 +32,8 @@ def read_log(root: str | Location, *, strict: bool = False) -> dict[str, Any]:
 
     Raises:
         RecoveryError: ``strict`` and the log exists but cannot be read (``CK-D011``).
+        UnsafeInputError: ``CK-F022``, the log is a FIFO, directory, device or symlink
+            (never opened: a FIFO would block ``ckptkit ls``), strict or not.
 
     Example:
         >>> import tempfile

@@ -14,7 +14,12 @@ a run, whatever its layout, with the rules that make deletion safe:
    just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
    (unsigned without a key, and possibly a transient failure). If it verifies now, or
    cannot be read for a reason that is not damage (``unreadable``), it is kept;
-5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it).
+5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
+6. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
+   checkpoint that failed is still the newest the plan counts good: the run could not
+   record the failure, e.g. a manifest it cannot parse or an index it cannot write),
+   nothing is deleted and :attr:`Outcome.stopped` says why. Each round that goes on has
+   ruled out one more checkpoint, so there are at most as many rounds as checkpoints.
 
 A native run (:class:`ckptkit.CheckpointManager`) and a framework run (a Trainer output
 directory, a Lightning ``checkpoints/`` directory) are both a :class:`RunStore`: the same
@@ -76,6 +81,8 @@ class Outcome:
     """``"name: why"`` per deleted checkpoint."""
     rechecked: list[str] = field(default_factory=list)
     """Checkpoints verified again before deleting (and what was found)."""
+    stopped: str | None = None
+    """Why nothing was deleted although the policy asked for deletions (rule 4), else None."""
 
 
 def plan(run: RunStore, policy: Policy) -> rotation.RetentionPlan:
@@ -105,6 +112,9 @@ def apply(
         dry_run: plan (and re-check) only; delete nothing.
     """
     rechecked: list[str] = []
+    failed: dict[int, str] = {}
+    """Steps whose re-verify failed in this call, and how (rule 6)."""
+    stopped: str | None = None
     while True:
         p = plan(run, policy)
         if not p.delete or not recheck:
@@ -115,11 +125,24 @@ def apply(
         newest = max(keep, key=lambda c: c.step)
         if newest.step in fresh:
             break
+        if newest.step in failed:
+            # The failure did not change the plan: replanning would re-verify the same
+            # checkpoint forever, and deleting on this plan would trust a verdict its bytes
+            # just contradicted.
+            stopped = (
+                f"{failed[newest.step]} failed its re-verify, but the run still counts it "
+                "good (the failure could not be recorded); nothing is deleted until it is "
+                "verified again ('ckptkit ls --verify RUN')"
+            )
+            log.error("ckptkit: %s", stopped)
+            p = _hold(p, stopped)
+            break
         info = next(c for c in run.checkpoints() if c.step == newest.step)
         bad = run.reverify(info)
         if not bad:
             rechecked.append(f"{_name(info)}: verified again, ok")
             break
+        failed[newest.step] = _name(info)
         rechecked.append(f"{_name(info)}: {bad[0].code} {bad[0].message}")
         log.error(
             "ckptkit: %s failed its re-verify before deleting (%s %s); it is recorded "
@@ -128,7 +151,7 @@ def apply(
             bad[0].code,
             bad[0].message,
         )
-    out = Outcome(plan=p, rechecked=rechecked)
+    out = Outcome(plan=p, rechecked=rechecked, stopped=stopped)
     if dry_run or not p.delete:
         return out
     run.fence()
@@ -193,6 +216,15 @@ def _kept(plan: rotation.RetentionPlan, step: int, found: codes.Outcome) -> rota
         for d in plan.decisions
     )
     return replace(plan, decisions=decisions)
+
+
+def _hold(p: rotation.RetentionPlan, why: str) -> rotation.RetentionPlan:
+    """``p`` with every deletion turned into a keep that says ``why``."""
+    held = tuple(
+        d if d.keep else replace(d, keep=True, reason=f"keep: not deleted: {why}")
+        for d in p.decisions
+    )
+    return replace(p, decisions=held)
 
 
 def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:

@@ -8,6 +8,7 @@ here; :mod:`ckptkit.foreign.adopt` writes it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -19,6 +20,7 @@ from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.foreign.loads import needs_code_verdict
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_READOPT = "remove it, then " + codes.ADOPT
 
 
 def adopted_path(target: Path) -> Path:
@@ -33,23 +35,55 @@ def adopted_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.{ADOPTED_SUFFIX}")
 
 
+def load_adopted(target: Path) -> mf.Manifest | None:
+    """Return the adopted manifest of ``target`` (validated), or None when it has none.
+
+    The one reader of adopted manifests (verify, the run layouts): it opens a regular file
+    only, never following a symlink and never blocking (:func:`ckptkit.manifest.read_path`),
+    so a FIFO named like an adopted manifest is refused, not waited on.
+
+    Raises:
+        CkptkitError: there is one, but it cannot be used: ``CK-M008`` (not a regular
+            file, or unreadable; the fix says to remove it and adopt again) or the
+            ``CK-M`` code of what makes it invalid.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = Path(tempfile.mkdtemp()); (d / "a.ckpt").touch()
+        >>> load_adopted(d / "a.ckpt") is None
+        True
+        >>> os.mkfifo(adopted_path(d / "a.ckpt")); load_adopted(d / "a.ckpt")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.UnsafeInputError: CK-M008 a.ckpt.ckptkit-manifest.json: is a FIFO (named pipe)...
+    """
+    p = adopted_path(target)
+    if not os.path.lexists(p):
+        return None
+    try:
+        return mf.read_path(p)
+    except CkptkitError as e:
+        if e.code == "CK-M001":
+            return None  # removed since we looked
+        if e.code == "CK-M008":
+            raise type(e)(e.what, path=p.name, code=e.code, hint=_READOPT) from None
+        raise
+
+
 def read_adopted(s: Scan) -> dict[str, Any] | None:
     """Return ``user.adopted`` of the adopted manifest (validated), or None when absent.
 
-    A manifest that fails validation is reported as a finding on ``s`` (its CK-M code)
-    and an empty record is returned.
+    A manifest that fails validation (or is not a regular file) is reported as a finding
+    on ``s`` (its CK-M code) and an empty record is returned.
     """
-    p = adopted_path(s.target)
-    if not p.is_file():
-        return None
-    rel = p.name
+    rel = adopted_path(s.target).name
     try:
-        if p.stat().st_size > mf.MAX_MANIFEST_BYTES:
-            raise codes.error("CK-M006", "adopted manifest is absurdly large")
-        m = mf.Manifest.from_json(p.read_bytes(), path=rel)
+        m = load_adopted(s.target)
     except CkptkitError as e:
         s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
         return {}
+    if m is None:
+        return None
     adopted = (m.user or {}).get("adopted")
     if not isinstance(adopted, dict) or not isinstance(adopted.get("files"), list):
         s.add("CK-M003", "adopted manifest has no user.adopted.files record", path=rel)
@@ -129,6 +163,7 @@ def needs_code_problem(names: list[str], fmt: str) -> str:
 
 __all__ = [
     "adopted_path",
+    "load_adopted",
     "needs_code_problem",
     "read_adopted",
     "recorded_files",

@@ -244,7 +244,7 @@ class HFRun:
                 step, p, "incomplete", size, mtime, tuple(sorted(pins)),
                 problem=f"no {marker}: the framework did not finish this save",
             )
-        if not man_path.is_file():
+        if fs.kind(man_path) is None:  # a FIFO or a symlink there is read (refused) below
             status, key = "committed", fingerprint(p)
             problem = "not adopted: no digests yet ('ckptkit adopt RUN' records them)"
         else:

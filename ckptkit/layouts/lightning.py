@@ -51,7 +51,12 @@ from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, LockHeldError
 from ckptkit.foreign._load import safe_torch_load
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
-from ckptkit.foreign.adopted import adopted_path, needs_code_problem, unverifiable
+from ckptkit.foreign.adopted import (
+    adopted_path,
+    load_adopted,
+    needs_code_problem,
+    unverifiable,
+)
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
@@ -286,7 +291,7 @@ class LightningRun:
 
     def _info(self, f: Path, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
         st = f.stat()
-        man = self._adopted(f)
+        man, bad = self._read_adopted(f)
         step = self._step(f, man)
         if step is None:
             return None  # not a checkpoint of a training run (no step anywhere)
@@ -308,6 +313,9 @@ class LightningRun:
                 status = "verified"
         elif isinstance(rec, dict):
             problem = "the file changed since it was last verified"
+        if bad is not None:
+            # Verify fails on it too (the same reader, foreign.adopted.load_adopted).
+            status, problem = "corrupt", bad
         pins: set[str] = set(man.pins) if man is not None else set()
         if isinstance(pins_extra, list):
             pins |= {x for x in pins_extra if isinstance(x, str)}
@@ -327,13 +335,19 @@ class LightningRun:
         )
 
     def _adopted(self, f: Path) -> mf.Manifest | None:
-        p = adopted_path(f)
+        man, _ = self._read_adopted(f)
+        return man
+
+    def _read_adopted(self, f: Path) -> tuple[mf.Manifest | None, str | None]:
+        """``(adopted manifest, None)``; ``(None, None)`` without one; ``(None, problem)``
+        when one is there but cannot be used (invalid, or a FIFO: never opened)."""
         try:
-            if p.stat().st_size > mf.MAX_MANIFEST_BYTES:
-                return None
-            return mf.Manifest.from_json(p.read_bytes(), path=p.name)
-        except (OSError, CkptkitError):
-            return None
+            return load_adopted(f), None
+        except CkptkitError as e:
+            name = adopted_path(f).name
+            return None, f"{e.code}: adopted manifest {name}: {e.what}; fix: {e.hint}"
+        except OSError as e:
+            return None, f"adopted manifest {adopted_path(f).name} cannot be read: {e}"
 
     def _identity(self, f: Path, man: mf.Manifest | None = None) -> str | None:
         """What a verify record is keyed by: the adopted manifest's digest, else the file's

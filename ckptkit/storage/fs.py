@@ -12,7 +12,8 @@ through the functions here:
 * reading ranges: :func:`read_ranges` (remote: parallel range requests);
 * small files that must change atomically (``latest``, the run index):
   :func:`replace_bytes` (local: temp file, fsync, rename; remote: one PUT, which object
-  stores apply atomically);
+  stores apply atomically), read back with :func:`read_small` (local: a regular file only,
+  never blocking on a FIFO put in its place; :func:`check_regular` looks without reading);
 * the run lock: :func:`put_if_absent` (remote: a conditional create, ``If-None-Match``).
 
 A URL whose filesystem is not installed is a clear error naming the package to install,
@@ -37,6 +38,7 @@ from upath import UPath
 
 from ckptkit import crashpoints
 from ckptkit.errors import CkptkitError
+from ckptkit.storage import files
 
 Location: TypeAlias = Path | UPath
 """A local path or a remote fsspec location."""
@@ -298,13 +300,86 @@ def put_if_absent(target: Location, data: bytes) -> bool:
     return True
 
 
-def read_small(p: Location, limit: int) -> bytes:
-    """Read a whole small file, refusing more than ``limit`` bytes."""
+def read_small(p: Location, limit: int, *, hint: str | None = None) -> bytes:
+    """Read a whole small file: at most ``limit + 1`` bytes (the caller refuses more).
+
+    Locally only a regular file is opened, never following a symlink and never blocking
+    (:func:`ckptkit.storage.files.open_fd`): a FIFO put where a run keeps ``latest``, its
+    index or its lock would otherwise hang every command that reads it.
+
+    Args:
+        p: the file.
+        limit: the most bytes the caller accepts.
+        hint: the fix printed when ``p`` is not a regular file (default: remove it).
+
+    Raises:
+        UnsafeInputError: ``CK-F022``, ``p`` is a FIFO, device, socket, directory or symlink.
+        FileNotFoundError: nothing is at ``p``.
+        OSError: any other failure to read.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); os.mkfifo(d / "latest")
+        >>> read_small(d / "latest", 4096)
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.UnsafeInputError: CK-F022 .../latest: is a FIFO (named pipe), not a regular file...
+    """
     if is_local(p):
-        with open(_lp(p), "rb") as f:
-            return f.read(limit + 1)
+        with files.open_regular(_lp(p), code="CK-F022", hint=hint or _run_file_fix(p)) as f:
+            chunks: list[bytes] = []
+            n = 0
+            while n <= limit:  # an unbuffered read may return less than asked
+                b = f.read(limit + 1 - n)
+                if not b:
+                    break
+                chunks.append(b)
+                n += len(b)
+            return b"".join(chunks)
     fs, path = _fs(p)
     return bytes(fs.cat_file(path, start=0, end=limit + 1))
+
+
+def check_regular(p: Location, *, hint: str | None = None) -> bool:
+    """Return whether a regular file is at ``p`` (False: nothing is); refuse anything else.
+
+    For a file that is not read now but must not be of the wrong kind (``latest``, before
+    a restore or a prune starts work that ends by rewriting it).
+
+    Raises:
+        UnsafeInputError: ``CK-F022``, as :func:`read_small`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> check_regular(d / "latest")
+        False
+        >>> (d / "latest").mkdir(); check_regular(d / "latest")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.UnsafeInputError: CK-F022 .../latest: is a directory, not a regular file...
+    """
+    if is_local(p):
+        try:
+            what = files.kind(os.lstat(_lp(p)).st_mode)
+        except FileNotFoundError:
+            return False
+    else:
+        k = kind(p)
+        if k is None:
+            return False
+        what = None if k == "file" else "a directory" if k == "dir" else "not a regular file"
+    if what is None:
+        return True
+    raise files.refusal(what, path=url(p), code="CK-F022", hint=hint or _run_file_fix(p))
+
+
+def _run_file_fix(p: Location) -> str:
+    return (
+        "ckptkit keeps a regular file of its own here and never writes anything else; "
+        f"move it away or remove it (rm '{url(p)}') while no ckptkit process writes to "
+        "this run"
+    )
 
 
 def open_writer(p: Location, *, block_size: int = 64 << 20) -> BinaryIO:
@@ -409,6 +484,7 @@ def _fs(p: Location) -> tuple[Any, str]:
 __all__ = [
     "Kind",
     "Location",
+    "check_regular",
     "fingerprint",
     "is_local",
     "kind",

@@ -46,8 +46,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from ckptkit.errors import LockHeldError
-from ckptkit.storage import fs
+from ckptkit.errors import LockHeldError, UnsafeInputError
+from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lease import LeaseLock
 
@@ -60,6 +60,11 @@ LOCK_NAME = ".ckptkit.lock"
 """File name of the lock inside a run directory."""
 
 logger = logging.getLogger("ckptkit")
+
+_LOCK_FIX = (
+    "the run lock is a regular file that ckptkit creates and removes; remove this one once "
+    "no ckptkit process writes to the run (the next writer creates the lock again)"
+)
 
 # flock errors that mean "this filesystem cannot do flock", not "somebody holds it".
 _NO_FLOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
@@ -94,7 +99,10 @@ def read_lock_info(root: str | os.PathLike[str]) -> LockInfo | None:
         >>> read_lock_info("/nonexistent") is None
         True
     """
-    return _parse(_read_text(Path(root) / LOCK_NAME))
+    try:
+        return _parse(_read_text(Path(root) / LOCK_NAME))
+    except UnsafeInputError:
+        return None  # not a regular file: it names nobody
 
 
 class RunLock:
@@ -214,7 +222,10 @@ class RunLock:
         if self.info is None:
             return
         try:
-            current = _parse(_read_text(self.path))
+            try:
+                current = _parse(_read_text(self.path))
+            except UnsafeInputError:  # replaced by a FIFO or a directory while held
+                current = None
             ours = current is not None and current.token == self.info.token
             if self._fd is not None:
                 # Same inode too: a stale-lock takeover by someone else replaces the file.
@@ -249,7 +260,8 @@ class RunLock:
         except FileExistsError:
             created = False
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                # A regular file only: a FIFO or device put here is refused, never locked.
+                fd = files.open_fd(self.path, os.O_RDWR, code="CK-F022", hint=_LOCK_FIX)
             except FileNotFoundError:
                 return None, None  # released in between
         try:
@@ -379,10 +391,17 @@ def _dump(info: LockInfo) -> bytes:
 
 
 def _read_text(path: Path) -> str | None:
+    """The lock file's text, None when it is gone.
+
+    Raises:
+        UnsafeInputError: ``CK-F022``, it is a FIFO, directory, device or symlink (never
+            opened: a FIFO would block the reader).
+    """
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, IsADirectoryError):
+        data = fs.read_small(path, 64 << 10, hint=_LOCK_FIX)
+    except FileNotFoundError:
         return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _parse(text: str | None) -> LockInfo | None:

@@ -419,7 +419,7 @@ class CheckpointManager:
 
         Args:
             state: the :class:`TrainState` to capture.
-            step: the step label (default: ``state.step``).
+            step: the step label, an int with ``0 <= step < 2**53`` (default: ``state.step``).
             pin: label(s) that protect this checkpoint from rotation (``"best"``).
             async_: copy the state to host memory now (a consistent snapshot), write it
                 in a background thread and return; the next save, :meth:`wait` or
@@ -434,6 +434,7 @@ class CheckpointManager:
             after :meth:`wait`).
 
         Raises:
+            StateError: the step is not a valid step (nothing is written).
             LockHeldError: another live writer holds the run directory.
             CkptkitError: the capture or write failed; older checkpoints are intact.
             CommittedError: (from the next call that joins the background job) the
@@ -441,8 +442,8 @@ class CheckpointManager:
             DistributedError: the save failed on another rank.
         """
         t0 = time.perf_counter()
+        step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
-        step = state.step if step is None else int(step)
         coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:

@@ -128,6 +128,18 @@ class LockHeldError(CkptkitError):
     """Another live writer holds the checkpoint directory's lock."""
 
 
+class NotWritableError(CkptkitError, OSError):
+    """A directory ckptkit must write (a run directory a writer opens) is not writable.
+
+    An ``OSError`` with the errno of the refusal (``EROFS``, ``EACCES``, ``EPERM``), so
+    ``except OSError`` clauses keep working.
+    """
+
+    def __init__(self, what: str, *, errno: int | None = None, **kw: Any) -> None:
+        super().__init__(what, **kw)
+        self.errno = errno
+
+
 class StateError(CkptkitError, ValueError):
     """Training state cannot be captured or restored safely (unsupported object, mismatch)."""
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import errno
 import logging
 import threading
 import time
@@ -44,7 +43,7 @@ from ckptkit.errors import (
     CommittedError,
     IncompleteCheckpointError,
     LockHeldError,
-    NotWritableError,
+    opening_run_writable,
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.restore import Skip, candidates, restore_candidate
@@ -112,10 +111,6 @@ def _finish_background_work() -> None:
 threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
 
 
-_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-"""Errnos that say "this process may not write here" (not damage, not a full disk)."""
-
-
 class CheckpointManager:
     """Save, verify, restore and rotate the checkpoints of one run directory.
 
@@ -158,9 +153,7 @@ class CheckpointManager:
     removed under the writer lock; a committed checkpoint is never touched.
 
     Raises:
-        NotWritableError: not ``readonly`` and ``root`` cannot be created or written (a
-            read-only mount, no permission); the message names both fixes.
-        CkptkitError: ``key`` (or the environment's key) is empty or too short.
+        NotWritableError: not ``readonly``, and ``root`` cannot be created or written.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -219,24 +212,10 @@ class CheckpointManager:
         self._bg_coll: Collective | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
-        try:
+        with opening_run_writable(self.root, readonly=readonly):
             if not readonly and fs.is_local(self.root):  # object stores have no directories
                 self.root.mkdir(parents=True, exist_ok=True)
             self._clean_on_open()  # a writer takes the lock here: it creates the lock file
-        except OSError as e:
-            if readonly or isinstance(e, CkptkitError) or e.errno not in _NOT_WRITABLE:
-                raise
-            raise NotWritableError(
-                f"the run directory is not writable ({e.strerror or e}"
-                + (f": {e.filename}" if e.filename else "")
-                + "); a CheckpointManager that saves creates its lock file and checkpoints "
-                "there",
-                errno=e.errno,
-                path=self.root,
-                hint="make the directory writable by this user (or mount it read-write), or "
-                "open the run read-only to list and restore from it: "
-                "CheckpointManager(root, readonly=True) ('ckptkit ls', 'prune --dry-run')",
-            ) from e
 
     # --- lifecycle ---------------------------------------------------------------------------
 

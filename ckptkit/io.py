@@ -92,7 +92,7 @@ def _step_of(state: Any) -> int | None:
     """The step a plain ``save`` records: an integer ``state["step"]`` that is a valid step
     (:func:`ckptkit.manifest.is_step`; a bool, a negative or a huge value is no step)."""
     value = state.get("step") if isinstance(state, Mapping) else None
-    return int(value) if mf.is_step(value) else None
+    return mf.check_step(value) if mf.is_step(value) else None
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def _half_rotate(run: Location, step: int) -> None:
     assert s3.find(ck.path)  # other objects remain under the prefix
 
 
-def _verdicts(res: ckptkit.verify.__class__ | Any) -> dict[str, list[str]]:
+def _verdicts(res: Any) -> dict[str, list[str]]:
     return {str(r.path).rstrip("/").rsplit("/", 1)[-1]: [f.code for f in r.findings]
             for r in res.reports}
 

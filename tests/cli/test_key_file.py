@@ -142,3 +142,15 @@ def test_empty_key_variable_is_an_error_not_signatures_off(
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert variable in p.stderr and f"unset {variable}" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_security_page_names_every_command_that_takes_the_key() -> None:
+    """docs/security.md says where a key is taken; a command that gains --key-file is named."""
+    takes = {name for name, cmd in main.commands.items()
+             if any("--key-file" in getattr(p, "opts", ()) for p in cmd.params)}
+    assert takes == set(KEY_COMMANDS)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    keys = page.split("## Keys", 1)[1].split("\n## ", 1)[0]
+    for name in sorted(takes):
+        assert f"`{name}`" in keys, name
+    assert "An empty key is an error" in keys

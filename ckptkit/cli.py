@@ -22,7 +22,7 @@ from ckptkit import codes
 from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
-from ckptkit.signing import key_from_file
+from ckptkit.signing import resolve_key
 from ckptkit.storage import fs
 from ckptkit.storage.atomic import MANIFEST_NAME
 
@@ -59,18 +59,26 @@ def _edge(fn: F) -> F:
 
 
 def _key_option(fn: F) -> F:
-    """``--key-file``: the HMAC key to check (and require) manifest signatures with."""
+    """``--key-file``: the HMAC key to check (and require) manifest signatures with.
+
+    The one key option of every command that reads manifests or verdicts (``verify``,
+    ``inspect``, ``ls``, ``prune``, ``rollback``); the command passes ``_key(key_file)``
+    to the library.
+    """
     return click.option(
         "--key-file",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
-        help="HMAC key file: manifests must be signed with this key (default: "
-        "$CKPTKIT_HMAC_KEY or $CKPTKIT_HMAC_KEY_FILE; see docs/security.md).",
+        help="HMAC key file: manifests must be signed with this key; a checkpoint that is "
+        "not counts as corrupt (default: $CKPTKIT_HMAC_KEY or $CKPTKIT_HMAC_KEY_FILE; see "
+        "docs/security.md).",
     )(fn)
 
 
 def _key(key_file: Path | None) -> bytes | None:
-    return key_from_file(key_file) if key_file is not None else None
+    """The key a command checks with: ``--key-file``, else the environment's (an empty
+    variable or file is an error, exit 2), through :func:`ckptkit.signing.resolve_key`."""
+    return resolve_key(key_file=key_file)
 
 
 def _expect_option(fn: F) -> F:
@@ -380,8 +388,9 @@ class _Bytes(click.ParamType):
     is_flag=True,
     help="Re-verify every checkpoint now (reads every byte) and record the outcome.",
 )
+@_key_option
 @_edge
-def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
+def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> None:
     """List a run's checkpoints: step, time, size, status, pins, health.
 
     RUN_DIR is a ckptkit run or a framework's checkpoint directory (a Trainer output_dir,
@@ -392,13 +401,14 @@ def ls(run_dir: Path, as_json: bool, reverify: bool) -> None:
     Example:
         ckptkit ls runs/exp1/ckpt
         ckptkit ls runs/exp1/ckpt --verify --json
+        ckptkit ls runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key   # unsigned: corrupt
     """
     from ckptkit.recovery_log import iter_records
     from ckptkit.render.text import render_ls
     from ckptkit.runs import ignored, listing, open_run
 
     _must_be_a_run(run_dir)
-    run = open_run(run_dir, readonly=not reverify)
+    run = open_run(run_dir, readonly=not reverify, key=_key(key_file))
     try:
         infos = listing(run, verify=reverify)
         left = run.leftovers()
@@ -475,6 +485,7 @@ def _say_what_else(run_dir: Path) -> None:
     "--dry-run", is_flag=True, help="Print what would be removed and why; remove nothing."
 )
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_key_option
 @_edge
 def prune(
     run_dir: Path,
@@ -484,6 +495,7 @@ def prune(
     delete_corrupt: bool,
     dry_run: bool,
     as_json: bool,
+    key_file: Path | None,
 ) -> None:
     """Apply a retention policy to a run directory by hand, printing what goes and why.
 
@@ -496,6 +508,7 @@ def prune(
     Example:
         ckptkit prune runs/exp1/ckpt --keep-last 3 --keep-every 10000 --dry-run
         ckptkit prune runs/exp1/ckpt --keep-last 2 --max-bytes 500GB
+        ckptkit prune runs/exp1/ckpt --keep-last 2 --key-file ~/.ckptkit/hmac.key
     """
     from ckptkit import retain
     from ckptkit.render.text import render_prune
@@ -503,7 +516,7 @@ def prune(
     from ckptkit.runs import prune as run_prune
 
     _must_be_a_run(run_dir)
-    run = open_run(run_dir, readonly=dry_run)
+    run = open_run(run_dir, readonly=dry_run, key=_key(key_file))
     policy = retain.Policy(
         keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes,
         delete_corrupt=delete_corrupt,
@@ -875,8 +888,9 @@ def watch(
 @main.command()
 @click.argument("run_dir", type=_Where())
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_key_option
 @_edge
-def rollback(run_dir: Path, as_json: bool) -> None:
+def rollback(run_dir: Path, as_json: bool, key_file: Path | None) -> None:
     """Pick the newest healthy checkpoint of a run, say why, and suggest recovery steps.
 
     Checkpoints whose recorded health (from a StabilityWatch) is warn or critical, or not
@@ -889,6 +903,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
     \b
     Example:
         ckptkit rollback runs/exp1/ckpt
+        ckptkit rollback runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key
     """
     from ckptkit.render.text import render_recoveries
     from ckptkit.runs import ignored_at
@@ -896,7 +911,7 @@ def rollback(run_dir: Path, as_json: bool) -> None:
 
     _must_be_a_run(run_dir)
     _warn_ignored(ignored_at(run_dir))
-    choice = pick(run_dir)
+    choice = pick(run_dir, key=_key(key_file))
     if as_json:
         click.echo(json.dumps(choice.to_dict(), indent=2))
     else:

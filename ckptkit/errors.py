@@ -8,7 +8,10 @@ it. Leaves also subclass a built-in so existing ``except ValueError`` or
 
 from __future__ import annotations
 
+import contextlib
+import errno as _errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +137,21 @@ class LockHeldError(CkptkitError):
     """Another live writer holds the checkpoint directory's lock."""
 
 
+class NotWritableError(CkptkitError, OSError):
+    """A directory ckptkit must write (a run directory a writer opens) is not writable.
+
+    An ``OSError`` with the errno of the refusal (``EROFS``, ``EACCES``, ``EPERM``), so
+    ``except OSError`` clauses keep working.
+    """
+
+    ERRNOS = frozenset({_errno.EROFS, _errno.EACCES, _errno.EPERM})
+    """Errnos that say "this process may not write here" (not damage, not a full disk)."""
+
+    def __init__(self, what: str, *, errno: int | None = None, **kw: Any) -> None:
+        super().__init__(what, **kw)
+        self.errno = errno
+
+
 class StateError(CkptkitError, ValueError):
     """Training state cannot be captured or restored safely (unsupported object, mismatch)."""
 
@@ -182,6 +200,38 @@ class RecoveryError(CkptkitError, RuntimeError):
     """
 
 
+@contextlib.contextmanager
+def opening_run_writable(root: Any, *, readonly: bool = False) -> Iterator[None]:
+    """Restate "may not write here" from opening the run at ``root`` as a writer.
+
+    An ``OSError`` whose errno is in :attr:`NotWritableError.ERRNOS` (a read-only mount, no
+    permission: creating the directory or its lock file) becomes a
+    :class:`NotWritableError` naming ``root`` and both fixes. With ``readonly`` nothing is
+    restated: a reader writes nothing, so the fix would be wrong.
+
+    Example:
+        >>> with opening_run_writable("/mnt/run"):
+        ...     raise OSError(30, "Read-only file system", "/mnt/run/.ckptkit.lock")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.NotWritableError: /mnt/run: the run directory is not writable ...
+    """
+    try:
+        yield
+    except OSError as e:
+        if readonly or isinstance(e, CkptkitError) or e.errno not in NotWritableError.ERRNOS:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        raise NotWritableError(
+            f"the run directory is not writable ({e.strerror or e}{where}); a writer "
+            "creates its lock file and checkpoints there",
+            errno=e.errno,
+            path=root,
+            hint="make it writable by this user, or open the run read-only to list and "
+            "restore: CheckpointManager(root, readonly=True), 'ckptkit ls'",
+        ) from e
+
+
 __all__ = [
     "CheckpointExistsError",
     "CkptkitError",
@@ -192,9 +242,11 @@ __all__ = [
     "IntegrityError",
     "LockHeldError",
     "ManifestError",
+    "NotWritableError",
     "RecoveryError",
     "SignatureError",
     "StateError",
     "UnreadableError",
     "UnsafeInputError",
+    "opening_run_writable",
 ]

@@ -50,8 +50,9 @@ def save(
         shard_bytes: the largest file before a group is split.
         overwrite: replace an existing ckptkit checkpoint at ``path`` (like torch.save);
             a directory that is not a checkpoint is never replaced.
-        step: training step to record in the manifest (default: ``state["step"]`` when
-            ``state`` is a mapping whose top-level ``"step"`` is an integer, as in
+        step: training step to record in the manifest, an int with
+            ``0 <= step < 2**53`` (default: ``state["step"]`` when ``state`` is a mapping
+            whose top-level ``"step"`` is such an integer, as in
             ``save({"model": ..., "step": 1000}, path)``).
         progress: show a progress bar (default: on a terminal, for big saves).
         user: free-form JSON metadata stored in the manifest.
@@ -62,7 +63,8 @@ def save(
         The :class:`~ckptkit.manifest.Manifest` written.
 
     Raises:
-        StateError: an object in ``state`` cannot be stored without pickle.
+        StateError: an object in ``state`` cannot be stored without pickle, or ``step``
+            is not a valid step (nothing is written).
         CheckpointExistsError: ``path`` holds data that is not a ckptkit checkpoint.
 
     Example:
@@ -72,8 +74,7 @@ def save(
         >>> [f.path for f in m.files], m.step
         (['model.safetensors'], 3)
     """
-    if step is None:
-        step = _step_of(state)
+    step = _step_of(state) if step is None else mf.check_step(step)
     return commit.save_tree(
         state,
         path,
@@ -88,11 +89,10 @@ def save(
 
 
 def _step_of(state: Any) -> int | None:
-    """The step a plain ``save`` records: an integer ``state["step"]`` (a bool is no step)."""
+    """The step a plain ``save`` records: an integer ``state["step"]`` that is a valid step
+    (:func:`ckptkit.manifest.is_step`; a bool, a negative or a huge value is no step)."""
     value = state.get("step") if isinstance(state, Mapping) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+    return mf.check_step(value) if mf.is_step(value) else None
 
 
 @dataclass(frozen=True)

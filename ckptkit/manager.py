@@ -43,6 +43,7 @@ from ckptkit.errors import (
     CommittedError,
     IncompleteCheckpointError,
     LockHeldError,
+    opening_run_writable,
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.restore import Skip, candidates, restore_candidate
@@ -151,6 +152,9 @@ class CheckpointManager:
     ``latest``/index replacements) are reported and, when no live writer holds the run,
     removed under the writer lock; a committed checkpoint is never touched.
 
+    Raises:
+        NotWritableError: not ``readonly``, and ``root`` cannot be created or written.
+
     Example:
         >>> import tempfile, torch, ckptkit
         >>> model = torch.nn.Linear(2, 2)
@@ -209,9 +213,10 @@ class CheckpointManager:
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
         self.trajectory = trajectory.Trajectory(self.catalog, self._good_statuses, join=self._join)
-        if not readonly and fs.is_local(self.root):  # object stores have no directories
-            self.root.mkdir(parents=True, exist_ok=True)
-        self._clean_on_open()
+        with opening_run_writable(self.root, readonly=readonly):
+            if not readonly and fs.is_local(self.root):  # object stores have no directories
+                self.root.mkdir(parents=True, exist_ok=True)
+            self._clean_on_open()  # a writer takes the lock here: it creates the lock file
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -420,7 +425,7 @@ class CheckpointManager:
 
         Args:
             state: the :class:`TrainState` to capture.
-            step: the step label (default: ``state.step``).
+            step: the step label, an int with ``0 <= step < 2**53`` (default: ``state.step``).
             pin: label(s) that protect this checkpoint from rotation (``"best"``).
             async_: copy the state to host memory now (a consistent snapshot), write it
                 in a background thread and return; the next save, :meth:`wait` or
@@ -435,6 +440,7 @@ class CheckpointManager:
             after :meth:`wait`).
 
         Raises:
+            StateError: the step is not a valid step (nothing is written).
             LockHeldError: another live writer holds the run directory.
             CkptkitError: the capture or write failed; older checkpoints are intact.
             CommittedError: (from the next call that joins the background job) the
@@ -442,8 +448,8 @@ class CheckpointManager:
             DistributedError: the save failed on another rank.
         """
         t0 = time.perf_counter()
+        step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
-        step = state.step if step is None else int(step)
         coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:

@@ -19,6 +19,7 @@ import datetime as _dt
 import gc
 import json
 import math
+import numbers
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from typing import Any
 import jsonschema_rs
 
 from ckptkit import codes, signing
-from ckptkit._repr import brief
+from ckptkit._repr import brief, short
 from ckptkit._version import __version__
 from ckptkit.errors import (
     CkptkitError,
@@ -70,6 +71,53 @@ COMPONENTS: tuple[str, ...] = (
     "metrics",
 )
 """Resume-critical state, spec §1, in table order."""
+
+
+STEP_LIMIT = 2**53
+"""A recorded step is an integer with ``0 <= step < STEP_LIMIT``: JSON readers count
+exactly only below 2**53 (a double's mantissa), and the schema's ``step.maximum`` is
+``STEP_LIMIT - 1`` (a test holds the two together)."""
+
+
+def is_step(value: Any) -> bool:
+    """True when ``value`` can be recorded as a manifest's step (a bool is no step).
+
+    Example:
+        >>> is_step(1000), is_step(-1), is_step(2**53), is_step(True), is_step(3.0)
+        (True, False, False, False, False)
+    """
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and 0 <= int(value) < STEP_LIMIT
+    )
+
+
+def check_step(value: Any) -> int:
+    """Return ``value`` as the step to record, or refuse it before anything is written.
+
+    Every save that records a step (``ckptkit.save(step=...)``,
+    ``CheckpointManager.save``) checks it here: a step the manifest schema refuses would
+    commit a checkpoint that no reader accepts.
+
+    Raises:
+        StateError: (a ``ValueError``) not an integer, a bool, negative, or ``>= 2**53``.
+
+    Example:
+        >>> check_step(1000)
+        1000
+        >>> check_step(-1)
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.StateError: step -1 (int) cannot be recorded: ...
+    """
+    if not is_step(value):
+        raise StateError(
+            f"step {short(value)} ({type(value).__name__}) cannot be recorded: a step is "
+            f"an int (not a bool) with 0 <= step < 2**53 ({STEP_LIMIT}); nothing was written",
+            hint="pass the global step as a non-negative int (step=1000)",
+        )
+    return int(value)
 
 
 @cache

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import catalog, codes, recovery_log, retain, rotation, whatis
+from ckptkit import catalog, codes, recovery_log, retain, rotation, signing, whatis
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
@@ -312,15 +312,22 @@ def prune(run: Run, policy: retain.Policy, *, dry_run: bool = False) -> rotation
     return retain.apply(run, policy, dry_run=dry_run).plan
 
 
-def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
+def rollback(
+    run_dir: str | Location, *, key: signing.KeyLike | None = None
+) -> rotation.RollbackChoice:
     """The checkpoint of the run at ``run_dir`` to roll back to: the newest with health ok.
 
     Read-only: lists the run (any layout), changes nothing. Without health data in the
     run (no StabilityWatch), the newest verified checkpoint, and the choice says so.
     ``choice.resume`` says how to resume from it in the run's own terms.
 
+    Args:
+        run_dir: the run's checkpoint directory.
+        key: the HMAC key manifests must be signed with (default: the environment's, see
+            :func:`ckptkit.signing.resolve_key`); a checkpoint that is not counts as corrupt.
+
     Raises:
-        CkptkitError: ``run_dir`` is not a directory.
+        CkptkitError: ``run_dir`` is not a directory, or the key is unusable.
 
     Example:
         >>> import tempfile
@@ -332,7 +339,7 @@ def rollback(run_dir: str | Location) -> rotation.RollbackChoice:
         raise CkptkitError(
             "not a run directory", path=root, hint="pass the run's checkpoint directory"
         )
-    run = open_run(root)
+    run = open_run(root, key=key)
     try:
         choice = rotation.choose_rollback(listing(run))
         # The run's automatic recoveries (ckptkit.recovery): what was rolled back already.

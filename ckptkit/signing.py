@@ -6,10 +6,12 @@ digests. A signature made with a key the writer of the directory does not hold p
 the manifest, and through its digests every file, came from a key holder. See
 docs/security.md for the threat model.
 
-The key comes from the ``key=`` argument, else from the environment:
-``CKPTKIT_HMAC_KEY`` (the key itself) or ``CKPTKIT_HMAC_KEY_FILE`` (a file holding it).
-A key is at least :data:`MIN_KEY_BYTES` bytes; surrounding whitespace of a key file or
-variable is ignored (``echo $KEY > file`` adds a newline).
+The key comes from the ``key=`` argument (or the CLI's ``--key-file``), else from the
+environment: ``CKPTKIT_HMAC_KEY`` (the key itself) or ``CKPTKIT_HMAC_KEY_FILE`` (a file
+holding it); :func:`resolve_key` is the one place that looks. A key is at least
+:data:`MIN_KEY_BYTES` bytes; surrounding whitespace of a key file or variable is ignored
+(``echo $KEY > file`` adds a newline). A variable that is set but empty, or an empty key
+file, is an error, never "no key": signatures are off only when nothing names a key.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _MAC_CONTEXT = b"ckptkit manifest v1\x00"
 _VERDICT_CONTEXT = b"ckptkit run-index verdict v1\x00"
 """A verdict record's MAC is made in its own context: it can never pass as a manifest's."""
 _ID_CONTEXT = b"ckptkit key id v1"
+_GENERATE = "python -c 'import secrets; print(secrets.token_hex(32))'"
 
 KeyLike = bytes | str
 
@@ -60,22 +63,41 @@ class Signature:
         return cls(key_id=d["key_id"], mac=d["mac"], alg=d["alg"])
 
 
-def _as_key(key: KeyLike, *, source: str) -> bytes:
+def _as_key(key: KeyLike, *, source: str, unset: str | None = None) -> bytes:
+    """``key`` as key bytes (surrounding whitespace dropped), refused when too short.
+
+    ``unset``: how to stop giving this key (a variable to unset, an option to drop): an
+    empty key is a configuration slip (``export CKPTKIT_HMAC_KEY=$UNSET_VAR``, a key file
+    not written yet), never a request to turn signatures off, so the fix names both ways out.
+    """
     raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     raw = raw.strip()
+    if not raw:
+        ways = f"put a key in it, or {unset} to work without signatures" if unset else (
+            "pass a key, or None to work without signatures"
+        )
+        raise CkptkitError(
+            f"the HMAC key from {source} is empty; an empty key does not turn signatures off",
+            hint=f"{ways} (generate a key with: {_GENERATE})",
+        )
     if len(raw) < MIN_KEY_BYTES:
         raise CkptkitError(
             f"HMAC key from {source} is {len(raw)} bytes; at least {MIN_KEY_BYTES} are needed",
-            hint="generate one with: python -c 'import secrets; print(secrets.token_hex(32))'",
+            hint=f"generate one with: {_GENERATE}",
         )
     return raw
 
 
-def key_from_file(path: Path | str) -> bytes:
+def key_from_file(path: Path | str, *, unset: str | None = None) -> bytes:
     """Read a key file (surrounding whitespace ignored).
 
+    Args:
+        path: the key file.
+        unset: how the caller stops naming this file (for the fix of an empty one), e.g.
+            ``"unset CKPTKIT_HMAC_KEY_FILE"``; default: drop ``--key-file``.
+
     Raises:
-        CkptkitError: the file cannot be read or holds a key that is too short.
+        CkptkitError: the file cannot be read, is empty, or holds a key that is too short.
 
     Example:
         >>> import tempfile, pathlib
@@ -91,22 +113,32 @@ def key_from_file(path: Path | str) -> bytes:
             path=path,
             hint=f"point --key-file or {ENV_KEY_FILE} at a readable file holding the key",
         ) from None
-    return _as_key(data, source=str(path))
+    return _as_key(data, source=f"the key file {path}", unset=unset or "drop --key-file")
 
 
-def resolve_key(key: KeyLike | None = None) -> bytes | None:
-    """Return the key to sign and check with: ``key`` if given, else the environment's.
+def resolve_key(
+    key: KeyLike | None = None, *, key_file: Path | str | None = None
+) -> bytes | None:
+    """Return the key to sign and check with: ``key`` or ``key_file`` if given, else the
+    environment's.
+
+    The one place a key is looked up: the library's ``key=`` arguments, the CLI's
+    ``--key-file`` and the environment all come through here, so an empty or short key is
+    refused the same way everywhere.
 
     Args:
-        key: the key (bytes, or text taken as UTF-8); None looks at ``CKPTKIT_HMAC_KEY``
-            and ``CKPTKIT_HMAC_KEY_FILE``.
+        key: the key (bytes, or text taken as UTF-8); None looks at ``key_file``, then at
+            ``CKPTKIT_HMAC_KEY`` and ``CKPTKIT_HMAC_KEY_FILE``.
+        key_file: a file holding the key (``--key-file``); ignored when ``key`` is given.
 
     Returns:
         The key bytes, or None when no key is configured (checkpoints are then neither
         signed nor required to be).
 
     Raises:
-        CkptkitError: the key is too short, both variables are set, or the file is unreadable.
+        CkptkitError: the key is empty or too short, both variables are set, a variable is
+            set but empty, or the file is unreadable. A variable that is set always means
+            "check signatures": an empty one is an error naming it, never "no key".
 
     Example:
         >>> resolve_key("correct horse battery staple")
@@ -114,16 +146,25 @@ def resolve_key(key: KeyLike | None = None) -> bytes | None:
     """
     if key is not None:
         return _as_key(key, source="the key argument")
+    if key_file is not None:
+        return key_from_file(key_file)
     text, file = os.environ.get(ENV_KEY), os.environ.get(ENV_KEY_FILE)
-    if text and file:
+    if text is not None and file is not None:
         raise CkptkitError(
             f"both {ENV_KEY} and {ENV_KEY_FILE} are set",
             hint="set only one of them",
         )
-    if text:
-        return _as_key(text, source=ENV_KEY)
-    if file:
-        return key_from_file(file)
+    if text is not None:
+        return _as_key(text, source=ENV_KEY, unset=f"unset {ENV_KEY}")
+    if file is not None:
+        if not file.strip():
+            raise CkptkitError(
+                f"{ENV_KEY_FILE} is set but empty; an empty variable does not turn "
+                "signatures off",
+                hint=f"set it to the path of the key file, or unset {ENV_KEY_FILE} to work "
+                "without signatures",
+            )
+        return key_from_file(file, unset=f"unset {ENV_KEY_FILE}")
     return None
 
 

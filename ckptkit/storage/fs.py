@@ -118,8 +118,12 @@ def url(p: Location) -> str:
     return str(p)
 
 
-def kind(p: Location) -> Kind | None:
-    """What is at ``p`` without following a symlink: file, dir, symlink, other, or None."""
+def kind(p: Location, *, fresh: bool = False) -> Kind | None:
+    """What is at ``p`` without following a symlink: file, dir, symlink, other, or None.
+
+    ``fresh``: on an object store, ask the store itself, not a listing this process cached
+    earlier (another process may have deleted ``p`` since: a live run rotating).
+    """
     if is_local(p):
         import stat as st
 
@@ -135,6 +139,8 @@ def kind(p: Location) -> Kind | None:
             return "dir"
         return "other"
     fs, path = _fs(p)
+    if fresh:
+        fs.invalidate_cache(path)
     try:
         info = fs.info(path)
     except (FileNotFoundError, OSError):

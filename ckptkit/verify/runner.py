@@ -38,8 +38,12 @@ def verify_one(
     progress: bool | None = None,
     key: bytes | None = None,
     manifest: mf.Manifest | None = None,
+    committed: bool = False,
 ) -> Report:
     """Run the checks of ``families`` on one checkpoint directory and return its report.
+
+    A checkpoint deleted while it is checked (a live run rotating it) is reported gone
+    (``report.gone``, one ``CK-F020`` info), not damaged: see :func:`_deleted_meanwhile`.
 
     Args:
         path: the checkpoint directory.
@@ -51,6 +55,8 @@ def verify_one(
             manifest must be signed with it (``CK-M010``/``CK-M011`` otherwise).
         manifest: the manifest of ``path`` when the caller has just read it (with the same
             ``key``): it is not read and validated a second time.
+        committed: the caller listed ``path`` with its manifest (a run's listing): if the
+            manifest is gone by the time it is read, rotation deleted it meanwhile.
     """
     root = fs.location(path)
     t0 = time.perf_counter()
@@ -83,7 +89,9 @@ def verify_one(
     if m is not None and "consistency" in fams:  # what the saver found and accepted
         values = ctx.options.get("scan_values", True) is not False
         findings = atsave.reconcile(m, findings, values_scanned=values)
-    gone = existed and fs.kind(root) is None
+    gone = _deleted_meanwhile(
+        root, existed=existed, committed=committed or m is not None, findings=findings
+    )
     if gone:
         # Rotation of a live run deleted it while we read: not damage, and not a finding
         # about the bytes we saw half of.
@@ -106,6 +114,28 @@ def verify_one(
         seconds=time.perf_counter() - t0,
         gone=gone,
     )
+
+
+def _deleted_meanwhile(
+    root: Location, *, existed: bool, committed: bool, findings: list[Finding]
+) -> bool:
+    """True when the checkpoint at ``root`` was deleted while it was checked, so that its
+    findings say nothing about damage.
+
+    Either the directory that existed when the check began is gone now, or the checkpoint
+    was committed (its manifest listed or read) and the check found errors, and its
+    manifest, the commit marker, no longer exists. Rotation deletes the manifest first on an
+    object store (then the other objects one by one, so the prefix can outlive it) and
+    renames the directory away locally; either way a checkpoint whose manifest is gone is no
+    longer one. The manifest is looked up afresh (not in a listing cached before the delete),
+    and only after errors, so a clean check costs no extra request. A file missing under a
+    manifest that is still there stays damage.
+    """
+    if existed and fs.kind(root) is None:
+        return True
+    if not committed or not any(f.severity == Severity.ERROR for f in findings):
+        return False
+    return fs.kind(root / atomic.MANIFEST_NAME, fresh=True) is None
 
 
 _DAMAGE = frozenset(
@@ -137,16 +167,24 @@ def find_checkpoints(path: Location) -> list[Location]:
     has a manifest, or looks like an interrupted save (a leftover temporary directory,
     or a step directory without manifest), is included so that verify reports it.
     """
-    if fs.kind(path / atomic.MANIFEST_NAME) is not None or fs.kind(path) != "dir":
-        return [path]
-    out: list[Location] = []
+    return [p for p, _ in _listed(path)]
+
+
+def _listed(path: Location) -> list[tuple[Location, bool]]:
+    """:func:`find_checkpoints`, each with whether its manifest was there when listed."""
+    if fs.kind(path / atomic.MANIFEST_NAME) is not None:
+        return [(path, True)]
+    if fs.kind(path) != "dir":
+        return [(path, False)]
+    out: list[tuple[Location, bool]] = []
     children: list[Location] = list(path.iterdir())
     for child in sorted(children, key=str):
         if fs.kind(child) != "dir" or atomic.is_temporary(child):
             continue
-        if fs.kind(child / atomic.MANIFEST_NAME) is not None or child.name.startswith("step-"):
-            out.append(child)
-    return out or [path]
+        committed = fs.kind(child / atomic.MANIFEST_NAME) is not None
+        if committed or child.name.startswith("step-"):
+            out.append((child, committed))
+    return out or [(path, False)]
 
 
 def verify(
@@ -218,9 +256,10 @@ def verify(
                     verify_foreign(p, fmt, strict=strict, expect=expect, families=fams)
                 )
         return result
-    for ck in find_checkpoints(root):
+    for ck, committed in _listed(root):
         rep = verify_one(ck, families=fams, strict=strict, progress=progress, key=k,
-                         options={"against_env": against_env, "expect": expect})
+                         options={"against_env": against_env, "expect": expect},
+                         committed=committed)
         if expect is not None:
             rep.expect, rep.expect_source = expect, "given"
             rep.components = apply_expect(rep.components, expect)

@@ -145,10 +145,57 @@ def test_env_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert signing.resolve_key(OTHER) == OTHER  # an explicit key wins
 
 
-@pytest.mark.parametrize("bad", [b"short", "", b"   " + b"x" * 10 + b"  "])
+@pytest.mark.parametrize("bad", [b"short", b"   " + b"x" * 10 + b"  "])
 def test_short_keys_are_refused(bad: bytes | str) -> None:
     with pytest.raises(ckptkit.CkptkitError, match="at least 16"):
         signing.resolve_key(bad)
+
+
+@pytest.mark.parametrize("bad", ["", b"", b" \n"])
+def test_empty_key_argument_is_refused(bad: bytes | str) -> None:
+    with pytest.raises(ckptkit.CkptkitError, match="is empty"):
+        signing.resolve_key(bad)
+
+
+@pytest.mark.parametrize("value", ["", "  \n"])
+def test_empty_key_variable_is_an_error_everywhere_a_key_is_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Issue 23 item 12: ``export CKPTKIT_HMAC_KEY=$UNSET`` used to turn checking off."""
+    ckptkit.save(_state(), tmp_path / "c")
+    monkeypatch.setenv(signing.ENV_KEY, value)
+    calls = {
+        "resolve_key": lambda: signing.resolve_key(),
+        "save": lambda: ckptkit.save(_state(), tmp_path / "new"),
+        "load": lambda: ckptkit.load(tmp_path / "c"),
+        "verify": lambda: ckptkit.verify(tmp_path / "c"),
+        "describe": lambda: describe(tmp_path / "c"),
+        "CheckpointManager": lambda: ckptkit.CheckpointManager(tmp_path / "run"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ckptkit.CkptkitError) as ei:
+            call()
+        msg = str(ei.value)
+        assert "empty" in msg and f"unset {signing.ENV_KEY}" in msg, (name, msg)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "run").exists()
+
+
+def test_empty_key_file_variable_and_empty_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(signing.ENV_KEY_FILE, "")
+    with pytest.raises(ckptkit.CkptkitError, match=f"{signing.ENV_KEY_FILE} is set but empty"):
+        signing.resolve_key()
+    empty = tmp_path / "hmac.key"
+    empty.write_bytes(b"\n")  # created, never filled
+    monkeypatch.setenv(signing.ENV_KEY_FILE, str(empty))
+    with pytest.raises(ckptkit.CkptkitError) as ei:
+        signing.resolve_key()
+    assert str(empty) in str(ei.value) and f"unset {signing.ENV_KEY_FILE}" in str(ei.value)
+    with pytest.raises(ckptkit.CkptkitError) as ei:
+        signing.resolve_key(key_file=empty)
+    assert str(empty) in str(ei.value) and "--key-file" in str(ei.value)
+    assert signing.resolve_key(KEY) == KEY  # an explicit key wins over the environment
 
 
 def test_key_file_unreadable(tmp_path: Path) -> None:

@@ -41,12 +41,11 @@ from ckptkit.commit import Stager, StateSave, commit
 from ckptkit.errors import (
     CkptkitError,
     CommittedError,
-    IncompleteCheckpointError,
     LockHeldError,
     opening_run_writable,
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
-from ckptkit.restore import Skip, candidates, restore_candidate
+from ckptkit.restore import candidates, newest_restorable
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
@@ -846,56 +845,26 @@ class CheckpointManager:
         infos, notes = candidates(infos, step=step, healthy=healthy, root=self.root)
         if healthy and self.watch is not None:
             self.watch.reset()  # its windows describe the run we roll back from
-        skipped: builtins.list[str] = []
-        mismatch: CkptkitError | None = None
-        for c in reversed(infos):
-            # A recorded corrupt or unreadable one is read like any other: reading verifies
-            # every byte, and the record may be a transient failure or an edited index.
-            try:
-                result = restore_candidate(state, c.path, strict=strict, coll=coll, key=self.key)
-            except Skip as s:
-                if s.damaged:
-                    self._note(
-                        c.path,
-                        codes.outcome([s.error.code]),
-                        why=f"{s.error.code or 'error'}: {s.error.what}",
-                    )
-                if step is not None:
-                    raise s.error from None
-                if s.mismatch and mismatch is None:
-                    mismatch = s.error
-                skipped.append(f"{c.path.name}: {s.error}")
-                log.warning("ckptkit: skipping %s", skipped[-1])
-                continue
-            if c.status != "verified":
-                self._note(c.path, "verified", why=None)  # every byte was verified while read
-            else:
-                with self._maybe_writer() as mine:
-                    if mine:  # a kill may have left latest behind what is really newest
-                        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-            if skipped:
-                log.warning(
-                    "ckptkit: restored %s after skipping %d newer checkpoint(s)%s",
-                    c.path.name,
-                    len(skipped),
-                    "; a newer one did not fit this run although it is whole: check that "
-                    "the run is built as it was when it saved"
-                    if mismatch is not None
-                    else "",
-                )
-            result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
-            self.trajectory.restored(c.path.name, result.manifest, c.step)
-            if self.recovery is not None:
-                self.recovery.on_restore(result)  # the run's recovery history continues
-            return result
-        if mismatch is not None:
-            # No checkpoint fits: the run differs from what saved them. Say so, not "lost".
-            raise mismatch
-        raise IncompleteCheckpointError(
-            "no checkpoint could be restored: " + " | ".join(skipped),
-            path=self.root,
-            hint="restore files from a replica, or start fresh",
+        c, result, skipped = newest_restorable(
+            state,
+            infos,
+            exact=step is not None,
+            strict=strict,
+            coll=coll,
+            key=self.key,
+            note=lambda path, outcome, why: self._note(path, outcome, why=why),
         )
+        if c.status != "verified":
+            self._note(c.path, "verified", why=None)  # every byte was verified while read
+        else:
+            with self._maybe_writer() as mine:
+                if mine:  # a kill may have left latest behind what is really newest
+                    self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+        result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
+        self.trajectory.restored(c.path.name, result.manifest, c.step)
+        if self.recovery is not None:
+            self.recovery.on_restore(result)  # the run's recovery history continues
+        return result
 
     def _note(self, path: Location, outcome: codes.Outcome, *, why: str | None) -> None:
         """Record what a restore found and re-point ``latest``, if no other writer runs."""

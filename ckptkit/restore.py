@@ -1,7 +1,8 @@
 """Restore one candidate checkpoint into a :class:`~ckptkit.TrainState`, or say why not.
 
 :class:`~ckptkit.CheckpointManager.restore` walks the run's checkpoints newest first and
-calls :func:`restore_candidate` on each; a :class:`Skip` sends it to the next older one.
+asks :func:`newest_restorable`, which calls :func:`restore_candidate` on each; a
+:class:`Skip` sends it to the next older one.
 What a candidate can fail at is a finding with a code: its bytes (integrity), its kind
 (``CK-R011``: not a TrainState tree, or DCP storage for a run without it), or anything
 else while reading it (``CK-F024``). A run that does not fit a good checkpoint
@@ -11,6 +12,7 @@ else while reading it (``CK-F024``). A run that does not fit a good checkpoint
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ckptkit import codes, rotation
@@ -201,4 +203,70 @@ def candidates(
     return infos, notes
 
 
-__all__ = ["Skip", "candidates", "restore_candidate"]
+Note = Callable[[Location, codes.Outcome, str | None], None]
+"""``note(path, outcome, why)``: record what a restore found out about a checkpoint."""
+
+
+def newest_restorable(
+    state: TrainState,
+    infos: list[CheckpointInfo],
+    *,
+    exact: bool,
+    strict: bool,
+    coll: Collective,
+    key: bytes | None,
+    note: Note,
+) -> tuple[CheckpointInfo, RestoreResult, list[str]]:
+    """Restore the newest of ``infos`` (oldest first, from :func:`candidates`) that can be
+    restored, falling back past each that cannot; return it, its result and one line per
+    checkpoint skipped on the way.
+
+    A recorded corrupt or unreadable candidate is read like any other: reading verifies
+    every byte, and the record may be a transient failure or an edited index. Each skip
+    whose fault is in the bytes is passed to ``note`` (``corrupt``, or ``unreadable`` for a
+    failure that is not evidence of damage). With ``exact`` (one step was asked for) the
+    first failure is raised instead of falling back.
+
+    Raises:
+        StateError: every whole candidate does not fit the run (``CK-R010``): the run
+            differs from the one that saved, and no fallback would hide it.
+        IncompleteCheckpointError: no candidate could be restored (each reason listed).
+    """
+    skipped: list[str] = []
+    mismatch: CkptkitError | None = None
+    for c in reversed(infos):
+        try:
+            result = restore_candidate(state, c.path, strict=strict, coll=coll, key=key)
+        except Skip as s:
+            if s.damaged:
+                note(c.path, codes.outcome([s.error.code]), f"{s.error.code or 'error'}: {s.error.what}")
+            if exact:
+                raise s.error from None
+            if s.mismatch and mismatch is None:
+                mismatch = s.error
+            skipped.append(f"{c.path.name}: {s.error}")
+            log.warning("ckptkit: skipping %s", skipped[-1])
+            continue
+        if skipped:
+            log.warning(
+                "ckptkit: restored %s after skipping %d newer checkpoint(s)%s",
+                c.path.name,
+                len(skipped),
+                "; a newer one did not fit this run although it is whole: check that "
+                "the run is built as it was when it saved"
+                if mismatch is not None
+                else "",
+            )
+        return c, result, skipped
+    if mismatch is not None:
+        # No checkpoint fits: the run differs from what saved them. Say so, not "lost".
+        raise mismatch
+    root = infos[0].path.parent if infos else None
+    raise IncompleteCheckpointError(
+        "no checkpoint could be restored: " + " | ".join(skipped),
+        path=root,
+        hint="restore files from a replica, or start fresh",
+    )
+
+
+__all__ = ["Note", "Skip", "candidates", "newest_restorable", "restore_candidate"]

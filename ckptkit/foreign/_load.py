@@ -24,6 +24,7 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.storage import dcp
 from ckptkit.storage import tensors as st
@@ -79,6 +80,23 @@ class Problem:
 
     code: str
     message: str
+
+
+def failed_read(e: BaseException, damage: str, what: str) -> Problem:
+    """A failed read of a foreign file as a finding: ``CK-F025`` (unreadable now, tried again
+    later, never deleted as corrupt) when the error is not evidence of damage (a permission,
+    EIO, a stale handle: :func:`ckptkit.codes.transient`), else ``damage``.
+
+    Example:
+        >>> import errno
+        >>> failed_read(PermissionError(errno.EACCES, "Permission denied"), "CK-F108", "x").code
+        'CK-F025'
+        >>> failed_read(EOFError("truncated"), "CK-F108", "torch.load failed").code
+        'CK-F108'
+    """
+    if codes.transient(e):
+        return Problem(codes.UNREADABLE, f"cannot be read now: {_errname(e)}: {_first_line(e)}")
+    return Problem(damage, f"{what}: {_errname(e)}: {_first_line(e)}")
 
 
 # --- zip archives (torch.save's default format) -----------------------------------------
@@ -225,10 +243,7 @@ def check_zip(path: Path) -> Problem | None:
                     return Problem("CK-F101", f"member {info.filename!r} fails its CRC-32 ({e})")
                 return Problem("CK-F102", f"member {info.filename!r} is damaged ({e})")
             except ZIP_READ_ERRORS as e:
-                return Problem(
-                    "CK-F102",
-                    f"member {info.filename!r} cannot be read ({_errname(e)}: {_first_line(e)})",
-                )
+                return failed_read(e, "CK-F102", f"member {info.filename!r} cannot be read")
     return None
 
 
@@ -402,7 +417,7 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
             "CK-F108", f"cannot be unpickled (damaged or not a torch file): {_unpickle_why(e)}"
         )
     except Exception as e:  # untrusted input: any failure is a finding, never a traceback
-        return None, Problem("CK-F108", f"torch.load failed: {_errname(e)}: {_first_line(e)}")
+        return None, failed_read(e, "CK-F108", "torch.load failed")
     return obj, None
 
 
@@ -462,7 +477,7 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
     except IntegrityError as e:
         return None, Problem("CK-F104", e.what)
     except OSError as e:
-        return None, Problem("CK-F104", f"cannot be read: {e.strerror or e}")
+        return None, failed_read(e, "CK-F104", "cannot be read")
 
 
 def safetensors_dtype(name: str) -> torch.dtype | None:
@@ -484,7 +499,7 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        return None, Problem("CK-F108", f"cannot be read: {e.strerror or e}")
+        return None, failed_read(e, "CK-F108", "cannot be read")
     if len(data) > MAX_PICKLE_BYTES:
         return None, Problem("CK-F108", f"{len(data)} bytes: absurdly large metadata")
     try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckptkit import codes
 from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.adopted import adopted_path, read_adopted, recorded_files
@@ -97,7 +98,11 @@ def verify_foreign(
     if expect is None and adopted and adopted.get("expect") in EXPECTS:
         expect, source = adopted["expect"], "given"
     state = s.finish(expect)
-    if s.opaque:  # what it holds is unknown: no component can be called missing
+    unread_now = any(f.code == codes.UNREADABLE for f in s.findings)
+    if s.opaque or unread_now:
+        # What it holds is unknown (a pickle needing code, or a file that cannot be read
+        # now: a permission, EIO): no component can be called missing, and "missing" would
+        # turn a checkpoint that is only unreadable now into a corrupt one.
         families = [f for f in families if f != "completeness"]
     ctx = ReaderContext(root=s.target, manifest=None, state=state, files=s.file_scans(recorded))
     findings = ordered([*s.findings, *run_checks(ctx, families)])

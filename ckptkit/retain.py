@@ -13,7 +13,9 @@ a run, whatever its layout, with the rules that make deletion safe:
 4. a checkpoint is deleted *as corrupt* only after it failed a verify from its bytes
    just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
    (unsigned without a key, and possibly a transient failure). If it verifies now, or
-   cannot be read for a reason that is not damage (``unreadable``), it is kept;
+   cannot be read for a reason that is not damage (``unreadable``), or only its signature
+   does not check under the key in use (``CK-M010``/``CK-M011``: a wrong key must not empty
+   a run), it is kept;
 5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
 6. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
    checkpoint that failed is still the newest the plan counts good: the run could not
@@ -165,9 +167,9 @@ def apply(
             continue
         doomed = by_step.get(d.ckpt.step)
         if doomed is not None and doomed.status == "corrupt":
-            found = _recheck_corrupt(run, doomed, out)
-            if found != "corrupt":
-                out.plan = _kept(out.plan, d.ckpt.step, found)
+            kept = _recheck_corrupt(run, doomed, out)
+            if kept is not None:
+                out.plan = _kept(out.plan, d.ckpt.step, *kept)
                 continue
         if doomed is not None and run.remove(doomed):
             why = d.reason.removeprefix("delete: ")
@@ -177,35 +179,43 @@ def apply(
     return out
 
 
-def _recheck_corrupt(run: RunStore, info: CheckpointInfo, out: Outcome) -> codes.Outcome:
+def _recheck_corrupt(
+    run: RunStore, info: CheckpointInfo, out: Outcome
+) -> tuple[str, bool] | None:
     """Verify a checkpoint recorded corrupt from its bytes before it is deleted as corrupt.
 
-    Returns what its bytes show now: ``corrupt`` (delete it), ``verified`` or
-    ``unreadable`` (a permission, EIO: ``CK-F025``; keep it). The run records it.
+    Returns None when its bytes show damage now (delete it); else why it is kept and whether
+    it is unreadable now: it verifies, it cannot be read now (a permission, EIO:
+    ``CK-F025``), or only its signature does not check under the key in use
+    (:data:`ckptkit.codes.UNTRUSTED`: a wrong or new key says nothing about its bytes). The
+    run records the outcome.
     """
     bad = run.reverify(info)
     found = codes.outcome(f.code for f in bad)
-    first = f"{bad[0].code} {bad[0].message}" if bad else "verified again, ok"
-    out.rechecked.append(f"{_name(info)}: {first}" + ("" if found == "corrupt" else "; kept"))
-    if found != "corrupt":
-        log.warning(
-            "ckptkit: %s was recorded corrupt, but its re-verify before deleting found it "
-            "%s; it is kept",
-            _name(info),
-            found,
+    if found == "corrupt" and all(f.code in codes.UNTRUSTED for f in bad):
+        why = (
+            f"keep: recorded corrupt, but only its signature does not check ({bad[0].code}): "
+            "not evidence of damage (a wrong or new key?); never restored under this key, "
+            "delete it by hand if it is not yours"
         )
-    return found
+    elif found == "verified":
+        why = "keep: recorded corrupt, but it verified from its bytes before deleting"
+    elif found == "unreadable":
+        why = "keep: recorded corrupt, but unreadable now (not evidence of damage)"
+    else:
+        out.rechecked.append(f"{_name(info)}: {bad[0].code} {bad[0].message}")
+        return None
+    first = f"{bad[0].code} {bad[0].message}" if bad else "verified again, ok"
+    out.rechecked.append(f"{_name(info)}: {first}; kept")
+    log.warning("ckptkit: %s is not deleted as corrupt: %s", _name(info), why.removeprefix("keep: "))
+    return why, found == "unreadable"
 
 
-def _kept(plan: rotation.RetentionPlan, step: int, found: codes.Outcome) -> rotation.RetentionPlan:
-    """``plan`` with the checkpoint of ``step``, recorded corrupt, kept after all: its
-    bytes, read again before deleting, showed no damage (``found``)."""
-    reason = (
-        "keep: recorded corrupt, but it verified from its bytes before deleting"
-        if found == "verified"
-        else "keep: recorded corrupt, but unreadable now (not evidence of damage)"
-    )
-    unreadable = found == "unreadable"
+def _kept(
+    plan: rotation.RetentionPlan, step: int, reason: str, unreadable: bool
+) -> rotation.RetentionPlan:
+    """``plan`` with the checkpoint of ``step``, recorded corrupt, kept after all for
+    ``reason`` (its bytes, read again before deleting, showed no damage)."""
     decisions = tuple(
         replace(
             d, keep=True, reason=reason,

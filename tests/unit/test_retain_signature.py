@@ -1,0 +1,59 @@
+"""Issue 23: a wrong or new key never empties a run. Under a key, unsigned checkpoints (or
+ones signed with another key) list as corrupt and are never restored, but ``prune
+--delete-corrupt`` keeps them: their signature says who wrote them, not that their bytes
+are damaged. Real damage under the right key is still deleted."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from hostile import STEPS, make_run, train_state
+
+import ckptkit
+from ckptkit import retain, runs
+from ckptkit.catalog import step_dir_name
+
+
+def _prune_delete_corrupt(run_dir: Path, key: bytes) -> set[str]:
+    run = runs.open_run(run_dir, readonly=False, key=key)
+    try:
+        runs.prune(run, retain.Policy(keep_last=5, delete_corrupt=True))
+    finally:
+        run.close()
+    return {p.name for p in run_dir.iterdir() if p.name.startswith("step-")}
+
+
+def test_unsigned_checkpoints_survive_delete_corrupt_under_a_new_key(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")  # saved without a key
+    key = secrets.token_bytes(32)
+    with ckptkit.CheckpointManager(run, readonly=True, key=key) as mgr:
+        assert {c.status for c in mgr.list()} == {"corrupt"}
+    assert _prune_delete_corrupt(run, key) == {step_dir_name(s) for s in STEPS}
+
+
+def test_checkpoints_signed_with_another_key_survive_delete_corrupt(tmp_path: Path) -> None:
+    old_key, new_key = secrets.token_bytes(32), secrets.token_bytes(32)
+    ts = train_state()
+    with ckptkit.CheckpointManager(tmp_path / "run", key=old_key) as mgr:
+        for s in STEPS:
+            ts.step = s
+            mgr.save(ts)
+    assert _prune_delete_corrupt(tmp_path / "run", new_key) == {step_dir_name(s) for s in STEPS}
+
+
+def test_damage_under_the_right_key_is_still_deleted(tmp_path: Path) -> None:
+    key = secrets.token_bytes(32)
+    ts = train_state()
+    run = tmp_path / "run"
+    with ckptkit.CheckpointManager(run, key=key) as mgr:
+        for s in STEPS:
+            ts.step = s
+            mgr.save(ts)
+    shard = next(p for p in (run / step_dir_name(STEPS[0])).iterdir() if p.suffix == ".safetensors")
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with ckptkit.CheckpointManager(run, key=key) as mgr:
+        mgr.list(verify=True)
+    assert _prune_delete_corrupt(run, key) == {step_dir_name(STEPS[-1])}

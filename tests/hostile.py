@@ -133,6 +133,9 @@ HOSTILE_TREES: dict[str, Any] = {
     "npscalar-list-value": {"$t": "npscalar", "dtype": "f8", "v": [1, 2]},
     "npscalar-overflow": {"$t": "npscalar", "dtype": "f8", "v": 10**400},
     "npscalar-negative-overflow": {"$t": "npscalar", "dtype": "f8", "v": -(10**400)},
+    "npscalar-f2-past-range": {"$t": "npscalar", "dtype": "f2", "v": 1e300},
+    "npscalar-int-for-float": {"$t": "npscalar", "dtype": "f8", "v": 1},
+    "null-tag": {"$t": None},
     "float-list": {"$t": "float", "v": []},
     "float-huge-int": {"$t": "float", "v": 10**400},
     "device-unparsable": {"$t": "device", "v": "cuda:x:y"},
@@ -146,7 +149,8 @@ HOSTILE_TREES: dict[str, Any] = {
     "dict-item-not-pair": {"$t": "dict", "items": [[1, 2, 3]]},
     "missing-field": {"$t": "tuple"},
 }
-"""Malformed tagged values of the manifest's tree (storage/tree.py's encoding)."""
+"""Malformed tagged values of the manifest's tree (storage/tree.py's encoding): each is
+``CK-M009`` for verify, load and inspect alike (tests/unit/test_hostile_manifest.py)."""
 
 
 def _scheduler_value(field: str, value: Any) -> Damage:
@@ -236,31 +240,35 @@ def _file_kind(kind: str) -> Damage:
 # --- DCP storage ---------------------------------------------------------------------------
 
 
-def _forge_dcp(list_metadata: bool) -> Damage:
-    """A tensors-storage checkpoint turned into one that claims DCP storage, its
-    ``.metadata`` a pickle with a payload (tests/integration/test_trust.py)."""
+def forge_dcp(d: Path, marker: Path, *, list_metadata: bool) -> None:
+    """Turn tensors-storage checkpoint ``d`` into one that claims DCP storage, its
+    ``.metadata`` a pickle that would create ``marker`` (listed in the manifest with a
+    matching digest, or not listed at all)."""
+    (d / "dcp").mkdir()
+    meta = d / "dcp" / ".metadata"
+    meta.write_bytes(pickle.dumps(Payload(marker)))
+    obj = _manifest(d)
+    obj["tree"].pop("model", None)
+    obj["tree"].pop("optimizer", None)
+    obj["tree"]["dcp"] = {"dir": "dcp", "keys": ["model", "optimizer"]}
+    obj["components"]["model"]["where"] = ["dcp/.metadata"]
+    obj["components"]["optimizer"]["where"] = ["dcp/.metadata"]
+    if list_metadata:  # the attacker can compute xxh3 too: the digest matches
+        hexd, size = digest.hash_file(meta)
+        obj["files"].append(
+            {"path": "dcp/.metadata", "size": size, "xxh3_128": hexd, "component": "dcp"}
+        )
+    gone = {f["path"] for f in obj["files"] if f["path"].startswith(("model", "optimizer"))}
+    obj["files"] = [f for f in obj["files"] if f["path"] not in gone]
+    obj["tensors"] = [t for t in obj["tensors"] if t["file"] not in gone]
+    for rel in gone:
+        (d / rel).unlink()
+    rewrite(d, obj)
 
+
+def _forged_dcp(list_metadata: bool) -> Damage:
     def damage(d: Path, run: Path) -> list[Path]:
-        (d / "dcp").mkdir()
-        meta = d / "dcp" / ".metadata"
-        meta.write_bytes(pickle.dumps(Payload(run.parent / MARKER)))
-        obj = _manifest(d)
-        obj["tree"].pop("model", None)
-        obj["tree"].pop("optimizer", None)
-        obj["tree"]["dcp"] = {"dir": "dcp", "keys": ["model", "optimizer"]}
-        obj["components"]["model"]["where"] = ["dcp/.metadata"]
-        obj["components"]["optimizer"]["where"] = ["dcp/.metadata"]
-        if list_metadata:
-            hexd, size = digest.hash_file(meta)
-            obj["files"].append(
-                {"path": "dcp/.metadata", "size": size, "xxh3_128": hexd, "component": "dcp"}
-            )
-        gone = {f["path"] for f in obj["files"] if f["path"].startswith(("model", "optimizer"))}
-        obj["files"] = [f for f in obj["files"] if f["path"] not in gone]
-        obj["tensors"] = [t for t in obj["tensors"] if t["file"] not in gone]
-        for rel in gone:
-            (d / rel).unlink()
-        rewrite(d, obj)
+        forge_dcp(d, run.parent / MARKER, list_metadata=list_metadata)
         return []
 
     return damage
@@ -347,8 +355,8 @@ CASES: dict[str, Case] = {
     **{f"file:{k}": Case(_file_kind(k)) for k in (
         "missing", "truncated", "flipped-byte", "garbage", "directory", "fifo", "symlink-outside"
     )},
-    "dcp:forged-unlisted-metadata": Case(_forge_dcp(list_metadata=False)),
-    "dcp:forged-listed-metadata": Case(_forge_dcp(list_metadata=True)),
+    "dcp:forged-unlisted-metadata": Case(_forged_dcp(list_metadata=False)),
+    "dcp:forged-listed-metadata": Case(_forged_dcp(list_metadata=True)),
     "dcp:offset-past-shard": Case(_dcp_metadata(_offset_past_shard), storage="dcp"),
     "dcp:unlisted-relative-path": Case(_dcp_metadata(_unlisted_relative_path), storage="dcp"),
     "dcp:byte-io-needs-a-global": Case(_byte_io_global, storage="dcp"),

@@ -22,20 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile import MARKER, Payload, forge_dcp, rewrite
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.storage import digest
-
-MARKER = "PWNED"
-
-
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.marker}",))
 
 
 def _trainstate(storage: str = "tensors", seed: int = 0) -> ckptkit.TrainState:
@@ -55,35 +45,6 @@ def _run(tmp: Path, storage: str = "tensors") -> Path:
             ts.step = s
             mgr.save(ts)
     return run
-
-
-def _rewrite(path: Path, obj: dict) -> None:  # type: ignore[type-arg]
-    obj["manifest_digest"] = mf.content_digest(obj)
-    (path / "manifest.json").write_text(json.dumps(obj))
-
-
-def _forge(step_dir: Path, marker: Path, *, list_metadata: bool) -> None:
-    """Turn a tensors-storage checkpoint into one that claims DCP storage."""
-    (step_dir / "dcp").mkdir()
-    meta = step_dir / "dcp" / ".metadata"
-    meta.write_bytes(pickle.dumps(_Payload(marker)))
-    obj = json.loads((step_dir / "manifest.json").read_text())
-    obj["tree"].pop("model", None)
-    obj["tree"].pop("optimizer", None)
-    obj["tree"]["dcp"] = {"dir": "dcp", "keys": ["model", "optimizer"]}
-    obj["components"]["model"]["where"] = ["dcp/.metadata"]
-    obj["components"]["optimizer"]["where"] = ["dcp/.metadata"]
-    if list_metadata:  # the attacker can compute xxh3 too: the digest matches
-        hexd, size = digest.hash_file(meta)
-        obj["files"].append(
-            {"path": "dcp/.metadata", "size": size, "xxh3_128": hexd, "component": "dcp"}
-        )
-    gone = {f["path"] for f in obj["files"] if f["path"].startswith(("model", "optimizer"))}
-    obj["files"] = [f for f in obj["files"] if f["path"] not in gone]
-    obj["tensors"] = [t for t in obj["tensors"] if t["file"] not in gone]
-    for rel in gone:
-        (step_dir / rel).unlink()
-    _rewrite(step_dir, obj)
 
 
 _AUDITED = textwrap.dedent(
@@ -144,7 +105,7 @@ def test_forged_dcp_metadata_executes_nothing(
     run = _run(tmp_path)
     marker = tmp_path / MARKER
     step = run / "step-00000020"
-    _forge(step, marker, list_metadata=list_metadata)
+    forge_dcp(step, marker, list_metadata=list_metadata)
     out = _audited(run, step, storage)
     assert not marker.exists(), out
     assert out["audit"] == [], out
@@ -179,7 +140,7 @@ def test_forged_byte_io_item_is_never_unpickled(tmp_path: Path) -> None:
     _, info = byte_items[0]
     shard = step / "dcp" / info.relative_path
     data = bytearray(shard.read_bytes())
-    evil = pickle.dumps(_Payload(marker), protocol=2)
+    evil = pickle.dumps(Payload(marker), protocol=2)
     assert len(evil) <= info.length, "payload must fit the item's slot"
     data[info.offset : info.offset + len(evil)] = evil
     shard.write_bytes(bytes(data))
@@ -187,7 +148,7 @@ def test_forged_byte_io_item_is_never_unpickled(tmp_path: Path) -> None:
     for f in obj["files"]:
         if f["path"] == f"dcp/{info.relative_path}":
             f["xxh3_128"], f["size"] = digest.hash_file(shard)
-    _rewrite(step, obj)
+    rewrite(step, obj)
     out = _audited(run, step, "dcp")
     assert not marker.exists(), out
     assert out["audit"] == [], out

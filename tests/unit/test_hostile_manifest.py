@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from hostile import HOSTILE_TREES
 
 import ckptkit
 from ckptkit import manifest as mf
@@ -288,35 +289,7 @@ def test_shard_symlink_is_f009_on_both_paths(ckpt: Path, tmp_path: Path) -> None
 
 # --- verify and load agree -----------------------------------------------------------------
 
-_TREES: dict[str, Any] = {
-    "unknown-tag": {"$t": "from-the-future"},
-    "tag-not-a-string": {"$t": 5},
-    "unhashable-key": {"$t": "dict", "items": [[{"a": 1}, 2]]},
-    "unhashable-key-in-tuple": {"$t": "dict", "items": [[{"$t": "tuple", "items": [{"a": 1}]}, 2]]},
-    "tensor-as-dict-key": {"$t": "dict", "items": [[{"$t": "tensor", "key": "model/w"}, 2]]},
-    "bad-base64": {"$t": "bytes", "b64": "abc"},
-    "base64-not-str": {"$t": "bytes", "b64": 12},
-    "non-string-tensor-key": {"$t": "tensor", "key": 5},
-    "list-tensor-key": {"$t": "tensor", "key": ["model/w"]},
-    "unlisted-tensor": {"$t": "tensor", "key": "model/zzz"},
-    "requires-grad-not-bool": {"$t": "tensor", "key": "model/w", "requires_grad": "yes"},
-    "tensor-and-ndarray": {"$t": "ndarray", "key": "model/w"},
-    "bf16-ndarray": {"$t": "ndarray", "key": "model/b"},
-    "huge-numpy-dtype": {"$t": "npscalar", "dtype": "V99999999999999999999", "v": 1},
-    "subarray-numpy-dtype": {"$t": "npscalar", "dtype": "(100000,100000)f8", "v": 1},
-    "npscalar-out-of-range": {"$t": "npscalar", "dtype": "i1", "v": 1000},
-    "npscalar-list-value": {"$t": "npscalar", "dtype": "f8", "v": [1, 2]},
-    "device-unparsable": {"$t": "device", "v": "cuda:x:y"},
-    "device-not-str": {"$t": "device", "v": 3},
-    "dtype-unknown": {"$t": "dtype", "v": "_dynamo"},
-    "size-negative": {"$t": "size", "items": [-1]},
-    "size-huge": {"$t": "size", "items": [2**70]},
-    "float-not-nonfinite": {"$t": "float", "v": "1e5"},
-    "tuple-items-not-list": {"$t": "tuple", "items": {"a": 1}},
-    "tuple-extra-field": {"$t": "tuple", "items": [], "x": 1},
-    "dict-item-not-pair": {"$t": "dict", "items": [[1, 2, 3]]},
-    "missing-field": {"$t": "tuple"},
-}
+_TREES = HOSTILE_TREES
 
 
 @pytest.mark.parametrize("name", sorted(_TREES))
@@ -369,11 +342,11 @@ def test_tuple_key_holding_a_tensor_is_refused_at_save(tmp_path: Path) -> None:
 # --- issue 23, reproduction 3: one hostile value, the run goes on ---------------------------
 
 _ISSUE23_VALUES = {
-    "npscalar-10**400": {"$t": "npscalar", "dtype": "f8", "v": 10**400},
-    "float-tag-list": {"$t": "float", "v": []},
-    "npscalar-f2-past-range": {"$t": "npscalar", "dtype": "f2", "v": 1e300},
-    "npscalar-int-for-float": {"$t": "npscalar", "dtype": "f8", "v": 1},
-    "null-tag": {"$t": None},
+    name: HOSTILE_TREES[name]
+    for name in (
+        "npscalar-overflow", "float-list", "npscalar-f2-past-range", "npscalar-int-for-float",
+        "null-tag",
+    )
 }
 
 

@@ -226,12 +226,6 @@ def error(
 UNREADABLE = "CK-F025"
 """The code of a read that failed for a reason that is not evidence of damage."""
 
-UNTRUSTED = frozenset({"CK-M010", "CK-M011"})
-"""Codes that say who wrote a checkpoint cannot be proven under the key in use (unsigned,
-or signed with another key): never restored, but not evidence that its bytes are damaged,
-so retention never deletes a checkpoint *as corrupt* for them alone (a wrong key must not
-empty a run)."""
-
 TRANSIENT_ERRNOS = frozenset(
     getattr(errno, name)
     for name in (

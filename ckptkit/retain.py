@@ -13,9 +13,9 @@ a run, whatever its layout, with the rules that make deletion safe:
 4. a checkpoint is deleted *as corrupt* only after it failed a verify from its bytes
    just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
    (unsigned without a key, and possibly a transient failure). If it verifies now, or
-   cannot be read for a reason that is not damage (``unreadable``), or only its signature
-   does not check under the key in use (``CK-M010``/``CK-M011``: a wrong key must not empty
-   a run), it is kept;
+   cannot be read for a reason that is not damage (``unreadable``), or its only faults say
+   nothing about its bytes (:data:`WHOLE_BUT`: a wrong key, a renamed directory), it is
+   kept;
 5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
 6. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
    checkpoint that failed is still the newest the plan counts good: the run could not
@@ -179,6 +179,22 @@ def apply(
     return out
 
 
+WHOLE_BUT: dict[str, str] = {
+    "CK-M010": "it is unsigned under the key in use, which says who wrote it, not that its "
+    "bytes are damaged (a new key?); never restored under this key, delete it by hand if it "
+    "is not yours",
+    "CK-M011": "it is signed with another key, which says who wrote it, not that its bytes "
+    "are damaged (a wrong key?); never restored under this key, delete it by hand if it is "
+    "not yours",
+    "CK-S020": "its manifest records another step than its directory's name (a copy, or a "
+    "rename that may be the only copy): its bytes are whole; rename it to its step or delete "
+    "it by hand",
+}
+"""Findings that make a checkpoint unusable but are no evidence that its bytes are damaged:
+``delete_corrupt`` never deletes a checkpoint whose only faults are these (a wrong key must
+not empty a run; a renamed checkpoint may be the only copy of its step)."""
+
+
 def _recheck_corrupt(
     run: RunStore, info: CheckpointInfo, out: Outcome
 ) -> tuple[str, bool] | None:
@@ -186,18 +202,12 @@ def _recheck_corrupt(
 
     Returns None when its bytes show damage now (delete it); else why it is kept and whether
     it is unreadable now: it verifies, it cannot be read now (a permission, EIO:
-    ``CK-F025``), or only its signature does not check under the key in use
-    (:data:`ckptkit.codes.UNTRUSTED`: a wrong or new key says nothing about its bytes). The
-    run records the outcome.
+    ``CK-F025``), or its only faults are in :data:`WHOLE_BUT`. The run records the outcome.
     """
     bad = run.reverify(info)
     found = codes.outcome(f.code for f in bad)
-    if found == "corrupt" and all(f.code in codes.UNTRUSTED for f in bad):
-        why = (
-            f"keep: recorded corrupt, but only its signature does not check ({bad[0].code}): "
-            "not evidence of damage (a wrong or new key?); never restored under this key, "
-            "delete it by hand if it is not yours"
-        )
+    if found == "corrupt" and all(f.code in WHOLE_BUT for f in bad):
+        why = f"keep: recorded corrupt, but {bad[0].code}: {WHOLE_BUT[bad[0].code]}"
     elif found == "verified":
         why = "keep: recorded corrupt, but it verified from its bytes before deleting"
     elif found == "unreadable":

@@ -1,7 +1,8 @@
-"""Issue 23: a wrong or new key never empties a run. Under a key, unsigned checkpoints (or
+"""Issue 23: ``prune --delete-corrupt`` deletes damage only. A wrong or new key never empties a run. Under a key, unsigned checkpoints (or
 ones signed with another key) list as corrupt and are never restored, but ``prune
 --delete-corrupt`` keeps them: their signature says who wrote them, not that their bytes
-are damaged. Real damage under the right key is still deleted."""
+are damaged. A renamed checkpoint (CK-S020) is kept the same way. Real damage under the
+right key is still deleted."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ckptkit import retain, runs
 from ckptkit.catalog import step_dir_name
 
 
-def _prune_delete_corrupt(run_dir: Path, key: bytes) -> set[str]:
+def _prune_delete_corrupt(run_dir: Path, key: bytes | None) -> set[str]:
     run = runs.open_run(run_dir, readonly=False, key=key)
     try:
         runs.prune(run, retain.Policy(keep_last=5, delete_corrupt=True))
@@ -57,3 +58,17 @@ def test_damage_under_the_right_key_is_still_deleted(tmp_path: Path) -> None:
     with ckptkit.CheckpointManager(run, key=key) as mgr:
         mgr.list(verify=True)
     assert _prune_delete_corrupt(run, key) == {step_dir_name(STEPS[-1])}
+
+
+def test_a_renamed_checkpoint_survives_delete_corrupt(tmp_path: Path) -> None:
+    """``mv step-00000020 step-00000030``: misplaced (CK-S020), never restored, but its
+    bytes are whole and it may be the only copy of step 20."""
+    run = make_run(tmp_path / "run")
+    (run / step_dir_name(STEPS[-1])).rename(run / step_dir_name(STEPS[-1] + 10))
+    with ckptkit.CheckpointManager(run) as mgr:
+        mgr.list(verify=True)
+        r = mgr.restore(train_state(seed=5))
+        assert r is not None and r.step == STEPS[0]
+    assert _prune_delete_corrupt(run, None) == {
+        step_dir_name(STEPS[0]), step_dir_name(STEPS[-1] + 10)
+    }

@@ -1,8 +1,8 @@
-"""Issue 23: ``prune --delete-corrupt`` deletes damage only. A wrong or new key never empties a run. Under a key, unsigned checkpoints (or
-ones signed with another key) list as corrupt and are never restored, but ``prune
---delete-corrupt`` keeps them: their signature says who wrote them, not that their bytes
-are damaged. A renamed checkpoint (CK-S020) is kept the same way. Real damage under the
-right key is still deleted."""
+"""Issue 23: ``prune --delete-corrupt`` deletes damage only, never a checkpoint whose faults
+say nothing about its bytes (``retain.WHOLE_BUT``). A wrong or new key never empties a run:
+under a key, unsigned checkpoints (or ones signed with another key) list as corrupt and are
+never restored, but they are kept. A renamed checkpoint (CK-S020) is kept the same way.
+Real damage under the right key is still deleted."""
 
 from __future__ import annotations
 

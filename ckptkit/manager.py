@@ -791,11 +791,16 @@ class CheckpointManager:
         return self._verify(info.path)
 
     def remove(self, info: CheckpointInfo) -> bool:
-        """Delete one checkpoint, manifest-safe (for :mod:`ckptkit.retain`)."""
+        """Delete one checkpoint, manifest-safe, as the run's writer (for :mod:`ckptkit.retain`)."""
+        self.fence()
         return self.catalog.remove(info.path)
 
     def fence(self) -> None:
-        """Raise unless this manager holds the run lock (for :mod:`ckptkit.retain`)."""
+        """Be the run's writer before a delete (for :mod:`ckptkit.retain`): a read-only
+        manager raises, a writer takes the run lock if it has not yet (``LockHeldError``
+        while another process holds it) and checks that it still holds it. Deleting
+        needs the writer lock, always: a reader must never delete what a writer relies on."""
+        self._writer()
         self._fence()
 
     # --- restore -----------------------------------------------------------------------------

@@ -169,6 +169,40 @@ def _opt_step(opt: torch.optim.Optimizer) -> int:
     return 0
 
 
+def _no_hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+    """What a copy of an observed model gets instead of the observer's hook."""
+    return None
+
+
+def _detached() -> Any:
+    return _no_hook
+
+
+class _ForwardHook:
+    """The observer's forward pre-hook on the training model.
+
+    A copy of the model (``copy.deepcopy`` for an EMA or a teacher, a pickle of it) does
+    not carry the observer: it gets :func:`_no_hook` instead. Copying the observer would
+    copy the state and the Recorder with its open file (``TypeError: cannot pickle
+    '_io.TextIOWrapper'``), and a copy's forwards are not the training step anyway. The
+    observer is held weakly, so a model outliving its Recorder keeps no observer alive.
+    """
+
+    def __init__(self, observer: StepObserver) -> None:
+        self._observer = weakref.ref(observer)
+
+    def __call__(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        observer = self._observer()
+        if observer is not None:
+            observer._on_forward(module, args, kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _no_hook
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_detached, ())
+
+
 class StepObserver:
     """Watch one :class:`~ckptkit.TrainState`'s step and fill its record (see the module doc).
 
@@ -202,7 +236,7 @@ class StepObserver:
         self._end: rngtrace.RngSnapshot | None = None
         self._reset()
         self._handles = [
-            state.model.register_forward_pre_hook(self._on_forward, with_kwargs=True)
+            state.model.register_forward_pre_hook(_ForwardHook(self), with_kwargs=True)
         ]
         self._samplers: list[ResumableSampler] = []
         for s in (state.sampler, getattr(state.sampler, "sampler", None)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +154,24 @@ def test_with_batches_the_rng_is_fingerprinted_before_the_augmentation() -> None
         rec = _step(s, x)
         assert rec["rng_at"] == "data" and rec["rng"] == before
         break
+
+
+def test_a_copy_of_an_observed_model_carries_no_observer(tmp_path: Path) -> None:
+    """Issue 24: ``copy.deepcopy(model)`` (every EMA helper) raised ``TypeError: cannot
+    pickle '_io.TextIOWrapper'`` once a file-backed Recorder was bound through TrainState;
+    the copy now gets an inert hook, and the original is still observed."""
+    import copy
+    import pickle
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ckptkit.Recorder(tmp_path / "metrics.jsonl") as rec:
+        ckptkit.TrainState(model=model, optimizer=opt, recorder=rec)
+        ema = copy.deepcopy(model)
+        pickle.loads(pickle.dumps(model))
+        # the copy's forwards are not the training step: its hook is inert
+        assert list(ema._forward_pre_hooks.values()) == [observe._no_hook]
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        rec.log(1, loss=0.5)
+    assert "batch_hash" in rec.records[-1] and "opt_step" in rec.records[-1]

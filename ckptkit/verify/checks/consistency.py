@@ -13,8 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 
+import torch
+
 from ckptkit import catalog, guard
+from ckptkit.capture import state as train_state
 from ckptkit.codes import ROLLBACK
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import tree as tree_mod
+from ckptkit.storage.tensors import DTYPES
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -393,6 +399,61 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
     if found:
         yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
+
+
+# --- what restore applies ----------------------------------------------------------------------
+
+# Components whose tree records its class: the manifest's summary records it too, and the two
+# disagreeing means one was edited (restore would refuse the class it does not build).
+_TYPED = ("optimizer", "scheduler", "sampler")
+
+
+@check("CK-S013", needs=("manifest",))
+def restorable_as_saved(ctx: CheckContext) -> Iterator[Finding]:
+    # One rule for verify and restore: restore runs this check before it reads the files,
+    # and TrainState.restore_tree runs the same validators on the values it read.
+    man = ctx.manifest
+    assert man is not None
+    progress = man.components.get("progress")
+    if progress is None or not progress.required:
+        return  # not a TrainState checkpoint (a plain save requires nothing): no layout to hold
+    tree = _stand_in_tree(ctx)
+    if not isinstance(tree, Mapping):
+        return  # CK-M009 (cannot be rebuilt) or CK-R011 (not a TrainState tree) say why
+    found = train_state.tree_problems(tree)
+    for name in _TYPED:
+        part, summ = tree.get(name), st.summary(ctx, name)
+        saved = part.get("type") if isinstance(part, Mapping) else None
+        recorded = summ.get("type")
+        if isinstance(saved, str) and isinstance(recorded, str) and saved != recorded:
+            found.append(f"{name}: the state is a {saved}'s, its summary says {recorded}")
+    if found:
+        more = f"; and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
+        yield CODES["CK-S013"].finding("; ".join(found[:MAX_NAMED]) + more)
+
+
+def _stand_in_tree(ctx: CheckContext) -> object:
+    """The tree restore would be handed, decoded from the manifest: a tensor is its value
+    when the check may read it (RNG states, whose bytes torch validates), else a ``meta``
+    tensor of the recorded shape and dtype (every other validator reads shapes only)."""
+    man = ctx.manifest
+    assert man is not None
+    entries = {te.key: te for te in man.tensors}
+    values = st.tensor_values(ctx, "rng/")
+
+    def leaf(tag: str, key: str, ref: Mapping[str, object]) -> torch.Tensor:
+        if key in values:
+            return values[key]
+        te = entries[key]
+        try:
+            return torch.empty(te.shape, dtype=DTYPES[te.dtype], device="meta")
+        except (KeyError, RuntimeError, ValueError, OverflowError):
+            return torch.empty(0, device="meta")  # integrity reports the malformed entry
+
+    try:
+        return tree_mod.rebuild(man.tree, known=entries, leaf=leaf)
+    except CkptkitError:
+        return None
 
 
 @check("CK-S020")

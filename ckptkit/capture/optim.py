@@ -36,6 +36,8 @@ _GROUP_NUMBERS = (
     "t0",
     "momentum_decay",
 )
+_GROUP_LR = ("lr", "initial_lr")
+"""Always one number: the scheduler and the resume guard compute with them."""
 _GROUP_FLAGS = (
     "amsgrad",
     "maximize",
@@ -242,7 +244,7 @@ def _group_problems(gi: int, group: Mapping[str, Any], *, first: int) -> list[st
     for key, value in group.items():
         if not isinstance(key, str):
             out.append(f"param group {gi} has a key {show(key)}, not a string")
-        elif key in _GROUP_NUMBERS and not is_real(value):
+        elif key in _GROUP_NUMBERS and not _number_like(value, strict=key in _GROUP_LR):
             out.append(f"param group {gi} {key} is {show(value)}, not a finite number")
         elif key == "betas" and not (
             isinstance(value, list | tuple) and len(value) == 2 and all(map(is_real, value))
@@ -253,6 +255,16 @@ def _group_problems(gi: int, group: Mapping[str, Any], *, first: int) -> list[st
         elif key in _GROUP_OPTIONAL_FLAGS and not (value is None or isinstance(value, bool)):
             out.append(f"param group {gi} {key} is {show(value)}, not true, false or null")
     return out
+
+
+def _number_like(value: Any, *, strict: bool) -> bool:
+    """A finite number; unless ``strict``, also a tuple of numbers or nulls (Adafactor's
+    ``eps`` is ``(None, 1e-3)``: one name, another type, in another optimizer)."""
+    if is_real(value):
+        return True
+    return not strict and isinstance(value, list | tuple) and all(
+        v is None or is_real(v) for v in value
+    )
 
 
 def _shapes(saved: Any, counts: list[int], out: list[str]) -> list[list[int]] | None:

@@ -112,7 +112,7 @@ def _agree(template: Path, place: tuple[Any, ...], value: Any) -> None:
         took = result is not None and result.path is not None and result.path.name == NEWEST
         assert report.ok == took, (
             f"tree/{'/'.join(map(str, place))} = {value!r:.40}: verify says "
-            f"{'good' if report.ok else 'bad'} ({[f.message for f in report.errors]}), restore "
+            f"{'good' if report.ok else 'bad'} ({[f.code for f in report.findings]}), restore "
             f"{'took' if took else 'skipped'} it ({result.notes[:1] if result else None})"
         )
 

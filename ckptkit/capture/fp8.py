@@ -195,7 +195,7 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
         >>> s["nonfinite_scale"]
         1
     """
-    tensors = dict(_walk(state["state"], ""))
+    tensors = tensors_of(state["state"])
     scale_vals = [t for k, t in tensors.items() if "scale" in k.lower()]
     amax_vals = [t for k, t in tensors.items() if "amax" in k.lower()]
     histories = [t for k, t in tensors.items() if "amax" in k.lower() and "history" in k.lower()]
@@ -214,6 +214,16 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
         and all(bool((t.float() == 0).all()) for t in histories),
         "recipe": state.get("recipe"),
     }
+
+
+def tensors_of(state: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved fp8 state, by key path (what the summary counts).
+
+    Example:
+        >>> list(tensors_of({"fc": {"scale": torch.ones(1)}}))
+        ['fc.scale']
+    """
+    return dict(_walk(state, ""))
 
 
 def _walk(node: Any, path: str) -> list[tuple[str, torch.Tensor]]:
@@ -243,4 +253,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["FP8State", "Stateful", "capture", "problems", "restore", "summary"]
+__all__ = ["FP8State", "Stateful", "capture", "problems", "restore", "summary", "tensors_of"]

@@ -341,6 +341,19 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def generators(state: Mapping[str, Any]) -> list[str]:
+    """The generators a snapshot holds, named as :func:`summary` names them (no tensor read).
+
+    Example:
+        >>> generators(capture(cuda=False))
+        ['python', 'numpy', 'torch_cpu']
+    """
+    names = ["python", "numpy", "torch_cpu"]
+    names += [f"numpy:{name}" for name in sorted(state.get("numpy_generators") or {})]
+    names += [f"cuda:{i}" for i in range(len(state.get("cuda") or []))]
+    return names
+
+
 def _to_tree(value: Any) -> Any:
     # bit_generator.state holds ndarrays (MT19937 key, Philox counter); uint64 words do not fit
     # int64 tensors, so store them as exact JSON ints tagged with their dtype.
@@ -368,4 +381,4 @@ def _from_tree(value: Any) -> Any:
     return value
 
 
-__all__ = ["capture", "fingerprint", "problems", "restore", "summary"]
+__all__ = ["capture", "fingerprint", "generators", "problems", "restore", "summary"]

@@ -32,6 +32,8 @@ _SUMMARY_KEYS = (
     "rank",
     "num_samples",
     "data_len",
+    "shuffle",
+    "drop_last",
 )
 
 
@@ -158,8 +160,9 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``kind`` and ``type``, plus ``epoch``, ``position``, ``offset``, ``consumed``,
-        ``seed``, ``world_size``, ``rank``, ``num_samples`` and ``data_len`` where the state
-        has them at its top level (a ResumableSampler has all of them).
+        ``seed``, ``world_size``, ``rank``, ``num_samples``, ``data_len``, ``shuffle`` and
+        ``drop_last`` where the state has them at its top level (a ResumableSampler has
+        all of them).
 
     Example:
         >>> summary(capture(ResumableSampler(100, seed=3)))["position"]

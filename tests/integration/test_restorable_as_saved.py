@@ -144,10 +144,16 @@ def test_verify_is_good_exactly_when_restore_takes_it(
         (("sampler", "state", "position"), "x"),
         (("fp8", "state"), []),
         (("progress", "step"), []),
+        # Well-typed but not what was saved: the recorded summary tells (restore would
+        # refuse each as not fitting the run it restores into).
+        (("sampler", "state", "seed"), -1),
+        (("sampler", "state", "drop_last"), True),
+        (("fp8", "state"), {}),
+        (("rng", "rank00000", "numpy_generators"), {}),
     ],
 )
 def test_known_disagreements_now_agree(
     template: Path, place: tuple[Any, ...], value: Any
 ) -> None:
-    """The values the first probe found verify calling good and restore refusing (CK-F024)."""
+    """Values a probe found verify calling good and restore refusing (CK-F024 and others)."""
     _agree(template, place, value)

@@ -848,6 +848,15 @@ register_code(
     "scheduler/optimizer state (restore skips it); " + ROLLBACK,
 )
 register_code(
+    "CK-S013",
+    family="consistency",
+    severity=ERROR,
+    title="a saved component cannot be restored as saved",
+    hint="the checkpoint was edited or damaged inside its optimizer, scheduler, RNG, "
+    "progress, sampler, scaler or fp8 state (a value of the wrong type, out of range, or a "
+    "structure load_state_dict would refuse); restore skips it; " + ROLLBACK,
+)
+register_code(
     "CK-S020",
     family="consistency",
     severity=ERROR,

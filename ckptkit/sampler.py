@@ -18,9 +18,12 @@ from typing import Any
 import torch
 import xxhash
 
+from ckptkit.capture import is_int, refuse, show
 from ckptkit.errors import StateError
 
 STATE_VERSION = 1
+
+_COUNTERS = ("epoch", "position", "offset", "consumed", "rank", "num_samples", "data_len")
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -524,8 +527,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             state: a dict from :meth:`state_dict`, from any rank of the saved run.
 
         Raises:
-            StateError: the dataset length, seed, shuffle, drop_last or bucketing differ, so
-                the saved position would point into a different order.
+            StateError: ``CK-S013`` the state is malformed (see :func:`state_problems`);
+                the dataset length, seed, shuffle, drop_last or bucketing differ, so the
+                saved position would point into a different order.
 
         Example:
             >>> a = ResumableSampler(10, world_size=2)
@@ -535,11 +539,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> len(list(b))
             8
         """
-        if int(state.get("version", 0)) != STATE_VERSION:
-            raise StateError(
-                f"sampler state version {state.get('version')!r} is not {STATE_VERSION}",
-                hint="resume with the ckptkit version that wrote the checkpoint",
-            )
+        refuse("sampler", state_problems(state))
         for key, mine in (
             ("data_len", self.data_len),
             ("seed", self.seed),
@@ -574,4 +574,56 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._restored = True
 
 
-__all__ = ["ResumableSampler"]
+def state_problems(state: Any) -> list[str]:
+    """Return what in a saved cursor :meth:`ResumableSampler.load_state_dict` could not
+    load as saved (empty: nothing).
+
+    Every field :meth:`ResumableSampler.state_dict` writes, typed as it writes it: the
+    version, non-negative counters, a world size from 1, a bool ``shuffle`` and
+    ``drop_last``, an int seed, ``bucket`` None or its three settings, and an offset
+    inside the dataset. What depends on the sampler it is loaded into (the same dataset
+    length, seed...) is checked by ``load_state_dict``.
+
+    Example:
+        >>> state_problems(ResumableSampler(10, seed=3).state_dict())
+        []
+        >>> state_problems({**ResumableSampler(10).state_dict(), "position": "x"})
+        ["position is 'x', not a non-negative int"]
+    """
+    if not isinstance(state, Mapping):
+        return [f"the cursor is {show(state)}, not an object"]
+    keys = {"version", "seed", "world_size", "shuffle", "drop_last", "bucket", *_COUNTERS}
+    missing = sorted(keys - set(state))
+    if missing:
+        return [f"the cursor misses {missing}"]
+    out: list[str] = []
+    if state["version"] != STATE_VERSION or type(state["version"]) is not int:
+        out.append(f"version is {show(state['version'])}, this ckptkit reads {STATE_VERSION}")
+    out += [
+        f"{key} is {show(state[key])}, not a non-negative int"
+        for key in _COUNTERS
+        if not is_int(state[key])
+    ]
+    if not is_int(state["world_size"], lo=1):
+        out.append(f"world_size is {show(state['world_size'])}, not an int from 1")
+    if type(state["seed"]) is not int:
+        out.append(f"seed is {show(state['seed'])}, not an int")
+    for key in ("shuffle", "drop_last"):
+        if not isinstance(state[key], bool):
+            out.append(f"{key} is {show(state[key])}, not true or false")
+    bucket = state["bucket"]
+    if bucket is not None and not (
+        isinstance(bucket, Mapping)
+        and set(bucket) == {"bucket_size", "batch_size", "lengths_fingerprint"}
+        and (bucket["bucket_size"] is None or is_int(bucket["bucket_size"], lo=1))
+        and (bucket["batch_size"] is None or is_int(bucket["batch_size"], lo=1))
+        and isinstance(bucket["lengths_fingerprint"], str)
+    ):
+        out.append(f"bucket is {show(bucket)}, not null or its bucket_size, batch_size and "
+                   "lengths_fingerprint")
+    if not out and state["offset"] > state["data_len"]:
+        out.append(f"offset {state['offset']} is past the {state['data_len']} samples")
+    return out
+
+
+__all__ = ["ResumableSampler", "state_problems"]

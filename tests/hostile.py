@@ -167,6 +167,37 @@ def _scheduler_value(field: str, value: Any) -> Damage:
     return damage
 
 
+def _state_value(place: tuple[str | int, ...], value: Any) -> Damage:
+    """Set one value inside a saved state component (``("optimizer", "param_shapes", 0)``)."""
+
+    def damage(d: Path, run: Path) -> list[Path]:
+        obj = _manifest(d)
+        parent = obj["tree"]
+        for key in place[:-1]:
+            parent = parent[key]
+        parent[place[-1]] = value
+        rewrite(d, obj)
+        return []
+
+    return damage
+
+
+def _zeroed_torch_rng(d: Path, run: Path) -> list[Path]:
+    """torch's CPU RNG state zeroed in its shard (no mt19937 state is all zeros: torch
+    refuses it), shard and manifest re-hashed: only the bytes say it is unusable."""
+    obj = _manifest(d)
+    entry = next(t for t in obj["tensors"] if t["key"].endswith("/torch_cpu"))
+    shard = d / entry["file"]
+    data = bytearray(shard.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    begin, end = entry["offsets"]
+    data[start + begin : start + end] = bytes(end - begin)
+    shard.write_bytes(bytes(data))
+    relist(d, obj, entry["file"])
+    rewrite(d, obj)
+    return []
+
+
 def _manifest_text(edit: Callable[[str], str]) -> Damage:
     def damage(d: Path, run: Path) -> list[Path]:
         p = d / "manifest.json"
@@ -352,6 +383,28 @@ CASES: dict[str, Case] = {
     "manifest:copy-of-an-older-step": Case(_copy_of_older),
     "scheduler:last-epoch-not-int": Case(_scheduler_value("last_epoch", "three")),
     "scheduler:last-epoch-list": Case(_scheduler_value("last_epoch", [1, 2])),
+    "scheduler:base-lrs-string": Case(_scheduler_value("base_lrs", "x")),
+    "scheduler:type-differs-from-summary": Case(_state_value(("scheduler", "type"), "CyclicLR")),
+    "optimizer:param-groups-not-a-list": Case(
+        _state_value(("optimizer", "state_dict", "param_groups"), "x")
+    ),
+    "optimizer:params-renumbered": Case(
+        _state_value(("optimizer", "state_dict", "param_groups", 0, "params"), [3, 2, 1, 0])
+    ),
+    "optimizer:param-shape-string": Case(_state_value(("optimizer", "param_shapes", 0, 0), "x")),
+    "optimizer:step-string": Case(
+        _state_value(("optimizer", "state_dict", "state", "items", 0, 1, "step"), "x")
+    ),
+    "rng:python-state-huge-int": Case(
+        _state_value(("rng", "rank00000", "python", "state", 0), 10**400)
+    ),
+    "rng:numpy-bit-generator-unknown": Case(
+        _state_value(("rng", "rank00000", "numpy", "bit_generator"), "x")
+    ),
+    "rng:state-of-another-rank": Case(_state_value(("rng", "rank00000", "rank"), 3)),
+    "rng:torch-state-zeroed": Case(_zeroed_torch_rng),
+    "progress:step-list": Case(_state_value(("progress", "step"), [])),
+    "progress:micro-step-past-window": Case(_state_value(("progress", "micro_step"), 5)),
     **{f"file:{k}": Case(_file_kind(k)) for k in (
         "missing", "truncated", "flipped-byte", "garbage", "directory", "fifo", "symlink-outside"
     )},

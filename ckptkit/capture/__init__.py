@@ -7,8 +7,15 @@ engine writes the tensors to safetensors and the rest as JSON and hands the same
 ``summary`` returns small JSON facts that go into the manifest so ``ckptkit verify`` can check
 consistency without loading tensors.
 
-This package module holds the two helpers every component shares: :func:`check_tree`, which
-enforces the snapshot-tree contract, and :func:`tree_fingerprint`, a stable digest of a tree.
+Every module also has ``problems(state) -> list[str]``: what in a saved snapshot its
+``restore`` could not put back as saved (a wrong type, a number out of range, a structure
+``load_state_dict`` would choke on). It reads only the snapshot, so ``ckptkit verify`` (check
+CK-S013, on the manifest's tree) and ``restore`` (which refuses the checkpoint before it
+touches the live state) run the same rule and cannot disagree.
+
+This package module holds the helpers every component shares: :func:`check_tree`, which
+enforces the snapshot-tree contract, :func:`tree_fingerprint`, a stable digest of a tree,
+and the small value tests the ``problems`` functions are written with.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 import torch
 import xxhash
 
+from ckptkit import codes
 from ckptkit.errors import StateError
 
 # The leaf types the storage engine round-trips exactly (JSON scalars plus tensors).
@@ -97,6 +105,85 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+INT64_MAX = 2**63 - 1
+"""The largest integer torch (and every counter a resume reads) can hold."""
+
+
+def is_int(value: Any, *, lo: int = 0, hi: int = INT64_MAX) -> bool:
+    """Whether ``value`` is an ``int`` (not a bool) from ``lo`` to ``hi``.
+
+    Example:
+        >>> is_int(3), is_int(True), is_int(10**400), is_int(-1, lo=-1)
+        (True, False, False, True)
+    """
+    return type(value) is int and lo <= value <= hi
+
+
+def is_real(value: Any, *, finite: bool = True) -> bool:
+    """Whether ``value`` is a number a float can hold (an int, a float or a 0-d tensor).
+
+    A JSON int of any magnitude parses; one past a float's range is not a number any
+    training code can use (``float(10**400)`` raises).
+
+    Example:
+        >>> is_real(0.1), is_real(10**400), is_real("1"), is_real(float("inf"), finite=False)
+        (True, False, False, True)
+    """
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_complex() and value.dtype != torch.bool
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) or not finite
+
+
+def show(value: Any) -> str:
+    """A short repr of a saved value for a problem message (a huge int stays readable).
+
+    Example:
+        >>> show(10**400)
+        'an int of 1329 bits'
+    """
+    if type(value) is int and value.bit_length() > 64:
+        # bit_length, not str(): str() of an int past 4300 digits raises.
+        return f"an int of {value.bit_length()} bits"
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    return _short(value)
+
+
+MAX_LISTED = 5
+"""Problems named in one refusal; the rest are counted."""
+
+
+def refuse(what: str, found: list[str]) -> None:
+    """Raise ``CK-S013`` when a ``problems`` function found something (else return).
+
+    Args:
+        what: the component (``"optimizer"``, ``"rng"``...).
+        found: what its ``problems`` returned.
+
+    Raises:
+        StateError: ``CK-S013``, naming the first few problems.
+
+    Example:
+        >>> refuse("progress", [])
+        >>> refuse("progress", ["step is 'x', not an integer"])
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.StateError: CK-S013 progress state cannot be restored as saved: ...
+    """
+    if not found:
+        return
+    more = f"; and {len(found) - MAX_LISTED} more" if len(found) > MAX_LISTED else ""
+    raise codes.error(
+        "CK-S013", f"{what} state cannot be restored as saved: {'; '.join(found[:MAX_LISTED])}{more}"
+    )
+
+
 def tree_fingerprint(tree: Any) -> str:
     """Return a stable xxh3-64 hex digest of a snapshot tree.
 
@@ -151,4 +238,13 @@ def _feed(h: xxhash.xxh3_64, node: Any) -> None:
         )
 
 
-__all__ = ["check_tree", "tree_fingerprint"]
+__all__ = [
+    "INT64_MAX",
+    "MAX_LISTED",
+    "check_tree",
+    "is_int",
+    "is_real",
+    "refuse",
+    "show",
+    "tree_fingerprint",
+]

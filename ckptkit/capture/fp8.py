@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ckptkit.capture import check_tree
+from ckptkit.capture import check_tree, refuse, show
 from ckptkit.errors import StateError
 
 
@@ -86,7 +86,8 @@ def restore(
         recipe: the resumed run's recipe; when given it must equal the saved one.
 
     Raises:
-        StateError: a different recipe, missing or extra tensors, or a shape mismatch.
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`); a
+            different recipe, missing or extra tensors, or a shape mismatch.
 
     Example:
         >>> live = {"fc.scale": torch.ones(1)}
@@ -95,6 +96,7 @@ def restore(
         >>> live["fc.scale"].item()
         4.0
     """
+    refuse("fp8", problems(state))
     if recipe is not None:
         current = {k: _plain(v) for k, v in recipe.items()}
         if state.get("recipe") is not None and current != dict(state["recipe"]):
@@ -135,6 +137,44 @@ def restore(
             obj[key].copy_(value)
 
 
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not put back as saved (empty: nothing).
+
+    Its kind, a recipe that is null or an object, and for a tensor mapping an object of
+    tensors (restore copies each into the live tensor of the same name). A state holder's
+    own state is its business: only its presence is checked. Only the snapshot is read:
+    this is the rule verify (CK-S013) and restore share.
+
+    Example:
+        >>> problems(capture({"fc.scale": torch.ones(1)}))
+        []
+        >>> problems({"kind": "tensors", "state": {"fc.scale": 1.0}, "recipe": None})
+        ["state 'fc.scale' is 1.0, not a tensor"]
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    out: list[str] = []
+    kind = state.get("kind")
+    if kind not in ("stateful", "tensors"):
+        out.append(f"kind is {show(kind)}, not stateful or tensors")
+    recipe = state.get("recipe")
+    if recipe is not None and not isinstance(recipe, Mapping):
+        out.append(f"recipe is {show(recipe)}, not null or an object")
+    if "state" not in state:
+        out.append("it holds no state")
+    elif kind == "tensors":
+        saved = state["state"]
+        if not isinstance(saved, Mapping):
+            out.append(f"state is {show(saved)}, not an object of tensors")
+        else:
+            out += [
+                f"state {show(key)} is {show(value)}, not a tensor"
+                for key, value in saved.items()
+                if not isinstance(value, torch.Tensor)
+            ]
+    return out
+
+
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     """Return finiteness counts and history facts for verify.
 
@@ -155,7 +195,7 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
         >>> s["nonfinite_scale"]
         1
     """
-    tensors = dict(_walk(state["state"], ""))
+    tensors = tensors_of(state["state"])
     scale_vals = [t for k, t in tensors.items() if "scale" in k.lower()]
     amax_vals = [t for k, t in tensors.items() if "amax" in k.lower()]
     histories = [t for k, t in tensors.items() if "amax" in k.lower() and "history" in k.lower()]
@@ -174,6 +214,16 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
         and all(bool((t.float() == 0).all()) for t in histories),
         "recipe": state.get("recipe"),
     }
+
+
+def tensors_of(state: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved fp8 state, by key path (what the summary counts).
+
+    Example:
+        >>> list(tensors_of({"fc": {"scale": torch.ones(1)}}))
+        ['fc.scale']
+    """
+    return dict(_walk(state, ""))
 
 
 def _walk(node: Any, path: str) -> list[tuple[str, torch.Tensor]]:
@@ -203,4 +253,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["FP8State", "Stateful", "capture", "restore", "summary"]
+__all__ = ["FP8State", "Stateful", "capture", "problems", "restore", "summary", "tensors_of"]

@@ -16,8 +16,42 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree
+from ckptkit.capture import INT64_MAX, check_tree, is_int, is_real, refuse, show
 from ckptkit.errors import StateError
+
+# Hyper-parameters of torch's optimizers and what their step functions need them to be.
+# Others (a custom optimizer's) are left alone: only their container is checked.
+_GROUP_NUMBERS = (
+    "lr",
+    "initial_lr",
+    "eps",
+    "weight_decay",
+    "momentum",
+    "dampening",
+    "alpha",
+    "lr_decay",
+    "initial_accumulator_value",
+    "rho",
+    "lambd",
+    "t0",
+    "momentum_decay",
+)
+_GROUP_LR = ("lr", "initial_lr")
+"""Always one number: the scheduler and the resume guard compute with them."""
+_GROUP_FLAGS = (
+    "amsgrad",
+    "maximize",
+    "nesterov",
+    "capturable",
+    "differentiable",
+    "centered",
+    "decoupled_weight_decay",
+)
+_GROUP_OPTIONAL_FLAGS = ("foreach", "fused")
+
+# Per-parameter state legitimately not shaped like its parameter: the factored second
+# moments of Adafactor and friends (``row_var`` ...), as verify's CK-S002 exempts them.
+_FACTORED = ("row", "col", "factored")
 
 
 def capture(
@@ -76,8 +110,9 @@ def capture(
 def restore(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
     """Load a snapshot into an optimizer after checking it fits.
 
-    The optimizer type, group count, parameter counts and shapes, and the shape of every
-    per-parameter state tensor are checked first. After loading, the optimizer holds the
+    The snapshot is checked first (:func:`problems`: its structure and the shape of every
+    per-parameter state tensor against the saved parameter shapes), then its type, group
+    count, parameter counts and shapes against the optimizer. After loading, the optimizer holds the
     snapshot's tensors (as ``load_state_dict`` does when device and dtype already match), so
     do not reuse the same snapshot for a second optimizer without copying it.
 
@@ -86,7 +121,8 @@ def restore(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
         state: a tree from :func:`capture`.
 
     Raises:
-        StateError: naming the first mismatching group or parameter.
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`); else
+            naming the first mismatching group or parameter.
 
     Example:
         >>> model = torch.nn.Linear(2, 1)
@@ -94,6 +130,7 @@ def restore(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
         >>> snap = capture(opt)
         >>> restore(torch.optim.SGD(model.parameters(), lr=0.5), snap)
     """
+    refuse("optimizer", problems(state))
     kind = type(optimizer).__name__
     if state["type"] != kind:
         raise StateError(
@@ -122,29 +159,172 @@ def restore(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
                     hint="build the model with the same config as the saved run",
                 )
     state_dict = _int_keys(state["state_dict"])
-    flat_shapes = [list(s) for shapes in saved_shapes for s in shapes]
-    flat_params = [p for group in groups for p in group["params"]]
-    for index, per_param in state_dict["state"].items():
-        if not 0 <= index < len(flat_params):
-            raise StateError(
-                f"optimizer state has an entry for parameter index {index} but only "
-                f"{len(flat_params)} parameters are optimized",
-                hint="the snapshot does not belong to this optimizer",
-            )
-        for key, value in per_param.items():
-            # Moments must match their parameter; 0-d tensors (Adam "step") are exempt.
-            if (
-                isinstance(value, torch.Tensor)
-                and value.dim() > 0
-                and list(value.shape) != list(flat_params[index].shape)
-            ):
-                raise StateError(
-                    f"optimizer state {key!r} of parameter "
-                    f"{_name(saved_names, *_locate(saved_shapes, index))} has shape "
-                    f"{list(value.shape)}, the parameter has {flat_shapes[index]}",
-                    hint="the snapshot is corrupt or from another model",
-                )
+    # problems() checked every entry against the saved shapes, which equal the live ones.
     optimizer.load_state_dict(state_dict)
+
+
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not load as saved (empty: nothing).
+
+    The structure is held to what :func:`capture` writes from ``optimizer.state_dict()``:
+    param groups whose ``params`` number the parameters 0, 1, 2... in group order (as torch
+    does), a saved shape per parameter, per-parameter state keyed by those numbers whose
+    tensors have their parameter's shape (0-d ones such as Adam's ``step`` and factored
+    moments excepted), and the hyper-parameters torch's optimizers read typed as they need
+    them. Only the snapshot is read: this is the rule verify (CK-S013) and restore share.
+
+    Args:
+        state: a snapshot as :func:`capture` returns it, or as a manifest decodes it
+            (tensors may be stand-ins on the ``meta`` device: only their shapes are read).
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> snap = capture(torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> problems(snap)
+        []
+        >>> snap["param_shapes"] = [[[1, 2], "x"]]
+        >>> problems(snap)
+        ["param_shapes[0][1] is 'x', not a list of sizes"]
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    out: list[str] = []
+    kind = state.get("type")
+    if not isinstance(kind, str) or not kind.isidentifier():
+        out.append(f"type is {show(kind)}, not a class name")
+    sd = state.get("state_dict")
+    if not isinstance(sd, Mapping):
+        return [*out, f"state_dict is {show(sd)}, not an object"]
+    groups = sd.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return [*out, f"param_groups is {show(groups)}, not a list of objects"]
+    counts: list[int] = []
+    for gi, group in enumerate(groups):
+        out += _group_problems(gi, group, first=sum(counts))
+        params = group.get("params")
+        counts.append(len(params) if isinstance(params, list) else 0)
+    shapes = _shapes(state.get("param_shapes"), counts, out)
+    names = state.get("param_names")
+    flat_names: list[str] | None = None
+    if names is not None:
+        if (
+            isinstance(names, list)
+            and [len(n) if isinstance(n, list) else -1 for n in names] == counts
+            and all(isinstance(x, str) for n in names for x in n)
+        ):
+            flat_names = [x for n in names for x in n]
+        else:
+            out.append(f"param_names is {show(names)}, not one list of names per param group")
+    per_param = sd.get("state")
+    if not isinstance(per_param, Mapping):
+        return [*out, f"state is {show(per_param)}, not an object"]
+    for key, entry in per_param.items():
+        index = _index(key)
+        if index is None or index >= sum(counts):
+            out.append(
+                f"state has an entry for parameter {show(key)}, but the param groups number "
+                f"{sum(counts)} parameter(s)"
+            )
+            continue
+        name = repr(flat_names[index]) if flat_names else f"#{index}"
+        out += _entry_problems(name, entry, shapes[index] if shapes else None)
+    return out
+
+
+def _group_problems(gi: int, group: Mapping[str, Any], *, first: int) -> list[str]:
+    out: list[str] = []
+    params = group.get("params")
+    if not isinstance(params, list) or params != list(range(first, first + len(params))):
+        # torch numbers parameters 0, 1, 2... across the groups in order; other numbers
+        # would silently attach the saved state to no parameter, or to the wrong one.
+        out.append(
+            f"param group {gi} params is {show(params)}, not the parameter numbers "
+            f"{first}, {first + 1}... in order"
+        )
+    for key, value in group.items():
+        if not isinstance(key, str):
+            out.append(f"param group {gi} has a key {show(key)}, not a string")
+        elif key in _GROUP_NUMBERS and not _number_like(value, strict=key in _GROUP_LR):
+            out.append(f"param group {gi} {key} is {show(value)}, not a finite number")
+        elif key == "betas" and not (
+            isinstance(value, list | tuple) and len(value) == 2 and all(map(is_real, value))
+        ):
+            out.append(f"param group {gi} betas is {show(value)}, not two finite numbers")
+        elif key in _GROUP_FLAGS and not isinstance(value, bool):
+            out.append(f"param group {gi} {key} is {show(value)}, not true or false")
+        elif key in _GROUP_OPTIONAL_FLAGS and not (value is None or isinstance(value, bool)):
+            out.append(f"param group {gi} {key} is {show(value)}, not true, false or null")
+    return out
+
+
+def _number_like(value: Any, *, strict: bool) -> bool:
+    """A finite number; unless ``strict``, also a tuple of numbers or nulls (Adafactor's
+    ``eps`` is ``(None, 1e-3)``: one name, another type, in another optimizer)."""
+    if is_real(value):
+        return True
+    return not strict and isinstance(value, list | tuple) and all(
+        v is None or is_real(v) for v in value
+    )
+
+
+def _shapes(saved: Any, counts: list[int], out: list[str]) -> list[list[int]] | None:
+    """The saved parameter shapes, flat, when they are well formed (else None, noted)."""
+    if not isinstance(saved, list) or [
+        len(g) if isinstance(g, list) else -1 for g in saved
+    ] != counts:
+        out.append(f"param_shapes is {show(saved)}, not one list of shapes per param group")
+        return None
+    flat: list[list[int]] = []
+    for gi, group in enumerate(saved):
+        for pi, shape in enumerate(group):
+            if not isinstance(shape, list) or not all(is_int(d, hi=INT64_MAX) for d in shape):
+                out.append(f"param_shapes[{gi}][{pi}] is {show(shape)}, not a list of sizes")
+                return None
+            flat.append(shape)
+    return flat
+
+
+def _index(key: Any) -> int | None:
+    # restore accepts "0"-style keys in case a storage layer stringified them.
+    if is_int(key):
+        return int(key)
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 18:
+        return int(key)
+    return None
+
+
+def _entry_problems(name: str, entry: Any, shape: list[int] | None) -> list[str]:
+    if not isinstance(entry, Mapping):
+        return [f"state of parameter {name} is {show(entry)}, not an object"]
+    out: list[str] = []
+    for key, value in entry.items():
+        where = f"state {show(key)} of parameter {name}"
+        if not isinstance(key, str):
+            out.append(f"{where} has a key that is not a string")
+        elif key == "step" and not is_real(value):
+            # Adam-family __setstate__ turns a plain step into a tensor with float().
+            out.append(f"{where} is {show(value)}, not a step count")
+        elif not _plain_state(value):
+            out.append(f"{where} is {show(value)}, not a tensor, number or list of them")
+        elif (
+            isinstance(value, torch.Tensor)
+            and value.dim() > 0
+            and shape is not None
+            and list(value.shape) != shape
+            and not any(f in key.lower() for f in _FACTORED)
+        ):
+            out.append(f"{where} has shape {list(value.shape)}, the parameter {shape}")
+    return out
+
+
+def _plain_state(value: Any) -> bool:
+    """A per-parameter state value torch's optimizers keep: a tensor, None, a number, or
+    a list of them (LBFGS keeps histories as lists of tensors)."""
+    if value is None or isinstance(value, torch.Tensor | bool) or is_real(value):
+        return True
+    if isinstance(value, list | tuple):
+        return all(v is None or isinstance(v, torch.Tensor) or is_real(v) for v in value)
+    return False
 
 
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,14 +378,6 @@ def _int_keys(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _locate(shapes: list[list[Any]], index: int) -> tuple[int, int]:
-    for gi, group in enumerate(shapes):
-        if index < len(group):
-            return gi, index
-        index -= len(group)
-    return len(shapes) - 1, index
-
-
 def _name(names: list[list[str]] | None, gi: int, pi: int) -> str:
     if names is not None and gi < len(names) and pi < len(names[gi]):
         return repr(names[gi][pi])
@@ -234,4 +406,4 @@ def _number_list(value: Any) -> list[float | None] | None:
     return None
 
 
-__all__ = ["capture", "restore", "summary"]
+__all__ = ["capture", "problems", "restore", "summary"]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptkit.errors import StateError
+from ckptkit.capture import INT64_MAX, is_int, refuse, show
 
 
 @dataclass
@@ -52,32 +52,16 @@ class Progress:
         """Build a Progress from :meth:`to_dict` output, checking every field.
 
         Raises:
-            StateError: unknown or missing keys, non-integers, or impossible values.
+            StateError: ``CK-S013`` unknown or missing keys, non-integers, or impossible
+                values (see :func:`problems`).
 
         Example:
             >>> Progress.from_dict({"step": 5, "epoch": 0, "consumed_samples": 0,
             ...     "consumed_tokens": 0, "micro_step": 0, "accum_steps": 1}).step
             5
         """
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown, missing = sorted(set(state) - set(names)), sorted(set(names) - set(state))
-        if unknown or missing:
-            raise StateError(
-                f"progress state has unknown keys {unknown} and misses {missing}",
-                hint="the snapshot is not a ckptkit progress record, or is from a newer version",
-            )
-        for name in names:
-            value = state[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise StateError(
-                    f"progress {name} must be a non-negative int, got {value!r}",
-                    hint="the snapshot is corrupt",
-                )
-        progress = cls(**{name: int(state[name]) for name in names})
-        problems = progress.validate()
-        if problems:
-            raise StateError(f"progress state is impossible: {'; '.join(problems)}")
-        return progress
+        refuse("progress", problems(state))
+        return cls(**{f.name: int(state[f.name]) for f in dataclasses.fields(cls)})
 
     def validate(self) -> list[str]:
         """Return problems with the counters (empty when consistent).
@@ -94,6 +78,37 @@ class Progress:
                 f"micro_step {self.micro_step} is not below accum_steps {self.accum_steps}"
             )
         return problems
+
+
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not set as saved (empty: nothing).
+
+    The six counters, no other key, each an integer from 0 to 2**63-1 (the range torch
+    and every sampler can count in), and consistent (:meth:`Progress.validate`). Only the
+    snapshot is read: this is the rule verify (CK-S013) and restore share.
+
+    Example:
+        >>> problems(capture(Progress(step=3)))
+        []
+        >>> problems({**capture(Progress()), "step": [], "epoch": -1})
+        ['step is [], not a non-negative int', 'epoch is -1, not a non-negative int']
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    names = [f.name for f in dataclasses.fields(Progress)]
+    unknown = sorted(k if isinstance(k, str) else show(k) for k in state if k not in names)
+    missing = [n for n in names if n not in state]
+    if unknown or missing:
+        return [f"unknown keys {unknown} and missing {missing} (not a ckptkit progress record, "
+                "or one from a newer version)"]
+    out = [
+        f"{name} is {show(state[name])}, not a non-negative int"
+        for name in names
+        if not is_int(state[name], hi=INT64_MAX)
+    ]
+    if not out:
+        out = Progress(**{name: state[name] for name in names}).validate()
+    return out
 
 
 def capture(progress: Progress) -> dict[str, Any]:
@@ -120,7 +135,7 @@ def restore(progress: Progress, state: Mapping[str, Any]) -> None:
         state: a tree from :func:`capture`.
 
     Raises:
-        StateError: the snapshot is malformed (see :meth:`Progress.from_dict`).
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`).
 
     Example:
         >>> p = Progress()
@@ -143,4 +158,4 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     return dict(state)
 
 
-__all__ = ["Progress", "capture", "restore", "summary"]
+__all__ = ["Progress", "capture", "problems", "restore", "summary"]

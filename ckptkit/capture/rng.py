@@ -12,6 +12,7 @@ leave the others as they are (the resumed run then differs in GPU-side randomnes
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -19,10 +20,13 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ckptkit.capture import tree_fingerprint
+from ckptkit.capture import is_int, refuse, show, tree_fingerprint
 from ckptkit.errors import StateError
 
 _NDARRAY_TAG = "__ndarray__"
+
+_MAX_KEYS = 1 << 16
+"""More NumPy legacy keys than this are refused unread (MT19937 has 624)."""
 
 
 def capture(
@@ -89,7 +93,9 @@ def restore(
 ) -> None:
     """Put every generator back to the captured state.
 
-    All checks run before any generator is touched, so a failed restore changes nothing.
+    All checks run before any generator is touched, so a failed restore changes nothing:
+    :func:`problems` first applies each saved state to a throwaway generator of its kind
+    (the same operation as below), then the states are built, then set.
 
     Args:
         state: a tree returned by :func:`capture` (after a storage round trip is fine).
@@ -98,8 +104,9 @@ def restore(
         on_cuda_mismatch: ``"error"`` (default) or ``"overlap"``, see the module docstring.
 
     Raises:
-        StateError: another rank's state, missing or extra NumPy generators, a CUDA state
-            on a machine without CUDA, or a different CUDA device count.
+        StateError: ``CK-S013`` a saved state no generator accepts (see :func:`problems`);
+            another rank's state, missing or extra NumPy generators, a CUDA state on a
+            machine without CUDA, or a different CUDA device count.
 
     Example:
         >>> state = capture()
@@ -108,6 +115,7 @@ def restore(
         >>> random.random() == x
         True
     """
+    refuse("rng", problems(state))
     if rank is not None and int(state["rank"]) != rank:
         raise StateError(
             f"rng state belongs to rank {state['rank']}, not rank {rank}",
@@ -147,23 +155,140 @@ def restore(
             )
         n_restore_cuda = min(available, len(cuda_states))
 
-    py = state["python"]
-    random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]))
-    npst = state["numpy"]
-    np.random.set_state(
-        (
-            npst["bit_generator"],
-            npst["keys"].numpy().astype(np.uint32),
-            int(npst["pos"]),
-            int(npst["has_gauss"]),
-            float(npst["cached_gaussian"]),
-        )
-    )
+    # Everything is built before the first generator is set: past this point nothing raises.
+    py = _python_state(state["python"])
+    npst = _numpy_state(state["numpy"], state["numpy"]["keys"].numpy())
+    gens = {name: _from_tree(saved_gens[name]) for name in given}
+    cpu = state["torch_cpu"].to("cpu", torch.uint8)
+    cuda = [cuda_states[device].to("cpu", torch.uint8) for device in range(n_restore_cuda)]
+    random.setstate(py)
+    np.random.set_state(npst)
     for name, gen in given.items():
-        gen.bit_generator.state = _from_tree(saved_gens[name])
-    torch.set_rng_state(state["torch_cpu"].to("cpu", torch.uint8))
-    for device in range(n_restore_cuda):
-        torch.cuda.set_rng_state(cuda_states[device].to("cpu", torch.uint8), device)
+        gen.bit_generator.state = gens[name]
+    torch.set_rng_state(cpu)
+    for device, dev_state in enumerate(cuda):
+        torch.cuda.set_rng_state(dev_state, device)
+
+
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not set as saved (empty: nothing).
+
+    No guessing at what the generators accept: each saved state is applied to a throwaway
+    generator of its kind (``random.Random()``, ``np.random.RandomState()``, a fresh NumPy
+    bit generator of the saved class, ``torch.Generator()``) by the same operation
+    :func:`restore` applies it with. Only the snapshot is read: this is the rule verify
+    (CK-S013) and restore share.
+
+    A tensor may be a stand-in on the ``meta`` device (verify reading the manifest without
+    the files): NumPy's legacy keys are then applied as zeros of the saved shape and dtype
+    (``set_state`` accepts any key values, so only the shape decides), and torch's CPU state
+    is held to the size ``torch.get_rng_state()`` has (its bytes are checked when real).
+    CUDA states are checked for shape only (no throwaway CUDA generator on a CPU machine).
+
+    Args:
+        state: a snapshot as :func:`capture` returns it, or as a manifest decodes it.
+
+    Example:
+        >>> s = capture()
+        >>> problems(s)
+        []
+        >>> s["python"]["state"] = [1, 2, 3]
+        >>> problems(s)
+        ['python: state vector is the wrong size']
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    out: list[str] = []
+    for key, lo in (("rank", 0), ("world_size", 1)):
+        if not is_int(state.get(key), lo=lo):
+            out.append(f"{key} is {show(state.get(key))}, not an integer from {lo}")
+    py = state.get("python")
+    out += _applied("python", lambda: random.Random().setstate(_python_state(py)))
+    gauss = py.get("gauss_next") if isinstance(py, Mapping) else None
+    if not (gauss is None or (type(gauss) is float and math.isfinite(gauss))):
+        # setstate stores any object here; random.gauss() would return it as a sample.
+        out.append(f"python: gauss_next is {show(gauss)}, not null or a finite float")
+    npst = state.get("numpy")
+    out += _applied(
+        "numpy", lambda: np.random.RandomState().set_state(_numpy_state(npst, _keys(npst)))
+    )
+    gens = state.get("numpy_generators")
+    if gens is not None and not isinstance(gens, Mapping):
+        out.append(f"numpy_generators is {show(gens)}, not an object")
+    for name, gen_state in (gens or {}).items() if isinstance(gens, Mapping) else ():
+        out += _applied(f"numpy generator {show(name)}", lambda g=gen_state: _set_generator(g))
+    cpu = state.get("torch_cpu")
+    out += _applied("torch_cpu", lambda: _set_torch(cpu))
+    cuda = state.get("cuda")
+    if cuda is not None and not (
+        isinstance(cuda, list) and all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in cuda)
+    ):
+        out.append(f"cuda is {show(cuda)}, not a list of generator states")
+    return out
+
+
+def _applied(what: str, apply: Any) -> list[str]:
+    """Run ``apply`` (one state set on a throwaway generator); its failure is the problem."""
+    try:
+        apply()
+    except Exception as e:  # whatever the generator refuses with, restore would raise
+        return [f"{what}: {_reason(e)}"]
+    return []
+
+
+def _reason(e: Exception) -> str:
+    text = str(e) if type(e) is not KeyError else f"no {e}"
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return text or type(e).__name__
+
+
+def _python_state(py: Any) -> tuple[Any, ...]:
+    """The ``random.setstate`` argument :func:`restore` builds from the saved entry."""
+    return (int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"])
+
+
+def _numpy_state(npst: Any, keys: np.ndarray) -> tuple[Any, ...]:
+    """The ``np.random.set_state`` argument :func:`restore` builds from the saved entry."""
+    return (
+        npst["bit_generator"],
+        keys.astype(np.uint32),
+        int(npst["pos"]),
+        int(npst["has_gauss"]),
+        float(npst["cached_gaussian"]),
+    )
+
+
+def _keys(npst: Any) -> np.ndarray:
+    keys = npst["keys"]
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys is {show(keys)}, not a tensor")
+    if keys.is_meta:
+        if keys.numel() > _MAX_KEYS:
+            raise ValueError(f"keys holds {keys.numel()} values (MT19937 has 624)")
+        keys = torch.zeros(keys.shape, dtype=keys.dtype)
+    return keys.numpy()
+
+
+def _set_generator(saved: Any) -> None:
+    """Set a saved ``bit_generator.state`` on a fresh bit generator of the saved class."""
+    kind = saved["bit_generator"] if isinstance(saved, Mapping) else None
+    cls = getattr(np.random, kind, None) if isinstance(kind, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, np.random.BitGenerator)):
+        raise ValueError(f"bit_generator is {show(kind)}, not a NumPy bit generator")
+    cls().state = _from_tree(saved)
+
+
+def _set_torch(saved: Any) -> None:
+    if not isinstance(saved, torch.Tensor):
+        raise TypeError(f"{show(saved)} is not a tensor")
+    if saved.is_meta:
+        size = torch.get_rng_state().numel()
+        if saved.dim() != 1 or saved.numel() != size:
+            raise ValueError(f"shape {list(saved.shape)} is not the [{size}] bytes of a state")
+        saved.to(torch.uint8)  # refused dtypes raise here as in the real conversion
+        return
+    torch.Generator().set_state(saved.to("cpu", torch.uint8))
 
 
 def fingerprint(state: Any) -> str:
@@ -216,6 +341,19 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def generators(state: Mapping[str, Any]) -> list[str]:
+    """The generators a snapshot holds, named as :func:`summary` names them (no tensor read).
+
+    Example:
+        >>> generators(capture(cuda=False))
+        ['python', 'numpy', 'torch_cpu']
+    """
+    names = ["python", "numpy", "torch_cpu"]
+    names += [f"numpy:{name}" for name in sorted(state.get("numpy_generators") or {})]
+    names += [f"cuda:{i}" for i in range(len(state.get("cuda") or []))]
+    return names
+
+
 def _to_tree(value: Any) -> Any:
     # bit_generator.state holds ndarrays (MT19937 key, Philox counter); uint64 words do not fit
     # int64 tensors, so store them as exact JSON ints tagged with their dtype.
@@ -233,9 +371,14 @@ def _to_tree(value: Any) -> Any:
 def _from_tree(value: Any) -> Any:
     if isinstance(value, dict):
         if _NDARRAY_TAG in value:
-            return np.array([int(v) for v in value["values"]], dtype=value[_NDARRAY_TAG])
+            # Bit generator states hold integer words only (_to_tree writes no other kind);
+            # any other dtype name (a 10 GB void type) is refused before NumPy builds it.
+            dtype = np.dtype(str(value[_NDARRAY_TAG]))
+            if dtype.kind not in "iu" or dtype.itemsize > 8:
+                raise ValueError(f"a bit generator word of dtype {dtype} (integers only)")
+            return np.array([int(v) for v in value["values"]], dtype=dtype)
         return {k: _from_tree(v) for k, v in value.items()}
     return value
 
 
-__all__ = ["capture", "fingerprint", "restore", "summary"]
+__all__ = ["capture", "fingerprint", "generators", "problems", "restore", "summary"]

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ckptkit.capture import check_tree
+from ckptkit.capture import check_tree, refuse, show
 from ckptkit.errors import StateError
-from ckptkit.sampler import ResumableSampler
+from ckptkit.sampler import ResumableSampler, state_problems
+
+_KINDS = ("resumable", "stateful_dataloader", "state_dict")
 
 _SUMMARY_KEYS = (
     "epoch",
@@ -30,6 +32,8 @@ _SUMMARY_KEYS = (
     "rank",
     "num_samples",
     "data_len",
+    "shuffle",
+    "drop_last",
 )
 
 
@@ -85,13 +89,15 @@ def restore(obj: Any, state: Mapping[str, Any]) -> None:
         state: a tree from :func:`capture`.
 
     Raises:
-        StateError: a different kind or type of object, or a cursor that does not fit
-            (see :meth:`ckptkit.sampler.ResumableSampler.load_state_dict`).
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`); a
+            different kind or type of object, or a cursor that does not fit (see
+            :meth:`ckptkit.sampler.ResumableSampler.load_state_dict`).
 
     Example:
         >>> s = ResumableSampler(100, seed=3)
         >>> restore(s, capture(ResumableSampler(100, seed=3)))
     """
+    refuse("sampler", problems(state))
     kind = _kind(obj)
     if kind != state["kind"] or type(obj).__name__ != state["type"]:
         raise StateError(
@@ -102,6 +108,50 @@ def restore(obj: Any, state: Mapping[str, Any]) -> None:
     obj.load_state_dict(state["state"])
 
 
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not load as saved (empty: nothing).
+
+    Its kind and type, and for a :class:`~ckptkit.sampler.ResumableSampler` the cursor
+    itself (:func:`ckptkit.sampler.state_problems`). A multi-rank save also keeps every
+    rank's cursor under ``ranks`` (``{"rank00000": cursor, ...}``); a restore at another
+    world size merges them, so each is checked the same way. Another object's state is
+    its own business: only its presence is checked. Only the snapshot is read: this is
+    the rule verify (CK-S013) and restore share.
+
+    Example:
+        >>> problems(capture(ResumableSampler(100, seed=3)))
+        []
+        >>> problems({"kind": "resumable", "type": "ResumableSampler", "state": []})
+        ['state: the cursor is [], not an object']
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    out: list[str] = []
+    kind = state.get("kind")
+    if kind not in _KINDS:
+        out.append(f"kind is {show(kind)}, not one of {', '.join(_KINDS)}")
+    if not isinstance(state.get("type"), str) or not state["type"].isidentifier():
+        out.append(f"type is {show(state.get('type'))}, not a class name")
+    if "state" not in state:
+        out.append("it holds no cursor ('state')")
+    cursors = [("state", state.get("state"))]
+    ranks = state.get("ranks")
+    if ranks is not None:
+        if not isinstance(ranks, Mapping) or not all(
+            isinstance(k, str) and k.startswith("rank") and k[4:].isascii() and k[4:].isdigit()
+            for k in ranks
+        ):
+            out.append(f"ranks is {show(ranks)}, not one cursor per rank ('rank00000': ...)")
+        else:
+            cursors += [(f"ranks.{k}", v) for k, v in ranks.items()]
+    for where, cursor in cursors:
+        if kind == "resumable":
+            out += [f"{where}: {p}" for p in state_problems(cursor)]
+        elif kind == "stateful_dataloader" and not isinstance(cursor, Mapping):
+            out.append(f"{where} is {show(cursor)}, not a StatefulDataLoader state")
+    return out
+
+
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     """Return the cursor facts verify compares across ranks.
 
@@ -110,8 +160,9 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``kind`` and ``type``, plus ``epoch``, ``position``, ``offset``, ``consumed``,
-        ``seed``, ``world_size``, ``rank``, ``num_samples`` and ``data_len`` where the state
-        has them at its top level (a ResumableSampler has all of them).
+        ``seed``, ``world_size``, ``rank``, ``num_samples``, ``data_len``, ``shuffle`` and
+        ``drop_last`` where the state has them at its top level (a ResumableSampler has
+        all of them).
 
     Example:
         >>> summary(capture(ResumableSampler(100, seed=3)))["position"]
@@ -127,4 +178,4 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["capture", "restore", "summary"]
+__all__ = ["capture", "problems", "restore", "summary"]

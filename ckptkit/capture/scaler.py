@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree
+from ckptkit.capture import check_tree, is_int, is_real, refuse, show
 from ckptkit.errors import StateError
 
 _CONFIG_KEYS = ("growth_factor", "backoff_factor", "growth_interval")
@@ -46,8 +46,9 @@ def restore(scaler: torch.amp.GradScaler, state: Mapping[str, Any]) -> None:
         state: a tree from :func:`capture`.
 
     Raises:
-        StateError: the saved scaler was enabled and this one is not, or the reverse (the
-            run would silently switch between fp16 AMP and full precision loss scaling).
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`); the
+            saved scaler was enabled and this one is not, or the reverse (the run would
+            silently switch between fp16 AMP and full precision loss scaling).
 
     Example:
         >>> scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
@@ -55,6 +56,7 @@ def restore(scaler: torch.amp.GradScaler, state: Mapping[str, Any]) -> None:
         >>> scaler.get_scale()
         1024.0
     """
+    refuse("scaler", problems(state))
     saved_enabled = bool(state["enabled"])
     if saved_enabled != scaler.is_enabled():
         raise StateError(
@@ -65,6 +67,48 @@ def restore(scaler: torch.amp.GradScaler, state: Mapping[str, Any]) -> None:
         )
     if saved_enabled:
         scaler.load_state_dict(dict(state["state_dict"]))
+
+
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not load as saved (empty: nothing).
+
+    ``GradScaler.load_state_dict`` of an enabled scaler reads five keys and fills its scale
+    and growth tracker tensors with them: the scale and factors must be numbers a float
+    holds, the interval and tracker integers. A non-finite or zero scale is a training
+    problem verify reports as CK-S008, not a malformed snapshot. Only the snapshot is read:
+    this is the rule verify (CK-S013) and restore share.
+
+    Example:
+        >>> problems(capture(torch.amp.GradScaler("cpu", init_scale=8.0)))
+        []
+        >>> problems({"enabled": True, "state_dict": {}})
+        ["state_dict misses ['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale']"]
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    enabled = state.get("enabled")
+    if not isinstance(enabled, bool):
+        return [f"enabled is {show(enabled)}, not true or false"]
+    sd = state.get("state_dict")
+    if not isinstance(sd, Mapping):
+        return [f"state_dict is {show(sd)}, not an object"]
+    if not enabled:
+        return []
+    need = {"scale", "_growth_tracker", *_CONFIG_KEYS}
+    missing = sorted(need - set(sd))
+    if missing:
+        return [f"state_dict misses {missing}"]
+    out = [
+        f"{key} is {show(sd[key])}, not a number"
+        for key in ("scale", "growth_factor", "backoff_factor")
+        if not is_real(sd[key], finite=False)
+    ]
+    out += [
+        f"{key} is {show(sd[key])}, not a non-negative int"
+        for key in ("growth_interval", "_growth_tracker")
+        if not is_int(sd[key])
+    ]
+    return out
 
 
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,4 +144,4 @@ def _num(value: Any) -> float | int | None:
     return value
 
 
-__all__ = ["capture", "restore", "summary"]
+__all__ = ["capture", "problems", "restore", "summary"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree
+from ckptkit.capture import check_tree, is_int, is_real, refuse, show
 from ckptkit.errors import StateError
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -60,13 +60,15 @@ def restore(scheduler: Scheduler, state: Mapping[str, Any]) -> None:
         state: a tree from :func:`capture`.
 
     Raises:
-        StateError: the scheduler type differs.
+        StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`), or the
+            scheduler type differs.
 
     Example:
         >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
         >>> restore(sched, capture(sched))
     """
+    refuse("scheduler", problems(state))
     kind = type(scheduler).__name__
     if state["type"] != kind:
         raise StateError(
@@ -74,6 +76,87 @@ def restore(scheduler: Scheduler, state: Mapping[str, Any]) -> None:
             hint=f"build a {state['type']} as in the saved run",
         )
     scheduler.load_state_dict(copy.deepcopy(dict(state["state_dict"])))
+
+
+# ReduceLROnPlateau's load_state_dict re-derives its comparison from these two (and raises
+# on another value).
+_PLATEAU_MODES = {"mode": ("min", "max"), "threshold_mode": ("rel", "abs")}
+
+
+def problems(state: Any) -> list[str]:
+    """Return what in a snapshot :func:`restore` could not load as saved (empty: nothing).
+
+    ``load_state_dict`` of torch's schedulers copies the state into the scheduler's
+    ``__dict__`` and checks nothing, so a wrong value surfaces at the next ``step()`` or in
+    the resume guard. The fields every ``LRScheduler`` keeps are checked here as the
+    scheduler reads them: ``last_epoch`` and ``_step_count`` integers, ``base_lrs`` and
+    ``_last_lr`` lists of finite numbers; ``LambdaLR``'s ``lr_lambdas`` (None or the state
+    of a callable object), the nested states of ``SequentialLR``/``ChainedScheduler`` (each
+    checked the same way), and ``ReduceLROnPlateau``'s modes (its ``load_state_dict``
+    raises on an unknown one). Only the snapshot is read: this is the rule verify
+    (CK-S013) and restore share.
+
+    Args:
+        state: a snapshot as :func:`capture` returns it, or as a manifest decodes it.
+
+    Example:
+        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> snap = capture(torch.optim.lr_scheduler.StepLR(opt, step_size=2))
+        >>> problems(snap)
+        []
+        >>> snap["state_dict"]["base_lrs"] = "x"
+        >>> problems(snap)
+        ["base_lrs is 'x', not a list of finite numbers"]
+    """
+    if not isinstance(state, Mapping):
+        return [f"the snapshot is {show(state)}, not an object"]
+    out: list[str] = []
+    kind = state.get("type")
+    if not isinstance(kind, str) or not kind.isidentifier():
+        out.append(f"type is {show(kind)}, not a class name")
+    return out + _state_dict_problems(state.get("state_dict"), "")
+
+
+def _state_dict_problems(sd: Any, where: str) -> list[str]:
+    if not isinstance(sd, Mapping):
+        return [f"{where}state_dict is {show(sd)}, not an object"]
+    out: list[str] = []
+    # Only ReduceLROnPlateau keeps a threshold_mode; CyclicLR's "mode" means something else.
+    plateau = "threshold_mode" in sd
+    for key, value in sd.items():
+        at = f"{where}{key}" if isinstance(key, str) else where + show(key)
+        if not isinstance(key, str) or key == "optimizer":
+            # load_state_dict copies every key into the scheduler's __dict__; state_dict()
+            # never writes "optimizer" (it would replace the scheduler's optimizer).
+            out.append(f"{where}state_dict has a key {show(key)} no scheduler writes")
+        elif key in ("last_epoch", "_step_count") and not is_int(value, lo=-1):
+            out.append(f"{at} is {show(value)}, not an integer")
+        elif key in ("base_lrs", "_last_lr", "min_lrs") and not (
+            isinstance(value, list) and all(map(is_real, value))
+        ):
+            out.append(f"{at} is {show(value)}, not a list of finite numbers")
+        elif key in _PLATEAU_MODES and plateau and value not in _PLATEAU_MODES[key]:
+            out.append(f"{at} is {show(value)}, not one of {', '.join(_PLATEAU_MODES[key])}")
+        elif key == "lr_lambdas" and not (
+            isinstance(value, list)
+            and all(v is None or (isinstance(v, Mapping) and all(isinstance(k, str) for k in v))
+                    for v in value)
+        ):
+            out.append(f"{at} is {show(value)}, not a list of null or callable-object states")
+        elif key == "_schedulers":
+            if not isinstance(value, list):
+                out.append(f"{at} is {show(value)}, not a list of scheduler states")
+            else:
+                for i, nested in enumerate(value):
+                    out += _state_dict_problems(nested, f"{at}[{i}].")
+        elif key == "_milestones" and not (
+            isinstance(value, list) and all(is_int(v) for v in value)
+        ):
+            out.append(f"{at} is {show(value)}, not a list of steps")
+    lens = {k: len(sd[k]) for k in ("base_lrs", "_last_lr") if isinstance(sd.get(k), list)}
+    if len(set(lens.values())) > 1:
+        out.append(f"{where}base_lrs and _last_lr differ in length ({lens})")
+    return out
 
 
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,4 +201,4 @@ def _floats(values: Any) -> list[float | None] | None:
     return [_float(v) for v in values]
 
 
-__all__ = ["Scheduler", "capture", "restore", "summary"]
+__all__ = ["Scheduler", "capture", "problems", "restore", "summary"]

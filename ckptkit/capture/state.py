@@ -26,6 +26,7 @@ from ckptkit.capture import fp8 as fp8_capture
 from ckptkit.capture import optim as optim_capture
 from ckptkit.capture import parallel as parallel_capture
 from ckptkit.capture import progress as progress_capture
+from ckptkit.capture import refuse, show
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import scaler as scaler_capture
@@ -45,6 +46,74 @@ log = logging.getLogger("ckptkit")
 def rank_key(rank: int) -> str:
     """Key of one rank's state inside per-rank components (``rank00003``)."""
     return f"rank{rank:05d}"
+
+
+def rank_of(key: Any) -> int | None:
+    """The rank a per-rank key names (``rank00003`` -> 3), else None.
+
+    Example:
+        >>> rank_of("rank00003"), rank_of("rank-1"), rank_of(3)
+        (3, None, None)
+    """
+    if isinstance(key, str) and key.startswith("rank") and key[4:].isascii():
+        digits = key[4:]
+        if digits.isdigit() and len(digits) <= 18:
+            return int(digits)
+    return None
+
+
+def tree_problems(tree: Mapping[str, Any]) -> list[str]:
+    """Return what in a TrainState tree :meth:`TrainState.restore_tree` could not restore as
+    saved (empty: nothing), one line per problem, prefixed by its component.
+
+    Each component's own ``problems`` (next to its capture and restore) judges it; this
+    function knows only the tree's layout: one RNG state per rank under ``rank00000``...
+    (each recording its own rank), the other components once. ``ckptkit verify`` runs it on
+    the manifest's tree (check CK-S013) and ``restore_tree`` on the tree it is about to
+    restore, before anything is loaded: one rule, so they cannot disagree.
+
+    Example:
+        >>> import torch
+        >>> tree, _ = TrainState(model=torch.nn.Linear(2, 2), step=3).capture()
+        >>> tree_problems(tree)
+        []
+        >>> tree_problems({**tree, "progress": {**tree["progress"], "step": "x"}})
+        ["progress: step is 'x', not a non-negative int"]
+    """
+    out: list[str] = []
+    for name, problems in _VALIDATORS.items():
+        if name in tree:
+            out += [f"{name}: {p}" for p in problems(tree[name])]
+    if "rng" in tree:
+        out += [f"rng: {p}" for p in _rng_problems(tree["rng"])]
+    return out
+
+
+_VALIDATORS: dict[str, Callable[[Any], list[str]]] = {
+    "optimizer": optim_capture.problems,
+    "scheduler": scheduler_capture.problems,
+    "scaler": scaler_capture.problems,
+    "fp8": fp8_capture.problems,
+    "sampler": sampler_capture.problems,
+    "progress": progress_capture.problems,
+}
+
+
+def _rng_problems(per_rank: Any) -> list[str]:
+    if not isinstance(per_rank, Mapping) or not per_rank:
+        # capture always records this rank's state: none at all is not a TrainState's.
+        return [f"{show(per_rank)} is not one state per rank ('rank00000': ...)"]
+    out: list[str] = []
+    for key, state in per_rank.items():
+        rank = rank_of(key)
+        if rank is None:
+            out.append(f"{show(key)} is not a rank's key ('rank00000')")
+            continue
+        found = rng_capture.problems(state)
+        if not found and state["rank"] != rank:
+            found = [f"the state records rank {state['rank']}"]
+        out += [f"{key}: {p}" for p in found]
+    return out
 
 
 def grouper(key: str) -> str:
@@ -329,7 +398,8 @@ class TrainState:
             coll: the ranks restoring together (DCP files are verified split over them).
 
         Raises:
-            StateError: ``CK-R010`` the run does not fit the checkpoint (a component it
+            StateError: ``CK-S013`` a component cannot be restored as saved
+                (:func:`tree_problems`); ``CK-R010`` the run does not fit the checkpoint (a component it
                 passes is missing under ``strict``; model keys, shapes or dtypes differ);
                 ``CK-R011`` the checkpoint is of another kind (not a TrainState tree, or
                 DCP storage for a run that does not use it). Both are raised before
@@ -350,8 +420,10 @@ class TrainState:
             raise StateError(f"the checkpoint holds a {type(tree).__name__}, not a TrainState tree",
                              code="CK-R011", hint="restore a checkpoint written by "
                              "CheckpointManager/TrainState; read others with ckptkit.load")
+        # Everything that can refuse the checkpoint is checked before anything is loaded,
+        # starting with the rule verify's CK-S013 applies (here with the tensors' values).
+        refuse("training", tree_problems(tree))
         dcp_keys: list[str] = list((tree.get("dcp") or {}).get("keys") or [])
-        # Everything that can refuse the checkpoint is checked before anything is loaded.
         if dcp_keys:
             if not self.uses_dcp:
                 raise StateError(

@@ -399,6 +399,55 @@ def _scan_nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
     return out
 
 
+def tensor_values(ctx: CheckContext, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors whose key starts with ``prefix``, read whole through the verifying reader.
+
+    Only files whose digest the scan matched are read (damage is the integrity family's to
+    report), never one that is a symlink or resolves outside the checkpoint; a file that
+    fails is skipped. ``ctx.options["scan_values"] = False`` reads nothing (a manifest-only
+    verify: restore's pre-check, which has the values itself moments later).
+    """
+    if ctx.options.get("scan_values", True) is False:
+        return {}
+    m = manifest(ctx)
+    wanted: dict[str, dict[str, tensors_mod.HeaderEntry]] = {}
+    for te in m.tensors:
+        if te.key.startswith(prefix):
+            wanted.setdefault(te.file, {})
+    # The reader checks the header against *every* tensor of the file, so pass them all.
+    for te in m.tensors:
+        if te.file in wanted:
+            wanted[te.file][te.key] = te.header_entry()
+    if not wanted:
+        return {}
+    scans = ctx.scan_all()
+    out: dict[str, torch.Tensor] = {}
+    for fe in m.files:
+        scan = scans.get(fe.path)
+        if fe.path not in wanted or scan is None or scan.digest != fe.xxh3_128:
+            continue
+        exp = tensors_mod.Expected(
+            rel=fe.path,
+            size=fe.size,
+            digest=fe.xxh3_128,
+            compression=fe.compression,  # type: ignore[arg-type]
+            raw_size=fe.raw_size,
+        )
+        try:
+            if fs.is_local(ctx.root):
+                root = Path(str(ctx.root))
+                p = root / fe.path
+                if p.is_symlink() or not p.resolve().is_relative_to(root.resolve()):
+                    continue
+                got = tensors_mod.read_file(p, exp, wanted[fe.path])
+            else:
+                got = remote.read_file(ctx.root / fe.path, exp, wanted[fe.path])
+        except (CkptkitError, OSError, ValueError):
+            continue
+        out.update({k: t for k, t in got.items() if k.startswith(prefix)})
+    return out
+
+
 def _remote(
     root: Location, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
 ) -> Iterator[tuple[str, NonFinite | None]]:

@@ -13,8 +13,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 
+import torch
+
 from ckptkit import catalog, guard
+from ckptkit.capture import fp8 as fp8_capture
+from ckptkit.capture import progress as progress_capture
+from ckptkit.capture import rng as rng_capture
+from ckptkit.capture import sampler as sampler_capture
+from ckptkit.capture import state as train_state
 from ckptkit.codes import ROLLBACK
+from ckptkit.errors import CkptkitError
+from ckptkit.storage import tree as tree_mod
+from ckptkit.storage.tensors import DTYPES
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -393,6 +403,102 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
     if found:
         yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
+
+
+# --- what restore applies ----------------------------------------------------------------------
+
+# Components whose tree records its class: the manifest's summary records it too, and the two
+# disagreeing means one was edited (restore would refuse the class it does not build).
+_TYPED = ("optimizer", "scheduler")
+
+# Components whose summary is a plain function of their saved state: the summary recorded at
+# save must be the summary of the state saved. A well-typed edit (a sampler seed, a step)
+# is caught here; restore would refuse the cursor for a seed the run does not use.
+_SUMMARIZED = {"sampler": sampler_capture, "progress": progress_capture}
+
+
+@check("CK-S013", needs=("manifest",))
+def restorable_as_saved(ctx: CheckContext) -> Iterator[Finding]:
+    # One rule for verify and restore: restore runs this check before it reads the files,
+    # and TrainState.restore_tree runs the same validators on the values it read.
+    man = ctx.manifest
+    assert man is not None
+    progress = man.components.get("progress")
+    if progress is None or not progress.required:
+        return  # not a TrainState checkpoint (a plain save requires nothing): no layout to hold
+    tree = _stand_in_tree(ctx)
+    if not isinstance(tree, Mapping):
+        return  # CK-M009 (cannot be rebuilt) or CK-R011 (not a TrainState tree) say why
+    found = train_state.tree_problems(tree)
+    for name in _TYPED:
+        part, summ = tree.get(name), st.summary(ctx, name)
+        saved = part.get("type") if isinstance(part, Mapping) else None
+        recorded = summ.get("type")
+        if isinstance(saved, str) and isinstance(recorded, str) and saved != recorded:
+            found.append(f"{name}: the state is a {saved}'s, its summary says {recorded}")
+    for name, module in _SUMMARIZED.items():
+        part, recorded = tree.get(name), st.summary(ctx, name)
+        if part is None or not recorded or module.problems(part):
+            continue  # absent, no summary, or malformed (reported above)
+        again = module.summary(part)
+        differ = sorted(k for k in again if k in recorded and recorded[k] != again[k])
+        if differ:
+            found.append(
+                f"{name}: the state and its summary differ in {', '.join(map(str, differ))}"
+            )
+    found += _summary_differs(ctx, tree)
+    if found:
+        more = f"; and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
+        yield CODES["CK-S013"].finding("; ".join(found[:MAX_NAMED]) + more)
+
+
+def _summary_differs(ctx: CheckContext, tree: Mapping[str, object]) -> list[str]:
+    """What the fp8 and RNG summaries recorded at save say that their saved state does not:
+    restore matches these against the live run (the fp8 tensor names, the NumPy generator
+    names), so an edit there would be refused as not fitting it."""
+    out: list[str] = []
+    fp8 = tree.get("fp8")
+    recorded = st.summary(ctx, "fp8")
+    if isinstance(fp8, Mapping) and recorded and not fp8_capture.problems(fp8):
+        n = len(fp8_capture.tensors_of(fp8["state"]))
+        if st.integer(recorded.get("num_tensors")) not in (None, n):
+            out.append(f"fp8: the state holds {n} tensor(s), its summary {recorded['num_tensors']}")
+    gens = st.summary(ctx, "rng").get("generators")
+    rng = tree.get("rng")
+    if isinstance(gens, list) and isinstance(rng, Mapping):
+        for key, state in rng.items():
+            if rng_capture.problems(state):
+                continue  # reported above
+            have = rng_capture.generators(state)
+            if [g for g in have if not g.startswith("cuda")] != [
+                g for g in gens if isinstance(g, str) and not g.startswith("cuda")
+            ]:
+                out.append(f"rng: {key} holds generators {have}, the summary records {gens}")
+    return out
+
+
+def _stand_in_tree(ctx: CheckContext) -> object:
+    """The tree restore would be handed, decoded from the manifest: a tensor is its value
+    when the check may read it (RNG states, whose bytes torch validates), else a ``meta``
+    tensor of the recorded shape and dtype (every other validator reads shapes only)."""
+    man = ctx.manifest
+    assert man is not None
+    entries = {te.key: te for te in man.tensors}
+    values = st.tensor_values(ctx, "rng/")
+
+    def leaf(tag: str, key: str, ref: Mapping[str, object]) -> torch.Tensor:
+        if key in values:
+            return values[key]
+        te = entries[key]
+        try:
+            return torch.empty(te.shape, dtype=DTYPES[te.dtype], device="meta")
+        except (KeyError, RuntimeError, ValueError, OverflowError):
+            return torch.empty(0, device="meta")  # integrity reports the malformed entry
+
+    try:
+        return tree_mod.rebuild(man.tree, known=entries, leaf=leaf)
+    except CkptkitError:
+        return None
 
 
 @check("CK-S020")

@@ -34,6 +34,8 @@ def test_resumable_round_trip_and_summary() -> None:
         "rank": 1,
         "num_samples": 25,
         "data_len": 50,
+        "shuffle": True,
+        "drop_last": False,
     }
 
 

@@ -16,13 +16,20 @@ import pickletools
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
 import numpy as np
 import torch
+
+try:  # the Python 2 -> 3 names torch's weights-only unpickler maps (private API)
+    from torch._utils import IMPORT_MAPPING as _IMPORT_MAPPING
+    from torch._utils import NAME_MAPPING as _NAME_MAPPING
+except ImportError:  # pragma: no cover - older torch: the stdlib tables it adapts
+    from _compat_pickle import IMPORT_MAPPING as _IMPORT_MAPPING
+    from _compat_pickle import NAME_MAPPING as _NAME_MAPPING
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError
@@ -294,7 +301,8 @@ def _scan_globals(f: _Bounded) -> tuple[list[str], bool]:
             if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
                 strings.append(str(arg))
             elif op.name == "GLOBAL":
-                out.append(str(arg).replace(" ", "."))
+                module, _, name = str(arg).partition(" ")
+                out.append(_py3_name(module, name))
             elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 out.append(f"{strings[-2]}.{strings[-1]}")
             elif op.name == "STOP":
@@ -303,6 +311,17 @@ def _scan_globals(f: _Bounded) -> tuple[list[str], bool]:
         complete = False
     # Protocol <= 2 names builtins "__builtin__" (Python 2 spelling).
     return sorted({g.replace("__builtin__.", "builtins.", 1) for g in out}), complete
+
+
+def _py3_name(module: str, name: str) -> str:
+    """``module.name`` of a ``GLOBAL`` as torch's weights-only unpickler matches it: the
+    Python 2 names a protocol-2 pickle (torch.save's) writes are mapped to Python 3's first
+    (``__builtin__.set`` is ``builtins.set``), so a name refused here is one torch refuses."""
+    if (module, name) in _NAME_MAPPING:
+        module, name = _NAME_MAPPING[(module, name)]
+    elif module in _IMPORT_MAPPING:
+        module = _IMPORT_MAPPING[module]
+    return f"{module}.{name}"
 
 
 LEGACY_PICKLES = 4
@@ -352,28 +371,52 @@ def _pickled_globals(path: Path) -> tuple[list[str], bool]:
         return [], False
 
 
-def _allowed_names() -> set[str]:
+def global_names(objs: Iterable[Any]) -> frozenset[str]:
+    """The ``module.name`` under which torch's weights-only unpickler accepts each of the
+    allow-listed ``objs`` (``torch.serialization.add_safe_globals`` entries: an object, keyed
+    by its ``__module__`` and ``__qualname__``, or an ``(object, name)`` pair).
+
+    Example:
+        >>> sorted(global_names([io.BytesIO, (print, "x.y")]))
+        ['_io.BytesIO', 'x.y']
+    """
     names = set()
-    for g in SAFE_GLOBALS:
-        names.add(f"{g.__module__}.{g.__qualname__}")
-    return names
+    for g in objs:
+        if isinstance(g, tuple) and len(g) == 2 and isinstance(g[1], str):
+            names.add(g[1])
+        else:
+            names.add(f"{g.__module__}.{g.__qualname__}")
+    return frozenset(names)
 
 
-def _refused_globals(path: Path) -> list[str]:
-    """Globals a complete, intact pickle of ``path`` names outside the allow-lists.
+def torch_default_names() -> frozenset[str]:
+    """The globals ``torch.load(weights_only=True)`` accepts with no allow-list added
+    (torch's private ``_get_allowed_globals``; absent: none, so every global is reported)."""
+    try:
+        return frozenset(torch._weights_only_unpickler._get_allowed_globals())
+    except AttributeError:  # pragma: no cover
+        return frozenset()
 
-    Empty when the pickle is damaged or not a pickle at all: a failure to load it is then
-    damage, not a refusal.
+
+def refused_globals(path: Path, allowed: Collection[str] | None = None) -> list[str]:
+    """Globals a complete, intact pickle of ``path`` names that ``torch.load(weights_only=True)``
+    refuses when ``allowed`` (names, :func:`global_names`) is added to torch's default list.
+
+    ``allowed`` None: ckptkit's own list, :data:`SAFE_GLOBALS`. Empty when the pickle is
+    damaged or not a pickle at all: a failure to load it is then damage, not a refusal.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.pt"; torch.save({"v": np.float64(1)}, p)
+        >>> refused_globals(p), [g.rsplit(".", 1)[1] for g in refused_globals(p, allowed=())]
+        ([], ['scalar', 'dtype'])
     """
     names, complete = _pickled_globals(path)
     if not complete:
         return []
-    allowed = _allowed_names()
-    try:  # torch's own default allow-list (private API; absent: report every global)
-        default = set(torch._weights_only_unpickler._get_allowed_globals())
-    except AttributeError:  # pragma: no cover
-        default = set()
-    return [g for g in names if g not in allowed and g not in default]
+    ok = global_names(SAFE_GLOBALS) if allowed is None else allowed
+    default = torch_default_names()
+    return [g for g in names if g not in ok and g not in default]
 
 
 def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem | None]:
@@ -407,7 +450,7 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
         # torch wraps *every* failure of the weights-only unpickler ("Weights only load
         # failed ..."), damage included: only globals outside the allow-lists, named by
         # an intact pickle, make it a refusal (CK-F103) rather than damage (CK-F108).
-        refused = _refused_globals(path)
+        refused = refused_globals(path)
         if refused:
             names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
             return None, Problem(

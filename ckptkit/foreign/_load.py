@@ -464,6 +464,37 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
     return obj, None
 
 
+def weights_only_refusal(path: Path, allow: list[Any]) -> str | None:
+    """Why ``torch.load(weights_only=True)`` with ``allow`` added to torch's default list
+    refuses ``path``, or None when it loads.
+
+    The load itself, not a reading of the pickle's names: torch also refuses to *build* an
+    object whose type is not on the list though no global names it (a float32 numpy array
+    names ``numpy.dtype``, whose ``BUILD`` makes a ``numpy.dtypes.Float32DType``). For a
+    file ckptkit already read with its own list (so its sizes are checked and nothing on
+    this list runs code): a zip archive's storages are memory-mapped, not read.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.pt"
+        >>> torch.save({"a": np.arange(3, dtype=np.float32)}, p)
+        >>> weights_only_refusal(p, SAFE_GLOBALS) is None
+        True
+        >>> core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+        >>> arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+        >>> "Float32DType" in weights_only_refusal(p, arrays)
+        True
+    """
+    try:
+        with torch.serialization.safe_globals(allow):
+            torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip(path))
+    except pickle.UnpicklingError as e:
+        return _unpickle_why(e)
+    except Exception:  # not a refusal by this list (damage was reported by ckptkit's own read)
+        return None
+    return None
+
+
 def _unpickle_why(e: BaseException) -> str:
     """The useful part of torch's weights-only error (it leads with boilerplate)."""
     text = str(e)

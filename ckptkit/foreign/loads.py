@@ -492,12 +492,15 @@ REFUSAL_HINT = (
 
 def refused_by_load(fmt: str, rel: str, path: Path) -> Refusal | None:
     """Whether the load a resume of a ``fmt`` checkpoint uses for its file ``rel`` (at
-    ``path``) refuses it: globals its pickle names outside that load's :class:`AllowList`.
+    ``path``) refuses it: globals its pickle names outside that load's :class:`AllowList`,
+    or an object of a type off that list (torch checks both).
 
     For a file ckptkit itself read with its own, wider list (:data:`CKPTKIT`): an
     ``np.float64`` in a Lightning ``.ckpt`` loads here and crashes Lightning's resume. The
-    pickle is walked, never run; a file whose globals are all on torch's default list
-    needs no framework list (and imports no framework).
+    pickle is walked first, never run: a file whose globals are all on torch's default
+    list needs no framework list (and imports no framework), one naming a global off the
+    list is refused by name; only when every name is on the list is the file loaded with
+    that list, as the framework will load it (only objects on the list are built).
 
     Returns:
         None when the file loads as the framework will load it, when no resume loads it,
@@ -519,23 +522,30 @@ def refused_by_load(fmt: str, rel: str, path: Path) -> Refusal | None:
         return None
     outside = _load.refused_globals(path, allowed=())  # beyond torch's default list
     if not outside:
-        return None
+        return None  # torch's default reads it, so every list does
     allowed, origin = e.allow.names()
-    refused = tuple(g for g in outside if g not in allowed)
-    if not refused:
-        return None
-    who = FRAMEWORK.get(fmt, fmt)
-    names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
-    held = (
-        f"{e.allow.name} allow-list (torch's default plus {origin})"
-        if e.allow.adds
-        else f"{e.allow.name} allow-list"
+    held = f"{e.allow.name} allow-list" + (
+        f" (torch's default plus {origin})" if e.allow.adds else ""
     )
+    refused = tuple(g for g in outside if g not in allowed)
+    if refused:
+        names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
+        what = f"it names {names}, outside {held}"
+    else:
+        # Every global is on the list by name, but torch also checks the type of each
+        # object it builds (a float32 array's dtype is a numpy.dtypes.Float32DType): so
+        # load it as the framework will, with that list (nothing on it runs code).
+        why = _load.weights_only_refusal(path, e.allow.extra()[0])
+        if why is None:
+            return None
+        refused = tuple(re.findall(r"<class '([\w.]+)'>", why))
+        what = f"under {held}: {why}"
+    who = FRAMEWORK.get(fmt, fmt)
     return Refusal(
         refused=refused,
         message=(
-            f"{who}'s load refuses it: it names {names}, outside {held}; ckptkit's own "
-            f"list reads them (nothing was run). {who} loads it with {e.loader}: {e.if_refused}"
+            f"{who} cannot load it on resume: {what}; ckptkit's own list reads it "
+            f"(nothing was run). {who} loads it with {e.loader}: {e.if_refused}"
         ),
         hint=REFUSAL_HINT,
     )

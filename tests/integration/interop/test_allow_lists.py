@@ -92,6 +92,17 @@ def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path) -> 
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "epoch=0-step=3.ckpt" in r.stdout
 
+    # adopt refuses it; with --force its (unsigned) manifest cannot vouch for it either.
+    r = _cli("adopt", str(bad))
+    assert r.returncode == 2 and "CK-F103" in r.stderr and "numpy" in r.stderr, r.stderr[-2000:]
+    r = _cli("adopt", str(bad), "--force")
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    for index in run.rglob(".ckptkit-index.json"):
+        index.unlink()  # forget the recorded verdict: the adopted manifest must say it
+    r = _cli("ls", str(run), "--json")
+    got = {Path(c["path"]).name: (c["status"], c.get("problem")) for c in json.loads(r.stdout)["checkpoints"]}
+    assert got["epoch=0-step=5.ckpt"][0] == "corrupt" and "CK-F103" in (got["epoch=0-step=5.ckpt"][1] or "")
+
 
 def test_the_trainer_rng_state_is_held_to_the_trainers_own_list(hf_run: Path, tmp_path: Path) -> None:
     from ckptkit.foreign.report import verify_foreign

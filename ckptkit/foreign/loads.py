@@ -45,6 +45,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import torch
 
 from ckptkit.foreign import _load
 from ckptkit.verify.findings import ERROR, INFO, Severity
@@ -524,6 +525,9 @@ def refused_by_load(fmt: str, rel: str, path: Path) -> Refusal | None:
     if not outside:
         return None  # torch's default reads it, so every list does
     allowed, origin = e.allow.names()
+    # What this process added with torch.serialization.add_safe_globals counts too: a
+    # framework loading here (a resume pick in the training process) accepts it as well.
+    allowed |= _load.global_names(torch.serialization.get_safe_globals())
     held = f"{e.allow.name} allow-list" + (
         f" (torch's default plus {origin})" if e.allow.adds else ""
     )

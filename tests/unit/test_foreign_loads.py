@@ -279,3 +279,16 @@ def test_which_trainer_and_lightning_loads_add_to_the_list() -> None:
         root = Path(next(iter(lightning.submodule_search_locations)))
         hits = [p for p in root.rglob("*.py") if "safe_globals" in p.read_text("utf-8", "replace")]
         assert not hits, f"Lightning now extends the weights-only list: {hits}"
+
+
+def test_globals_this_process_added_count_as_the_frameworks_load_would(tmp_path: Path) -> None:
+    """The hint's fix: a training process that extends torch's list before resuming gets a
+    load that accepts the file, and a resume pick made in that process agrees."""
+    p = tmp_path / "epoch=0-step=5.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"x": {"best": np.float64(1.0)}}}, p)
+    assert refused_by_load("lightning", p.name, p) is not None
+    core = getattr(np, "_core", None) or np.core
+    with torch.serialization.safe_globals([core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]):
+        torch.load(p, weights_only=True)  # what Lightning's load does in this process
+        assert refused_by_load("lightning", p.name, p) is None
+    assert refused_by_load("lightning", p.name, p) is not None

@@ -589,7 +589,8 @@ register_code(
     "CK-F103",
     family="integrity",
     # An error in any file a resume loads, info in one none does: the severity of each
-    # finding comes from ckptkit.foreign.loads.needs_code_verdict.
+    # finding comes from ckptkit.foreign.loads.needs_code_verdict. Also an error for a file
+    # ckptkit read whose framework load has a narrower list (loads.refused_by_load).
     severity=ERROR,
     title="pickle needs code to load: not read",
     hint="ckptkit loads with weights_only=True and a narrow allow-list and never runs pickled code; the file could not be checked. Resume from an earlier checkpoint; re-save that state as plain tensors/dicts if it matters for resume",

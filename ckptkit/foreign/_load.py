@@ -16,13 +16,20 @@ import pickletools
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
 import numpy as np
 import torch
+
+try:  # the Python 2 -> 3 names torch's weights-only unpickler maps (private API)
+    from torch._utils import IMPORT_MAPPING as _IMPORT_MAPPING
+    from torch._utils import NAME_MAPPING as _NAME_MAPPING
+except ImportError:  # pragma: no cover - older torch: the stdlib tables it adapts
+    from _compat_pickle import IMPORT_MAPPING as _IMPORT_MAPPING
+    from _compat_pickle import NAME_MAPPING as _NAME_MAPPING
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError
@@ -71,6 +78,10 @@ Accelerate ``random_states_*.pkl``), ``torch.__version__`` (a ``str`` subclass) 
 ``io.BytesIO`` (torchtitan keeps loss histories as BytesIO in its DCP ``train_state``; the
 bytes inside are never unpickled). None of these runs user code; every other global stays
 refused and is reported.
+
+It holds every framework's list (``tests/unit/test_foreign_loads.py``), so ckptkit reads
+whatever a framework's load accepts; a file a resume loads is then held to that load's
+narrower list as well (:func:`ckptkit.foreign.loads.refused_by_load`).
 """
 
 
@@ -294,7 +305,8 @@ def _scan_globals(f: _Bounded) -> tuple[list[str], bool]:
             if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
                 strings.append(str(arg))
             elif op.name == "GLOBAL":
-                out.append(str(arg).replace(" ", "."))
+                module, _, name = str(arg).partition(" ")
+                out.append(_py3_name(module, name))
             elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 out.append(f"{strings[-2]}.{strings[-1]}")
             elif op.name == "STOP":
@@ -303,6 +315,17 @@ def _scan_globals(f: _Bounded) -> tuple[list[str], bool]:
         complete = False
     # Protocol <= 2 names builtins "__builtin__" (Python 2 spelling).
     return sorted({g.replace("__builtin__.", "builtins.", 1) for g in out}), complete
+
+
+def _py3_name(module: str, name: str) -> str:
+    """``module.name`` of a ``GLOBAL`` as torch's weights-only unpickler matches it: the
+    Python 2 names a protocol-2 pickle (torch.save's) writes are mapped to Python 3's first
+    (``__builtin__.set`` is ``builtins.set``), so a name refused here is one torch refuses."""
+    if (module, name) in _NAME_MAPPING:
+        module, name = _NAME_MAPPING[(module, name)]
+    elif module in _IMPORT_MAPPING:
+        module = _IMPORT_MAPPING[module]
+    return f"{module}.{name}"
 
 
 LEGACY_PICKLES = 4
@@ -352,28 +375,52 @@ def _pickled_globals(path: Path) -> tuple[list[str], bool]:
         return [], False
 
 
-def _allowed_names() -> set[str]:
+def global_names(objs: Iterable[Any]) -> frozenset[str]:
+    """The ``module.name`` under which torch's weights-only unpickler accepts each of the
+    allow-listed ``objs`` (``torch.serialization.add_safe_globals`` entries: an object, keyed
+    by its ``__module__`` and ``__qualname__``, or an ``(object, name)`` pair).
+
+    Example:
+        >>> sorted(global_names([io.BytesIO, (print, "x.y")]))
+        ['_io.BytesIO', 'x.y']
+    """
     names = set()
-    for g in SAFE_GLOBALS:
-        names.add(f"{g.__module__}.{g.__qualname__}")
-    return names
+    for g in objs:
+        if isinstance(g, tuple) and len(g) == 2 and isinstance(g[1], str):
+            names.add(g[1])
+        else:
+            names.add(f"{g.__module__}.{g.__qualname__}")
+    return frozenset(names)
 
 
-def _refused_globals(path: Path) -> list[str]:
-    """Globals a complete, intact pickle of ``path`` names outside the allow-lists.
+def torch_default_names() -> frozenset[str]:
+    """The globals ``torch.load(weights_only=True)`` accepts with no allow-list added
+    (torch's private ``_get_allowed_globals``; absent: none, so every global is reported)."""
+    try:
+        return frozenset(torch._weights_only_unpickler._get_allowed_globals())
+    except AttributeError:  # pragma: no cover
+        return frozenset()
 
-    Empty when the pickle is damaged or not a pickle at all: a failure to load it is then
-    damage, not a refusal.
+
+def refused_globals(path: Path, allowed: Collection[str] | None = None) -> list[str]:
+    """Globals a complete, intact pickle of ``path`` names that ``torch.load(weights_only=True)``
+    refuses when ``allowed`` (names, :func:`global_names`) is added to torch's default list.
+
+    ``allowed`` None: ckptkit's own list, :data:`SAFE_GLOBALS`. Empty when the pickle is
+    damaged or not a pickle at all: a failure to load it is then damage, not a refusal.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.pt"; torch.save({"v": np.float64(1)}, p)
+        >>> refused_globals(p), [g.rsplit(".", 1)[1] for g in refused_globals(p, allowed=())]
+        ([], ['scalar', 'dtype'])
     """
     names, complete = _pickled_globals(path)
     if not complete:
         return []
-    allowed = _allowed_names()
-    try:  # torch's own default allow-list (private API; absent: report every global)
-        default = set(torch._weights_only_unpickler._get_allowed_globals())
-    except AttributeError:  # pragma: no cover
-        default = set()
-    return [g for g in names if g not in allowed and g not in default]
+    ok = global_names(SAFE_GLOBALS) if allowed is None else allowed
+    default = torch_default_names()
+    return [g for g in names if g not in ok and g not in default]
 
 
 def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem | None]:
@@ -407,7 +454,7 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
         # torch wraps *every* failure of the weights-only unpickler ("Weights only load
         # failed ..."), damage included: only globals outside the allow-lists, named by
         # an intact pickle, make it a refusal (CK-F103) rather than damage (CK-F108).
-        refused = _refused_globals(path)
+        refused = refused_globals(path)
         if refused:
             names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
             return None, Problem(
@@ -419,6 +466,37 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
     except Exception as e:  # untrusted input: any failure is a finding, never a traceback
         return None, failed_read(e, "CK-F108", "torch.load failed")
     return obj, None
+
+
+def weights_only_refusal(path: Path, allow: list[Any]) -> str | None:
+    """Why ``torch.load(weights_only=True)`` with ``allow`` added to torch's default list
+    refuses ``path``, or None when it loads.
+
+    The load itself, not a reading of the pickle's names: torch also refuses to *build* an
+    object whose type is not on the list though no global names it (a float32 numpy array
+    names ``numpy.dtype``, whose ``BUILD`` makes a ``numpy.dtypes.Float32DType``). For a
+    file ckptkit already read with its own list (so its sizes are checked and nothing on
+    this list runs code): a zip archive's storages are memory-mapped, not read.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.pt"
+        >>> torch.save({"a": np.arange(3, dtype=np.float32)}, p)
+        >>> weights_only_refusal(p, SAFE_GLOBALS) is None
+        True
+        >>> core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+        >>> arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+        >>> "Float32DType" in weights_only_refusal(p, arrays)
+        True
+    """
+    try:
+        with torch.serialization.safe_globals(allow):
+            torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip(path))
+    except pickle.UnpicklingError as e:
+        return _unpickle_why(e)
+    except Exception:  # not a refusal by this list (damage was reported by ckptkit's own read)
+        return None
+    return None
 
 
 def _unpickle_why(e: BaseException) -> str:

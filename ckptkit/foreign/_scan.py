@@ -28,7 +28,7 @@ from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.errors import UnsafeInputError
 from ckptkit.foreign import _load
-from ckptkit.foreign.loads import needs_code_verdict
+from ckptkit.foreign.loads import needs_code_verdict, refused_by_load
 from ckptkit.foreign.structure import (
     EPOCH_KEYS,
     STEP_KEYS,
@@ -216,7 +216,10 @@ class Scan:
 
         A file that is a symlink or resolves outside the checkpoint is never read (the
         registered CK-F009 check reports it). A pickle that needs code is reported through
-        :meth:`refused_pickle`: an error when a resume of this layout loads the file.
+        :meth:`refused_pickle`: an error when a resume of this layout loads the file. A
+        file ckptkit read is then held to the allow-list of the framework's own load
+        (:func:`ckptkit.foreign.loads.refused_by_load`): one that load refuses is a
+        ``CK-F103`` error too, though its content was read and checked.
         """
         if rel in self._cache:
             return self._cache[rel]
@@ -228,6 +231,11 @@ class Scan:
             self.refused_pickle(rel, problem.message, component=component)
         elif problem is not None:
             self.add(problem.code, problem.message, path=rel, component=component)
+        else:
+            refusal = refused_by_load(self.format, rel, self.path(rel))
+            if refusal is not None:
+                self.add("CK-F103", refusal.message, path=rel, component=component,
+                         hint=refusal.hint, severity=ERROR)
         self._cache[rel] = obj
         return obj
 

@@ -223,12 +223,14 @@ def _refusal(rep: ForeignReport) -> CkptkitError | None:
         first = code[0]
         more = f" ({len(code) - 1} more)" if len(code) > 1 else ""
         return UnsafeInputError(
-            f"refusing to adopt: {first.message}{more}; its content cannot be verified, and "
-            "torch.load(weights_only=False) would run that code",
+            # The message says how the framework loads the file and what follows (the code
+            # runs, or its load refuses the file and the resume crashes).
+            f"refusing to adopt: {first.message}{more}; a resume cannot use this checkpoint "
+            "as it is, and adopting it would make it the reference",
             path=s.root / first.path if first.path else s.target,
             code="CK-F103",
-            hint="re-save that state as plain tensors and dicts (no custom classes), or pass "
-            "--force to record the files as they are (unverified)",
+            hint="re-save that state as plain tensors, numbers and dicts (no custom classes, "
+            "no numpy values), or pass --force to record the files as they are (unverified)",
         )
     bad = [
         f for f in rep.findings if f.severity is ERROR and f.code.startswith(("CK-F", "CK-M", "CK-S"))

@@ -156,8 +156,9 @@ def needs_code_problem(names: list[str], fmt: str) -> str:
     _sev, why = needs_code_verdict(fmt, names[0])
     more = f" (and {', '.join(names[1:3])})" if len(names) > 1 else ""
     return (
-        f"CK-F103: {names[0]}{more} needs code to unpickle (recorded by 'ckptkit adopt "
-        f"--force'; not executed): {why}"
+        f"CK-F103: {names[0]}{more} needs code to unpickle, or names globals off the "
+        f"allow-list of the framework's load (recorded by 'ckptkit adopt --force'; not "
+        f"executed): {why}"
     )
 
 

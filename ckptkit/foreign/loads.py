@@ -19,16 +19,35 @@ therefore depends on who loads it and how:
 
 One rule, then: a file that needs code is an error when a resume loads it, info when none
 does. :data:`LOADS` records, per layout, which files a resume loads and how, with the
-framework source the fact was read from (``tests/unit/foreign/test_loads.py`` checks each
+framework source the fact was read from (``tests/unit/test_foreign_loads.py`` checks each
 quoted call against the installed framework, so the table cannot silently go stale); every
 reader reaches the verdict through :func:`needs_code_verdict`.
+
+"weights_only=True" is not one list, though: each load accepts torch's default globals
+plus what its caller adds (:class:`AllowList`). ckptkit's own list (numpy arrays, dtypes
+and scalars ...) reads files the framework's load refuses: a Lightning ``.ckpt`` holding an
+``np.float64`` loads here and crashes Lightning's resume (torch's default adds no numpy).
+So each weights-only entry names its load's list, taken from the installed framework when
+it is importable (a static copy otherwise, checked against the framework by the tests),
+and :func:`refused_by_load` holds every file a resume loads to it.
 """
 
 from __future__ import annotations
 
+import codecs
+import importlib
 import re
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+import numpy as np
+import torch
+
+from ckptkit.foreign import _load
 from ckptkit.verify.findings import ERROR, INFO, Severity
 
 
@@ -40,6 +59,97 @@ class Source:
     """The importable module holding the call, e.g. ``accelerate.checkpointing``."""
     call: str
     """Text that appears in that module's source (compared with whitespace removed)."""
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """The globals a ``torch.load(weights_only=True)`` accepts: torch's default list plus
+    what its caller adds (``torch.serialization.safe_globals`` / ``add_safe_globals``)."""
+
+    name: str
+    """Whose list it is, for messages: ``torch's default``, ``the Trainer's`` ..."""
+    adds: str = ""
+    """Where the caller's additions are defined (empty: it adds none)."""
+    module: str | None = None
+    """The framework module that holds the additions (None: nothing to import)."""
+    read: Callable[[ModuleType], list[Any]] | None = None
+    """How to take the additions from that module, as installed."""
+    copy: Callable[[], list[Any]] = list
+    """ckptkit's copy of the additions, built the way the framework builds them: used when
+    the framework is not installed (the tests check it against the installed framework)."""
+
+    def extra(self) -> tuple[list[Any], str]:
+        """The additions and where they came from: the installed framework when it imports,
+        else ckptkit's copy."""
+        if self.module is None or self.read is None:
+            return self.copy(), self.adds
+        try:
+            with warnings.catch_warnings():  # a framework's import-time deprecations
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(self.module)
+            return list(self.read(mod)), f"{self.adds}, as installed"
+        except Exception:  # not installed, or broken: the copy, and the message says so
+            return self.copy(), f"ckptkit's copy of {self.adds}: {self.module} is not importable here"
+
+    def names(self) -> tuple[frozenset[str], str]:
+        """The globals this load accepts by name (torch's default included), and where the
+        additions came from. Read once per process."""
+        hit = _NAMES.get(self.name)
+        if hit is None:
+            extra, origin = self.extra()
+            hit = _NAMES[self.name] = (_load.torch_default_names() | _load.global_names(extra), origin)
+        return hit
+
+
+_NAMES: dict[str, tuple[frozenset[str], str]] = {}
+
+
+def _np_core() -> Any:
+    return getattr(np, "_core", None) or np.core
+
+
+def _trainer_copy() -> list[Any]:
+    """``transformers.trainer_pt_utils.safe_globals()``'s list as transformers 5 builds it."""
+    return [_np_core().multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _accelerate_copy() -> list[Any]:
+    """``accelerate.utils.other.TORCH_SAFE_GLOBALS`` as accelerate 1.x builds it."""
+    out = [_np_core().multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype]
+    dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
+    if dtypes is not None:
+        out.append(dtypes.UInt32DType)
+    return out
+
+
+TORCH_DEFAULT = AllowList("torch's default")
+"""``torch.load(weights_only=True)`` with nothing added (and ``weights_only=None``, torch's
+default since 2.6)."""
+TRAINER = AllowList(
+    "the Trainer's",
+    adds="transformers.trainer_pt_utils.safe_globals()",
+    module="transformers.trainer_pt_utils",
+    read=lambda m: list(m.safe_globals().safe_globals),
+    copy=_trainer_copy,
+)
+"""The Trainer's ``safe_globals()`` context (numpy arrays and dtypes, not scalars): only
+around its load of ``rng_state.pth``."""
+ACCELERATE = AllowList(
+    "Accelerate's",
+    adds="accelerate.utils.other.TORCH_SAFE_GLOBALS",
+    module="accelerate.utils.other",
+    read=lambda m: list(m.TORCH_SAFE_GLOBALS),
+    copy=_accelerate_copy,
+)
+"""What Accelerate's ``load`` helper adds around every load (numpy arrays and dtypes, not
+scalars)."""
+CKPTKIT = AllowList(
+    "ckptkit's own", adds="ckptkit.foreign._load.SAFE_GLOBALS", copy=lambda: list(_load.SAFE_GLOBALS)
+)
+"""What ckptkit reads every foreign pickle with: every list above is part of it (a test
+holds that), so a file a framework's load accepts is never refused by ckptkit."""
+
+ALLOW_LISTS = (TORCH_DEFAULT, TRAINER, ACCELERATE, CKPTKIT)
 
 
 @dataclass(frozen=True)
@@ -58,6 +168,10 @@ class FileLoad:
     """The framework code this entry was read from (empty: no framework, e.g. user code)."""
     if_refused: str = ""
     """What happens on resume when the load refuses the file (``weights_only=True``)."""
+    allow: AllowList | None = None
+    """The allow-list of that ``weights_only=True`` load (None: no pickle, a load that runs
+    code, or not loaded on resume). Two loads of one file (a plain and an FSDP path): the
+    narrower list, since the file must load on either."""
 
     def matches(self, rel: str) -> bool:
         return re.fullmatch(self.pattern, rel) is not None
@@ -69,7 +183,9 @@ _TRAINER = "transformers.trainer"
 _ACCELERATE = "accelerate.checkpointing"
 _ACC_LOAD = Source("accelerate.utils.other", 'kwargs["weights_only"] = True')
 """Accelerate's ``load`` defaults to ``weights_only=True`` unless the caller says otherwise."""
-_CRASH = "the framework refuses it too, so the resume crashes"
+_ACC_ALLOW = Source("accelerate.utils.other", "torch.serialization.add_safe_globals(TORCH_SAFE_GLOBALS)")
+"""... and adds :data:`ACCELERATE`'s list around the load."""
+_CRASH = "the framework's load refuses it, so the resume crashes"
 
 LOADS: dict[str, tuple[FileLoad, ...]] = {
     "hf-trainer": (
@@ -91,6 +207,7 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
                        'partial(torch.load, map_location="cpu", weights_only=True)'),
             ),
             if_refused=_CRASH,
+            allow=TORCH_DEFAULT,
         ),
         FileLoad(
             r"optimizer\.(pt|bin)",
@@ -104,6 +221,7 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
                        "torch.load(input_optimizer_file, weights_only=True)"),
             ),
             if_refused=_CRASH,
+            allow=TORCH_DEFAULT,
         ),
         FileLoad(
             r"scheduler\.pt",
@@ -113,6 +231,7 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             sources=(Source(_TRAINER, "torch.load(os.path.join(checkpoint, SCHEDULER_NAME), "
                                       "weights_only=True)"),),
             if_refused=_CRASH,
+            allow=TORCH_DEFAULT,
         ),
         FileLoad(
             r"scaler\.pt",
@@ -122,14 +241,17 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             sources=(Source(_TRAINER, "torch.load(os.path.join(checkpoint, SCALER_NAME), "
                                       "weights_only=True)"),),
             if_refused=_CRASH,
+            allow=TORCH_DEFAULT,
         ),
         FileLoad(
             r"rng_state(_\d+)?\.pth",
-            "torch.load(rng_file, weights_only=True) (Trainer._load_rng_state)",
+            "torch.load(rng_file, weights_only=True) under safe_globals() (Trainer._load_rng_state)",
             on_resume=True,
             runs_code=False,
-            sources=(Source(_TRAINER, "checkpoint_rng_state = torch.load(rng_file, weights_only=True)"),),
+            sources=(Source(_TRAINER, "with safe_globals(): check_torch_load_is_safe() "
+                                      "checkpoint_rng_state = torch.load(rng_file, weights_only=True)"),),
             if_refused=_CRASH + " (the load is not guarded)",
+            allow=TRAINER,
         ),
         FileLoad(
             r"trainer_state\.json",
@@ -160,8 +282,9 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             "load(input_model_file, map_location=map_location) (weights_only=True)",
             on_resume=True,
             runs_code=False,
-            sources=(Source(_ACCELERATE, "load(input_model_file, map_location=map_location)"), _ACC_LOAD),
+            sources=(Source(_ACCELERATE, "load(input_model_file, map_location=map_location)"), _ACC_LOAD, _ACC_ALLOW),
             if_refused=_CRASH,
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"optimizer(_\d+)?\.bin",
@@ -169,24 +292,27 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             on_resume=True,
             runs_code=False,
             sources=(Source(_ACCELERATE, "load(input_optimizer_file, map_location=map_location, "
-                                         "**load_kwargs)"), _ACC_LOAD),
+                                         "**load_kwargs)"), _ACC_LOAD, _ACC_ALLOW),
             if_refused=_CRASH,
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"scheduler(_\d+)?\.bin",
             "load(input_scheduler_file, **load_kwargs) (weights_only=True)",
             on_resume=True,
             runs_code=False,
-            sources=(Source(_ACCELERATE, "load(input_scheduler_file, **load_kwargs)"), _ACC_LOAD),
+            sources=(Source(_ACCELERATE, "load(input_scheduler_file, **load_kwargs)"), _ACC_LOAD, _ACC_ALLOW),
             if_refused=_CRASH,
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"sampler(_\d+)?\.bin",
             "load(input_sampler_file) (weights_only=True)",
             on_resume=True,
             runs_code=False,
-            sources=(Source(_ACCELERATE, "dataloader.set_sampler(load(input_sampler_file))"), _ACC_LOAD),
+            sources=(Source(_ACCELERATE, "dataloader.set_sampler(load(input_sampler_file))"), _ACC_LOAD, _ACC_ALLOW),
             if_refused=_CRASH,
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"dl_state_dict(_\d+)?\.bin",
@@ -194,8 +320,9 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             on_resume=True,
             runs_code=False,
             sources=(Source(_ACCELERATE, "load(input_dataloader_state_dict_file, **load_kwargs)"),
-                     _ACC_LOAD),
+                     _ACC_LOAD, _ACC_ALLOW),
             if_refused=_CRASH,
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"scaler\.pt",
@@ -210,6 +337,8 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
                 _TORCH_DEFAULT,
             ),
             if_refused=_CRASH,
+            # The narrower of the two lists: the file must load on either path.
+            allow=TORCH_DEFAULT,
         ),
         FileLoad(
             r"random_states_\d+\.pkl",
@@ -220,9 +349,11 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
                 Source(_ACCELERATE, 'states = load(input_dir.joinpath(f"{RNG_STATE_NAME}_{process_index}.pkl"))'),
                 Source(_ACCELERATE, 'logger.info("Could not load random states")'),
                 _ACC_LOAD,
+                _ACC_ALLOW,
             ),
             if_refused="load_state ignores the failure, so the resume silently runs on fresh "
             "RNG streams (and a file planted there is loaded on every resume)",
+            allow=ACCELERATE,
         ),
         FileLoad(
             r"custom_checkpoint_\d+\.pkl",
@@ -247,6 +378,7 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
                 _TORCH_DEFAULT,
             ),
             if_refused=_CRASH,
+            allow=TORCH_DEFAULT,
         ),
     ),
     "torch-save": (
@@ -259,6 +391,9 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             sources=(_TORCH_DEFAULT,),
             if_refused="a weights_only=True load refuses it (the resume crashes) and a "
             "weights_only=False one runs the code",
+            # The script's own list is unknown (it may add numpy, as ckptkit does): the file
+            # is held to what ckptkit itself reads.
+            allow=CKPTKIT,
         ),
     ),
     "dcp": (
@@ -335,4 +470,104 @@ def needs_code_verdict(fmt: str, rel: str) -> tuple[Severity, str]:
     return ERROR, f"{who} loads it with {e.loader}: {e.if_refused}"
 
 
-__all__ = ["FRAMEWORK", "LOADS", "FileLoad", "Source", "file_load", "needs_code_verdict"]
+@dataclass(frozen=True)
+class Refusal:
+    """A file ckptkit read that the load a resume uses refuses (``CK-F103`` as an error)."""
+
+    refused: tuple[str, ...]
+    """The globals its pickle names outside that load's allow-list."""
+    message: str
+    """What, which load, and what follows on resume."""
+    hint: str
+    """The fix."""
+
+
+REFUSAL_HINT = (
+    "save plain Python numbers, lists and tensors instead of numpy values (float(x) or "
+    "x.item() for a numpy scalar, torch.from_numpy(a) for an array), or load it with the "
+    "framework's allow-list extended (torch.serialization.add_safe_globals([...]) with "
+    "these globals, before the resume, if you trust the file); until then, resume from an "
+    "earlier checkpoint"
+)
+
+
+def refused_by_load(fmt: str, rel: str, path: Path) -> Refusal | None:
+    """Whether the load a resume of a ``fmt`` checkpoint uses for its file ``rel`` (at
+    ``path``) refuses it: globals its pickle names outside that load's :class:`AllowList`,
+    or an object of a type off that list (torch checks both).
+
+    For a file ckptkit itself read with its own, wider list (:data:`CKPTKIT`): an
+    ``np.float64`` in a Lightning ``.ckpt`` loads here and crashes Lightning's resume. The
+    pickle is walked first, never run: a file whose globals are all on torch's default
+    list needs no framework list (and imports no framework), one naming a global off the
+    list is refused by name; only when every name is on the list is the file loaded with
+    that list, as the framework will load it (only objects on the list are built).
+
+    Returns:
+        None when the file loads as the framework will load it, when no resume loads it,
+        or when that load has no allow-list (no pickle, or a load that runs code: judged by
+        :func:`needs_code_verdict` instead); else the :class:`Refusal`.
+
+    Example:
+        >>> import tempfile, pathlib, numpy, torch
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "epoch=0-step=5.ckpt"
+        >>> torch.save({"global_step": 5, "best": numpy.float64(1.0)}, p)
+        >>> r = refused_by_load("lightning", p.name, p)
+        >>> [g.rsplit(".", 1)[1] for g in r.refused], "resume crashes" in r.message
+        (['scalar', 'dtype'], True)
+        >>> refused_by_load("torch-save", p.name, p) is None  # ckptkit's own list reads it
+        True
+    """
+    e = file_load(fmt, rel)
+    if e is None or not e.on_resume or e.allow is None:
+        return None
+    outside = _load.refused_globals(path, allowed=())  # beyond torch's default list
+    if not outside:
+        return None  # torch's default reads it, so every list does
+    allowed, origin = e.allow.names()
+    # What this process added with torch.serialization.add_safe_globals counts too: a
+    # framework loading here (a resume pick in the training process) accepts it as well.
+    allowed |= _load.global_names(torch.serialization.get_safe_globals())
+    held = f"{e.allow.name} allow-list" + (
+        f" (torch's default plus {origin})" if e.allow.adds else ""
+    )
+    refused = tuple(g for g in outside if g not in allowed)
+    if refused:
+        names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
+        what = f"it names {names}, outside {held}"
+    else:
+        # Every global is on the list by name, but torch also checks the type of each
+        # object it builds (a float32 array's dtype is a numpy.dtypes.Float32DType): so
+        # load it as the framework will, with that list (nothing on it runs code).
+        why = _load.weights_only_refusal(path, e.allow.extra()[0])
+        if why is None:
+            return None
+        refused = tuple(re.findall(r"<class '([\w.]+)'>", why))
+        what = f"under {held}: {why}"
+    who = FRAMEWORK.get(fmt, fmt)
+    return Refusal(
+        refused=refused,
+        message=(
+            f"{who} cannot load it on resume: {what}; ckptkit's own list reads it "
+            f"(nothing was run). {who} loads it with {e.loader}: {e.if_refused}"
+        ),
+        hint=REFUSAL_HINT,
+    )
+
+
+__all__ = [
+    "ACCELERATE",
+    "ALLOW_LISTS",
+    "CKPTKIT",
+    "FRAMEWORK",
+    "LOADS",
+    "TORCH_DEFAULT",
+    "TRAINER",
+    "AllowList",
+    "FileLoad",
+    "Refusal",
+    "Source",
+    "file_load",
+    "needs_code_verdict",
+    "refused_by_load",
+]

@@ -9,13 +9,30 @@ fails here instead of silently keeping an old verdict.
 from __future__ import annotations
 
 import importlib.util
+import pickle
+import random
 import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
+from ckptkit.foreign import _load
 from ckptkit.foreign.detect import FORMATS
-from ckptkit.foreign.loads import LOADS, file_load, needs_code_verdict
+from ckptkit.foreign.loads import (
+    ALLOW_LISTS,
+    CKPTKIT,
+    LOADS,
+    TRAINER,
+    AllowList,
+    file_load,
+    needs_code_verdict,
+    refused_by_load,
+)
 from ckptkit.verify.findings import ERROR, INFO
 
 # (layout, file, how it is loaded on resume: "code" runs pickled code, "refuses" is a
@@ -135,3 +152,143 @@ def test_no_load_in_the_resume_code_escapes_the_table() -> None:
     if trainer is None:
         pytest.skip("transformers is not installed")
     assert not re.findall(r"weights_only=False\)", trainer)
+
+
+# --- the allow-list of each weights-only load ---------------------------------------------------
+# "weights_only=True" is torch's default list plus what the caller adds: each such entry names
+# its load's list, and a file is held to that list, not to ckptkit's wider one.
+
+
+def test_every_weights_only_load_names_its_allow_list() -> None:
+    for fmt, entries in LOADS.items():
+        for e in entries:
+            weights_only = e.on_resume and not e.runs_code and bool(e.if_refused)
+            assert (e.allow is not None) == weights_only, (fmt, e.pattern)
+
+
+@pytest.mark.parametrize("allow", [a for a in ALLOW_LISTS if a.module is not None], ids=lambda a: a.name)
+def test_the_copy_of_each_framework_list_is_the_installed_one(allow: AllowList) -> None:
+    """The copy is used where the framework is not installed: it must say what it says."""
+    if importlib.util.find_spec(allow.module.split(".")[0]) is None:  # type: ignore[union-attr]
+        pytest.skip(f"{allow.module} is not installed (the interop extra)")
+    installed, origin = allow.extra()
+    assert origin.endswith("as installed"), origin
+    assert _load.global_names(allow.copy()) == _load.global_names(installed), (
+        f"{allow.adds} changed: update its copy in ckptkit/foreign/loads.py (and docs/formats.md)"
+    )
+
+
+@pytest.mark.parametrize("allow", ALLOW_LISTS, ids=lambda a: a.name)
+def test_ckptkit_reads_every_file_a_framework_load_accepts(allow: AllowList) -> None:
+    """Else ckptkit would call a file 'needs code' that the framework loads."""
+    names, _origin = allow.names()
+    mine, _ = CKPTKIT.names()
+    assert names <= mine, sorted(names - mine)
+
+
+def _payloads() -> dict[str, Any]:
+    """Plain state, the Trainer's RNG state (built the way the Trainer builds it), numpy
+    values, and ckptkit's other extras: what each load accepts differs."""
+    return {
+        "plain": {"w": torch.ones(2), "step": 3, "lr": 0.1, "name": "x", "b": b"\x00"},
+        "numpy-rng": {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "cpu": torch.random.get_rng_state(),
+        },
+        "numpy-scalar": {"best": np.float64(1.0), "n": np.int64(3)},
+        "numpy-array": {"a": np.arange(3, dtype=np.float32)},
+        "torch-version": {"v": torch.__version__},
+    }
+
+
+def _framework_load(fmt: str, rel: str) -> Callable[[Path], Any] | None:
+    """The framework's own load of file ``rel`` on resume (None: not installed here)."""
+    if fmt == "lightning":
+        if importlib.util.find_spec("lightning") is None:
+            return None
+        from lightning.fabric.utilities.cloud_io import _load as lightning_load
+
+        return lambda p: lightning_load(p)
+    if fmt == "accelerate":
+        if importlib.util.find_spec("accelerate") is None:
+            return None
+        from accelerate.utils.other import load as accelerate_load
+
+        if rel == "scaler.pt":  # Accelerate's load, and FSDP2's plain torch.load
+            return lambda p: (accelerate_load(p), torch.load(p))
+        return lambda p: accelerate_load(p)
+    if fmt == "hf-trainer":
+        if importlib.util.find_spec("transformers") is None:
+            return None
+        from transformers.trainer_pt_utils import safe_globals
+
+        def trainer_rng(p: Path) -> Any:
+            with safe_globals():
+                return torch.load(p, weights_only=True)
+
+        return trainer_rng if rel.startswith("rng_state") else lambda p: torch.load(p, weights_only=True)
+    if fmt == "torch-save":  # the script's own load: held to ckptkit's list
+        def ckptkit_load(p: Path) -> Any:
+            obj, problem = _load.safe_torch_load(p)
+            if problem is not None:
+                raise RuntimeError(problem.message)
+            return obj
+
+        return ckptkit_load
+    return None
+
+
+_WEIGHTS_ONLY = [(fmt, rel) for fmt, rel, how in EXPECTED if how == "refuses"]
+
+
+@pytest.mark.parametrize(("fmt", "rel"), _WEIGHTS_ONLY)
+def test_the_verdict_is_what_the_framework_load_does(tmp_path: Path, fmt: str, rel: str) -> None:
+    """For each weights-only file of each layout, and state of every kind: the file is
+    refused exactly when the installed framework's own load raises on it."""
+    load = _framework_load(fmt, rel)
+    if load is None:
+        pytest.skip(f"the framework of {fmt} is not installed")
+    for kind, payload in _payloads().items():
+        p = tmp_path / kind / rel
+        p.parent.mkdir()
+        torch.save(payload, p)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                load(p)
+                framework_refuses = False
+            except pickle.UnpicklingError:
+                framework_refuses = True
+            except RuntimeError:  # ckptkit_load's refusal
+                framework_refuses = True
+        refusal = refused_by_load(fmt, rel, p)
+        assert (refusal is not None) == framework_refuses, (fmt, rel, kind, refusal)
+        if refusal is not None:
+            assert "multiarray.scalar" in " ".join(refusal.refused) or kind != "numpy-scalar"
+
+
+def test_which_trainer_and_lightning_loads_add_to_the_list() -> None:
+    """The Trainer widens the list around its rng_state.pth load only; Lightning never."""
+    trainer = _source("transformers.trainer")
+    if trainer is not None:
+        quoted = [e for e in LOADS["hf-trainer"] if e.allow is TRAINER]
+        assert trainer.count("withsafe_globals():") == len(quoted) == 1
+    lightning = importlib.util.find_spec("lightning")
+    if lightning is not None and lightning.submodule_search_locations:
+        root = Path(next(iter(lightning.submodule_search_locations)))
+        hits = [p for p in root.rglob("*.py") if "safe_globals" in p.read_text("utf-8", "replace")]
+        assert not hits, f"Lightning now extends the weights-only list: {hits}"
+
+
+def test_globals_this_process_added_count_as_the_frameworks_load_would(tmp_path: Path) -> None:
+    """The hint's fix: a training process that extends torch's list before resuming gets a
+    load that accepts the file, and a resume pick made in that process agrees."""
+    p = tmp_path / "epoch=0-step=5.ckpt"
+    torch.save({"global_step": 5, "callbacks": {"x": {"best": np.float64(1.0)}}}, p)
+    assert refused_by_load("lightning", p.name, p) is not None
+    core = getattr(np, "_core", None) or np.core
+    with torch.serialization.safe_globals([core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]):
+        torch.load(p, weights_only=True)  # what Lightning's load does in this process
+        assert refused_by_load("lightning", p.name, p) is None
+    assert refused_by_load("lightning", p.name, p) is not None

@@ -14,8 +14,8 @@ a run, whatever its layout, with the rules that make deletion safe:
    just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
    (unsigned without a key, and possibly a transient failure). If it verifies now, or
    cannot be read for a reason that is not damage (``unreadable``), or its only faults say
-   nothing about its bytes (:data:`WHOLE_BUT`: a wrong key, a renamed directory), it is
-   kept;
+   nothing about its bytes (:data:`WHOLE_BUT`: a wrong key, a renamed directory, a file
+   that needs code to load), it is kept;
 5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
 6. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
    checkpoint that failed is still the newest the plan counts good: the run could not
@@ -186,13 +186,17 @@ WHOLE_BUT: dict[str, str] = {
     "CK-M011": "it is signed with another key, which says who wrote it, not that its bytes "
     "are damaged (a wrong key?); never restored under this key, delete it by hand if it is "
     "not yours",
+    "CK-F103": "a file of it needs code, or globals off its framework's allow-list, to "
+    "load: its bytes are whole, but no resume loads it (a planted pickle, or a numpy value "
+    "the framework refuses); convert that file or delete the checkpoint by hand",
     "CK-S020": "its manifest records another step than its directory's name (a copy, or a "
     "rename that may be the only copy): its bytes are whole; rename it to its step or delete "
     "it by hand",
 }
 """Findings that make a checkpoint unusable but are no evidence that its bytes are damaged:
 ``delete_corrupt`` never deletes a checkpoint whose only faults are these (a wrong key must
-not empty a run; a renamed checkpoint may be the only copy of its step)."""
+not empty a run; a renamed checkpoint may be the only copy of its step; a file that needs
+code is evidence to keep, never run)."""
 
 
 def _recheck_corrupt(

@@ -72,3 +72,33 @@ def test_a_renamed_checkpoint_survives_delete_corrupt(tmp_path: Path) -> None:
     assert _prune_delete_corrupt(run, None) == {
         step_dir_name(STEPS[0]), step_dir_name(STEPS[-1] + 10)
     }
+
+
+def test_a_framework_file_needing_code_survives_delete_corrupt(tmp_path: Path) -> None:
+    """A Lightning ``.ckpt`` holding a numpy scalar: Lightning's own ``weights_only`` load
+    refuses it (CK-F103), so it is never good, but its bytes are whole: kept."""
+    import numpy as np
+    import torch
+
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    for step in (10, 20):
+        torch.save(
+            {
+                "global_step": step, "epoch": 0, "pytorch-lightning_version": "2.6.6",
+                "state_dict": {"w": torch.ones(2)},
+                "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+                "lr_schedulers": [], "loops": {}, "hyper_parameters": {},
+                "callbacks": {"best": np.float64(1.0)} if step == 20 else {},
+            },
+            d / f"epoch=0-step={step}.ckpt",
+        )
+    run = runs.open_run(d, readonly=False)
+    try:
+        assert {c.step: c.status for c in runs.listing(run, verify=True)} == {
+            10: "verified", 20: "corrupt"
+        }
+        runs.prune(run, retain.Policy(keep_last=5, delete_corrupt=True))
+    finally:
+        run.close()
+    assert (d / "epoch=0-step=20.ckpt").exists()

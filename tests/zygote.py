@@ -47,6 +47,7 @@ _SERVER = textwrap.dedent(
         proc = start(launch)
         print(json.dumps({"pid": proc.pid}), file=out, flush=True)
         print(json.dumps({"rc": proc.wait()}), file=out, flush=True)
+    os._exit(0)  # stdin closed: done (an interpreter's tear-down with torch loaded takes seconds)
     """
 )
 
@@ -142,6 +143,24 @@ class Zygote:
             timeout
         )
 
+    def ckptkit(
+        self,
+        *args: str | os.PathLike[str],
+        env: Env | None = None,
+        cwd: Path | None = None,
+        timeout: float = 300.0,
+    ) -> Result:
+        """``python -m ckptkit ARGS`` in a fresh process (a fork: ~0.1 s instead of 2-4 s).
+
+        The fork runs ``ckptkit.__main__`` (what ``-m ckptkit`` runs) by that name, so the
+        child keeps the warmed ``ckptkit`` package instead of re-executing its ``__init__``.
+        What a process reads only while it starts (the interpreter's options, a variable
+        read at import) is not re-read here: a test of that uses :func:`fresh_ckptkit`.
+        """
+        return self.run_module(
+            "ckptkit.__main__", *map(str, args), env=env, cwd=cwd, timeout=timeout
+        )
+
     def start_argv(
         self, argv: list[str], *, env: Env | None = None, cwd: Path | None = None
     ) -> Child:
@@ -196,3 +215,24 @@ class Zygote:
             self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
+
+
+def fresh_ckptkit(
+    *args: str | os.PathLike[str],
+    env: Env | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300.0,
+) -> Result:
+    """``python -m ckptkit ARGS`` in a new interpreter, as a user types it (2-4 s: imports
+    torch). :meth:`Zygote.ckptkit` is the same run forked from a warmed process; ``env``,
+    ``cwd`` and ``timeout`` mean the same in both."""
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    p = subprocess.run(
+        [sys.executable, "-m", "ckptkit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full,
+        cwd=cwd,
+    )
+    return Result(p.returncode, p.stdout, p.stderr)

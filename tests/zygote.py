@@ -10,6 +10,9 @@ standard streams, signal handlers, warning filters, logging, ``sys.argv``/``sys.
 runs the script or module as ``__main__``. The child is a new process with its own pid,
 session and memory, starting from a state in which nothing was saved or restored.
 
+:meth:`Zygote.ckptkit` runs the CLI that way (``python -m ckptkit ARGS``); :func:`fresh_ckptkit`
+is the same run in a new interpreter, for what only a process start shows.
+
 Runs are started one at a time. The zygote stays single-threaded and never touches a
 process group or CUDA, so forking it is safe; where a run cannot be forked (see
 :func:`ckptkit.drill.launch.can_fork`) it is started as a plain subprocess instead.
@@ -224,8 +227,8 @@ def fresh_ckptkit(
     timeout: float = 300.0,
 ) -> Result:
     """``python -m ckptkit ARGS`` in a new interpreter, as a user types it (2-4 s: imports
-    torch). :meth:`Zygote.ckptkit` is the same run forked from a warmed process; ``env``,
-    ``cwd`` and ``timeout`` mean the same in both."""
+    torch). :meth:`Zygote.ckptkit` is the same run forked from a warmed process; ``env``
+    and ``timeout`` mean the same in both (``cwd=None``: this process's working directory)."""
     full = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     p = subprocess.run(
         [sys.executable, "-m", "ckptkit", *map(str, args)],

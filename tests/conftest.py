@@ -212,3 +212,20 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield z
     finally:
         z.close()
+
+
+@pytest.fixture(scope="session")
+def cli_zygote(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A warmed process for CLI runs (``cli_zygote.ckptkit(*args)``), one per test process.
+
+    Session-scoped, unlike ``zygote``: a CLI run leaves nothing in the zygote (each run is a
+    fork of it), so every module of a pytest worker shares it and pays its start (importing
+    torch and ckptkit, then warming: ~5 s) once.
+    """
+    from zygote import Zygote
+
+    z = Zygote(tmp_path_factory.mktemp("cli-zygote"))
+    try:
+        yield z
+    finally:
+        z.close()

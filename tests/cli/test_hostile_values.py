@@ -1,19 +1,20 @@
 """Issue 23, reproduction 3: one hostile value in the newest manifest's state tree (digest
-recomputed) used to crash every run-level command with a traceback. Each command runs as a
-subprocess with a timeout and must exit with its documented code (docs/cli.md: 0 clean, 1
+recomputed) used to crash every run-level command with a traceback. Each command runs in a
+process of its own with a timeout (a fork of a warmed zygote, tests/zygote.py; one ``verify``
+as a new ``python -m ckptkit``) and must exit with its documented code (docs/cli.md: 0 clean, 1
 findings, 2 unreadable input) and a message naming the manifest and the key path.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit import manifest as mf
@@ -33,32 +34,46 @@ def _state(step: int) -> ckptkit.TrainState:
                               step=step)
 
 
-@pytest.fixture(params=sorted(HOSTILE))
-def run(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    """A run of two verified steps; the newest manifest's tree carries the hostile value."""
-    root = tmp_path / "run"
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of two verified steps, saved once per module."""
+    root = tmp_path_factory.mktemp("saved") / "run"
     with ckptkit.CheckpointManager(root) as mgr:
         mgr.save(_state(1))
         mgr.save(_state(2))
+    return root
+
+
+def _planted(saved_run: Path, tmp_path: Path, hostile: str) -> Path:
+    """A copy of the saved run; the newest manifest's tree carries the hostile value."""
+    root = Path(shutil.copytree(saved_run, tmp_path / "run"))
     p = root / NEW / "manifest.json"
     obj: dict[str, Any] = json.loads(p.read_text())
-    obj["tree"]["x"] = HOSTILE[request.param]
+    obj["tree"]["x"] = HOSTILE[hostile]
     obj["manifest_digest"] = mf.content_digest(obj)
     p.write_text(json.dumps(obj))
     return root
 
 
-def _cli(*args: str) -> tuple[int, str]:
-    r = subprocess.run([sys.executable, "-m", "ckptkit", *args], capture_output=True,
-                       text=True, timeout=300)
+def _output(r: Result) -> tuple[int, str]:
     out = r.stdout + r.stderr
     assert "Traceback" not in out, out
     return r.returncode, out
 
 
-def test_run_commands_report_the_value_without_a_traceback(run: Path) -> None:
+@pytest.mark.parametrize("hostile", sorted(HOSTILE))
+def test_run_commands_report_the_value_without_a_traceback(
+    saved_run: Path, tmp_path: Path, hostile: str, cli_zygote: Zygote
+) -> None:
+    run = _planted(saved_run, tmp_path, hostile)
+
+    def _cli(*args: str) -> tuple[int, str]:
+        return _output(cli_zygote.ckptkit(*args, timeout=300))
+
     named = f"{NEW}/manifest.json"
-    code, out = _cli("verify", str(run))
+    # One case runs verify as typed (the file's one new interpreter); the rest fork.
+    verify = fresh_ckptkit if hostile == "float-tag-list" else cli_zygote.ckptkit
+    code, out = _output(verify("verify", run, timeout=300))
     assert code == 1 and "CK-M009" in out and "tree/x" in out and str(run / NEW) in out, out
     code, out = _cli("inspect", str(run / NEW))
     assert code == 2 and "CK-M009" in out and named in out and "tree/x" in out, out

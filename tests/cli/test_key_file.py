@@ -1,20 +1,21 @@
 """Issue 23 item 12: every command that reads manifests or verdicts takes the same key options,
 and a key that is configured but empty is an error, never "signatures off".
 
-The run-level commands run as real subprocesses (``python -m ckptkit``), as a user runs them.
+The run-level commands run in processes of their own, as a user runs them: forks of a
+warmed zygote (tests/zygote.py), and a new ``python -m ckptkit`` where the key comes from the
+environment.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import click
 import pytest
 import torch
+from zygote import Env, Result, Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit import signing
@@ -26,39 +27,39 @@ KEY_COMMANDS = ("verify", "inspect", "ls", "prune", "rollback")
 """Every command that reads manifests or the verdicts listed from them."""
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (signing.ENV_KEY, signing.ENV_KEY_FILE)}
-    env["CKPTKIT_NO_PROGRESS"] = "1"
-    env.update(extra)
-    return env
+def _env(**extra: str) -> Env:
+    """No key variables but ``extra``'s (a key in the test's own environment must not count)."""
+    return {signing.ENV_KEY: None, signing.ENV_KEY_FILE: None, "CKPTKIT_NO_PROGRESS": "1",
+            **extra}
 
 
-def _ckptkit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(**env),
-    )
+def _ckptkit(z: Zygote, *args: str, **env: str) -> Result:
+    return z.ckptkit(*args, env=_env(**env), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 10 and 20 signed with KEY; step 30 (the newest) unsigned: written by someone
+    without the key (what a planted checkpoint looks like). Saved once per module."""
+    root = tmp_path_factory.mktemp("saved") / "run"
+    ts = ckptkit.TrainState(model=torch.nn.Linear(4, 4))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(signing.ENV_KEY, raising=False)
+        mp.delenv(signing.ENV_KEY_FILE, raising=False)
+        with ckptkit.CheckpointManager(root, keep_last=10, key=KEY) as mgr:
+            for s in (10, 20):
+                ts.step = s
+                mgr.save(ts)
+        with ckptkit.CheckpointManager(root, keep_last=10) as mgr:
+            ts.step = 30
+            mgr.save(ts)
+    return root
 
 
 @pytest.fixture
-def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Steps 10 and 20 signed with KEY; step 30 (the newest) unsigned: written by someone
-    without the key (what a planted checkpoint looks like)."""
-    monkeypatch.delenv(signing.ENV_KEY, raising=False)
-    monkeypatch.delenv(signing.ENV_KEY_FILE, raising=False)
-    root = tmp_path / "run"
-    ts = ckptkit.TrainState(model=torch.nn.Linear(4, 4))
-    with ckptkit.CheckpointManager(root, keep_last=10, key=KEY) as mgr:
-        for s in (10, 20):
-            ts.step = s
-            mgr.save(ts)
-    with ckptkit.CheckpointManager(root, keep_last=10) as mgr:
-        ts.step = 30
-        mgr.save(ts)
-    return root
+def run(saved_run: Path, tmp_path: Path) -> Path:
+    """A copy of :func:`saved_run` (commands prune it)."""
+    return Path(shutil.copytree(saved_run, tmp_path / "run"))
 
 
 @pytest.fixture
@@ -79,36 +80,43 @@ def test_every_command_that_reads_verdicts_takes_the_same_key_option() -> None:
     assert len(set(seen)) == 1, seen
 
 
-def test_ls_with_key_file_marks_the_unsigned_checkpoint(run: Path, key_file: Path) -> None:
-    p = _ckptkit("ls", str(run), "--json")
+def test_ls_with_key_file_marks_the_unsigned_checkpoint(
+    run: Path, key_file: Path, cli_zygote: Zygote
+) -> None:
+    p = _ckptkit(cli_zygote, "ls", str(run), "--json")
     assert p.returncode == 0, p.stderr
     assert {c["step"]: c["status"] for c in json.loads(p.stdout)["checkpoints"]} == {
         10: "verified", 20: "verified", 30: "verified"
     }
-    p = _ckptkit("ls", str(run), "--json", "--key-file", str(key_file))
+    p = _ckptkit(cli_zygote, "ls", str(run), "--json", "--key-file", str(key_file))
     assert p.returncode == 1, p.stderr
     st = {c["step"]: c["status"] for c in json.loads(p.stdout)["checkpoints"]}
     assert st == {10: "verified", 20: "verified", 30: "corrupt"}
-    # The environment's key file gives the same verdicts as the option.
-    q = _ckptkit("ls", str(run), "--json", CKPTKIT_HMAC_KEY_FILE=str(key_file))
+    # The environment's key file gives the same verdicts as the option (in a new interpreter:
+    # the variable is there from the start, as a user sets it).
+    q = fresh_ckptkit("ls", run, "--json", env=_env(CKPTKIT_HMAC_KEY_FILE=str(key_file)))
     assert q.returncode == 1 and json.loads(q.stdout)["checkpoints"] == json.loads(p.stdout)[
         "checkpoints"
     ]
 
 
 def test_rollback_with_key_file_passes_over_the_unsigned_checkpoint(
-    run: Path, key_file: Path
+    run: Path, key_file: Path, cli_zygote: Zygote
 ) -> None:
-    p = _ckptkit("rollback", str(run), "--json")
+    p = _ckptkit(cli_zygote, "rollback", str(run), "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["checkpoint"]["step"] == 30
-    p = _ckptkit("rollback", str(run), "--json", "--key-file", str(key_file))
+    p = _ckptkit(cli_zygote, "rollback", str(run), "--json", "--key-file", str(key_file))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["checkpoint"]["step"] == 20
 
 
-def test_prune_with_key_file_keeps_the_newest_signed_checkpoint(run: Path, key_file: Path) -> None:
-    p = _ckptkit("prune", str(run), "--keep-last", "1", "--json", "--key-file", str(key_file))
+def test_prune_with_key_file_keeps_the_newest_signed_checkpoint(
+    run: Path, key_file: Path, cli_zygote: Zygote
+) -> None:
+    p = _ckptkit(
+        cli_zygote, "prune", str(run), "--keep-last", "1", "--json", "--key-file", str(key_file)
+    )
     assert p.returncode == 0, p.stderr
     kept = {d["step"] for d in json.loads(p.stdout)["decisions"] if d["keep"]}
     assert 20 in kept  # the newest checkpoint signed with the key is what a restore can use
@@ -117,13 +125,13 @@ def test_prune_with_key_file_keeps_the_newest_signed_checkpoint(run: Path, key_f
 
 @pytest.mark.parametrize("command", KEY_COMMANDS)
 def test_empty_key_file_option_is_an_error_naming_the_file(
-    run: Path, tmp_path: Path, command: str
+    run: Path, tmp_path: Path, command: str, cli_zygote: Zygote
 ) -> None:
     empty = tmp_path / "empty.key"
     empty.write_bytes(b"\n")
     target = run / step_dir_name(20) if command == "inspect" else run
     args = ["--keep-last", "1", "--dry-run"] if command == "prune" else []
-    p = _ckptkit(command, str(target), *args, "--key-file", str(empty))
+    p = _ckptkit(cli_zygote, command, str(target), *args, "--key-file", str(empty))
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert str(empty) in p.stderr and "empty" in p.stderr and "--key-file" in p.stderr
     assert "Traceback" not in p.stderr
@@ -132,13 +140,13 @@ def test_empty_key_file_option_is_an_error_naming_the_file(
 @pytest.mark.parametrize("command", KEY_COMMANDS)
 @pytest.mark.parametrize("variable", [signing.ENV_KEY, signing.ENV_KEY_FILE])
 def test_empty_key_variable_is_an_error_not_signatures_off(
-    run: Path, command: str, variable: str
+    run: Path, command: str, variable: str, cli_zygote: Zygote
 ) -> None:
     """Before: an empty variable read as "no key"; ls/verify said all verified, the
     unsigned step 30 included."""
     target = run / step_dir_name(20) if command == "inspect" else run
     args = ["--keep-last", "1", "--dry-run"] if command == "prune" else []
-    p = _ckptkit(command, str(target), *args, **{variable: ""})
+    p = _ckptkit(cli_zygote, command, str(target), *args, **{variable: ""})
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert variable in p.stderr and f"unset {variable}" in p.stderr
     assert "Traceback" not in p.stderr

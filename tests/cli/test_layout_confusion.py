@@ -4,21 +4,22 @@ A run directory that holds a native run is the native run, whatever stray framew
 lies beside it: a ``checkpoint-3/``, an empty ``checkpoints/checkpoint_0/``, a
 ``trainer_state.json`` at the top. Step names are ASCII digits only, the manifest's step
 must be the directory's step, and a second directory for one step is a finding, not a
-crash. Every run-level command runs as a subprocess (with a timeout); strays and
-duplicates are never deleted, and restore picks the right step.
+crash. Every run-level command runs in a process of its own (with a timeout): a fork of a
+warmed zygote (tests/zygote.py), and once as a new ``python -m ckptkit``; strays and
+duplicates are never deleted, and restore picks the right step. Each run is built once per
+module and copied per case.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit import catalog, runs
@@ -26,17 +27,7 @@ from ckptkit.catalog import step_dir_name, step_of
 from ckptkit.errors import CkptkitError
 from ckptkit.layouts import hf, lightning
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
-
-
-def _ckptkit(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    path = [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *map(str, args)],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env,
-    )
 
 
 def _state(step: int = 0) -> ckptkit.TrainState:
@@ -52,6 +43,29 @@ def _native_run(root: Path, steps: tuple[int, ...]) -> None:
         mgr.save(_state(s))
     mgr.wait()
     mgr.close()
+
+
+NativeRun = Callable[[Path, tuple[int, ...]], Path]
+
+
+@pytest.fixture(scope="module")
+def native_run(tmp_path_factory: pytest.TempPathFactory) -> NativeRun:
+    """``native_run(root, steps)``: a copy at ``root`` of a native run of ``steps``, saved
+    once per module (cases damage or add to their copy, never to the original)."""
+    saved: dict[tuple[int, ...], Path] = {}
+
+    def copy(root: Path, steps: tuple[int, ...]) -> Path:
+        if steps not in saved:
+            saved[steps] = tmp_path_factory.mktemp("native") / "run"
+            _native_run(saved[steps], steps)
+        shutil.copytree(saved[steps], root)
+        return root
+
+    return copy
+
+
+def _ckptkit(z: Zygote, *args: str | Path) -> Result:
+    return z.ckptkit(*args, timeout=TIMEOUT)
 
 
 def _rot(ckpt: Path) -> None:
@@ -73,8 +87,8 @@ def _restored(root: Path, **kw: object) -> tuple[int, str]:
     return res.step, Path(str(res.path)).name
 
 
-def _ls(root: Path) -> dict:  # type: ignore[type-arg]
-    r = _ckptkit("ls", root, "--json")
+def _ls(z: Zygote, root: Path) -> dict:  # type: ignore[type-arg]
+    r = _ckptkit(z, "ls", root, "--json")
     assert "Traceback" not in r.stderr, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
@@ -109,10 +123,11 @@ STRAYS = {
 
 
 @pytest.fixture(params=sorted(STRAYS))
-def run_with_stray(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Path]:
+def run_with_stray(
+    request: pytest.FixtureRequest, tmp_path: Path, native_run: NativeRun
+) -> tuple[Path, Path]:
     """A native run (steps 10, 20, 30; step 30 rotted, same size) and one stray entry."""
-    root = tmp_path / "run"
-    _native_run(root, (10, 20, 30))
+    root = native_run(tmp_path / "run", (10, 20, 30))
     _rot(root / step_dir_name(30))
     return root, STRAYS[request.param](root)
 
@@ -137,19 +152,21 @@ def test_open_run_is_native_whatever_lies_beside(run_with_stray: tuple[Path, Pat
 
 
 def test_verify_run_checks_the_native_steps_and_names_the_stray(
-    run_with_stray: tuple[Path, Path],
+    run_with_stray: tuple[Path, Path], cli_zygote: Zygote
 ) -> None:
     root, stray = run_with_stray
-    r = _ckptkit("verify", root)
+    r = _ckptkit(cli_zygote, "verify", root)
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1, r.stdout + r.stderr  # the rotted newest native step
     assert step_dir_name(30) in r.stdout and step_dir_name(10) in r.stdout
     assert "warning:" in r.stderr and stray.name in r.stderr and "ignored" in r.stderr
 
 
-def test_ls_lists_the_native_steps_only(run_with_stray: tuple[Path, Path]) -> None:
+def test_ls_lists_the_native_steps_only(
+    run_with_stray: tuple[Path, Path], cli_zygote: Zygote
+) -> None:
     root, stray = run_with_stray
-    out = _ls(root)
+    out = _ls(cli_zygote, root)
     assert out["layout"] == "ckptkit"
     assert [c["step"] for c in out["checkpoints"]] == [10, 20, 30]
     assert all(Path(c["path"]).parent == root for c in out["checkpoints"])
@@ -157,19 +174,21 @@ def test_ls_lists_the_native_steps_only(run_with_stray: tuple[Path, Path]) -> No
     assert stray in ignored or (stray.name == "trainer_state.json" and root in ignored)
 
 
-def test_rollback_picks_a_native_step(run_with_stray: tuple[Path, Path]) -> None:
+def test_rollback_picks_a_native_step(
+    run_with_stray: tuple[Path, Path], cli_zygote: Zygote
+) -> None:
     root, _stray = run_with_stray
-    r = _ckptkit("rollback", root)
+    r = _ckptkit(cli_zygote, "rollback", root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"roll back to: {root / step_dir_name(30)}" in r.stdout
     assert "no healthy checkpoint" not in r.stdout
 
 
 def test_prune_keeps_the_newest_good_native_step_and_never_the_stray(
-    run_with_stray: tuple[Path, Path],
+    run_with_stray: tuple[Path, Path], cli_zygote: Zygote
 ) -> None:
     root, stray = run_with_stray
-    r = _ckptkit("prune", root, "--keep-last", "1")
+    r = _ckptkit(cli_zygote, "prune", root, "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning:" in r.stderr and stray.name in r.stderr
     assert stray.exists()  # never deleted, whatever it is
@@ -214,14 +233,15 @@ def test_step_names_that_are_steps() -> None:
     assert lightning.step_in_name("epoch=0-step=9.ckpt") == 9
 
 
-def test_a_non_ascii_or_newline_step_name_is_not_a_step_of_the_run(tmp_path: Path) -> None:
-    root = tmp_path / "run"
-    _native_run(root, (10, 20))
+def test_a_non_ascii_or_newline_step_name_is_not_a_step_of_the_run(
+    tmp_path: Path, native_run: NativeRun, cli_zygote: Zygote
+) -> None:
+    root = native_run(tmp_path / "run", (10, 20))
     odd = [root / "step-\u0669", root / "step-00000099\n"]
     for p in odd:
         shutil.copytree(root / step_dir_name(20), p)
-    assert [c["step"] for c in _ls(root)["checkpoints"]] == [10, 20]
-    r = _ckptkit("prune", root, "--keep-last", "1")
+    assert [c["step"] for c in _ls(cli_zygote, root)["checkpoints"]] == [10, 20]
+    r = _ckptkit(cli_zygote, "prune", root, "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (root / step_dir_name(20)).is_dir() and not (root / step_dir_name(10)).exists()
     assert all(p.is_dir() for p in odd)
@@ -232,34 +252,35 @@ def test_a_non_ascii_or_newline_step_name_is_not_a_step_of_the_run(tmp_path: Pat
 
 
 @pytest.fixture
-def mislabelled(tmp_path: Path) -> Path:
+def mislabelled(tmp_path: Path, native_run: NativeRun) -> Path:
     """Steps 10..40, and a copy of step 40's checkpoint named as step 50."""
-    root = tmp_path / "run"
-    _native_run(root, (10, 20, 30, 40))
+    root = native_run(tmp_path / "run", (10, 20, 30, 40))
     shutil.copytree(root / step_dir_name(40), root / step_dir_name(50))
     return root
 
 
-def test_a_mislabelled_copy_is_corrupt_in_ls_and_verify(mislabelled: Path) -> None:
+def test_a_mislabelled_copy_is_corrupt_in_ls_and_verify(
+    mislabelled: Path, cli_zygote: Zygote
+) -> None:
     root = mislabelled
-    by_step = {c["step"]: c for c in _ls(root)["checkpoints"]}
+    by_step = {c["step"]: c for c in _ls(cli_zygote, root)["checkpoints"]}
     assert by_step[50]["status"] == "corrupt" and "CK-S020" in by_step[50]["problem"]
     assert by_step[40]["status"] == "verified"
-    r = _ckptkit("verify", root / step_dir_name(50))
+    r = _ckptkit(cli_zygote, "verify", root / step_dir_name(50))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "CK-S020" in r.stdout and "step 40" in r.stdout and "step 50" in r.stdout
-    r = _ckptkit("verify", root)
+    r = _ckptkit(cli_zygote, "verify", root)
     assert r.returncode == 1 and "CK-S020" in r.stdout
 
 
-def test_prune_keeps_the_real_newest_not_the_copy(mislabelled: Path) -> None:
+def test_prune_keeps_the_real_newest_not_the_copy(mislabelled: Path, cli_zygote: Zygote) -> None:
     root = mislabelled
-    r = _ckptkit("prune", root, "--keep-last", "1")
+    r = _ckptkit(cli_zygote, "prune", root, "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (root / step_dir_name(40)).is_dir()
     assert (root / step_dir_name(50)).is_dir()  # corrupt, kept without --delete-corrupt
     assert not (root / step_dir_name(30)).exists()
-    r = _ckptkit("rollback", root)
+    r = _ckptkit(cli_zygote, "rollback", root)
     assert r.returncode == 0 and f"roll back to: {root / step_dir_name(40)}" in r.stdout
 
 
@@ -273,16 +294,17 @@ def test_restore_never_picks_the_mislabelled_copy(mislabelled: Path) -> None:
 
 
 @pytest.fixture
-def duplicated(tmp_path: Path) -> Path:
+def duplicated(tmp_path: Path, native_run: NativeRun) -> Path:
     """Steps 1..3, and ``step-3``: a hand copy of ``step-00000003``."""
-    root = tmp_path / "run"
-    _native_run(root, (1, 2, 3))
+    root = native_run(tmp_path / "run", (1, 2, 3))
     shutil.copytree(root / step_dir_name(3), root / "step-3")
     return root
 
 
-def test_ls_lists_a_duplicated_step_once_and_names_the_copy(duplicated: Path) -> None:
-    out = _ls(duplicated)
+def test_ls_lists_a_duplicated_step_once_and_names_the_copy(
+    duplicated: Path, cli_zygote: Zygote
+) -> None:
+    out = _ls(cli_zygote, duplicated)
     assert [(c["step"], Path(c["path"]).name) for c in out["checkpoints"]] == [
         (1, step_dir_name(1)), (2, step_dir_name(2)), (3, step_dir_name(3)),
     ]
@@ -291,13 +313,16 @@ def test_ls_lists_a_duplicated_step_once_and_names_the_copy(duplicated: Path) ->
 
 
 def test_verify_warns_about_the_duplicate(duplicated: Path) -> None:
-    r = _ckptkit("verify", duplicated)
+    """Run as typed (a new interpreter), not forked: the file's one such run."""
+    r = fresh_ckptkit("verify", duplicated, timeout=TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr  # a warning: nothing is damaged
     assert "CK-S021" in r.stdout and "step-3" in r.stderr
 
 
-def test_prune_does_not_crash_on_a_duplicate_and_keeps_it(duplicated: Path) -> None:
-    r = _ckptkit("prune", duplicated, "--keep-last", "1")
+def test_prune_does_not_crash_on_a_duplicate_and_keeps_it(
+    duplicated: Path, cli_zygote: Zygote
+) -> None:
+    r = _ckptkit(cli_zygote, "prune", duplicated, "--keep-last", "1")
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 0, r.stdout + r.stderr
     assert "step-3" in r.stderr
@@ -318,8 +343,10 @@ def test_background_rotation_does_not_crash_on_a_duplicate(duplicated: Path) -> 
     assert not (duplicated / step_dir_name(1)).exists()
 
 
-def test_rollback_picks_the_canonical_directory_and_names_the_copy(duplicated: Path) -> None:
-    r = _ckptkit("rollback", duplicated)
+def test_rollback_picks_the_canonical_directory_and_names_the_copy(
+    duplicated: Path, cli_zygote: Zygote
+) -> None:
+    r = _ckptkit(cli_zygote, "rollback", duplicated)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"roll back to: {duplicated / step_dir_name(3)}" in r.stdout
     assert "step-3" in r.stderr

@@ -2,21 +2,22 @@
 
 ``RUN/latest`` as a FIFO hung ``prune`` and restore; ``RUN/.ckptkit-index.json`` hung
 ``ls``, ``prune``, ``rollback`` and restore; a FIFO adopted manifest in a Lightning
-directory hung ``ls``; a FIFO lock file gave a bare ``OSError`` ("Illegal seek"). The
-commands run as subprocesses with a timeout: a hang fails the test instead of the suite.
+directory hung ``ls``; a FIFO lock file gave a bare ``OSError`` ("Illegal seek"). Each
+command runs in a process of its own with a timeout (a hang fails the test instead of the
+suite): a fork of a warmed zygote (tests/zygote.py), and once a new ``python -m ckptkit``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from zygote import Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit.catalog import INDEX, LATEST, step_dir_name
@@ -29,25 +30,22 @@ TIMEOUT = 120
 """Seconds a command may take: far above its real time (a few seconds), far below a hang."""
 
 
-def _ckptkit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 10, 20 and 30, saved once per module; tests use a copy (:func:`run_dir`)."""
     torch.manual_seed(0)
     ts = ckptkit.TrainState(model=torch.nn.Linear(4, 4))
-    root = tmp_path / "run"
+    root = tmp_path_factory.mktemp("saved") / "run"
     with CheckpointManager(root, keep_last=10) as mgr:
         for s in (10, 20, 30):
             ts.step = s
             mgr.save(ts)
     return root
+
+
+@pytest.fixture
+def run_dir(saved_run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(saved_run, tmp_path / "run"))
 
 
 def _fifo(path: Path) -> Path:
@@ -71,11 +69,11 @@ def _steps(root: Path) -> list[str]:
     ],
 )
 def test_a_fifo_run_file_is_a_clear_error_naming_it(
-    run_dir: Path, name: str, commands: list[list[str]]
+    run_dir: Path, name: str, commands: list[list[str]], cli_zygote: Zygote
 ) -> None:
     f = _fifo(run_dir / name)
     for cmd in commands:
-        r = _ckptkit(*cmd, str(run_dir))
+        r = cli_zygote.ckptkit(*cmd, run_dir, timeout=TIMEOUT)
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
         assert "CK-F022" in r.stderr and f"{f}: is a FIFO (named pipe)" in r.stderr, r.stderr
         assert "remove" in r.stderr and "Traceback" not in r.stderr
@@ -85,8 +83,9 @@ def test_a_fifo_run_file_is_a_clear_error_naming_it(
 
 
 def test_a_directory_as_lock_is_refused_the_same_way(run_dir: Path) -> None:
+    """Run as typed (a new interpreter), not forked: the file's one such run."""
     (run_dir / LOCK_NAME).mkdir()
-    r = _ckptkit("prune", "--keep-last", "1", str(run_dir))
+    r = fresh_ckptkit("prune", "--keep-last", "1", run_dir, timeout=TIMEOUT)
     assert r.returncode == 2 and "CK-F022" in r.stderr and "is a directory" in r.stderr
 
 
@@ -108,37 +107,24 @@ _RESTORE = textwrap.dedent(
 @pytest.mark.parametrize("mode", ["ro", "rw"])
 @pytest.mark.parametrize("name", [LATEST, INDEX])
 def test_restore_refuses_a_fifo_run_file_before_loading_anything(
-    run_dir: Path, name: str, mode: str
+    run_dir: Path, name: str, mode: str, cli_zygote: Zygote
 ) -> None:
     f = _fifo(run_dir / name)
-    r = subprocess.run(
-        [sys.executable, "-c", _RESTORE, str(run_dir), mode],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    r = cli_zygote.run(_RESTORE, str(run_dir), mode, timeout=TIMEOUT)
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert r.stdout.startswith("step=0 ")  # the live state was not touched
     assert f"CK-F022 {f}: is a FIFO" in r.stdout and "remove" in r.stdout
 
 
-def test_a_writer_on_a_run_whose_lock_is_a_fifo_fails_at_open(run_dir: Path) -> None:
+def test_a_writer_on_a_run_whose_lock_is_a_fifo_fails_at_open(
+    run_dir: Path, cli_zygote: Zygote
+) -> None:
     f = _fifo(run_dir / LOCK_NAME)
-    r = subprocess.run(
-        [sys.executable, "-c", _RESTORE, str(run_dir), "rw"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    r = cli_zygote.run(_RESTORE, str(run_dir), "rw", timeout=TIMEOUT)
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert f"CK-F022 {f}: is a FIFO" in r.stdout
     # A reader takes no lock: it restores.
-    r = subprocess.run(
-        [sys.executable, "-c", _RESTORE, str(run_dir), "ro"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    r = cli_zygote.run(_RESTORE, str(run_dir), "ro", timeout=TIMEOUT)
     assert r.returncode == 0 and "restored step=30" in r.stdout, (r.stdout, r.stderr)
 
 
@@ -154,26 +140,28 @@ def _lightning_ckpt(path: Path, step: int) -> None:
     )
 
 
-def test_a_fifo_adopted_manifest_in_a_lightning_dir_is_a_finding(tmp_path: Path) -> None:
+def test_a_fifo_adopted_manifest_in_a_lightning_dir_is_a_finding(
+    tmp_path: Path, cli_zygote: Zygote
+) -> None:
     ck = tmp_path / "version_0" / "checkpoints"
     ck.mkdir(parents=True)
     for s in (5, 10, 15):
         _lightning_ckpt(ck / f"epoch=0-step={s}.ckpt", s)
-    r = _ckptkit("adopt", str(ck))
+    r = cli_zygote.ckptkit("adopt", str(ck), timeout=TIMEOUT)
     assert r.returncode == 0, r.stdout + r.stderr
     f = _fifo(adopted_path(ck / "epoch=0-step=15.ckpt"))
 
-    r = _ckptkit("ls", str(ck), "--json")
+    r = cli_zygote.ckptkit("ls", str(ck), "--json", timeout=TIMEOUT)
     assert r.returncode == 1, r.stderr
     rows = {c["step"]: c for c in json.loads(r.stdout)["checkpoints"]}
     assert [rows[s]["status"] for s in (5, 10, 15)] == ["verified", "verified", "corrupt"]
     assert f.name in rows[15]["problem"] and "FIFO" in rows[15]["problem"]
     assert "remove it" in rows[15]["problem"]
 
-    r = _ckptkit("verify", str(ck / "epoch=0-step=15.ckpt"))
+    r = cli_zygote.ckptkit("verify", str(ck / "epoch=0-step=15.ckpt"), timeout=TIMEOUT)
     assert r.returncode == 1 and "CK-M008" in r.stdout and f.name in r.stdout, r.stdout
 
-    r = _ckptkit("prune", str(ck), "--keep-last", "1")
+    r = cli_zygote.ckptkit("prune", str(ck), "--keep-last", "1", timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     # 15 is not good: 10 is the newest verified; 5 goes; the checkpoint beside the FIFO
     # is kept (corrupt is evidence unless --delete-corrupt) and the FIFO is left alone.
@@ -182,7 +170,9 @@ def test_a_fifo_adopted_manifest_in_a_lightning_dir_is_a_finding(tmp_path: Path)
     assert f.is_fifo()
 
 
-def test_a_fifo_adopted_manifest_in_a_trainer_dir_is_listed_corrupt(tmp_path: Path) -> None:
+def test_a_fifo_adopted_manifest_in_a_trainer_dir_is_listed_corrupt(
+    tmp_path: Path, cli_zygote: Zygote
+) -> None:
     """The Trainer layout read the same FIFO as 'not adopted' (verify fails on it)."""
     out = tmp_path / "out"
     for s in (2, 4):
@@ -190,7 +180,7 @@ def test_a_fifo_adopted_manifest_in_a_trainer_dir_is_listed_corrupt(tmp_path: Pa
         d.mkdir(parents=True)
         (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
     f = _fifo(out / "checkpoint-4" / "ckptkit-manifest.json")
-    r = _ckptkit("ls", str(out), "--json")
+    r = cli_zygote.ckptkit("ls", str(out), "--json", timeout=TIMEOUT)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["layout"] == "hf-trainer"

@@ -19,13 +19,12 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit import manifest as mf
@@ -81,6 +80,21 @@ def _save_run(tmp: Path) -> tuple[Path, dict[int, dict[str, Any]]]:
             mgr.save(ts)
             saved[s] = _snapshot(m, o)
     return run, saved
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """:func:`_save_run`, once per module."""
+    return _save_run(tmp_path_factory.mktemp("saved"))
+
+
+@pytest.fixture
+def dcp_run(
+    saved_run: tuple[Path, dict[int, dict[str, Any]]], tmp_path: Path
+) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """A copy of the saved run (each case tampers with its own) and the states it holds."""
+    run, saved = saved_run
+    return Path(shutil.copytree(run, tmp_path / "run")), saved
 
 
 def _metadata(step: Path) -> Any:
@@ -139,9 +153,11 @@ def _assert_restored_bitwise(run: Path, want: dict[str, Any]) -> RestoreResult:
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
-def test_verify_and_restore_refuse_the_same_dcp_metadata(tmp_path: Path, kind: str) -> None:
+def test_verify_and_restore_refuse_the_same_dcp_metadata(
+    tmp_path: Path, kind: str, dcp_run: tuple[Path, dict[int, dict[str, Any]]]
+) -> None:
     code = REFUSALS[kind]
-    run, saved = _save_run(tmp_path)
+    run, saved = dcp_run
     marker = tmp_path / "PWNED"
     _tamper(run / HOSTILE, kind, marker)
 
@@ -156,23 +172,22 @@ def test_verify_and_restore_refuse_the_same_dcp_metadata(tmp_path: Path, kind: s
     assert not marker.exists()
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "CKPTKIT_NO_PROGRESS": "1"},
-    )
-
-
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
-def test_ls_verify_and_prune_keep_the_restorable_steps(tmp_path: Path, kind: str) -> None:
-    run, saved = _save_run(tmp_path)
+def test_ls_verify_and_prune_keep_the_restorable_steps(
+    tmp_path: Path, kind: str, dcp_run: tuple[Path, dict[int, dict[str, Any]]],
+    cli_zygote: Zygote,
+) -> None:
+    def _cli(*args: str, fresh: bool = False) -> Result:
+        """``ckptkit ARGS`` forked from the warmed zygote, or in a new interpreter."""
+        launch = fresh_ckptkit if fresh else cli_zygote.ckptkit
+        return launch(*args, env={"CKPTKIT_NO_PROGRESS": "1"}, timeout=240)
+
+    run, saved = dcp_run
     marker = tmp_path / "PWNED"
     _tamper(run / HOSTILE, kind, marker)
 
-    ls = _cli("ls", str(run), "--verify", "--json")
+    # The payload case runs `ls` as typed (the file's one new interpreter); the rest fork.
+    ls = _cli("ls", str(run), "--verify", "--json", fresh=kind == "byte_io_global")
     assert ls.returncode == 1, ls.stdout + ls.stderr
     rows = {c["step"]: c for c in json.loads(ls.stdout)["checkpoints"]}
     assert {s: r["status"] for s, r in rows.items()} == {

@@ -9,6 +9,9 @@ the (unsigned) run index did the same.
 A permission error is made with ``chmod 000`` when we are not root (root ignores
 permissions); it is also simulated, always, by replacing ``os.open`` for that one file, in
 this process and in the CLI's (through a small driver), so the tests run as root too.
+
+The CLI runs in processes of its own: forks of a warmed zygote (tests/zygote.py), and once a
+new ``python -m ckptkit``.
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ import contextlib
 import errno
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
 from ckptkit import codes, signing
@@ -90,17 +92,14 @@ def _record(run: Path, name: str = NEWEST) -> dict[str, object]:
     return rec
 
 
-def _cli(*args: str, unreadable: Path | None = None, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess[str]:
-    """Run ``ckptkit ARGS`` in a fresh process; with ``unreadable``, that file's open fails
-    with EACCES there (the simulation of ``chmod 000`` that also holds for root)."""
-    full = {**os.environ, **(env or {})}
+def _cli(z: Zygote, *args: str, unreadable: Path | None = None) -> Result:
+    """Run ``ckptkit ARGS`` in a fresh process (a fork of ``z``); with ``unreadable``, that
+    file's open fails with EACCES there (the simulation of ``chmod 000`` that also holds for
+    root)."""
     if unreadable is not None:
-        full["CKPTKIT_TEST_UNREADABLE"] = str(unreadable)
-        cmd = [sys.executable, "-c", _DRIVER, *args]
-    else:
-        cmd = [sys.executable, "-m", "ckptkit", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full)
+        env = {"CKPTKIT_TEST_UNREADABLE": str(unreadable)}
+        return z.run(_DRIVER, *args, env=env, timeout=300)
+    return z.ckptkit(*args, timeout=300)
 
 
 @contextlib.contextmanager
@@ -147,7 +146,7 @@ def _unreadable(mode: str, monkeypatch: pytest.MonkeyPatch, target: Path) -> Ite
     ],
 )
 def test_permission_error_is_unreadable_not_corrupt(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, cli_zygote: Zygote
 ) -> None:
     run = _run(tmp_path)
     shard = _shard(run)
@@ -157,7 +156,7 @@ def test_permission_error_is_unreadable_not_corrupt(
         assert _record(run)["outcome"] == "unreadable" and _record(run)["ok"] is False
         # prune --delete-corrupt while it still cannot be read: kept (never deleted)
         proc = _cli(
-            "prune", str(run), "--keep-last", "1", "--delete-corrupt",
+            cli_zygote, "prune", str(run), "--keep-last", "1", "--delete-corrupt",
             unreadable=shard if mode == "simulated" else None,
         )
         assert proc.returncode == 0, proc.stderr
@@ -167,20 +166,20 @@ def test_permission_error_is_unreadable_not_corrupt(
     # The permission is fixed: the next restore uses the newest, and records it verified.
     assert _restore(run) == NEWEST
     assert _status(run)[NEWEST] == "verified"
-    proc = _cli("prune", str(run), "--keep-last", "1", "--delete-corrupt")
+    proc = _cli(cli_zygote, "prune", str(run), "--keep-last", "1", "--delete-corrupt")
     assert proc.returncode == 0, proc.stderr
     assert shard.exists()
 
 
 def test_unreadable_before_the_fix_is_not_deleted_after_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_zygote: Zygote
 ) -> None:
     """The reproduction's order: the failure is recorded, the permission fixed, then a
     ``prune --delete-corrupt`` runs (a fresh process) before any restore."""
     run = _run(tmp_path)
     with _failing_open(monkeypatch, _shard(run)):
         assert _restore(run) == step_dir_name(20)
-    proc = _cli("prune", str(run), "--keep-last", "3", "--delete-corrupt")
+    proc = _cli(cli_zygote, "prune", str(run), "--keep-last", "3", "--delete-corrupt")
     assert proc.returncode == 0, proc.stderr
     assert _shard(run).exists()
     assert _restore(run) == NEWEST
@@ -253,7 +252,9 @@ def test_forged_corrupt_record_is_rechecked_by_restore(tmp_path: Path) -> None:
     assert _status(run)[NEWEST] == "verified"
 
 
-def test_forged_corrupt_record_written_before_outcomes_had_names(tmp_path: Path) -> None:
+def test_forged_corrupt_record_written_before_outcomes_had_names(
+    tmp_path: Path, cli_zygote: Zygote
+) -> None:
     run = _run(tmp_path)
     idx = json.loads((run / INDEX).read_text())
     rec = idx["verified"][NEWEST]
@@ -261,16 +262,18 @@ def test_forged_corrupt_record_written_before_outcomes_had_names(tmp_path: Path)
                                "problem": "forged"}
     (run / INDEX).write_text(json.dumps(idx))
     assert _status(run)[NEWEST] == "corrupt"
-    proc = _cli("prune", str(run), "--keep-last", "1", "--delete-corrupt")
+    proc = _cli(cli_zygote, "prune", str(run), "--keep-last", "1", "--delete-corrupt")
     assert proc.returncode == 0, proc.stderr
     assert (run / NEWEST).exists() and "verified from its bytes" in proc.stdout
     assert _status(run)[NEWEST] == "verified"
 
 
-def test_forged_corrupt_record_does_not_make_prune_delete(tmp_path: Path) -> None:
+def test_forged_corrupt_record_does_not_make_prune_delete(
+    tmp_path: Path, cli_zygote: Zygote
+) -> None:
     run = _run(tmp_path)
     _forge(run, ok=False, outcome="corrupt", problem="forged")
-    proc = _cli("prune", str(run), "--keep-last", "1", "--delete-corrupt")
+    proc = _cli(cli_zygote, "prune", str(run), "--keep-last", "1", "--delete-corrupt")
     assert proc.returncode == 0, proc.stderr
     assert (run / NEWEST).exists()
     assert not (run / step_dir_name(10)).exists()  # the policy still applies to the rest
@@ -288,7 +291,8 @@ def test_with_a_key_forged_records_count_for_nothing(
     info = {c.path.name: c for c in cat.list()}[NEWEST]
     assert info.status == "committed" and "does not count" in (info.problem or "")
     monkeypatch.setenv(signing.ENV_KEY, KEY)
-    proc = _cli("prune", str(run), "--keep-last", "1", "--delete-corrupt")
+    # A new interpreter (not a fork), the key in its environment from the start.
+    proc = fresh_ckptkit("prune", run, "--keep-last", "1", "--delete-corrupt", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (run / NEWEST).exists()
     # A forged "verified" for a damaged checkpoint: not verified.
@@ -306,7 +310,7 @@ def test_with_a_key_forged_records_count_for_nothing(
 # --- (d) real damage is still corrupt, and still deleted --------------------------------
 
 
-def test_real_damage_is_still_corrupt_and_deleted(tmp_path: Path) -> None:
+def test_real_damage_is_still_corrupt_and_deleted(tmp_path: Path, cli_zygote: Zygote) -> None:
     run = _run(tmp_path)
     shard = _shard(run)
     data = bytearray(shard.read_bytes())
@@ -315,7 +319,7 @@ def test_real_damage_is_still_corrupt_and_deleted(tmp_path: Path) -> None:
     assert _restore(run) == step_dir_name(20)
     assert _status(run)[NEWEST] == "corrupt"
     assert _record(run)["outcome"] == "corrupt"
-    proc = _cli("prune", str(run), "--keep-last", "3", "--delete-corrupt")
+    proc = _cli(cli_zygote, "prune", str(run), "--keep-last", "3", "--delete-corrupt")
     assert proc.returncode == 0, proc.stderr
     assert not (run / NEWEST).exists()
 

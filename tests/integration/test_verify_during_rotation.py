@@ -14,6 +14,8 @@ the rotating process would (so verify's cached listings do not learn of it).
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -31,15 +33,47 @@ from ckptkit.verify import runner
 WHERE = ["local", pytest.param("s3", marks=pytest.mark.s3)]
 
 
-@pytest.fixture(params=WHERE)
-def run(request: pytest.FixtureRequest, tmp_path: Any) -> Location:
-    """A run with steps 1, 2, 3 (local, or on the S3 endpoint)."""
-    url = request.getfixturevalue("s3_run") if request.param == "s3" else str(tmp_path / "run")
+def _save_run(url: str) -> None:
     ts = ckptkit.TrainState(model=torch.nn.Linear(4, 4), step=0)
     with ckptkit.CheckpointManager(url, keep_last=10) as mgr:
         for s in (1, 2, 3):
             ts.step = s
             mgr.save(ts)
+
+
+@pytest.fixture(scope="module")
+def saved_runs() -> dict[str, str]:
+    """The run each case copies, by place: saved at its first use, once per module (ckptkit's
+    own writes through moto take seconds a run; server-side copies a fraction of that)."""
+    return {}
+
+
+@pytest.fixture(params=WHERE)
+def run(
+    request: pytest.FixtureRequest,
+    tmp_path: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    saved_runs: dict[str, str],
+) -> Location:
+    """A run with steps 1, 2, 3 (local, or on the S3 endpoint): a copy of one saved once."""
+    where = request.param
+    url = request.getfixturevalue("s3_run") if where == "s3" else str(tmp_path / "run")
+    s3 = fsspec.filesystem("s3") if where == "s3" else None
+    if where not in saved_runs:
+        if s3 is None:
+            saved_runs[where] = str(tmp_path_factory.mktemp("saved") / "run")
+        else:
+            bucket = f"saved-rotation-{uuid.uuid4().hex[:8]}"
+            s3.mkdir(bucket)
+            saved_runs[where] = f"s3://{bucket}/run"
+        _save_run(saved_runs[where])
+    if s3 is None:
+        shutil.copytree(saved_runs[where], url)
+    else:
+        src, dst = saved_runs[where].removeprefix("s3://"), url.removeprefix("s3://")
+        for key in s3.find(src):  # server-side copies, object by object
+            s3.copy(key, dst + key.removeprefix(src))
+        s3.invalidate_cache()
     return fs.location(url)
 
 

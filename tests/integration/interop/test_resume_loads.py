@@ -7,23 +7,22 @@ would run its code on resume. The Trainer loads ``rng_state.pth`` with
 1, ``ls`` does not call the checkpoint verified (even after ``adopt --force``, whose manifest
 cannot vouch for such a file), ``prune`` keeps the newest good checkpoint, and the resume
 picks of the integrations take the previous checkpoint and say why. The payload only
-creates a marker file; the tests assert it never appears.
+creates a marker file; the tests assert it never appears. The commands run in processes of
+their own: forks of a warmed zygote (tests/zygote.py), and once a new ``python -m ckptkit``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from zygote import Result, Zygote, fresh_ckptkit
 
 accelerate = pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -43,17 +42,14 @@ class _Payload:
         return (open, (str(self.marker), "w"))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CKPTKIT_NO_PROGRESS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *args],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env,
-    )
+def _cli(z: Zygote, *args: str) -> Result:
+    """``ckptkit ARGS`` forked from the warmed zygote ``z``."""
+    return z.ckptkit(*args, env={"CKPTKIT_NO_PROGRESS": "1"}, timeout=TIMEOUT)
 
 
-def _statuses(run_dir: Path, *extra: str) -> dict[str, tuple[int, str, str | None]]:
+def _statuses(z: Zygote, run_dir: Path, *extra: str) -> dict[str, tuple[int, str, str | None]]:
     """``ckptkit ls --json``: name -> (step, status, problem), newest last."""
-    r = _cli("ls", str(run_dir), "--json", *extra)
+    r = _cli(z, "ls", str(run_dir), "--json", *extra)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     doc = json.loads(r.stdout)
     return {
@@ -106,7 +102,7 @@ def _resume(project: Path) -> tuple[int, int]:
 
 
 def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, cli_zygote: Zygote
 ) -> None:
     project = tmp_path / "proj"
     with warnings.catch_warnings():
@@ -126,8 +122,10 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     marker = tmp_path / "PAYLOAD-RAN"
     torch.save({"n": _Payload(marker)}, planted / "custom_checkpoint_0.pkl")
 
-    # verify: an error (not a warning), naming how Accelerate would load it.
-    r = _cli("verify", str(planted))
+    # verify: an error (not a warning), naming how Accelerate would load it (as typed: a new
+    # interpreter, third-party warnings off).
+    env = {"CKPTKIT_NO_PROGRESS": "1", "PYTHONWARNINGS": "ignore"}
+    r = fresh_ckptkit("verify", planted, env=env, timeout=TIMEOUT)
     assert r.returncode == 1, r.stdout + r.stderr[-2000:]
     assert "CK-F103" in r.stdout and "custom_checkpoint_0.pkl" in r.stdout
     assert "weights_only=False" in r.stdout and "would run that code" in r.stdout
@@ -138,18 +136,18 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     assert any("checkpoint_2" in rec.getMessage() and "CK-F103" in rec.getMessage() for rec in caplog.records), [rec.getMessage() for rec in caplog.records]
     assert not marker.exists()
     # ls --verify reads the bytes and records the verdict in the run index.
-    got = _statuses(project, "--verify")
+    got = _statuses(cli_zygote, project, "--verify")
     assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
     (project / ".ckptkit-index.json").unlink()  # forget it: the adopted manifest must say so too
 
     # Adopted with --force (an unsigned manifest): still not good, still not picked.
-    r = _cli("adopt", str(planted), "--force")
+    r = _cli(cli_zygote, "adopt", str(planted), "--force")
     assert r.returncode == 1 and (planted / "ckptkit-manifest.json").is_file(), r.stdout + r.stderr
-    got = _statuses(project)
+    got = _statuses(cli_zygote, project)
     assert list(got)[-2:] == ["checkpoint_1", "checkpoint_2"]  # the planted one is the newest
     assert got["checkpoint_1"][1] == "verified"
     assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
-    assert _cli("verify", str(planted)).returncode == 1
+    assert _cli(cli_zygote, "verify", str(planted)).returncode == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ckptkit"):
         assert _resume(project) == (1, 15)
@@ -164,27 +162,29 @@ def _plant_rng_state(ckpt: Path, marker: Path) -> None:
     torch.save({"python": _Payload(marker), "cpu": torch.get_rng_state()}, ckpt / "rng_state.pth")
 
 
-def test_a_trainer_rng_state_needing_code_is_not_good(hf_run: Path, tmp_path: Path) -> None:
+def test_a_trainer_rng_state_needing_code_is_not_good(
+    hf_run: Path, tmp_path: Path, cli_zygote: Zygote
+) -> None:
     out = tmp_path / "out"
     shutil.copytree(hf_run, out)
     marker = tmp_path / "PAYLOAD-RAN"
     _plant_rng_state(out / "checkpoint-3", marker)
 
-    r = _cli("verify", str(out / "checkpoint-3"))
+    r = _cli(cli_zygote, "verify", str(out / "checkpoint-3"))
     assert r.returncode == 1, r.stdout + r.stderr[-2000:]
     assert "CK-F103" in r.stdout and "rng_state.pth" in r.stdout and "crashes" in r.stdout
     assert resume_checkpoint(out) == str(out / "checkpoint-2")
 
     # Adopted (the planted one with --force): ls, prune and the resume pick agree.
-    assert _cli("adopt", str(out / "checkpoint-2")).returncode == 0
-    assert _cli("adopt", str(out / "checkpoint-3"), "--force").returncode == 1
-    got = _statuses(out)
+    assert _cli(cli_zygote, "adopt", str(out / "checkpoint-2")).returncode == 0
+    assert _cli(cli_zygote, "adopt", str(out / "checkpoint-3"), "--force").returncode == 1
+    got = _statuses(cli_zygote, out)
     assert got["checkpoint-2"][1] == "verified"
     assert got["checkpoint-3"][1] == "corrupt" and "CK-F103" in (got["checkpoint-3"][2] or "")
-    r = _cli("prune", str(out), "--keep-last", "1")
+    r = _cli(cli_zygote, "prune", str(out), "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()  # the newest good one is kept
-    r = _cli("rollback", str(out))
+    r = _cli(cli_zygote, "rollback", str(out))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert f"roll back to: {out / 'checkpoint-2'}" in r.stdout
     assert resume_checkpoint(out) == str(out / "checkpoint-2")

@@ -253,13 +253,15 @@ def test_bit_flip_in_newest_falls_back_to_previous(
     assert rows[30]["status"] == "corrupt" and "CK-F003" in rows[30]["problem"]
     assert rows[20]["status"] == rows[10]["status"] == "verified"
 
-    # Rotation never counts it as good: with keep_last=1 the next save keeps itself,
-    # drops 10 and 20, and keeps 30 only as flagged evidence.
+    # Rotation never counts it as good: it is flagged evidence, never "newest verified".
     plan = mgr.plan(keep_last=1)
     assert plan.by_step()[20].keep and "newest verified" in plan.by_step()[20].reason
     assert plan.by_step()[30].flagged
+    # The next save continues from step 20, so the run branches there: 30 is set aside
+    # whole (never deleted, never resumed), and keep_last=1 drops 10 and 20.
     mgr.keep_last = 1
     ts.step = 40
     mgr.save(ts)
-    assert [(c.step, c.status) for c in mgr.list()] == [(30, "corrupt"), (40, "verified")]
+    assert [(c.step, c.status) for c in mgr.list()] == [(40, "verified")]
+    assert list((tmp_path / ".ckptkit-abandoned").glob(f"branch-*/{step_dir_name(30)}/manifest.json"))
     mgr.close()

@@ -9,17 +9,15 @@ exception out, blocks, or runs pickled code.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from deadline import within
 from hostile import CASES, MARKER, STEPS, make_run, train_state
 
 import ckptkit
@@ -37,31 +35,14 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _bounded(what: str, fn: Callable[[], Any], fifos: list[Path]) -> Any:
-    """Run ``fn`` in a thread; fail (waking a reader blocked on a FIFO) past the deadline.
-
-    ckptkit errors are returned (a clean refusal); anything else fails the test."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except ckptkit.CkptkitError as e:
-            out["value"] = e
-        except BaseException as e:  # what this audit exists to find
-            out["escaped"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(DEADLINE_S)
-    if t.is_alive():
-        for f in fifos:
-            with contextlib.suppress(OSError):
-                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
-        t.join(5)
-        pytest.fail(f"{what} blocked for more than {DEADLINE_S:.0f}s")
-    if "escaped" in out:
-        raise AssertionError(f"{what} let a non-ckptkit exception escape") from out["escaped"]
-    return out["value"]
+    """``fn()`` by the deadline: a ckptkit error is returned (a clean refusal); anything
+    else fails the test."""
+    try:
+        return within(DEADLINE_S, fn, *fifos)
+    except ckptkit.CkptkitError as e:
+        return e
+    except Exception as e:  # what this audit exists to find
+        raise AssertionError(f"{what} let a non-ckptkit exception escape") from e
 
 
 def _cli(args: list[str], fifos: list[Path]) -> Result:

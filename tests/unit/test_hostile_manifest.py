@@ -3,46 +3,21 @@ and verify refuses exactly what load refuses (same code)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from deadline import within
 from hostile import HOSTILE_TREES
 
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.describe import describe
-
-
-def _within(seconds: float, fn: Callable[[], Any], *fifos: Path) -> Any:
-    """Run ``fn`` in a thread; fail (and unblock it through ``fifos``) if it takes too long."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # handed back to the test thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for f in fifos:  # a reader blocked in open() wakes once a writer appears
-            with contextlib.suppress(OSError):
-                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
-        t.join(5)
-        pytest.fail(f"{fn} blocked for more than {seconds}s")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def _verify_codes(d: Path) -> list[str]:
@@ -219,9 +194,9 @@ def _manifest_kinds(ckpt: Path, tmp_path: Path) -> dict[str, Callable[[], Path |
 def test_manifest_must_be_a_regular_file(ckpt: Path, tmp_path: Path, kind: str) -> None:
     fifo = _manifest_kinds(ckpt, tmp_path)[kind]()
     fifos = [fifo] if fifo else []
-    assert _within(20, lambda: _load_code(ckpt), *fifos) == "CK-M008"
-    assert _within(20, lambda: _verify_codes(ckpt), *fifos) == ["CK-M008"]
-    assert _within(20, lambda: _describe_code(ckpt), *fifos) == "CK-M008"
+    assert within(20, lambda: _load_code(ckpt), *fifos) == "CK-M008"
+    assert within(20, lambda: _verify_codes(ckpt), *fifos) == ["CK-M008"]
+    assert within(20, lambda: _describe_code(ckpt), *fifos) == "CK-M008"
     with pytest.raises(ckptkit.UnsafeInputError, match=r"manifest\.json: is a"):
         ckptkit.load(ckpt)
 
@@ -245,9 +220,9 @@ def test_cli_verify_and_inspect_fifo_manifest(ckpt: Path) -> None:
     m = ckpt / "manifest.json"
     m.unlink()
     os.mkfifo(m)
-    r = _within(20, lambda: CliRunner().invoke(main, ["verify", str(ckpt)]), m)
+    r = within(20, lambda: CliRunner().invoke(main, ["verify", str(ckpt)]), m)
     assert r.exit_code == 1 and "CK-M008" in r.output
-    r = _within(20, lambda: CliRunner().invoke(main, ["inspect", str(ckpt)]), m)
+    r = within(20, lambda: CliRunner().invoke(main, ["inspect", str(ckpt)]), m)
     assert r.exit_code == 2 and "CK-M008" in r.output
 
 
@@ -264,9 +239,9 @@ def test_shard_must_be_a_regular_file(ckpt: Path, kind: str) -> None:
         f.mkdir()
     fifos = [f] if kind == "fifo" else []
     with pytest.raises(ckptkit.UnsafeInputError) as ei:
-        _within(20, lambda: ckptkit.load(ckpt), *fifos)
+        within(20, lambda: ckptkit.load(ckpt), *fifos)
     assert ei.value.code == "CK-F022" and "model.safetensors" in str(ei.value)
-    assert _within(20, lambda: _file_codes(ckpt), *fifos) == ["CK-F022"]
+    assert within(20, lambda: _file_codes(ckpt), *fifos) == ["CK-F022"]
 
 
 def test_shard_fifo_with_size_zero_in_manifest_does_not_hang(ckpt: Path) -> None:
@@ -275,8 +250,8 @@ def test_shard_fifo_with_size_zero_in_manifest_does_not_hang(ckpt: Path) -> None
     f.unlink()
     os.mkfifo(f)
     _rewrite(ckpt, lambda o: o["files"][0].update(size=0))
-    assert _within(20, lambda: _load_code(ckpt), f) in ("CK-F022", "CK-M006")
-    assert "CK-F022" in _within(20, lambda: _file_codes(ckpt), f) or _load_code(ckpt) == "CK-M006"
+    assert within(20, lambda: _load_code(ckpt), f) in ("CK-F022", "CK-M006")
+    assert "CK-F022" in within(20, lambda: _file_codes(ckpt), f) or _load_code(ckpt) == "CK-M006"
 
 
 def test_shard_symlink_is_f009_on_both_paths(ckpt: Path, tmp_path: Path) -> None:

@@ -9,39 +9,18 @@ made the same plan again and again.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from deadline import within
 
 import ckptkit
 from ckptkit import retain
 from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
 from ckptkit.codes import CODES, Finding
 from ckptkit.manager import CheckpointManager
-
-
-def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in a daemon thread; fail the test if it has not returned by the deadline."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # handed back to the test thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"{fn} did not return within {seconds}s")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 class _Store:
@@ -152,7 +131,7 @@ def test_long_lived_prune_after_in_place_manifest_rot_returns(tmp_path: Path) ->
         mgr.wait()
         assert [c.status for c in mgr.list()] == ["verified"] * 3  # the cache holds all three
         _rot_in_place(tmp_path / step_dir_name(30) / "manifest.json")
-        plan = _within(120, lambda: mgr.prune(keep_last=1))
+        plan = within(120, lambda: mgr.prune(keep_last=1))
     finally:
         mgr.close()
     assert [c.step for c in plan.delete] == [10]

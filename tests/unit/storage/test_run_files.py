@@ -9,44 +9,17 @@ fix a FIFO blocked the reader forever.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from deadline import within
 
 from ckptkit.catalog import INDEX, LATEST, Catalog
 from ckptkit.errors import UnsafeInputError
 from ckptkit.foreign.adopted import adopted_path, load_adopted
 from ckptkit.storage import files, fs
 from ckptkit.storage.lock import LOCK_NAME, RunLock, read_lock_info
-
-
-def _within(seconds: float, fn: Callable[[], Any], *fifos: Path) -> Any:
-    """Run ``fn`` in a thread; fail (and unblock it through ``fifos``) if it takes too long."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # handed back to the test thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for f in fifos:  # a reader blocked in open() wakes once a writer appears
-            with contextlib.suppress(OSError):
-                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
-        t.join(5)
-        pytest.fail(f"{fn} blocked for more than {seconds}s")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def _make(kind: str, p: Path, tmp_path: Path) -> list[Path]:
@@ -67,7 +40,7 @@ def test_read_small_reads_regular_files_only(tmp_path: Path, kind: str) -> None:
     p = tmp_path / LATEST
     fifos = _make(kind, p, tmp_path)
     with pytest.raises(UnsafeInputError) as ei:
-        _within(20, lambda: fs.read_small(p, 4096), *fifos)
+        within(20, lambda: fs.read_small(p, 4096), *fifos)
     assert ei.value.code == "CK-F022" and f"{p}: is a" in str(ei.value)
     assert "remove it" in str(ei.value)
     with pytest.raises(UnsafeInputError):
@@ -93,7 +66,7 @@ def test_open_fd_creates_a_missing_file_and_refuses_a_fifo_for_writing(tmp_path:
     q = tmp_path / "q"
     os.mkfifo(q)
     with pytest.raises(UnsafeInputError, match="FIFO"):
-        _within(20, lambda: files.open_fd(q, os.O_WRONLY, code="CK-F022"), q)
+        within(20, lambda: files.open_fd(q, os.O_WRONLY, code="CK-F022"), q)
 
 
 @pytest.mark.parametrize("name", [LATEST, INDEX])
@@ -102,14 +75,14 @@ def test_the_catalog_refuses_a_fifo_latest_or_index(tmp_path: Path, name: str) -
     os.mkfifo(f)
     cat = Catalog(tmp_path)
     with pytest.raises(UnsafeInputError) as ei:
-        _within(20, cat.list, f)
+        within(20, cat.list, f)
     assert ei.value.code == "CK-F022" and name in str(ei.value)
     if name == LATEST:
         with pytest.raises(UnsafeInputError):
-            _within(20, cat.latest_name, f)
+            within(20, cat.latest_name, f)
     else:
         with pytest.raises(UnsafeInputError):
-            _within(20, cat.index, f)
+            within(20, cat.index, f)
 
 
 def test_a_garbled_index_is_still_advisory(tmp_path: Path) -> None:
@@ -123,11 +96,11 @@ def test_the_lock_refuses_a_fifo_lock_file(tmp_path: Path, use_flock: bool) -> N
     os.mkfifo(f)
     lock = RunLock(tmp_path, use_flock=use_flock)
     with pytest.raises(UnsafeInputError) as ei:
-        _within(20, lock.acquire, f)
+        within(20, lock.acquire, f)
     assert ei.value.code == "CK-F022" and f"{f}: is a FIFO" in str(ei.value)
     assert "remove this one" in str(ei.value)
     assert not lock.locked and f.is_fifo()
-    assert _within(20, lambda: read_lock_info(tmp_path), f) is None  # names nobody
+    assert within(20, lambda: read_lock_info(tmp_path), f) is None  # names nobody
 
 
 def test_a_fifo_adopted_manifest_is_m008_with_the_fix(tmp_path: Path) -> None:
@@ -136,7 +109,7 @@ def test_a_fifo_adopted_manifest_is_m008_with_the_fix(tmp_path: Path) -> None:
     m = adopted_path(target)
     os.mkfifo(m)
     with pytest.raises(UnsafeInputError) as ei:
-        _within(20, lambda: load_adopted(target), m)
+        within(20, lambda: load_adopted(target), m)
     assert ei.value.code == "CK-M008" and m.name in str(ei.value)
     assert "remove it, then run 'ckptkit adopt" in str(ei.value)
     m.unlink()

@@ -32,7 +32,7 @@ import torch
 import xxhash
 
 from ckptkit import rngtrace
-from ckptkit.capture import tree_fingerprint
+from ckptkit.capture import is_real, tree_fingerprint
 from ckptkit.observe import StepObserver, scaler_state
 from ckptkit.storage.tree import TAG
 from ckptkit.verify.findings import CODES, Finding
@@ -63,13 +63,9 @@ def _int(v: Any) -> bool:
 
 
 def _real(v: Any) -> bool:
-    """A number the guard can compare as a float (an int past float's range is not)."""
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
+    """A finite number the guard can compare as a float (an int past float's range is not):
+    the same rule as the component validators (:func:`ckptkit.capture.is_real`)."""
+    return is_real(v)
 
 
 def _str(v: Any) -> bool:

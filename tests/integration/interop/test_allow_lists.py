@@ -12,28 +12,19 @@ dtypes but no scalars: its own RNG state must still pass, a numpy scalar there m
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from zygote import Result, fresh_ckptkit
 
 TIMEOUT = 180
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CKPTKIT_NO_PROGRESS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "ckptkit", *args],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env,
-    )
+ENV = {"CKPTKIT_NO_PROGRESS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _lightning_ckpt(path: Path, step: int, best: Any) -> Path:
@@ -56,7 +47,10 @@ def _lightning_ckpt(path: Path, step: int, best: Any) -> Path:
     return path
 
 
-def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path) -> None:
+def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path, cli_zygote: Any) -> None:
+    def _cli(*args: str) -> Result:  # a fork of a warmed process: the first verify is fresh
+        return cli_zygote.ckptkit(*args, env=ENV, timeout=TIMEOUT)  # type: ignore[no-any-return]
+
     run = tmp_path / "version_0"
     ck = run / "checkpoints"
     good = _lightning_ckpt(ck / "epoch=0-step=3.ckpt", 3, best=1.0)
@@ -68,7 +62,7 @@ def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path) -> 
         cloud_io._load(bad)
     cloud_io._load(good)
 
-    r = _cli("verify", str(bad))
+    r = fresh_ckptkit("verify", str(bad), env=ENV, timeout=TIMEOUT)  # as a user types it
     assert r.returncode == 1, r.stdout + r.stderr[-2000:]
     line = next(ln for ln in r.stdout.splitlines() if "CK-F103" in ln)
     assert "error" in line and "epoch=0-step=5.ckpt" in line

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import ckptkit
@@ -418,7 +418,13 @@ def test_verify_and_restore_agree_on_a_hostile_value(value: Any) -> None:
     shutil.copytree(_TEMPLATE, run)
     obj = json.loads(json.dumps(_MANIFEST))
     obj["tree"]["extra"] = {"x": value}
-    obj["manifest_digest"] = mf.content_digest(obj)
+    try:
+        obj["manifest_digest"] = mf.content_digest(obj)
+    except ValueError:
+        # A bare inf/NaN is not JSON: no manifest can hold it (strict parsing refuses
+        # such text as CK-M002, tests/unit/test_hostile_manifest.py), so there is no
+        # checkpoint to judge here.
+        assume(False)
     (run / NEW / "manifest.json").write_text(json.dumps(obj))
     res = ckptkit.verify(run / NEW)
     listed = {c.path.name: c for c in Catalog(run).list()}

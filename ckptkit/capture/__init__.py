@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -153,6 +154,25 @@ def show(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
     return _short(value)
+
+
+def typed_snapshot(state: Any) -> tuple[Mapping[str, Any] | None, list[str]]:
+    """The checks every ``{"type": ..., "state_dict": ...}`` snapshot (optimizer, scheduler)
+    starts with: ``(state, problems of its type)``, or ``(None, [why])`` when it is not an
+    object at all (nothing else can be checked).
+
+    Example:
+        >>> typed_snapshot({"type": "AdamW"}), typed_snapshot(3)
+        (({'type': 'AdamW'}, []), (None, ['the snapshot is 3, not an object']))
+        >>> typed_snapshot({"type": "os.system"})[1]
+        ["type is 'os.system', not a class name"]
+    """
+    if not isinstance(state, Mapping):
+        return None, [f"the snapshot is {show(state)}, not an object"]
+    kind = state.get("type")
+    if not isinstance(kind, str) or not kind.isidentifier():
+        return state, [f"type is {show(kind)}, not a class name"]
+    return state, []
 
 
 MAX_LISTED = 5

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import INT64_MAX, check_tree, is_int, is_real, refuse, show
+from ckptkit.capture import INT64_MAX, check_tree, is_int, is_real, refuse, show, typed_snapshot
 from ckptkit.errors import StateError
 
 # Hyper-parameters of torch's optimizers and what their step functions need them to be.
@@ -186,13 +186,10 @@ def problems(state: Any) -> list[str]:
         >>> problems(snap)
         ["param_shapes[0][1] is 'x', not a list of sizes"]
     """
-    if not isinstance(state, Mapping):
-        return [f"the snapshot is {show(state)}, not an object"]
-    out: list[str] = []
-    kind = state.get("type")
-    if not isinstance(kind, str) or not kind.isidentifier():
-        out.append(f"type is {show(kind)}, not a class name")
-    sd = state.get("state_dict")
+    snap, out = typed_snapshot(state)
+    if snap is None:
+        return out
+    sd = snap.get("state_dict")
     if not isinstance(sd, Mapping):
         return [*out, f"state_dict is {show(sd)}, not an object"]
     groups = sd.get("param_groups")

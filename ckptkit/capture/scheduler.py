@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree, is_int, is_real, refuse, show
+from ckptkit.capture import check_tree, is_int, is_real, refuse, show, typed_snapshot
 from ckptkit.errors import StateError
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -108,13 +108,10 @@ def problems(state: Any) -> list[str]:
         >>> problems(snap)
         ["base_lrs is 'x', not a list of finite numbers"]
     """
-    if not isinstance(state, Mapping):
-        return [f"the snapshot is {show(state)}, not an object"]
-    out: list[str] = []
-    kind = state.get("type")
-    if not isinstance(kind, str) or not kind.isidentifier():
-        out.append(f"type is {show(kind)}, not a class name")
-    return out + _state_dict_problems(state.get("state_dict"), "")
+    snap, out = typed_snapshot(state)
+    if snap is None:
+        return out
+    return out + _state_dict_problems(snap.get("state_dict"), "")
 
 
 def _state_dict_problems(sd: Any, where: str) -> list[str]:

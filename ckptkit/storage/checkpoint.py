@@ -189,13 +189,7 @@ def read_checkpoint(
     with _progress.bar(f"loading {root.name}", need, progress) as on_bytes:
 
         def read_one(fe: mf.FileEntry) -> dict[str, torch.Tensor]:
-            exp = tensors.Expected(
-                rel=str(root / fe.path),
-                size=fe.size,
-                digest=fe.xxh3_128,
-                compression=fe.compression,  # type: ignore[arg-type]
-                raw_size=fe.raw_size,
-            )
+            exp = tensors.Expected.of(fe, rel=str(root / fe.path))
             if not local:  # an object store: parallel ranges into the destination tensors
                 return remote.read_file(
                     root / fe.path, exp, by_file[fe.path], targets=targets, on_bytes=on_bytes

@@ -23,13 +23,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError, StateError, UnsafeInputError
 from ckptkit.storage import codec, digest, files
+
+if TYPE_CHECKING:
+    from ckptkit.manifest import FileEntry
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -488,6 +491,18 @@ class Expected:
     digest: str
     compression: codec.Compression | None = None
     raw_size: int | None = None
+
+    @classmethod
+    def of(cls, entry: FileEntry, rel: str | None = None) -> Expected:
+        """What the manifest's file ``entry`` says, named ``rel`` in messages (default: its
+        path in the checkpoint)."""
+        return cls(
+            rel=entry.path if rel is None else rel,
+            size=entry.size,
+            digest=entry.xxh3_128,
+            compression=entry.compression,  # type: ignore[arg-type]
+            raw_size=entry.raw_size,
+        )
 
 
 def read_file(

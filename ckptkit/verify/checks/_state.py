@@ -426,13 +426,7 @@ def tensor_values(ctx: CheckContext, prefix: str) -> dict[str, torch.Tensor]:
         scan = scans.get(fe.path)
         if fe.path not in wanted or scan is None or scan.digest != fe.xxh3_128:
             continue
-        exp = tensors_mod.Expected(
-            rel=fe.path,
-            size=fe.size,
-            digest=fe.xxh3_128,
-            compression=fe.compression,  # type: ignore[arg-type]
-            raw_size=fe.raw_size,
-        )
+        exp = tensors_mod.Expected.of(fe)
         try:
             if fs.is_local(ctx.root):
                 root = Path(str(ctx.root))
@@ -457,8 +451,7 @@ def _remote(
         if fe.compression is not None:
             obj = remote.read_file(
                 p,
-                tensors_mod.Expected(rel=fe.path, size=fe.size, digest=fe.xxh3_128,
-                                     compression=fe.compression, raw_size=fe.raw_size),  # type: ignore[arg-type]
+                tensors_mod.Expected.of(fe),
                 wanted,
             )
             for key, t in obj.items():
@@ -531,13 +524,7 @@ def _read(
     try:
         if p.is_symlink() or not p.resolve().is_relative_to(root.resolve()):
             return
-        exp = tensors_mod.Expected(
-            rel=fe.path,
-            size=fe.size,
-            digest=fe.xxh3_128,
-            compression=fe.compression,  # type: ignore[arg-type]
-            raw_size=fe.raw_size,
-        )
+        exp = tensors_mod.Expected.of(fe)
         got = tensors_mod.read_file(p, exp, wanted)
     except (CkptkitError, OSError, ValueError):
         return  # damaged or unreadable: integrity checks say so

@@ -39,7 +39,7 @@ import torch
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.describe import describe
-from ckptkit.storage import digest
+from ckptkit.format import digest
 
 
 def make_checkpoint(root: Path, n_tensors: int) -> Path:
@@ -106,7 +106,7 @@ def stages_ms(text: bytes, repeat: int) -> dict[str, float]:
     """Where the current path spends its time (each stage alone, warm)."""
     obj = mf._strict_json(text, "m")
     dtypes = {t["key"]: t["dtype"] for t in obj["tensors"]}
-    from ckptkit.storage import tree
+    from ckptkit.format import tree
 
     return {
         "strict json": median_ms(lambda: mf._strict_json(text, "m"), repeat),

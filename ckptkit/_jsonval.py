@@ -2,7 +2,7 @@
 the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (metrics JSONL, drill and watch reports).
 
 The manifest uses tagged values instead (``{"$t": "float", "v": "nan"}``, see
-:mod:`ckptkit.storage.tree`), because there a string must stay a string.
+:mod:`ckptkit.format.tree`), because there a string must stay a string.
 """
 
 from __future__ import annotations

@@ -58,9 +58,11 @@ from typing import Any, Literal
 
 from ckptkit import codes, signing
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
 from ckptkit.foreign.detect import detect as foreign_format
-from ckptkit.storage import atomic, digest, fs
+from ckptkit.format import digest
+from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
@@ -312,10 +314,10 @@ class Catalog:
         try:
             data = fs.read_small(where, mf.MAX_MANIFEST_BYTES)
         except (OSError, CkptkitError):
-            man = mf.read(ckpt, key=self.key)  # raises the right CK-M001/M00x error
+            man = manifest_io.read(ckpt, key=self.key)  # raises the right CK-M001/M00x error
             return man, man.digest
         if len(data) > mf.MAX_MANIFEST_BYTES:
-            man = mf.read(ckpt, key=self.key)  # raises CK-M006
+            man = manifest_io.read(ckpt, key=self.key)  # raises CK-M006
             return man, man.digest
         version = digest.hexdigest_bytes(data)
         hit = self._manifests.get(str(ckpt))
@@ -696,7 +698,7 @@ def _changed_files(path: Location, man: mf.Manifest) -> list[str]:
 def whole(path: Location) -> bool:
     """Return whether ``path`` holds a valid manifest and every file it lists, at full size."""
     try:
-        man = mf.read(path)
+        man = manifest_io.read(path)
     except CkptkitError:
         return False
     return not _changed_files(path, man)

@@ -30,11 +30,12 @@ from ckptkit import _progress, crashpoints
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, rank_key
+from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.read import fill_where, infer_components
 from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
+from ckptkit.format import tree as tree_mod
 from ckptkit.storage import atomic, codec, fs
-from ckptkit.storage import tree as tree_mod
-from ckptkit.storage.checkpoint import fill_where, infer_components
 from ckptkit.storage.dcp import DCP_COMPONENT
 from ckptkit.storage.fs import Location
 from ckptkit.storage.shards import (
@@ -148,7 +149,7 @@ def commit(
                 man = man.signed(key)
             if fence is not None:
                 fence()
-            mf.write(pending.tmp, man, fsync=fsync)
+            manifest_io.write(pending.tmp, man, fsync=fsync)
             crashpoints.reached("commit.manifest_written")
             if before_commit is not None:
                 before_commit(pending.tmp)
@@ -215,7 +216,7 @@ def save_tree(
     Args:
         obj: nested state (dicts, lists, tuples, tensors, plain scalars).
         path: the checkpoint directory to create.
-        encoded: ``obj`` already split by :func:`ckptkit.storage.tree.encode`.
+        encoded: ``obj`` already split by :func:`ckptkit.format.tree.encode`.
         compress: ``"zstd"`` to compress each file (streaming, multithreaded).
         shard_bytes: split a group into several files past this size.
         grouper: tensor key -> file group (default: the top-level key).

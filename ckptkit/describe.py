@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ckptkit import manifest as mf
 from ckptkit import signing
+from ckptkit.checkpoint import manifest_io
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.report import describe_foreign
 from ckptkit.storage import fs
@@ -36,7 +36,7 @@ def describe(
 
     Raises:
         IncompleteCheckpointError / ManifestError / SignatureError: as
-            :func:`ckptkit.manifest.read`.
+            :func:`ckptkit.checkpoint.manifest_io.read`.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -56,7 +56,7 @@ def describe(
     if wrong is not None:
         raise wrong
     k = signing.resolve_key(key)
-    m = mf.read(loc, key=k)
+    m = manifest_io.read(loc, key=k)
     sig = None
     if m.signature is not None:
         sig = {

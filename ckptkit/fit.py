@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ckptkit._repr import brief
-from ckptkit.storage.tree import TAG, decode_key
+from ckptkit.format.tree import TAG, decode_key
 
 SHOW = 5
 """How many names a summary spells out before it gives a count."""

@@ -33,8 +33,8 @@ import xxhash
 
 from ckptkit import rngtrace
 from ckptkit.capture import is_real, tree_fingerprint
+from ckptkit.format.tree import TAG
 from ckptkit.observe import StepObserver, scaler_state
-from ckptkit.storage.tree import TAG
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:

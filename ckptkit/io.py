@@ -17,9 +17,11 @@ import torch
 from ckptkit import commit, signing
 from ckptkit import manifest as mf
 from ckptkit._repr import short
+from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.fit import FitReport
 from ckptkit.manifest import Manifest
-from ckptkit.storage import checkpoint, codec, shards
+from ckptkit.storage import codec, shards
 from ckptkit.whatis import not_a_checkpoint
 
 
@@ -202,14 +204,14 @@ def load(
     wrong = not_a_checkpoint(path)
     if wrong is not None:
         raise wrong
-    obj, _, fit = checkpoint.read_checkpoint(
+    obj, _, fit = read_checkpoint(
         path,
         targets_from=into,
         strict=strict,
         map_location=map_location,
         progress=progress,
         max_bytes=max_bytes,
-        manifest=mf.read(path, key=signing.resolve_key(key)),
+        manifest=manifest_io.read(path, key=signing.resolve_key(key)),
     )
     if into is not None and not strict:
         assert fit is not None

@@ -1,9 +1,15 @@
 """The manifest: what a checkpoint holds, where, and the digests that prove it.
 
+This module is the manifest *format*, and only that: frozen dataclasses, canonical JSON,
+the schema, validation and signatures, over bytes already in memory. It opens no file and
+imports nothing from :mod:`ckptkit.storage` (the layers: ``docs/architecture.md``).
+Reading ``manifest.json`` from a location and writing it there is
+:mod:`ckptkit.checkpoint.manifest_io`.
+
 ``manifest.json`` is written last and is the commit marker (spec §2). Every manifest
-read is checked once, in order: a regular file, not a symlink (``CK-M008``); strict
-UTF-8 JSON without duplicate keys or non-finite numbers (``CK-M002``); a known
-``schema_version`` (``CK-M004``); the JSON Schema in ``schemas/manifest.schema.json``
+read is checked once, in order: a regular file, not a symlink (``CK-M008``, by the
+reader); strict UTF-8 JSON without duplicate keys or non-finite numbers (``CK-M002``); a
+known ``schema_version`` (``CK-M004``); the JSON Schema in ``schemas/manifest.schema.json``
 (``CK-M003``; ``CK-M005``/``CK-M006`` for its safety rails), validated by
 ``jsonschema-rs``; nesting depth (``CK-M006``); its own digest (``CK-M007``); its
 signature when a key is given (``CK-M010``/``CK-M011``); semantic safety: paths stay
@@ -20,40 +26,37 @@ import gc
 import json
 import math
 import numbers
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import jsonschema_rs
 
-from ckptkit import codes, signing
+from ckptkit import signing
 from ckptkit._repr import brief, short
 from ckptkit._version import __version__
 from ckptkit.errors import (
-    CkptkitError,
-    IncompleteCheckpointError,
     ManifestError,
     SignatureError,
     StateError,
     UnsafeInputError,
 )
+from ckptkit.format import digest, tree
+from ckptkit.format.dtypes import DTYPES, HeaderEntry
 from ckptkit.signing import Signature
-from ckptkit.storage import digest, files, fs, tree
-from ckptkit.storage.atomic import MANIFEST_NAME
-from ckptkit.storage.fs import Location
-from ckptkit.storage.tensors import DTYPES, HeaderEntry
 
+MANIFEST_NAME = "manifest.json"
+"""The manifest's file name inside a checkpoint: written last, it is the commit marker."""
 SCHEMA_VERSION = 1
 FORMAT = "ckptkit"
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest larger than this is refused before parsing (hostile input)."""
 _FREE_FORM = ("tree", "env", "lookahead", "health", "user", "recoveries")
 """Top-level fields the schema leaves free-form: their nesting is bounded by
-:data:`ckptkit.storage.tree.MAX_NESTING` (as are component summaries), checked before
+:data:`ckptkit.format.tree.MAX_NESTING` (as are component summaries), checked before
 anything recursive (the digest, the tree decoder) runs."""
 
 COMPONENTS: tuple[str, ...] = (
@@ -235,7 +238,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     tensors: tuple[TensorEntry, ...]
     tree: Any
-    """The saved object as tagged JSON (see ckptkit.storage.tree)."""
+    """The saved object as tagged JSON (see ckptkit.format.tree)."""
     components: Mapping[str, Component]
     env: Mapping[str, Any]
     step: int | None = None
@@ -771,152 +774,3 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
 
 
 _ITEMSIZE = {name: (dt.itemsize if hasattr(dt, "itemsize") else 1) for name, dt in DTYPES.items()}
-
-
-def read(ckpt_dir: Location | str, *, key: bytes | None = None) -> Manifest:
-    """Read and validate ``ckpt_dir/manifest.json`` (once: pass the result on, do not re-read).
-
-    Args:
-        ckpt_dir: the checkpoint directory.
-        key: an HMAC key the manifest must be signed with (already resolved: see
-            :func:`ckptkit.signing.resolve_key`); None checks no signature.
-
-    Raises:
-        IncompleteCheckpointError: ``CK-M001`` no manifest: an incomplete save.
-        UnsafeInputError: ``CK-M008`` the manifest is a symlink, FIFO, directory or device.
-        ManifestError / UnsafeInputError / SignatureError: see :func:`parse`.
-
-    Example:
-        >>> read("/nonexistent")
-        Traceback (most recent call last):
-        ...
-        ckptkit.errors.IncompleteCheckpointError: CK-M001 /nonexistent/manifest.json: ...
-    """
-    return read_path(fs.location(ckpt_dir) / MANIFEST_NAME, key=key)
-
-
-def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
-    """Read and validate a manifest file at ``p`` (any name: adopted manifests too).
-
-    Only a regular file is opened, never following a symlink and never blocking (a FIFO
-    named like a manifest is refused, not waited on). On an object store it is one GET.
-
-    Raises:
-        As :func:`read`.
-    """
-    loc = fs.location(p)
-    if not fs.is_local(loc):
-        return _read_remote(loc, key=key)
-    p = Path(str(loc))
-    try:
-        f = files.open_regular(
-            p,
-            code="CK-M008",
-            hint="a manifest is a regular file inside the checkpoint; replace it with the "
-            "real one or roll back to the previous verified checkpoint ('ckptkit ls RUN')",
-        )
-    except (FileNotFoundError, NotADirectoryError):
-        raise IncompleteCheckpointError(
-            "no manifest: this is not a committed checkpoint (an interrupted save, or the "
-            "wrong directory)",
-            path=p,
-            code="CK-M001",
-            hint="point at a step directory that holds manifest.json, or roll back with "
-            "'ckptkit ls RUN'",
-        ) from None
-    except OSError as e:
-        raise _unreadable(e, p) from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise UnsafeInputError(
-                f"manifest is {size} bytes (limit {MAX_MANIFEST_BYTES})",
-                path=p,
-                code="CK-M006",
-                hint="do not load this checkpoint; its manifest is absurdly large",
-            )
-        try:
-            text = _read_all(f, MAX_MANIFEST_BYTES + 1)
-        except OSError as e:
-            raise _unreadable(e, p) from None
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise UnsafeInputError(
-            f"manifest grew past {MAX_MANIFEST_BYTES} bytes while being read",
-            path=p,
-            code="CK-M006",
-            hint="do not load this checkpoint; its manifest is absurdly large",
-        )
-    return Manifest.from_json(text, path=str(p), key=key)
-
-
-def _read_remote(loc: Location, *, key: bytes | None) -> Manifest:
-    where = fs.url(loc)
-    try:
-        text = fs.read_small(loc, MAX_MANIFEST_BYTES)  # one GET: a missing one is M001
-    except FileNotFoundError:
-        raise IncompleteCheckpointError(
-            "no manifest: this is not a committed checkpoint (an interrupted save, or the "
-            "wrong prefix)",
-            path=where,
-            code="CK-M001",
-            hint="point at a step prefix that holds manifest.json, or roll back with "
-            "'ckptkit ls RUN'",
-        ) from None
-    except Exception as e:  # s3fs lets some transport errors through unconverted
-        if not isinstance(e, OSError) and not codes.transient(e):
-            raise
-        raise _unreadable(e, where) from None
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise UnsafeInputError(
-            f"manifest is larger than {MAX_MANIFEST_BYTES} bytes",
-            path=where,
-            code="CK-M006",
-            hint="do not load this checkpoint; its manifest is absurdly large",
-        )
-    return Manifest.from_json(text, path=where, key=key)
-
-
-def _unreadable(exc: BaseException, where: object) -> CkptkitError:
-    """A manifest read that failed: ``CK-F025`` when that is not damage (a permission, an
-    I/O error, the store unreachable: :func:`ckptkit.codes.transient`), else ``CK-M008``."""
-    return codes.read_error(
-        exc,
-        path=where,
-        damage="CK-M008",
-        hint="check the permissions and the disk (or the credentials and the endpoint), "
-        "then try again",
-    )
-
-
-def _read_all(f: Any, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    n = 0
-    while n < limit:
-        b = f.read(min(1 << 20, limit - n))
-        if not b:
-            break
-        chunks.append(b)
-        n += len(b)
-    return b"".join(chunks)
-
-
-def write(ckpt_dir: Location, manifest: Manifest, *, fsync: bool = True) -> FileEntry:
-    """Write ``manifest.json`` into ``ckpt_dir`` (the last file of a save) and fsync it.
-
-    On an object store this one PUT is the commit (the store applies it atomically).
-    """
-    text = manifest.to_json().encode()
-    if not fs.is_local(ckpt_dir):
-        fs.replace_bytes(ckpt_dir / MANIFEST_NAME, text)
-        return FileEntry(MANIFEST_NAME, len(text), digest.hexdigest_bytes(text))
-    p = Path(str(ckpt_dir)) / MANIFEST_NAME
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        mv = memoryview(text)
-        while mv:
-            mv = mv[os.write(fd, mv) :]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return FileEntry(MANIFEST_NAME, len(text), digest.hexdigest_bytes(text))

@@ -20,9 +20,9 @@ from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import CheckpointInfo
+from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.collective import Collective, consensus
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
-from ckptkit.storage import checkpoint
 from ckptkit.storage.fs import Location
 from ckptkit.verify.runner import verify_one
 
@@ -87,7 +87,7 @@ def restore_candidate(
         if rep.errors:
             raise rep.errors[0].to_error(base=str(path))
         # Targets are best effort here: restore_tree judges the fit, with its own codes.
-        obj, man, _ = checkpoint.read_checkpoint(
+        obj, man, _ = read_checkpoint(
             path,
             targets_from=state.targets(),
             strict=False,

@@ -149,7 +149,7 @@ HOSTILE_TREES: dict[str, Any] = {
     "dict-item-not-pair": {"$t": "dict", "items": [[1, 2, 3]]},
     "missing-field": {"$t": "tuple"},
 }
-"""Malformed tagged values of the manifest's tree (storage/tree.py's encoding): each is
+"""Malformed tagged values of the manifest's tree (format/tree.py's encoding): each is
 ``CK-M009`` for verify, load and inspect alike (tests/unit/test_hostile_manifest.py)."""
 
 

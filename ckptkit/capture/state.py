@@ -36,8 +36,8 @@ from ckptkit.capture.progress import Progress
 from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
 from ckptkit.fit import fit_report
+from ckptkit.format import tree as tree_mod
 from ckptkit.storage import dcp as dcp_store
-from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")

@@ -27,6 +27,7 @@ from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
+from ckptkit.checkpoint import manifest_io
 from ckptkit.foreign.adopted import adopted_path
 
 Record = Mapping[str, Any]
@@ -601,10 +602,10 @@ def _manifest(ckpt: Path) -> mf.Manifest:
     integration) wrote beside a framework's checkpoint; an empty one for a single-file
     checkpoint nobody adopted (a plain Lightning ``.ckpt``: nothing is known)."""
     if not (ckpt / mf.MANIFEST_NAME).is_file() and adopted_path(ckpt).is_file():
-        return mf.read_path(adopted_path(ckpt))
+        return manifest_io.read_path(adopted_path(ckpt))
     if ckpt.is_file():
         return mf.Manifest(files=(), tensors=(), tree=None, components={}, env={})
-    return mf.read(ckpt)
+    return manifest_io.read(ckpt)
 
 
 def continuity(

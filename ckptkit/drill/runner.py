@@ -43,6 +43,7 @@ from typing import Any, Literal
 from ckptkit import errors, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
+from ckptkit.checkpoint import manifest_io
 from ckptkit.drill import compare, diagnose, launch
 from ckptkit.drill.contract import (
     ENV_CKPT_DIR,
@@ -766,7 +767,7 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
             continue  # a save still in progress (or one that was interrupted)
         if c.is_dir() and not c.is_symlink() and (c / mf.MANIFEST_NAME).is_file():
             try:
-                if mf.read(c).step == step:
+                if manifest_io.read(c).step == step:
                     return c
             except CkptkitError:
                 continue
@@ -777,7 +778,7 @@ def _start_step(from_ckpt: Path | str | None) -> int:
     if from_ckpt is None:
         return 0
     path = fs.location(from_ckpt)
-    m = mf.read(path)
+    m = manifest_io.read(path)
     if m.step is not None:
         return int(m.step)
     prog = m.components.get("progress")

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - older torch: the stdlib tables it adap
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError
+from ckptkit.format.dtypes import DTYPES
 from ckptkit.storage import dcp
 from ckptkit.storage import tensors as st
 
@@ -560,7 +561,7 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
 
 def safetensors_dtype(name: str) -> torch.dtype | None:
     """The torch dtype of a safetensors dtype name (``F32`` → ``torch.float32``), or None."""
-    return st.DTYPES.get(name)
+    return DTYPES.get(name)
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

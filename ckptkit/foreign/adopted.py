@@ -15,6 +15,7 @@ from typing import Any
 
 from ckptkit import codes
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.foreign.loads import needs_code_verdict
@@ -39,7 +40,7 @@ def load_adopted(target: Path) -> mf.Manifest | None:
     """Return the adopted manifest of ``target`` (validated), or None when it has none.
 
     The one reader of adopted manifests (verify, the run layouts): it opens a regular file
-    only, never following a symlink and never blocking (:func:`ckptkit.manifest.read_path`),
+    only, never following a symlink and never blocking (:func:`ckptkit.checkpoint.manifest_io.read_path`),
     so a FIFO named like an adopted manifest is refused, not waited on.
 
     Raises:
@@ -61,7 +62,7 @@ def load_adopted(target: Path) -> mf.Manifest | None:
     if not os.path.lexists(p):
         return None
     try:
-        return mf.read_path(p)
+        return manifest_io.read_path(p)
     except CkptkitError as e:
         if e.code == "CK-M001":
             return None  # removed since we looked

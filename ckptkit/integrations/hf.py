@@ -47,13 +47,14 @@ import torch
 from ckptkit import codes, retain
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
+from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.codes import CODES, error
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint, adopted_path
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.hf import HFRun, Layout, checkpoint_dirs
-from ckptkit.manifest import Manifest, read_path
+from ckptkit.manifest import Manifest
 from ckptkit.recorder import Recorder
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding

@@ -51,6 +51,7 @@ import xxhash
 from ckptkit import codes, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
+from ckptkit.checkpoint import manifest_io
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
@@ -249,7 +250,7 @@ class HFRun:
             problem = "not adopted: no digests yet ('ckptkit adopt RUN' records them)"
         else:
             try:
-                man = mf.read_path(man_path)
+                man = manifest_io.read_path(man_path)
             except UnreadableError as e:  # a permission or I/O error: not damage
                 return CheckpointInfo(step, p, "unreadable", size, mtime, tuple(sorted(pins)),
                                       problem=f"{e.code}: adopted manifest: {e.what}")
@@ -308,7 +309,7 @@ class HFRun:
         key = fingerprint(path)
         with contextlib.suppress(CkptkitError):
             if man_path.is_file():
-                key = mf.read_path(man_path).digest
+                key = manifest_io.read_path(man_path).digest
         self.catalog.note(path.name, key, outcome, why=why)
 
     def pin(self, path: Path, label: str) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ckptkit import crashpoints
 from ckptkit.errors import CheckpointExistsError
+from ckptkit.manifest import MANIFEST_NAME
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
@@ -42,7 +43,6 @@ TMP_SUFFIX = ".ckptkit-tmp"
 """Marks a directory being written; never a committed checkpoint."""
 OLD_SUFFIX = ".ckptkit-old"
 """Marks a replaced checkpoint during an overwrite, removed right after the swap."""
-MANIFEST_NAME = "manifest.json"
 
 
 def fsync_dir(path: Path) -> None:

@@ -50,7 +50,8 @@ import torch
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, DistributedError
-from ckptkit.storage import digest, files, fs
+from ckptkit.format import digest
+from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
 
 DCP_DIR = "dcp"

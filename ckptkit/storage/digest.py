@@ -1,5 +1,8 @@
 """Streaming xxh3-128 digests, computed while bytes move (no second pass).
 
+The algorithm itself (what a manifest records) is :mod:`ckptkit.format.digest`; this
+module moves bytes through it.
+
 xxh3 hashes at 17-26 GB/s on one core and releases the GIL on large buffers, so
 hashing runs on a helper thread, overlapped with the write or read syscalls of the
 next chunk: the digest costs close to nothing next to the disk.
@@ -12,35 +15,12 @@ import contextlib
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-import xxhash
-
+from ckptkit.format.digest import new
 from ckptkit.storage import files
 
-ALGORITHM = "xxh3_128"
 CHUNK = 8 << 20
 """Bytes per write/read/hash step: large enough to amortise syscalls, small enough for RAM."""
-
-
-def new() -> Any:
-    """Return a fresh xxh3-128 hasher.
-
-    Example:
-        >>> h = new(); h.update(b"abc"); len(h.hexdigest())
-        32
-    """
-    return xxhash.xxh3_128()
-
-
-def hexdigest_bytes(data: bytes | memoryview) -> str:
-    """Return the xxh3-128 hex digest of ``data`` in one call.
-
-    Example:
-        >>> hexdigest_bytes(b"") == new().hexdigest()
-        True
-    """
-    return xxhash.xxh3_128_hexdigest(data)
 
 
 class PipelinedHasher:
@@ -51,6 +31,7 @@ class PipelinedHasher:
     every submitted chunk has been hashed, so a buffer can be reused after it).
 
     Example:
+        >>> from ckptkit.format.digest import hexdigest_bytes
         >>> with PipelinedHasher() as ph:
         ...     ph.update(b"ab"); ph.update(b"c")
         ...     ph.hexdigest() == hexdigest_bytes(b"abc")
@@ -124,6 +105,7 @@ def hash_file(
     Example:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "f"; _ = p.write_bytes(b"abc")
+        >>> from ckptkit.format.digest import hexdigest_bytes
         >>> hash_file(p) == (hexdigest_bytes(b"abc"), 3)
         True
     """

@@ -306,22 +306,27 @@ def put_if_absent(target: Location, data: bytes) -> bool:
     return True
 
 
-def read_small(p: Location, limit: int, *, hint: str | None = None) -> bytes:
+def read_small(
+    p: Location, limit: int, *, hint: str | None = None, code: str = "CK-F022"
+) -> bytes:
     """Read a whole small file: at most ``limit + 1`` bytes (the caller refuses more).
 
     Locally only a regular file is opened, never following a symlink and never blocking
     (:func:`ckptkit.storage.files.open_fd`): a FIFO put where a run keeps ``latest``, its
-    index or its lock would otherwise hang every command that reads it.
+    index or its lock would otherwise hang every command that reads it. Remote: one GET.
 
     Args:
         p: the file.
         limit: the most bytes the caller accepts.
         hint: the fix printed when ``p`` is not a regular file (default: remove it).
+        code: the finding code of that refusal (a manifest's is ``CK-M008``).
 
     Raises:
-        UnsafeInputError: ``CK-F022``, ``p`` is a FIFO, device, socket, directory or symlink.
-        FileNotFoundError: nothing is at ``p``.
-        OSError: any other failure to read.
+        UnsafeInputError: ``code``, ``p`` is a FIFO, device, socket, directory or symlink.
+        FileNotFoundError: nothing is at ``p`` (``NotADirectoryError`` when a parent is a
+            file).
+        OSError: any other failure to read (a remote store may raise its own transport
+            errors too: :func:`ckptkit.codes.transient` tells them apart).
 
     Example:
         >>> import tempfile, pathlib
@@ -332,7 +337,7 @@ def read_small(p: Location, limit: int, *, hint: str | None = None) -> bytes:
         ckptkit.errors.UnsafeInputError: CK-F022 .../latest: is a FIFO (named pipe), not a regular file...
     """
     if is_local(p):
-        with files.open_regular(_lp(p), code="CK-F022", hint=hint or _run_file_fix(p)) as f:
+        with files.open_regular(_lp(p), code=code, hint=hint or _run_file_fix(p)) as f:
             chunks: list[bytes] = []
             n = 0
             while n <= limit:  # an unbuffered read may return less than asked
@@ -344,6 +349,29 @@ def read_small(p: Location, limit: int, *, hint: str | None = None) -> bytes:
             return b"".join(chunks)
     fs, path = _fs(p)
     return bytes(fs.cat_file(path, start=0, end=limit + 1))
+
+
+def write_new_file(p: Location, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` as the whole file at ``p``, for a file inside a directory being committed.
+
+    No temporary and no rename: the directory around it is not visible yet (its own
+    commit, :mod:`ckptkit.storage.atomic`, is the atomic step). Local: written in full and
+    fsynced when ``fsync``; remote: one PUT (the store applies it atomically, and on an
+    object store that PUT is the commit of a manifest).
+    """
+    if not is_local(p):
+        fs, path = _fs(p)
+        fs.pipe_file(path, data)
+        return
+    fd = os.open(_lp(p), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        mv = memoryview(data)
+        while mv:
+            mv = mv[os.write(fd, mv) :]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_regular(p: Location, *, hint: str | None = None) -> bool:
@@ -508,4 +536,5 @@ __all__ = [
     "size",
     "url",
     "walk_files",
+    "write_new_file",
 ]

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from ckptkit import codes
+from ckptkit.format import digest as fmt_digest
+from ckptkit.format.dtypes import HeaderEntry
 from ckptkit.storage import codec, digest, fs, tensors
 from ckptkit.storage.fs import Location
 from ckptkit.storage.upload import open_upload
@@ -97,7 +99,7 @@ def hash_file(
 ) -> tuple[str, int]:
     """``(xxh3-128, size)`` of a remote file: parallel ranges, hashed in file order."""
     size = fs.size(loc)
-    h = digest.new()
+    h = fmt_digest.new()
     todo = _ranges(0, size)
     for i in range(0, len(todo), RANGES_IN_FLIGHT):
         batch = todo[i : i + RANGES_IN_FLIGHT]
@@ -114,7 +116,7 @@ def hash_file(
 def read_file(
     loc: Location,
     expected: tensors.Expected,
-    wanted: dict[str, tensors.HeaderEntry],
+    wanted: dict[str, HeaderEntry],
     *,
     targets: dict[str, torch.Tensor] | None = None,
     on_bytes: OnBytes | None = None,
@@ -161,7 +163,7 @@ def read_file(
     base = 8 + n_head
     header = tensors.parse_header(bytes(head[8:base]), path=rel, data_len=size - base)
     tensors._match(header, wanted, rel)
-    h = digest.new()
+    h = fmt_digest.new()
     h.update(head)
     out: dict[str, torch.Tensor] = {}
     plan = _Plan(len(head), h, on_bytes)
@@ -273,7 +275,7 @@ class _Plan:
 def _read_compressed(
     loc: Location,
     expected: tensors.Expected,
-    wanted: dict[str, tensors.HeaderEntry],
+    wanted: dict[str, HeaderEntry],
     targets: dict[str, torch.Tensor],
     on_bytes: OnBytes | None,
 ) -> dict[str, torch.Tensor]:
@@ -282,7 +284,7 @@ def _read_compressed(
     got = fs.read_into(loc, raw)
     if got != expected.size:
         raise codes.error("CK-F002", f"read {got} of {expected.size} bytes", path=rel)
-    hexd = digest.hexdigest_bytes(memoryview(raw))
+    hexd = fmt_digest.hexdigest_bytes(memoryview(raw))
     if hexd != expected.digest:
         raise codes.error(
             "CK-F003",

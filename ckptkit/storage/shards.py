@@ -25,7 +25,8 @@ from typing import Any, Literal, Protocol
 from ckptkit import crashpoints
 from ckptkit import manifest as mf
 from ckptkit.collective import Collective
-from ckptkit.storage import codec, dcp, digest, fs, remote, tensors, tree
+from ckptkit.format import tree
+from ckptkit.storage import codec, dcp, digest, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
 DEFAULT_SHARD_BYTES = 2 << 30

@@ -28,53 +28,17 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import torch
 
 from ckptkit import codes
-from ckptkit.errors import CkptkitError, IntegrityError, StateError, UnsafeInputError
+from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
+from ckptkit.format.dtypes import DTYPES, HeaderEntry, dtype_name
 from ckptkit.storage import codec, digest, files
 
 if TYPE_CHECKING:
     from ckptkit.manifest import FileEntry
 
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "U16": torch.uint16,
-    "U32": torch.uint32,
-    "U64": torch.uint64,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-    "F8_E5M2": torch.float8_e5m2,
-    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-    "F8_E8M0": torch.float8_e8m0fnu,
-    "C64": torch.complex64,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-NOT_YET: dict[torch.dtype, str] = {
-    torch.float4_e2m1fn_x2: "safetensors records it as F4 with the last dimension counted in "
-    "4-bit halves, and ckptkit's manifests record torch shapes",
-}
-"""Dtypes safetensors writes that ckptkit refuses on purpose, and why (a test holds this
-table, :data:`DTYPES` and the installed safetensors together)."""
 MAX_HEADER = 100 << 20
 """Largest safetensors header accepted (the safetensors library uses the same bound)."""
 
 OnBytes = Callable[[int], None]
-
-
-@dataclass(frozen=True)
-class HeaderEntry:
-    """One tensor as a safetensors header describes it."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    offsets: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -85,23 +49,6 @@ class Written:
     digest: str
     raw_size: int
     header: dict[str, HeaderEntry]
-
-
-def dtype_name(dt: torch.dtype, *, key: str) -> str:
-    """Return the safetensors name of a torch dtype, or raise naming the tensor."""
-    try:
-        return DTYPE_NAMES[dt]
-    except KeyError:
-        if dt in NOT_YET:
-            raise StateError(
-                f"tensor '{key}' has dtype {dt}, which ckptkit cannot store yet: "
-                + NOT_YET[dt],
-                hint=f"save its bytes (t.view(torch.uint8)) and view them back as {dt} after load",
-            ) from None
-        raise StateError(
-            f"tensor '{key}' has dtype {dt}, which safetensors cannot hold",
-            hint="convert it (e.g. complex128 -> two float64 tensors) before saving",
-        ) from None
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

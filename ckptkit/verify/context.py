@@ -14,6 +14,7 @@ from typing import Any
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, UnsafeInputError
+from ckptkit.format.dtypes import HeaderEntry
 from ckptkit.storage import files, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
@@ -32,7 +33,7 @@ class FileScan:
     """What sits there instead of a regular file (``"a FIFO (named pipe)"`` ...): never opened."""
     size: int | None = None
     digest: str | None = None
-    header: dict[str, tensors.HeaderEntry] | None = None
+    header: dict[str, HeaderEntry] | None = None
     header_error: str | None = None
     header_error_code: str | None = None
     """``CK-F004`` (bad header) or ``CK-F008`` (will not decompress), from the reader."""
@@ -153,7 +154,7 @@ class CheckContext:
             size = fs.size(p)
             if size != fe.size:
                 return FileScan(fe, exists=True, size=size)
-            header: dict[str, tensors.HeaderEntry] | None = None
+            header: dict[str, HeaderEntry] | None = None
             err: tuple[str, str] | None = None
             finite: tensors.FiniteScan | None = None
             if fe.compression is None and fe.path.endswith(".safetensors"):

@@ -12,6 +12,7 @@ from typing import Any
 from ckptkit import _progress, signing
 from ckptkit import manifest as mf
 from ckptkit.catalog import native_evidence
+from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.read import resolve_format
@@ -65,7 +66,7 @@ def verify_one(
     err: CkptkitError | None = None
     if m is None:
         try:
-            m = mf.read(root, key=key)
+            m = manifest_io.read(root, key=key)
         except CkptkitError as e:
             err = e
     ctx = CheckContext(

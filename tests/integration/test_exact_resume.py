@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from zygote import Zygote
 
-from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
+from ckptkit.checkpoint import manifest_io
 from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
 
 W, N = 15, 15
@@ -245,7 +245,7 @@ def test_lookahead_in_manifest_matches_the_resumed_first_step(runs: Runs) -> Non
     """The checkpoint says what step W+1 will do; the resumed run does exactly that."""
     ref = runs.get("ref-fp16")
     first = runs.get("resume-fp16-none").records[0]
-    look = mf.read(ref.ckpt_dir / step_dir_name(W)).lookahead
+    look = manifest_io.read(ref.ckpt_dir / step_dir_name(W)).lookahead
     assert look is not None
     assert look["next_step"] == first["step"] == W + 1
     for key in ("lr", "loss_scale", "rng", "sample_ids", "epoch"):

@@ -26,6 +26,7 @@ import torch
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.catalog import Catalog, step_dir_name
+from ckptkit.checkpoint import manifest_io
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify import runner
@@ -127,7 +128,7 @@ def _after(monkeypatch: pytest.MonkeyPatch, where: str, target: str,
 
         monkeypatch.setattr(runner, "verify_one", one)
         return
-    real_read = mf.read
+    real_read = manifest_io.read
 
     def read(ckpt: Any, **kw: Any) -> mf.Manifest:
         m = real_read(ckpt, **kw)
@@ -136,7 +137,7 @@ def _after(monkeypatch: pytest.MonkeyPatch, where: str, target: str,
             act()
         return m
 
-    monkeypatch.setattr(mf, "read", read)
+    monkeypatch.setattr(manifest_io, "read", read)
 
 
 def test_deleted_between_listing_and_reading_is_gone_not_damage(

@@ -172,7 +172,7 @@ def test_decompression_bomb(tmp_path: Path) -> None:
     ckptkit.save({"model": {"w": torch.zeros(1000)}}, d, compress="zstd")
     # Replace the file with a stream that expands far beyond the declared raw size,
     # and fix the manifest's digest/size so only the bomb guard can catch it.
-    from ckptkit.storage import digest
+    from ckptkit.format import digest
 
     f = d / "model.safetensors.zst"
     bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))

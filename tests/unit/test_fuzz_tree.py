@@ -35,7 +35,7 @@ import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.catalog import Catalog
 from ckptkit.describe import describe
-from ckptkit.storage import tree as tree_mod
+from ckptkit.format import tree as tree_mod
 from ckptkit.verify.findings import CODES
 from ckptkit.verify.runner import VerifyResult
 

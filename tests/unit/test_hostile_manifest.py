@@ -17,6 +17,7 @@ from hostile import HOSTILE_TREES
 
 import ckptkit
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 from ckptkit.describe import describe
 
 
@@ -345,7 +346,7 @@ def test_hostile_value_is_one_corrupt_checkpoint_not_a_broken_run(tmp_path: Path
         mgr.save(_train_state(2))
     _rewrite(run / "step-00000002", lambda o: o["tree"].__setitem__("x", _ISSUE23_VALUES[name]))
     with pytest.raises(ckptkit.ManifestError) as ei:
-        mf.read(run / "step-00000002")
+        manifest_io.read(run / "step-00000002")
     assert ei.value.code == "CK-M009" and "manifest.json" in str(ei.value)
     assert "tree/x" in str(ei.value)
     status = {c.step: c for c in Catalog(run).list()}

@@ -11,6 +11,7 @@ import torch
 
 import ckptkit
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "manifests"
@@ -41,7 +42,7 @@ def test_written_manifest_validates_and_round_trips(saved_ckpt) -> None:  # type
     d = saved_ckpt()
     obj = json.loads((d / "manifest.json").read_text())
     jsonschema.Draft202012Validator(mf.schema()).validate(obj)
-    m = mf.read(d)
+    m = manifest_io.read(d)
     assert m.to_dict() == obj
     assert m.step == 3 and obj["schema_version"] == mf.SCHEMA_VERSION
 

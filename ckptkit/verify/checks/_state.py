@@ -26,11 +26,12 @@ from typing import Any
 import torch
 
 from ckptkit import manifest as mf
+from ckptkit.checkpoint.read import COMPONENT_ALIASES
 from ckptkit.errors import CkptkitError
+from ckptkit.format import tree as tree_mod
+from ckptkit.format.dtypes import DTYPES, HeaderEntry
 from ckptkit.storage import fs, remote
 from ckptkit.storage import tensors as tensors_mod
-from ckptkit.storage import tree as tree_mod
-from ckptkit.storage.checkpoint import COMPONENT_ALIASES
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.reader import ReaderContext
@@ -363,7 +364,7 @@ def _scan_nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
     if ctx.options.get("scan_values", True) is False:
         return out
     m = manifest(ctx)
-    wanted: dict[str, dict[str, tensors_mod.HeaderEntry]] = {}
+    wanted: dict[str, dict[str, HeaderEntry]] = {}
     for te in m.tensors:
         if tensor_component(te.key) in SCANNED and _floating(te.dtype):
             wanted.setdefault(te.file, {})
@@ -410,7 +411,7 @@ def tensor_values(ctx: CheckContext, prefix: str) -> dict[str, torch.Tensor]:
     if ctx.options.get("scan_values", True) is False:
         return {}
     m = manifest(ctx)
-    wanted: dict[str, dict[str, tensors_mod.HeaderEntry]] = {}
+    wanted: dict[str, dict[str, HeaderEntry]] = {}
     for te in m.tensors:
         if te.key.startswith(prefix):
             wanted.setdefault(te.file, {})
@@ -443,7 +444,7 @@ def tensor_values(ctx: CheckContext, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def _remote(
-    root: Location, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+    root: Location, fe: mf.FileEntry, wanted: dict[str, HeaderEntry]
 ) -> Iterator[tuple[str, NonFinite | None]]:
     """The second look on an object store: the flagged tensors' byte ranges, fetched."""
     p = root / fe.path
@@ -463,7 +464,7 @@ def _remote(
         keys = [k for k, e in wanted.items() if _floating(e.dtype) and e.offsets[1] > e.offsets[0]]
         spans = [(base + wanted[k].offsets[0], base + wanted[k].offsets[1]) for k in keys]
         for key, data in zip(keys, fs.read_ranges(p, spans), strict=True):
-            dt = tensors_mod.DTYPES[wanted[key].dtype]
+            dt = DTYPES[wanted[key].dtype]
             yield key, count_nonfinite(key, torch.frombuffer(bytearray(data), dtype=dt))
     except (CkptkitError, OSError, ValueError):
         return
@@ -474,7 +475,7 @@ def _floating(dtype: str) -> bool:
 
 
 def _mapped(
-    root: Path, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+    root: Path, fe: mf.FileEntry, wanted: dict[str, HeaderEntry]
 ) -> Iterator[tuple[str, NonFinite | None]]:
     """Scan an uncompressed file whose digest just matched, tensor by tensor, via mmap.
 
@@ -494,7 +495,7 @@ def _mapped(
                 for key, e in wanted.items():
                     if not _floating(e.dtype) or e.offsets[1] == e.offsets[0]:
                         continue
-                    dt = tensors_mod.DTYPES[e.dtype]
+                    dt = DTYPES[e.dtype]
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # read-only buffer: we never write
                         t = torch.frombuffer(
@@ -517,7 +518,7 @@ def t_itemsize(dt: torch.dtype) -> int:
 
 
 def _read(
-    root: Path, fe: mf.FileEntry, wanted: dict[str, tensors_mod.HeaderEntry]
+    root: Path, fe: mf.FileEntry, wanted: dict[str, HeaderEntry]
 ) -> Iterator[tuple[str, NonFinite | None]]:
     """Scan a compressed file: decompress it once, fully verified, then count per tensor."""
     p = root / fe.path

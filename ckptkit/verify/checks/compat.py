@@ -25,7 +25,7 @@ import torch
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import tree as tree_mod
+from ckptkit.format import tree as tree_mod
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, Finding, check

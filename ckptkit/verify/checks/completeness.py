@@ -12,8 +12,8 @@ from typing import Any
 
 from ckptkit import manifest as mf
 from ckptkit.codes import UNREADABLE
+from ckptkit.format import tree as tree_mod
 from ckptkit.storage import dcp, fs
-from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.dcp import DCP_DIR, METADATA
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext

@@ -23,8 +23,8 @@ from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import state as train_state
 from ckptkit.codes import ROLLBACK
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import tree as tree_mod
-from ckptkit.storage.tensors import DTYPES
+from ckptkit.format import tree as tree_mod
+from ckptkit.format.dtypes import DTYPES
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check

@@ -18,7 +18,7 @@ import pytest
 from _launch import launch
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 
 pytestmark = pytest.mark.distributed
 
@@ -54,7 +54,7 @@ def _assert_proven(path: Any, storage: str) -> None:
     res = ckptkit.verify(path)
     assert res.ok, [f.to_dict() for f in res.findings]
     comps = res.reports[0].components
-    man = mf.read(path)
+    man = manifest_io.read(path)
     for name in ("model", "optimizer"):
         assert comps[name].present, name
         where = comps[name].where

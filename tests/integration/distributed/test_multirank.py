@@ -15,6 +15,7 @@ from _launch import TIMEOUT, launch
 import ckptkit
 from ckptkit import crashpoints
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 from ckptkit.sampler import ResumableSampler
 from ckptkit.storage.atomic import is_committed
 from ckptkit.verify.runner import verify_one
@@ -37,7 +38,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_save_writes_per_rank_files_and_one_manifest(saved: dict[str, Any]) -> None:
     path = saved["ckpt"] / "step-00000003"
-    man = mf.read(path)
+    man = manifest_io.read(path)
     ranks = {f.path: f.rank for f in man.files}
     assert ranks["rng-rank00000.safetensors"] == 0
     assert ranks["rng-rank00001.safetensors"] == 1
@@ -140,7 +141,7 @@ def test_dcp_storage_reshards_to_other_world_sizes(tmp_path: Path, fsdp: bool) -
         2, tmp_path / "o-save", scenario="save", ckpt=str(ck), storage="dcp", fsdp=fsdp
     )
     assert codes == [0, 0]
-    man = mf.read(ck / "step-00000003")
+    man = manifest_io.read(ck / "step-00000003")
     dcp_files = [f.path for f in man.files if f.component == "dcp"]
     assert "dcp/.metadata" in dcp_files and any(p.endswith(".distcp") for p in dcp_files)
     assert not verify_one(ck / "step-00000003").errors
@@ -178,10 +179,10 @@ def _copy(saved: dict[str, Any], tmp_path: Path) -> Path:
 
 
 def _rewrite(path: Path, edit: Any) -> None:
-    d = mf.read(path).to_dict()
+    d = manifest_io.read(path).to_dict()
     d.pop("manifest_digest")
     edit(d)
-    mf.write(path, mf.Manifest.from_dict(d))
+    manifest_io.write(path, mf.Manifest.from_dict(d))
 
 
 def _codes(path: Path) -> dict[str, list[str]]:

@@ -3,7 +3,7 @@
 Every torch dtype is tried. When the library writes it and reads it back unchanged
 (``safe_open``, framework ``pt``), ckptkit must save and load it unchanged too, name it
 as the library does, and write a shard the library reads back; or refuse it on purpose,
-listed in ``tensors.NOT_YET`` with the reason. When the library cannot write it, ckptkit
+listed in ``dtypes.NOT_YET`` with the reason. When the library cannot write it, ckptkit
 refuses it with an error naming the tensor. A new safetensors or torch release that adds
 a dtype fails here until the table says what ckptkit does with it.
 """
@@ -22,7 +22,7 @@ import torch
 
 import ckptkit
 from ckptkit.errors import StateError
-from ckptkit.storage import tensors
+from ckptkit.format import dtypes
 
 
 def _all_dtypes() -> list[torch.dtype]:
@@ -74,17 +74,17 @@ def test_dtype_table_matches_safetensors(dt: torch.dtype, tmp_path: Path) -> Non
     assert t is not None
     lib_name = _library_round_trips(t, tmp_path)
     d = tmp_path / "ck"
-    if lib_name is None or dt in tensors.NOT_YET:
+    if lib_name is None or dt in dtypes.NOT_YET:
         with pytest.raises(StateError, match="'model/x'") as ei:
             ckptkit.save({"model": {"x": t}}, d)
-        if dt in tensors.NOT_YET:
+        if dt in dtypes.NOT_YET:
             assert lib_name is not None, f"{dt} is listed as refused on purpose, but the "
             "installed safetensors cannot write it anyway: drop it from NOT_YET"
             assert "cannot store yet" in str(ei.value)
         assert not d.exists()
         return
-    assert tensors.DTYPE_NAMES.get(dt) == lib_name, (
-        f"safetensors writes {dt} as {lib_name}; add it to ckptkit.storage.tensors.DTYPES "
+    assert dtypes.DTYPE_NAMES.get(dt) == lib_name, (
+        f"safetensors writes {dt} as {lib_name}; add it to ckptkit.format.dtypes.DTYPES "
         "(and the dtype enum of schemas/manifest.schema.json), or to NOT_YET with the reason"
     )
     ckptkit.save({"model": {"x": t}}, d)
@@ -100,4 +100,4 @@ def test_dtype_table_matches_safetensors(dt: torch.dtype, tmp_path: Path) -> Non
 
 def test_float8_e8m0fnu_is_stored() -> None:
     """The case the newcomer hit: 'safetensors cannot hold it' although it can."""
-    assert tensors.DTYPE_NAMES[torch.float8_e8m0fnu] == "F8_E8M0"
+    assert dtypes.DTYPE_NAMES[torch.float8_e8m0fnu] == "F8_E8M0"

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ckptkit
-from ckptkit.storage.tensors import DTYPES
+from ckptkit.format.dtypes import DTYPES
 
 ALL_DTYPES = sorted(DTYPES.values(), key=str)
 

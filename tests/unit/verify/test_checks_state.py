@@ -19,6 +19,7 @@ import torch
 import ckptkit
 from ckptkit import manifest as mf
 from ckptkit.capture.parallel import ParallelConfig
+from ckptkit.checkpoint import manifest_io
 from ckptkit.commit import save_state
 from ckptkit.sampler import ResumableSampler
 from ckptkit.verify.findings import Finding, Severity
@@ -388,7 +389,7 @@ def test_damaged_file_skips_value_scan(tmp_path: Path) -> None:
 
 
 def test_r001_env_changed(clean: Path) -> None:
-    env = dict(mf.read(clean).env)
+    env = dict(manifest_io.read(clean).env)
     env.update(torch="9.9.9", cuda="99.0")
     [f] = only(clean, "CK-R001", current_env=env)
     assert f.severity is Severity.WARNING

@@ -18,9 +18,11 @@ import torch
 
 from ckptkit import _progress, codes
 from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
 from ckptkit.fit import FitReport, match_targets
-from ckptkit.storage import atomic, fs, remote, tensors, tree
+from ckptkit.format import dtypes, tree
+from ckptkit.storage import atomic, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
 IO_WORKERS = 2
@@ -145,7 +147,7 @@ def read_checkpoint(
         StateError: ``CK-R010`` a target does not fit (``strict``).
     """
     root = fs.location(path)
-    m = manifest or mf.read(root)
+    m = manifest or manifest_io.read(root)
     limit = max_bytes if max_bytes is not None else _max_bytes_default()
     need = sum(t.nbytes for t in m.tensors)
     if need > limit:
@@ -158,7 +160,7 @@ def read_checkpoint(
     targets: dict[str, torch.Tensor] = {}
     fit: FitReport | None = None
     if targets_from is not None:
-        saved = {te.key: (tensors.DTYPES[te.dtype], tuple(te.shape)) for te in m.tensors}
+        saved = {te.key: (dtypes.DTYPES[te.dtype], tuple(te.shape)) for te in m.tensors}
         targets, fit = match_targets(targets_from, m.tree, saved)
         if strict and not fit.ok:
             raise codes.error(
@@ -168,7 +170,7 @@ def read_checkpoint(
                 hint="load into a state of the saved architecture and dtype, or pass "
                 "strict=False to load what fits and get a report of the rest",
             )
-    by_file: dict[str, dict[str, tensors.HeaderEntry]] = {f.path: {} for f in m.files}
+    by_file: dict[str, dict[str, dtypes.HeaderEntry]] = {f.path: {} for f in m.files}
     for te in m.tensors:
         by_file[te.file][te.key] = te.header_entry()
     # Only tensor shards are read here; other listed files (DCP shards of a multi-rank

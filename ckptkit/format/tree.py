@@ -22,7 +22,7 @@ import torch
 
 from ckptkit._repr import short
 from ckptkit.errors import ManifestError, StateError
-from ckptkit.storage.tensors import DTYPES
+from ckptkit.format.dtypes import DTYPES
 
 TAG = "$t"
 

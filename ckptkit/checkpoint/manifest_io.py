@@ -1,0 +1,109 @@
+"""Read ``manifest.json`` from a checkpoint's location, and write it there.
+
+The manifest's format (dataclasses, canonical JSON, schema, signature) is
+:mod:`ckptkit.manifest`, which touches no file; this module moves its bytes through the
+one filesystem interface (:mod:`ckptkit.storage.fs`), local directory or object-store
+prefix alike, and turns what can go wrong on the way into the manifest's finding codes:
+nothing there (``CK-M001``), not a regular file (``CK-M008``), absurdly large
+(``CK-M006``), unreadable now (``CK-F025``, or ``CK-M008`` when that is damage).
+"""
+
+from __future__ import annotations
+
+from ckptkit import codes
+from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnsafeInputError
+from ckptkit.format import digest
+from ckptkit.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest
+from ckptkit.storage import fs
+from ckptkit.storage.fs import Location
+
+_NOT_REGULAR_HINT = (
+    "a manifest is a regular file inside the checkpoint; replace it with the real one or "
+    "roll back to the previous verified checkpoint ('ckptkit ls RUN')"
+)
+
+
+def read(ckpt_dir: Location | str, *, key: bytes | None = None) -> Manifest:
+    """Read and validate ``ckpt_dir/manifest.json`` (once: pass the result on, do not re-read).
+
+    Args:
+        ckpt_dir: the checkpoint directory (or object-store prefix).
+        key: an HMAC key the manifest must be signed with (already resolved: see
+            :func:`ckptkit.signing.resolve_key`); None checks no signature.
+
+    Raises:
+        IncompleteCheckpointError: ``CK-M001`` no manifest: an incomplete save.
+        UnsafeInputError: ``CK-M008`` the manifest is a symlink, FIFO, directory or device;
+            ``CK-M006`` it is larger than :data:`ckptkit.manifest.MAX_MANIFEST_BYTES`.
+        ManifestError / UnsafeInputError / SignatureError: see :func:`ckptkit.manifest.parse`.
+
+    Example:
+        >>> read("/nonexistent")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.IncompleteCheckpointError: CK-M001 /nonexistent/manifest.json: ...
+    """
+    return read_path(fs.location(ckpt_dir) / MANIFEST_NAME, key=key)
+
+
+def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
+    """Read and validate a manifest file at ``p`` (any name: adopted manifests too).
+
+    Only a regular file is opened, never following a symlink and never blocking (a FIFO
+    named like a manifest is refused, not waited on). On an object store it is one GET.
+
+    Raises:
+        As :func:`read`.
+    """
+    loc = fs.location(p)
+    where = fs.url(loc)
+    try:
+        text = fs.read_small(loc, MAX_MANIFEST_BYTES, code="CK-M008", hint=_NOT_REGULAR_HINT)
+    except CkptkitError:
+        raise
+    except (FileNotFoundError, NotADirectoryError):
+        raise IncompleteCheckpointError(
+            "no manifest: this is not a committed checkpoint (an interrupted save, or the "
+            "wrong directory)",
+            path=where,
+            code="CK-M001",
+            hint="point at a step directory that holds manifest.json, or roll back with "
+            "'ckptkit ls RUN'",
+        ) from None
+    except Exception as e:  # s3fs lets some transport errors through unconverted
+        if not isinstance(e, OSError) and not codes.transient(e):
+            raise
+        raise _unreadable(e, where) from None
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise UnsafeInputError(
+            f"manifest is larger than {MAX_MANIFEST_BYTES} bytes",
+            path=where,
+            code="CK-M006",
+            hint="do not load this checkpoint; its manifest is absurdly large",
+        )
+    return Manifest.from_json(text, path=where, key=key)
+
+
+def _unreadable(exc: BaseException, where: object) -> CkptkitError:
+    """A manifest read that failed: ``CK-F025`` when that is not damage (a permission, an
+    I/O error, the store unreachable: :func:`ckptkit.codes.transient`), else ``CK-M008``."""
+    return codes.read_error(
+        exc,
+        path=where,
+        damage="CK-M008",
+        hint="check the permissions and the disk (or the credentials and the endpoint), "
+        "then try again",
+    )
+
+
+def write(ckpt_dir: Location, manifest: Manifest, *, fsync: bool = True) -> FileEntry:
+    """Write ``manifest.json`` into ``ckpt_dir`` (the last file of a save) and fsync it.
+
+    On an object store this one PUT is the commit (the store applies it atomically).
+
+    Returns:
+        The manifest file's own entry (size and digest of the bytes written).
+    """
+    text = manifest.to_json().encode()
+    fs.write_new_file(ckpt_dir / MANIFEST_NAME, text, fsync=fsync)
+    return FileEntry(MANIFEST_NAME, len(text), digest.hexdigest_bytes(text))

@@ -26,7 +26,7 @@ from ckptkit.preempt import PreemptionGuard
 from ckptkit.recorder import Recorder
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
-from ckptkit.verify import verify
+from ckptkit.verify.runner import verify
 
 __all__ = [
     "CheckpointExistsError",

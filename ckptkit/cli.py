@@ -188,7 +188,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
     """
     from ckptkit.render import RENDERERS
     from ckptkit.runs import framework_checkpoints, ignored_at
-    from ckptkit.verify import verify as run_verify
+    from ckptkit.verify.runner import verify as run_verify
 
     _must_be_a_run(path, checkpoint_ok=True)
     opts: dict[str, Any] = dict(

@@ -1,6 +1,13 @@
-"""``ckptkit verify``: findings about a checkpoint's integrity, completeness and consistency."""
+"""``ckptkit verify``: findings about a checkpoint's integrity, completeness and consistency.
+
+The package re-exports only its vocabulary (:mod:`.findings`): every module that imports
+a verify submodule runs this file first, and the foreign readers below the checks
+(:mod:`ckptkit.foreign`) use that vocabulary. The entry points, :func:`ckptkit.verify`
+and :func:`.runner.verify_one`, sit at the top of the package and import those readers,
+so they are imported from :mod:`.runner` (or from ``ckptkit``), never re-exported here:
+that would close a cycle (``docs/architecture.md``).
+"""
 
 from ckptkit.verify.findings import CHECKS, CODES, Finding, Severity
-from ckptkit.verify.runner import Report, VerifyResult, verify, verify_one
 
-__all__ = ["CHECKS", "CODES", "Finding", "Report", "Severity", "VerifyResult", "verify", "verify_one"]
+__all__ = ["CHECKS", "CODES", "Finding", "Severity"]

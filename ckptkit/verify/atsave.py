@@ -16,7 +16,7 @@ in memory where they are already hot, and records what they found in the manifes
     warnings marked "accepted at save", so the checkpoint is verified, becomes
     ``latest`` and is restored, with the findings in the restore notes and ``ls``.
 
-:func:`reconcile` is that rule, applied by every verify (:func:`ckptkit.verify.verify_one`).
+:func:`reconcile` is that rule, applied by every verify (:func:`ckptkit.verify.runner.verify_one`).
 It also puts back the recorded value findings (NaN/Inf) when a verify did not scan values
 (a restore reads with digests only), so a restore never misses what the save saw.
 """

@@ -249,7 +249,7 @@ def test_oserror_message_has_no_empty_file_name() -> None:
 def test_foreign_verify_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     f = tmp_path / "ckpt.pt"
     torch.save({"model": {"w": torch.randn(256, 256)}, "step": 3}, f)
-    code = f"from ckptkit.verify import verify; verify({str(f)!r}, progress=True)"
+    code = f"from ckptkit.verify.runner import verify; verify({str(f)!r}, progress=True)"
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CKPTKIT_NO_PROGRESS", None)

@@ -24,7 +24,7 @@ from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import adopted_path
 from ckptkit.storage.fs import Location
-from ckptkit.verify import verify
+from ckptkit.verify.runner import verify
 
 NAME = re.compile(r"toy-(\d+)\.pt$")
 

@@ -1,17 +1,138 @@
-"""The package's shape: no import cycles, no cycle hidden in a function, a readable manager.
+"""The package's shape: layers that import only downward, no import cycles, a readable manager.
 
 Style (``style.md``): data flows one way; a cycle means a concept sits on the wrong floor,
-so it is moved down, never hidden behind a function-local import.
+so it is moved down, never hidden behind a function-local import. The layers, and what
+each one is for, are written down in ``docs/architecture.md``; :data:`LAYERS` here is the
+same table, and a test holds the two together.
+
+The import graph is read from the source (``ast``), and it sees what ``python -c 'import
+ckptkit'`` would hide behind its import order:
+
+* every import, at module level, inside a function, or under ``TYPE_CHECKING`` (a type is
+  a dependency too; only the cycle check leaves type-only imports out, since they never run);
+* a package's ``__init__``: importing ``ckptkit.verify.findings`` runs
+  ``ckptkit/verify/__init__.py`` first, and whatever *it* imports;
+* imports by name: a string naming a ckptkit module, in a module that calls
+  ``importlib.import_module`` or ``__import__``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "ckptkit"
+DOC = PKG.parent / "docs" / "architecture.md"
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "base",
+        (
+            "ckptkit._version",
+            "ckptkit._repr",
+            "ckptkit._jsonval",
+            "ckptkit._progress",
+            "ckptkit.errors",
+            "ckptkit.codes",
+            "ckptkit.crashpoints",
+            "ckptkit.collective",
+        ),
+    ),
+    ("format", ("ckptkit.format", "ckptkit.format.*", "ckptkit.manifest", "ckptkit.signing")),
+    ("storage", ("ckptkit.storage", "ckptkit.storage.*")),
+    (
+        "checkpoint",
+        (
+            "ckptkit.checkpoint",
+            "ckptkit.checkpoint.*",
+            "ckptkit.capture",
+            "ckptkit.capture.*",
+            "ckptkit.sampler",
+            "ckptkit.fit",
+            "ckptkit.commit",
+            "ckptkit.io",
+            "ckptkit.catalog",
+            "ckptkit.whatis",
+            "ckptkit.foreign",
+            "ckptkit.foreign.detect",
+            "ckptkit.foreign._load",
+        ),
+    ),
+    ("verify", ("ckptkit.verify", "ckptkit.verify.*", "ckptkit.foreign.*", "ckptkit.describe")),
+    (
+        "signals",
+        (
+            "ckptkit.rngtrace",
+            "ckptkit.observe",
+            "ckptkit.recorder",
+            "ckptkit.stability",
+            "ckptkit.guard",
+            "ckptkit.recovery_log",
+            "ckptkit.recovery",
+        ),
+    ),
+    (
+        "run",
+        (
+            "ckptkit.run",
+            "ckptkit.run.*",
+            "ckptkit.rotation",
+            "ckptkit.retain",
+            "ckptkit.restore",
+            "ckptkit.trajectory",
+            "ckptkit.manager",
+            "ckptkit.runs",
+            "ckptkit.layouts",
+            "ckptkit.layouts.*",
+            "ckptkit.preempt",
+        ),
+    ),
+    ("integrations", ("ckptkit.integrations", "ckptkit.integrations.*", "ckptkit.drill.contract")),
+    ("drill", ("ckptkit.drill", "ckptkit.drill.*")),
+    ("cli", ("ckptkit.cli", "ckptkit.__main__", "ckptkit.render", "ckptkit.render.*", "ckptkit.watch")),
+    ("api", ("ckptkit",)),
+    ("examples", ("ckptkit.examples", "ckptkit.examples.*")),
+)
+"""Layers, lowest first; the modules of each (``pkg.*``: every module below ``pkg``; the most
+specific pattern wins). A module may import from its own layer and the layers below."""
+
+ALLOWED_UP: dict[tuple[str, str], str] = {
+    ("ckptkit.verify.checks.consistency", "ckptkit.guard"): (
+        "verify reads the resume guard's look-ahead record through guard.problems/GUARD_KEY; "
+        "the record and its check belong below verify (issue 24 item 5: typed look-ahead "
+        "records, SIGNALS' area), and then this edge goes"
+    ),
+}
+"""Known upward imports (importer, imported) left in files other issue-24 work is rewriting,
+each with why it is there and what removes it. Nothing may be added here to pass a test."""
+
+IGNORED_FOR_CYCLES: dict[tuple[str, str], str] = {
+    ("ckptkit.runs", "ckptkit.layouts.hf"): (
+        "runs imports the built-in layouts by name so that they register themselves (a "
+        "plugin registry: runs.register); the one Run with layout strategies (issue 24 "
+        "item 1, RUN's area) replaces it"
+    ),
+    ("ckptkit.runs", "ckptkit.layouts.lightning"): "as ckptkit.runs -> ckptkit.layouts.hf",
+}
+"""Edges the cycle check leaves out (still checked for direction), each with its reason."""
+
+IS_LOCAL_LEFT: dict[str, str] = {
+    name: "the run layer (issue 24 item 1, RUN's area) is being rewritten around one Run; "
+    "its local-versus-remote branches move behind storage functions there"
+    for name in (
+        "ckptkit.catalog",
+        "ckptkit.layouts.hf",
+        "ckptkit.layouts.lightning",
+        "ckptkit.manager",
+        "ckptkit.runs",
+    )
+}
+"""Modules outside storage that still ask ``fs.is_local``, and why (the goal is none)."""
 
 LAZY_OK = {
     # The CLI imports each command's machinery when the command runs (startup time).
@@ -34,6 +155,20 @@ def _modname(path: Path) -> str:
 MODULES = {_modname(p): p for p in PKG.rglob("*.py")}
 
 
+def layer_of(name: str) -> str | None:
+    """The layer of module ``name`` by the most specific pattern of :data:`LAYERS`."""
+    best: tuple[int, str] | None = None
+    for layer, patterns in LAYERS:
+        for pat in patterns:
+            hit = name.startswith(pat[:-1]) if pat.endswith(".*") else name == pat
+            if hit and (best is None or len(pat) > best[0]):
+                best = (len(pat), layer)
+    return None if best is None else best[1]
+
+
+RANK = {layer: i for i, (layer, _) in enumerate(LAYERS)}
+
+
 def _targets(node: ast.Import | ast.ImportFrom, here: str) -> list[str]:
     out = []
     if isinstance(node, ast.Import):
@@ -45,11 +180,11 @@ def _targets(node: ast.Import | ast.ImportFrom, here: str) -> list[str]:
             is_pkg = MODULES[here].name == "__init__.py"
             pkg = parts[: len(parts) - node.level + (1 if is_pkg else 0)]
             base = ".".join([*pkg, base]) if base else ".".join(pkg)
-        # ``from pkg import sub`` depends on the submodule; the package's __init__ only
-        # re-exports, so it counts only for names that are not submodules
+        # ``from pkg import sub`` depends on the submodule (and on pkg's __init__, which
+        # runs first: added by _with_packages); ``from pkg import name`` on pkg itself
         subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
         out = subs if len(subs) == len(node.names) else [base, *subs]
-    return [t for t in out if t.startswith("ckptkit")]
+    return [t for t in out if t == "ckptkit" or t.startswith("ckptkit.")]
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -59,62 +194,263 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(name: str) -> tuple[set[str], set[str]]:
-    """(module-level ckptkit imports, function-local ckptkit imports) of one module."""
-    tree = ast.parse(MODULES[name].read_text())
-    top: set[str] = set()
-    local: set[str] = set()
+def _calls_import_by_name(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in ("import_module", "__import__"):
+                return True
+    return False
 
-    def visit(nodes: list[ast.stmt], in_func: bool) -> None:
+
+@functools.cache
+def imports(name: str) -> dict[str, set[str]]:
+    """The ckptkit modules ``name`` imports, by kind: ``top`` (module level), ``local`` (in
+    a function), ``typing`` (under ``TYPE_CHECKING``), ``by_name`` (importlib strings)."""
+    tree = ast.parse(MODULES[name].read_text())
+    found: dict[str, set[str]] = {"top": set(), "local": set(), "typing": set(), "by_name": set()}
+
+    def visit(nodes: list[ast.stmt], kind: str) -> None:
         for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                (local if in_func else top).update(_targets(node, name))
+                found[kind].update(_targets(node, name))
             elif isinstance(node, ast.If) and _is_type_checking(node):
-                continue
+                visit(node.body, "typing")
+                visit(node.orelse, kind)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(node.body, True)
-            elif hasattr(node, "body"):
+                visit(node.body, "typing" if kind == "typing" else "local")
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, kind)
+            else:
                 for field in ("body", "orelse", "finalbody", "handlers"):
-                    visit(getattr(node, field, []) or [], in_func)
-    visit(tree.body, False)
-    return top, local
+                    visit(getattr(node, field, []) or [], kind)
+
+    visit(tree.body, "top")
+    if _calls_import_by_name(tree):
+        for node in ast.walk(tree):
+            # (not the bare "ckptkit": that string is the logger's name)
+            v = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(v, str) and v.startswith("ckptkit.") and v in MODULES:
+                found["by_name"].add(v)
+    return found
 
 
-def _graph() -> dict[str, set[str]]:
-    g = {}
+def _ancestors(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def _with_packages(targets: Iterable[str], importer: str) -> set[str]:
+    """``targets`` and every package ``__init__`` that importing them runs.
+
+    Left out: the root (the public facade, imported before anything inside it can be), the
+    importer's own packages (already running when it is imported), and an ``__init__``
+    that imports no ckptkit module (running it runs nothing else)."""
+    out: set[str] = set()
+    for t in targets:
+        out.add(t)
+        for pkg in _ancestors(t) - _ancestors(importer) - {"ckptkit"}:
+            if pkg in MODULES and any(imports(pkg).values()):
+                out.add(pkg)
+    return {t for t in out if t in MODULES}
+
+
+def graph(*, kinds: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules it imports (the given kinds, package ``__init__``s included)."""
+    g: dict[str, set[str]] = {}
     for name in MODULES:
-        top, _ = _imports(name)
-        # importing ckptkit.x.y runs ckptkit.x's __init__ first; the package root only
-        # re-exports and is not a dependency of its own modules
-        g[name] = {t for t in top if t in MODULES and t != "ckptkit" and t != name}
+        found = imports(name)
+        g[name] = _with_packages((t for k in kinds for t in found[k]), name) - {name}
     return g
 
 
-def test_no_import_cycles() -> None:
-    g = _graph()
-    state: dict[str, int] = {}
+ALL_KINDS = ("top", "local", "typing", "by_name")
+RUNTIME_KINDS = ("top", "local", "by_name")
+
+
+def strongly_connected(g: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``g`` with more than one module (or a
+    module importing itself): each is an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
     stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
 
-    def dfs(n: str) -> None:
-        state[n] = 1
-        stack.append(n)
-        for m in sorted(g[n]):
-            if state.get(m) == 1:
-                cycle = [*stack[stack.index(m):], m]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if m not in state:
-                dfs(m)
-        stack.pop()
-        state[n] = 2
+    def connect(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in g.get(v, ()):
+                out.append(sorted(comp))
 
-    for n in sorted(g):
-        if n not in state:
-            dfs(n)
+    for v in sorted(g):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def _one_cycle(g: dict[str, set[str]], comp: list[str]) -> list[str]:
+    """A shortest cycle through the first module of ``comp`` (for the message)."""
+    start = comp[0]
+    members = set(comp)
+    prev: dict[str, str] = {}
+    frontier = [start]
+    seen = {start}
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(g[v] & members):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return [*reversed(path), start]
+                if w not in seen:
+                    seen.add(w)
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return comp
+
+
+def _cycle_graph() -> dict[str, set[str]]:
+    g = graph(kinds=RUNTIME_KINDS)
+    for (a, b) in IGNORED_FOR_CYCLES:
+        g.get(a, set()).discard(b)
+    return g
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(n for n in MODULES if layer_of(n) is None)
+    assert not missing, f"give these modules a layer in LAYERS and docs/architecture.md: {missing}"
+
+
+def test_no_import_cycles() -> None:
+    g = _cycle_graph()
+    cycles = [" -> ".join(_one_cycle(g, comp)) for comp in strongly_connected(g)]
+    assert not cycles, "import cycles (move the shared concept down a layer):\n" + "\n".join(cycles)
+
+
+def test_imports_go_down_the_layers() -> None:
+    g = graph(kinds=ALL_KINDS)
+    bad = []
+    for a in sorted(g):
+        for b in sorted(g[a]):
+            la, lb = layer_of(a), layer_of(b)
+            if la is None or lb is None or RANK[lb] <= RANK[la] or (a, b) in ALLOWED_UP:
+                continue
+            bad.append(f"{a} ({la}) imports {b} ({lb})")
+    assert not bad, "imports against the layer order (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_allow_lists_name_real_edges() -> None:
+    g = graph(kinds=ALL_KINDS)
+    stale = [e for e in (*ALLOWED_UP, *IGNORED_FOR_CYCLES) if e[1] not in g.get(e[0], set())]
+    assert not stale, f"these allow-list entries no longer exist; remove them: {stale}"
+    still_down = [e for e in ALLOWED_UP if RANK[layer_of(e[1]) or ""] <= RANK[layer_of(e[0]) or ""]]
+    assert not still_down, f"these edges go down now; remove them from ALLOWED_UP: {still_down}"
+
+
+def test_the_graph_sees_package_inits_and_names() -> None:
+    """The edges a plain import-order check misses are in the graph (self-test)."""
+    g = graph(kinds=RUNTIME_KINDS)
+    # importing a submodule runs its package's __init__ first
+    assert "ckptkit.verify" in g["ckptkit.verify.runner"] | g["ckptkit.foreign._scan"]
+    # runs imports the built-in layouts by name (importlib)
+    assert {"ckptkit.layouts.hf", "ckptkit.layouts.lightning"} <= g["ckptkit.runs"]
+
+
+def test_the_checker_finds_a_cycle_through_a_package_init() -> None:
+    """The shape of the cycle issue 24 found (a reader imports a verify submodule, the verify
+    package's __init__ imports the runner, the runner imports the reader): caught."""
+    g = {
+        "p.reader": {"p.verify", "p.verify.findings"},
+        "p.verify": {"p.verify.runner"},
+        "p.verify.findings": set(),
+        "p.verify.runner": {"p.reader"},
+    }
+    comps = strongly_connected(g)
+    assert comps == [["p.reader", "p.verify", "p.verify.runner"]]
+    assert _one_cycle(g, comps[0]) == ["p.reader", "p.verify", "p.verify.runner", "p.reader"]
+
+
+def test_the_manifest_is_pure_format() -> None:
+    """The manifest format opens no file and imports nothing above the format layer."""
+    found = imports("ckptkit.manifest")
+    deps = _with_packages((t for k in ALL_KINDS for t in found[k]), "ckptkit.manifest")
+    above = {t for t in deps if RANK[layer_of(t) or "api"] > RANK["format"]}
+    assert not above, f"ckptkit.manifest imports {sorted(above)}"
+    src = MODULES["ckptkit.manifest"].read_text()
+    assert not re.search(r"\bopen\(|os\.(open|read|write|fstat)\b|\bPath\(", src)
+
+
+def test_storage_does_not_import_manifest_io() -> None:
+    g = graph(kinds=ALL_KINDS)
+    back = sorted(
+        (a, b) for a in g if layer_of(a) == "storage" for b in g[a] if b.startswith("ckptkit.checkpoint")
+    )
+    assert not back, f"storage imports the checkpoint reader back: {back}"
+
+
+def _is_local_lines() -> dict[str, list[int]]:
+    return {
+        name: hits
+        for name, path in sorted(MODULES.items())
+        if (hits := [i for i, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bis_local\b", line)])
+    }
+
+
+def test_is_local_only_in_storage() -> None:
+    """One filesystem interface: local-versus-remote is decided inside storage/ only."""
+    found = _is_local_lines()
+    hits = [
+        f"{name}:{i}"
+        for name, lines in found.items()
+        if layer_of(name) != "storage" and name not in IS_LOCAL_LEFT
+        for i in lines
+    ]
+    assert not hits, (
+        "decide local-versus-remote inside ckptkit/storage/ (behind a function named for "
+        "what it does), not at: " + ", ".join(hits)
+    )
+    stale = sorted(set(IS_LOCAL_LEFT) - set(found))
+    assert not stale, f"no is_local left in {stale}: remove them from IS_LOCAL_LEFT"
+
+
+def test_architecture_doc_lists_every_layer_and_module() -> None:
+    text = DOC.read_text()
+    for layer, _ in LAYERS:
+        assert f"`{layer}`" in text, f"docs/architecture.md does not describe layer {layer!r}"
+    for name in MODULES:
+        if name.endswith("__main__"):
+            continue
+        rel = MODULES[name].relative_to(PKG.parent).as_posix()
+        shown = rel.removesuffix("/__init__.py") + "/" if rel.endswith("__init__.py") else rel
+        assert shown in text, f"docs/architecture.md's module map does not list {shown}"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n not in LAZY_OK))
 def test_no_function_local_imports_of_ckptkit(name: str) -> None:
-    _, local = _imports(name)
+    local = imports(name)["local"]
     assert not local, (
         f"{name} imports {sorted(local)} inside a function; import at module level (if that "
         "makes a cycle, move the concept down a floor)"

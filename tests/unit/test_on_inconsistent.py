@@ -21,7 +21,8 @@ from ckptkit import manifest as mf
 from ckptkit.cli import main
 from ckptkit.commit import save_state
 from ckptkit.errors import CommittedError, ManifestError
-from ckptkit.verify import atsave, verify_one
+from ckptkit.verify import atsave
+from ckptkit.verify.runner import verify_one
 
 
 def _model() -> torch.nn.Module:

@@ -11,7 +11,7 @@ import torch
 
 from ckptkit.foreign import _load, detect
 from ckptkit.foreign.report import verify_foreign
-from ckptkit.verify import verify
+from ckptkit.verify.runner import verify
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

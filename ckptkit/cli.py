@@ -131,7 +131,7 @@ class _Where(click.ParamType):
             loc = fs.location(value)
         except CkptkitError as e:
             self.fail(str(e), param, ctx)
-        if fs.is_local(loc) and loc.name == MANIFEST_NAME and Path(str(loc)).is_file():
+        if loc.name == MANIFEST_NAME and fs.kind(loc) == "file":
             return loc.parent
         return loc
 
@@ -449,9 +449,10 @@ def _say_what_else(run_dir: Path) -> None:
     """After '0 checkpoints': name foreign checkpoints no run layout claimed (on stderr)."""
     from ckptkit.foreign.detect import detect
 
-    if not fs.is_local(fs.location(run_dir)):
+    local = fs.local_path(fs.location(run_dir))
+    if local is None:  # foreign formats are read on a local filesystem only
         return
-    found = [(c.name, f) for c in sorted(Path(run_dir).iterdir()) if (f := detect(c))]
+    found = [(c.name, f) for c in sorted(local.iterdir()) if (f := detect(c))]
     if found:
         names = ", ".join(f"{n} ({f})" for n, f in found[:4]) + (" …" if len(found) > 4 else "")
         click.echo(

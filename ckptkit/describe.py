@@ -46,10 +46,11 @@ def describe(
         (5, [2, 3])
     """
     loc = fs.location(path)
+    local = fs.local_path(loc)  # foreign formats are read on a local filesystem only
     if format is not None or (
-        fs.is_local(loc)
-        and not os.path.lexists(Path(str(loc)) / MANIFEST_NAME)
-        and detect(Path(str(loc))) is not None
+        local is not None
+        and not os.path.lexists(local / MANIFEST_NAME)
+        and detect(local) is not None
     ):
         return describe_foreign(Path(str(loc)), format)
     wrong = not_a_checkpoint(path, foreign_ok=True)

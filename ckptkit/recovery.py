@@ -62,13 +62,11 @@ import builtins
 import copy
 import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
@@ -78,7 +76,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.recovery_log import LOG, LOG_VERSION, describe, iter_records, read_log, write_log
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
-from ckptkit.storage import atomic, fs
+from ckptkit.storage import atomic
 from ckptkit.storage.fs import Location
 
 if TYPE_CHECKING:
@@ -771,19 +769,11 @@ def _cursor(state: TrainState) -> dict[str, Any] | None:
 def move_aside(src: Location, dst: Location, catalog: Catalog) -> None:
     """Move checkpoint ``src`` to ``dst`` (outside the run's namespace), whole, never lost.
 
-    Local: one rename (same filesystem), then both directories synced. Object store (no
-    rename): every object copied first, then ``src`` removed manifest first, so a crash
-    leaves the checkpoint where it was (and maybe a partial copy), never neither.
+    :func:`ckptkit.storage.atomic.move_tree`: one rename locally; on an object store (no
+    rename) a copy, then ``src`` removed through the run's catalog, manifest first, so a
+    crash leaves the checkpoint where it was (and maybe a partial copy), never neither.
     """
-    if fs.is_local(src):
-        d = Path(str(dst))
-        d.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(str(src), d)
-        atomic.fsync_dir(d.parent)
-        atomic.fsync_dir(Path(str(src)).parent)
-        return
-    fs.copy_tree(src, dst)
-    catalog.remove(src)
+    atomic.move_tree(src, dst, remove=catalog.remove)
 
 
 def set_aside(catalog: Catalog, infos: Iterable[CheckpointInfo], dest: Location) -> list[str]:

@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
 from ckptkit.fit import FitReport, match_targets
 from ckptkit.format import dtypes, tree
-from ckptkit.storage import atomic, fs, remote, tensors
+from ckptkit.storage import atomic, fs, shards, tensors
 from ckptkit.storage.fs import Location
 
 IO_WORKERS = 2
@@ -82,7 +81,7 @@ def infer_components(state_tree: Any, entries: Iterable[mf.TensorEntry]) -> dict
         if comp is None:
             continue
         where.setdefault(comp, []).extend(
-            files_by_head.get(tree._seg(key), []) or [f"manifest:tree/{key}"]
+            files_by_head.get(tree.key_segment(key), []) or [f"manifest:tree/{key}"]
         )
     out = {
         name: mf.Component(
@@ -176,29 +175,20 @@ def read_checkpoint(
     # Only tensor shards are read here; other listed files (DCP shards of a multi-rank
     # save) are checked by their own reader path (storage.dist.verify_files) or verify.
     jobs: Sequence[mf.FileEntry] = [f for f in m.files if f.path.endswith(_TENSOR_SUFFIXES)]
-    local = fs.is_local(root)
-    if local:
-        real_root = Path(str(root)).resolve()
-        for fe in m.files:
-            p = Path(str(root / fe.path))
-            if p.is_symlink() or (p.exists() and not p.resolve().is_relative_to(real_root)):
-                raise codes.error(
-                    "CK-F009",
-                    "file is a symlink or resolves outside the checkpoint directory",
-                    path=fe.path,
-                )
+    for fe in m.files:
+        if fs.escapes(root, fe.path):
+            raise codes.error(
+                "CK-F009",
+                "file is a symlink or resolves outside the checkpoint directory",
+                path=fe.path,
+            )
     out: dict[str, torch.Tensor] = {}
     with _progress.bar(f"loading {root.name}", need, progress) as on_bytes:
 
         def read_one(fe: mf.FileEntry) -> dict[str, torch.Tensor]:
             exp = tensors.Expected.of(fe, rel=str(root / fe.path))
-            if not local:  # an object store: parallel ranges into the destination tensors
-                return remote.read_file(
-                    root / fe.path, exp, by_file[fe.path], targets=targets, on_bytes=on_bytes
-                )
-            return tensors.read_file(
-                Path(str(root / fe.path)), exp, by_file[fe.path], targets=targets,
-                on_bytes=on_bytes,
+            return shards.read_file(
+                root / fe.path, exp, by_file[fe.path], targets=targets, on_bytes=on_bytes
             )
 
         workers = max(1, min(IO_WORKERS, len(jobs)))

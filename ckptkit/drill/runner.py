@@ -357,7 +357,7 @@ def _drill(
     ref_env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at)}
     if config.from_ckpt is not None:
         loc = fs.location(config.from_ckpt)
-        ref_env[ENV_RESUME_FROM] = str(Path(str(loc)).resolve()) if fs.is_local(loc) else str(loc)
+        ref_env[ENV_RESUME_FROM] = str(fs.resolved(loc))
     waiting = list(range(config.repeat))
     running: list[_Running] = []
     started: list[_Running] = []

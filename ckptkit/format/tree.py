@@ -38,9 +38,16 @@ class Encoded:
     """Unique tensors by key, in first-seen order (aliases are not repeated)."""
 
 
-def _seg(k: Any) -> str:
+def key_segment(k: Any) -> str:
+    """The path segment a container key becomes in tensor keys and shard file names.
+
+    Keys become tensor names and file names: kept printable and unambiguous.
+
+    Example:
+        >>> key_segment("model"), key_segment(3), key_segment("a b/c")
+        ('model', '3', 'a_b_c')
+    """
     s = str(k)
-    # Keys become tensor names and file names: keep them printable and unambiguous.
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", s) or "_"
 
 
@@ -124,10 +131,10 @@ def encode(obj: Any) -> Encoded:
             if type(x) not in (dict,) and not _is_plain_mapping(x):
                 raise _unsupported(x, path)
             if all(type(k) is str for k in x) and TAG not in x:
-                return {k: enc(v, [*path, _seg(k)]) for k, v in x.items()}
+                return {k: enc(v, [*path, key_segment(k)]) for k, v in x.items()}
             return {
                 TAG: "dict",
-                "items": [[enc_key(k, path), enc(v, [*path, _seg(k)])] for k, v in x.items()],
+                "items": [[enc_key(k, path), enc(v, [*path, key_segment(k)])] for k, v in x.items()],
             }
         if isinstance(x, torch.dtype):
             return {TAG: "dtype", "v": str(x).removeprefix("torch.")}
@@ -306,7 +313,7 @@ def rebuild(tree: Any, *, known: Container[str], leaf: Leaf) -> Any:
                 try:
                     res[k] = dec(v, depth + 1)
                 except _Malformed as e:
-                    e.where.append(_seg(k))
+                    e.where.append(key_segment(k))
                     raise
             return res
         tag = x[TAG]
@@ -528,10 +535,10 @@ def iter_tensor_refs(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tu
         elif tag == "dict":
             for item in tree.get("items", []):
                 if isinstance(item, list) and len(item) == 2:
-                    yield from iter_tensor_refs(item[1], (*path, _seg(item[0])))
+                    yield from iter_tensor_refs(item[1], (*path, key_segment(item[0])))
         elif tag is None:
             for k, v in tree.items():
-                yield from iter_tensor_refs(v, (*path, _seg(k)))
+                yield from iter_tensor_refs(v, (*path, key_segment(k)))
 
 
 def collect_targets(obj: Any, encoded_tree: Any) -> dict[str, torch.Tensor]:

@@ -30,6 +30,7 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,3 +215,41 @@ def leftovers(parent: Location) -> list[Location]:
     return sorted(
         (p for p in parent.iterdir() if is_temporary(p) and fs.kind(p) == "dir"), key=str
     )
+
+
+def unfinished_saves(ckpt: Location) -> list[Location]:
+    """Temporary directories left by unfinished saves of checkpoint ``ckpt``: beside it
+    (``NAME.ckptkit-tmp…``, ``NAME.ckptkit-old…``) and inside it.
+
+    An object store has none: a save uploads to the final prefix (its manifest, written
+    last, is the commit), so nothing is ever staged under another name there.
+    """
+    local = fs.local_path(ckpt)
+    if local is None:
+        return []
+    found: list[Location] = [
+        p for p in leftovers(local.parent) if p.name.startswith(local.name + ".")
+    ]
+    if local.is_dir():
+        found += [p for p in local.rglob("*") if p.is_dir() and is_temporary(p)]
+    return found
+
+
+def move_tree(src: Location, dst: Location, *, remove: Callable[[Location], object]) -> None:
+    """Move checkpoint ``src`` to ``dst`` whole, so that a crash never loses it.
+
+    Local: one rename (same filesystem), then both parent directories synced. An object
+    store has no rename: every object is copied first, then ``remove(src)`` deletes the
+    original (the run's own deletion, which takes the manifest away first), so a crash
+    leaves the checkpoint where it was (and maybe a partial copy), never neither.
+    """
+    local = fs.local_path(src)
+    if local is None:
+        fs.copy_tree(src, dst)
+        remove(src)
+        return
+    d = Path(str(dst))
+    d.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(local, d)
+    fsync_dir(d.parent)
+    fsync_dir(local.parent)

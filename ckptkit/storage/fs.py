@@ -113,6 +113,75 @@ def is_local(p: Location) -> bool:
     )
 
 
+def local_path(p: Location) -> Path | None:
+    """The local :class:`Path` at ``p``, or None when ``p`` is in an object store.
+
+    For what exists only on a POSIX filesystem and has no object-store counterpart (a
+    foreign checkpoint read by its framework's files, an ``lstat``, the closest names in a
+    directory): the caller does that and nothing else when None.
+
+    Example:
+        >>> local_path(location("/tmp/run")), local_path(location("memory://bucket/run"))
+        (PosixPath('/tmp/run'), None)
+    """
+    return _lp(p) if is_local(p) else None
+
+
+def resolved(p: Location) -> Location:
+    """``p`` made absolute, with symlinks resolved (a URL is absolute already: as it is).
+
+    For a location handed to another process, which may run in another directory.
+
+    Example:
+        >>> str(resolved(location("memory://bucket/run")))
+        'memory://bucket/run'
+    """
+    return _lp(p).resolve() if is_local(p) else p
+
+
+def escapes(root: Location, rel: str) -> bool:
+    """True when ``root/rel`` is a symlink or resolves outside ``root``.
+
+    A checkpoint's files are read only from inside it. Keys in an object store are neither
+    links nor relative: there, nothing escapes.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "ln").symlink_to("/etc/hostname")
+        >>> escapes(d, "ln"), escapes(d, "absent")
+        (True, False)
+    """
+    if not is_local(root):
+        return False
+    base = _lp(root)
+    p = base / rel
+    return p.is_symlink() or (os.path.lexists(p) and not p.resolve().is_relative_to(base.resolve()))
+
+
+def walk_entries(root: Location) -> Iterator[str]:
+    """The path (relative to ``root``, ``/``-separated) of every entry under ``root`` that
+    is not a plain directory, sorted: files, symlinks (to a directory too: not followed),
+    FIFOs and devices.
+
+    What a checkpoint holds beyond its manifest's list is found with this (an object store
+    holds only objects: their keys).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "a").mkdir(); _ = (d / "a/f").write_text("x")
+        >>> (d / "ln").symlink_to(d / "a"); list(walk_entries(d))
+        ['a/f', 'ln']
+    """
+    if not is_local(root):
+        yield from (rel for rel, _size in walk_files(root))
+        return
+    base = _lp(root)
+    for p in sorted(base.rglob("*")):
+        if p.is_dir() and not p.is_symlink():
+            continue
+        yield p.relative_to(base).as_posix()
+
+
 def url(p: Location) -> str:
     """How ``p`` is written in messages and reports (a path, or a full URL)."""
     return str(p)
@@ -519,9 +588,11 @@ __all__ = [
     "Kind",
     "Location",
     "check_regular",
+    "escapes",
     "fingerprint",
     "is_local",
     "kind",
+    "local_path",
     "location",
     "mtime",
     "open_writer",
@@ -533,8 +604,10 @@ __all__ = [
     "remove_file",
     "remove_tree",
     "replace_bytes",
+    "resolved",
     "size",
     "url",
+    "walk_entries",
     "walk_files",
     "write_new_file",
 ]

@@ -53,13 +53,13 @@ def write_file(
     try:
         with digest.PipelinedHasher() as hasher:
             if compress is None:
-                size = tensors._stream(head, items, hasher, up.write, on_bytes)
+                size = tensors.stream_file(head, items, hasher, up.write, on_bytes)
             else:
                 sink = _HashingSink(up, hasher)
                 with codec.compressor().stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
                     zw.write(head)
                     for _, t in items:
-                        mv = tensors.tensor_bytes(tensors._host(t))
+                        mv = tensors.tensor_bytes(tensors.host_contiguous(t))
                         for i in range(0, len(mv), digest.CHUNK):
                             zw.write(mv[i : i + digest.CHUNK])
                             if on_bytes:
@@ -162,14 +162,14 @@ def read_file(
         head += more
     base = 8 + n_head
     header = tensors.parse_header(bytes(head[8:base]), path=rel, data_len=size - base)
-    tensors._match(header, wanted, rel)
+    tensors.check_header(header, wanted, rel)
     h = fmt_digest.new()
     h.update(head)
     out: dict[str, torch.Tensor] = {}
     plan = _Plan(len(head), h, on_bytes)
     head_mv = memoryview(head)
     for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        ret, dest = tensors._destination(key, e, targets)
+        ret, dest = tensors.destination(key, e, targets)
         out[key] = ret
         start, end = base + e.offsets[0], base + e.offsets[1]
         if start == end:
@@ -299,8 +299,8 @@ def _read_compressed(
     n, head = tensors.read_header_from(src, path=rel, file_size=expected.raw_size)  # type: ignore[arg-type]
     data_len = None if expected.raw_size is None else expected.raw_size - 8 - n
     header = tensors.parse_header(head, path=rel, data_len=data_len)
-    tensors._match(header, wanted, rel)
-    return tensors._read_tensors(src, header, rel, targets, on_bytes)
+    tensors.check_header(header, wanted, rel)
+    return tensors.read_tensors(src, header, rel, targets, on_bytes)
 
 
 __all__ = ["hash_file", "read_file", "write_file"]

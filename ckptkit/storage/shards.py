@@ -1,4 +1,5 @@
-"""Shard writers: how one rank's tensors reach files inside a checkpoint being committed.
+"""Shard files: how one rank's tensors reach files inside a checkpoint being committed,
+and how one shard is read back (:func:`read_file`, local file or object alike).
 
 One small interface, :class:`ShardWriter`, with two implementations:
 
@@ -22,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import torch
+
 from ckptkit import crashpoints
 from ckptkit import manifest as mf
 from ckptkit.collective import Collective
 from ckptkit.format import tree
+from ckptkit.format.dtypes import HeaderEntry
 from ckptkit.storage import codec, dcp, digest, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
@@ -166,6 +170,27 @@ def write_shards(
             out.files.append(fe)
             out.tensors += tes
     return out
+
+
+def read_file(
+    loc: Location,
+    expected: tensors.Expected,
+    wanted: dict[str, HeaderEntry],
+    *,
+    targets: dict[str, torch.Tensor] | None = None,
+    on_bytes: OnBytes | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read and verify one safetensors shard wherever it lives; its tensors by key.
+
+    The read counterpart of :func:`write_shards`: a local file through
+    :func:`ckptkit.storage.tensors.read_file` (``preadv`` into the destinations), an
+    object through :func:`ckptkit.storage.remote.read_file` (parallel range requests);
+    the same checks, codes and ``targets`` semantics either way.
+    """
+    local = fs.local_path(loc)
+    if local is None:
+        return remote.read_file(loc, expected, wanted, targets=targets, on_bytes=on_bytes)
+    return tensors.read_file(local, expected, wanted, targets=targets, on_bytes=on_bytes)
 
 
 def assign(sizes: Sequence[tuple[str, int]], world_size: int) -> dict[str, int]:

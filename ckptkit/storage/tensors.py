@@ -5,6 +5,20 @@ read its files), but ckptkit writes and reads the bytes itself: that is what let
 the xxh3-128 digest be computed while writing (no second pass), verified while
 reading, and lets a restore read straight into existing tensors (no extra copy of
 the state in RAM), which ``safetensors.torch.load_file`` cannot do.
+
+This module is also the byte layout both transports share. The local one is here
+(:func:`write_file`, :func:`read_file`: file descriptors, ``preadv``, O_DIRECT); the
+object-store one, :mod:`ckptkit.storage.remote`, moves the same bytes through uploads
+and range requests and builds on these, which are public for that reason:
+
+* :func:`build_header` / :func:`parse_header` / :func:`check_header`: the header, and
+  the check that it says what the manifest says;
+* :func:`stream_file`: the header then every tensor's bytes, hashed, to any writer;
+* :func:`host_contiguous` and :func:`tensor_bytes`: a tensor's bytes, zero-copy when it
+  can be;
+* :func:`destination`: where a read tensor's bytes go (the caller's own tensor, when it
+  fits);
+* :func:`read_tensors`: the tensors of a data section read in order from any stream.
 """
 
 from __future__ import annotations
@@ -59,7 +73,9 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
+def host_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """Return ``t`` detached, on the CPU and contiguous (``t`` itself when it already is):
+    the tensor whose bytes :func:`tensor_bytes` can view without a copy."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -88,19 +104,27 @@ def build_header(
     return struct.pack("<Q", len(raw)) + raw, entries
 
 
-def _stream(
+def stream_file(
     head: bytes,
     items: Sequence[tuple[str, torch.Tensor]],
     hasher: digest.PipelinedHasher,
     write: Callable[[memoryview], object],
     on_bytes: OnBytes | None,
 ) -> int:
-    """Hash and write the header then every tensor's bytes, in chunks; return the size."""
+    """Hash and write the header then every tensor's bytes, in chunks; return the size.
+
+    Args:
+        head: the encoded header (:func:`build_header`).
+        items: the tensors, in the header's order.
+        hasher: receives every byte written, in order.
+        write: where the bytes go (a file descriptor's writer, an upload).
+        on_bytes: progress, called with each chunk's size.
+    """
     hasher.update(head)
     write(memoryview(head))
     size = len(head)
     for _, t in items:
-        host = _host(t)
+        host = host_contiguous(t)
         mv = tensor_bytes(host)
         for i in range(0, len(mv), digest.CHUNK):
             chunk = mv[i : i + digest.CHUNK]
@@ -174,14 +198,14 @@ def write_file(
     try:
         with digest.PipelinedHasher() as hasher:
             if compress is None:
-                size = _stream(head, items, hasher, lambda c: _write_all(fd, c), on_bytes)
+                size = stream_file(head, items, hasher, lambda c: _write_all(fd, c), on_bytes)
             else:
                 sink = _FdSink(fd, hasher)
                 cctx = codec.compressor()
                 with cctx.stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
                     zw.write(head)
                     for _, t in items:
-                        mv = tensor_bytes(_host(t))
+                        mv = tensor_bytes(host_contiguous(t))
                         for i in range(0, len(mv), digest.CHUNK):
                             zw.write(mv[i : i + digest.CHUNK])
                             if on_bytes:
@@ -295,7 +319,7 @@ def _write_direct(
     sink = _DirectSink(fd)
     try:
         with digest.PipelinedHasher() as hasher:
-            _stream(head, items, hasher, sink.write, on_bytes)
+            stream_file(head, items, hasher, sink.write, on_bytes)
             sink.finish()
             hexd = hasher.hexdigest()
         if fsync:
@@ -512,13 +536,13 @@ def read_file(
             n, raw = read_header_from(src, path=rel, file_size=data_limit)
             data_len = None if data_limit is None else data_limit - 8 - n
             header = parse_header(raw, path=rel, data_len=data_len)
-            _match(header, wanted, rel)
+            check_header(header, wanted, rel)
             if expected.compression is None:
                 out = _pread_tensors(
                     f.fileno(), 8 + n, header, rel, targets or {}, on_bytes, hasher
                 )
             else:
-                out = _read_tensors(src, header, rel, targets or {}, on_bytes)
+                out = read_tensors(src, header, rel, targets or {}, on_bytes)
             if expected.compression is not None:
                 src.check_exhausted()
                 while buffered.read(digest.CHUNK):  # trailing bytes count in the digest
@@ -553,7 +577,12 @@ class _HashingReaderPlain:
         return n
 
 
-def _match(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: str) -> None:
+def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: str) -> None:
+    """Check that a file's header holds exactly the tensors the manifest lists, as listed.
+
+    Raises:
+        CkptkitError: ``CK-F005`` a tensor missing, different, or not listed.
+    """
     for key, want in wanted.items():
         got = header.get(key)
         if got != want:
@@ -575,10 +604,15 @@ READ_WORKERS = 2
 """Concurrent positional reads per file: overlaps page faults of fresh memory with I/O."""
 
 
-def _destination(
+def destination(
     key: str, e: HeaderEntry, targets: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(tensor to return, tensor whose memory receives the bytes)``."""
+    """Return ``(tensor to return, tensor whose memory receives the bytes)``.
+
+    The caller's own tensor in ``targets`` receives them in place when it has the saved
+    dtype and shape and is a contiguous CPU tensor; otherwise a new tensor does (and the
+    caller copies it where it belongs).
+    """
     dt = DTYPES[e.dtype]
     tgt = targets.get(key)
     if (
@@ -611,7 +645,7 @@ def _pread_tensors(
     out: dict[str, torch.Tensor] = {}
     segs: list[tuple[int, memoryview, str]] = []
     for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        ret, dest = _destination(key, e, targets)
+        ret, dest = destination(key, e, targets)
         out[key] = ret
         mv = tensor_bytes(dest)
         for i in range(0, len(mv), digest.CHUNK):
@@ -646,17 +680,24 @@ def _pread_tensors(
     return out
 
 
-def _read_tensors(
+def read_tensors(
     src: Any,
     header: dict[str, HeaderEntry],
     rel: str,
     targets: dict[str, torch.Tensor],
     on_bytes: OnBytes | None,
 ) -> dict[str, torch.Tensor]:
-    """Read tensors sequentially from a stream (decompressed files)."""
+    """Read the tensors of a data section in file order from the stream ``src``.
+
+    For a decompressed file, or one fetched as a stream; ``src`` is positioned at the
+    start of the data section, and hashing (if any) is the stream's business.
+
+    Raises:
+        CkptkitError: ``CK-F002`` the stream ends inside a tensor.
+    """
     out: dict[str, torch.Tensor] = {}
     for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        ret, dest = _destination(key, e, targets)
+        ret, dest = destination(key, e, targets)
         mv = tensor_bytes(dest)
         for i in range(0, len(mv), digest.CHUNK):
             chunk = mv[i : i + digest.CHUNK]

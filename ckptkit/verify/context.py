@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ckptkit import codes
@@ -97,9 +96,9 @@ class CheckContext:
         return self._memo[key]
 
     def _scan(self, fe: mf.FileEntry) -> FileScan:
-        if not fs.is_local(self.root):
+        root = fs.local_path(self.root)
+        if root is None:  # an object store: no lstat, no links; its own scan
             return self._scan_remote(fe, self.root / fe.path)
-        root = Path(str(self.root))
         p = root / fe.path
         try:
             st = os.lstat(p)

@@ -237,9 +237,10 @@ def verify(
     """
     root = fs.location(path)
     k = signing.resolve_key(key)
+    local = fs.local_path(root)
     if fs.kind(root) is None:
-        if fs.is_local(root):
-            raise missing(Path(str(root)))  # with the closest names beside it
+        if local is not None:
+            raise missing(local)  # with the closest names beside it
         raise IncompleteCheckpointError("no such file or directory", path=root, hint="check the URL")
     if expect is not None and expect not in EXPECTS:
         raise CkptkitError(
@@ -249,7 +250,8 @@ def verify(
     if against_env and "compat" not in fams:
         fams.append("compat")
     result = VerifyResult(path=root, strict=strict)
-    foreign = _foreign_targets(Path(str(root)), format) if fs.is_local(root) else None
+    # foreign formats are read by their frameworks' files: on a local filesystem only
+    foreign = _foreign_targets(local, format) if local is not None else None
     if foreign is not None:
         for p, fmt in foreign:
             with _progress.activity(f"verifying {p.name}", _progress.bytes_under(p), progress):

@@ -436,6 +436,49 @@ def test_is_local_only_in_storage() -> None:
     assert not stale, f"no is_local left in {stale}: remove them from IS_LOCAL_LEFT"
 
 
+def _module_aliases(name: str) -> dict[str, str]:
+    """Local names bound to ckptkit modules in ``name`` (``from ckptkit.storage import
+    tensors as st`` binds ``st``)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ckptkit"):
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in MODULES:
+                    out[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in MODULES:
+                    out[a.asname] = a.name
+    return out
+
+
+def _package_internal(used: str, user: str) -> bool:
+    pkg, _, leaf = used.rpartition(".")
+    return leaf.startswith("_") and user.startswith(pkg + ".")
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """What two packages share is a public, documented interface (``storage/remote.py`` once
+    called five private functions of ``storage/tensors.py``; now they are its documented
+    transport interface). A private module (``foreign/_load.py``) is its package's shared
+    internals: its siblings may use its private names."""
+    bad = []
+    for name in sorted(MODULES):
+        aliases = _module_aliases(name)
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not _package_internal(aliases[node.value.id], name)
+            ):
+                bad.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "make these public (named, documented) or move them:\n" + "\n".join(bad)
+
+
 def test_architecture_doc_lists_every_layer_and_module() -> None:
     text = DOC.read_text()
     for layer, _ in LAYERS:

@@ -30,7 +30,7 @@ from ckptkit.checkpoint.read import COMPONENT_ALIASES
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
-from ckptkit.storage import fs, remote
+from ckptkit.storage import fs, remote, shards
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
@@ -387,12 +387,13 @@ def _scan_nonfinite(ctx: CheckContext) -> dict[str, list[NonFinite]]:
             want = {k: v for k, v in want.items() if k in look}
             if not want:
                 continue
-        if not fs.is_local(ctx.root):
+        local = fs.local_path(ctx.root)
+        if local is None:  # an object store: fetch the flagged tensors' byte ranges
             found: Iterator[tuple[str, NonFinite | None]] = _remote(ctx.root, fe, want)
         elif fe.compression is None:
-            found = _mapped(Path(str(ctx.root)), fe, want)
+            found = _mapped(local, fe, want)
         else:
-            found = _read(Path(str(ctx.root)), fe, want)
+            found = _read(local, fe, want)
         for key, nf in found:
             comp = tensor_component(key)
             if comp in out and nf is not None:
@@ -428,15 +429,10 @@ def tensor_values(ctx: CheckContext, prefix: str) -> dict[str, torch.Tensor]:
         if fe.path not in wanted or scan is None or scan.digest != fe.xxh3_128:
             continue
         exp = tensors_mod.Expected.of(fe)
+        if fs.escapes(ctx.root, fe.path):
+            continue
         try:
-            if fs.is_local(ctx.root):
-                root = Path(str(ctx.root))
-                p = root / fe.path
-                if p.is_symlink() or not p.resolve().is_relative_to(root.resolve()):
-                    continue
-                got = tensors_mod.read_file(p, exp, wanted[fe.path])
-            else:
-                got = remote.read_file(ctx.root / fe.path, exp, wanted[fe.path])
+            got = shards.read_file(ctx.root / fe.path, exp, wanted[fe.path])
         except (CkptkitError, OSError, ValueError):
             continue
         out.update({k: t for k, t in got.items() if k.startswith(prefix)})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
@@ -150,15 +149,7 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
 def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     listed = {f.path for f in ctx.manifest.files} | {atomic.MANIFEST_NAME}
-    if not fs.is_local(ctx.root):
-        for rel, _size in fs.walk_files(ctx.root):
-            if rel not in listed:
-                yield CODES["CK-F006"].finding("file is not listed in the manifest", path=rel)
-        return
-    for p in sorted(Path(str(ctx.root)).rglob("*")):
-        rel = ctx.rel(p)
-        if p.is_dir() and not p.is_symlink():
-            continue
+    for rel in fs.walk_entries(ctx.root):
         if rel not in listed:
             yield CODES["CK-F006"].finding("file is not listed in the manifest", path=rel)
 
@@ -166,15 +157,7 @@ def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
 @check("CK-F007", needs=())
 def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
     # Leftovers of *this* checkpoint's saves sit beside it; inside, none should exist.
-    # (Object stores have no temporary directories: uploads go to the final prefix.)
-    if not fs.is_local(ctx.root):
-        return
-    root = Path(str(ctx.root))
-    name = root.name
-    candidates = [p for p in atomic.leftovers(root.parent) if p.name.startswith(name + ".")]
-    if root.is_dir():
-        candidates += [p for p in root.rglob("*") if p.is_dir() and atomic.is_temporary(p)]
-    for p in candidates:
+    for p in atomic.unfinished_saves(ctx.root):
         yield CODES["CK-F007"].finding("temporary directory of an unfinished save", path=str(p))
 
 

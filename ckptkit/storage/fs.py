@@ -15,6 +15,15 @@ through the functions here:
   stores apply atomically), read back with :func:`read_small` (local: a regular file only,
   never blocking on a FIFO put in its place; :func:`check_regular` looks without reading);
 * the run lock: :func:`put_if_absent` (remote: a conditional create, ``If-None-Match``).
+* a file inside a directory being committed: :func:`write_new_file`;
+* what a checkpoint may not hold: :func:`escapes` (a symlink, or a path resolving outside
+  it: never, on an object store) and :func:`walk_entries` (every entry but a directory);
+* :func:`resolved` (a location for another process) and :func:`local_path` (the
+  :class:`~pathlib.Path`, for what exists only on a POSIX filesystem).
+
+This module and the rest of :mod:`ckptkit.storage` are the only code that asks
+:func:`is_local`; the layers above call the function that does what they need
+(``docs/architecture.md``).
 
 A URL whose filesystem is not installed is a clear error naming the package to install,
 never a local directory with a colon in its name (``./s3:/bucket/run``).

@@ -64,11 +64,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from ckptkit._jsonval import encode_float
+
+if TYPE_CHECKING:
+    from ckptkit.recorder import Logged, Recorder
 
 Level = Literal["ok", "warn", "critical"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
@@ -86,6 +89,8 @@ _MAD_TO_SIGMA = 1.4826
 # give infinite z-scores for the first change in the last digit.
 _SCALE_FLOOR = 1e-3
 _LOG_FLOOR = 1e-30
+WATCH_KEY = "stability-watch"
+"""The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
 
 
 def worse(a: Level, b: Level) -> Level:
@@ -710,14 +715,19 @@ class StabilityWatch:
 
     # --- Recorder hook ---------------------------------------------------------------------
 
-    def attach(self, recorder: Any) -> StabilityWatch:
-        """Feed every ``recorder.log(...)`` call to this watch (wraps the bound method).
+    def attach(self, recorder: Recorder) -> StabilityWatch:
+        """Feed every record ``recorder`` writes to this watch (a recorder subscription).
 
-        The recorder writes first, then the watch scores the same scalars; the verdict
-        is :attr:`last`. Lists (``seq_lens``, ``sample_ids``) and strings are skipped.
+        The recorder writes first, then the watch scores the scalars the loop logged; the
+        verdict is :attr:`last`. Lists (``seq_lens``, ``sample_ids``) and strings are
+        skipped. A recorder feeds one watch at a time; other subscribers (the resume
+        guard) are independent of it.
 
         Returns:
             self, for chaining.
+
+        Raises:
+            ValueError: the recorder already feeds a watch.
 
         Example:
             >>> from ckptkit.recorder import Recorder
@@ -727,36 +737,32 @@ class StabilityWatch:
             >>> w.last.level
             'critical'
         """
-        if getattr(recorder, "_ckptkit_watch", None) is not None:
+        if recorder.subscription(WATCH_KEY) is not None:
             raise ValueError("this Recorder already feeds a StabilityWatch; detach() it first")
-        original = recorder.log
-
-        def log(*args: Any, **kwargs: Any) -> None:
-            # The recorder's own signature decides what is valid (``step`` positional or
-            # keyword); the watch then scores the same values.
-            original(*args, **kwargs)
-            step = args[0] if args else kwargs.pop("step")
-            self.update(step, **kwargs)
-
-        recorder.log = log
-        recorder._ckptkit_watch = (self, original)
+        recorder.subscribe(self._on_logged, key=WATCH_KEY)
         return self
 
+    def _on_logged(self, event: Logged) -> None:
+        self.update(event.step, **event.given)
+
     @staticmethod
-    def detach(recorder: Any) -> None:
-        """Undo :meth:`attach` on ``recorder``.
+    def detach(recorder: Recorder) -> None:
+        """Stop feeding ``recorder``'s records to its watch (undo :meth:`attach`).
+
+        Only the watch's subscription ends; the resume guard and any other subscriber
+        keep hearing every record.
 
         Example:
             >>> from ckptkit.recorder import Recorder
             >>> rec = Recorder(None)
             >>> _ = StabilityWatch().attach(rec)
             >>> StabilityWatch.detach(rec)
-            >>> "log" in vars(rec)
-            False
+            >>> rec.subscription(WATCH_KEY) is None
+            True
         """
-        if getattr(recorder, "_ckptkit_watch", None) is not None:
-            recorder._ckptkit_watch = None
-            del recorder.log  # the instance attribute: back to the class method
+        sub = recorder.subscription(WATCH_KEY)
+        if sub is not None:
+            sub.remove()
 
     # --- reporting -------------------------------------------------------------------------
 
@@ -1010,6 +1016,7 @@ __all__ = [
     "HINTS",
     "LEVELS",
     "NOT_JUDGED",
+    "WATCH_KEY",
     "EmergencyPolicy",
     "Health",
     "Level",

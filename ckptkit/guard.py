@@ -34,6 +34,7 @@ import xxhash
 from ckptkit import rngtrace
 from ckptkit.capture import is_real, tree_fingerprint
 from ckptkit.observe import StepObserver, scaler_state
+from ckptkit.records import LookAhead
 from ckptkit.storage.tree import TAG
 from ckptkit.verify.findings import CODES, Finding
 
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckptkit")
 
-GUARD_KEY = "guard"
-"""Key of the automatic look-ahead inside the manifest's ``lookahead`` object."""
 SUBSCRIPTION_KEY = "resume-guard"
 """The key of the guard's :meth:`~ckptkit.Recorder.subscribe` subscription on a recorder."""
 DEFAULT_K = 8
@@ -214,12 +213,11 @@ def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, An
     Computed before capture, from the same instant: peeking the sampler and hashing the
     RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
     """
-    out = dict(user or {})
+    la: dict[str, Any] | None = None
     if state.guard_k > 0:
         la = compute(state, k=min(state.guard_k, MAX_K), probe=state.probe)
         la["world_size"] = state.parallel.world_size
-        out[GUARD_KEY] = la
-    return out
+    return LookAhead(guard=la, user=dict(user or {})).to_dict()
 
 
 def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None) -> dict[str, Any]:

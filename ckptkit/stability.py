@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ckptkit._jsonval import encode_float
+from ckptkit.records import HEALTH_LEVELS, Health
 
 if TYPE_CHECKING:
     from ckptkit.recorder import Logged, Recorder
@@ -80,10 +81,7 @@ NOT_JUDGED = "not judged"
 """The health recorded for a checkpoint saved while the watch could not judge the run yet
 (its warm-up, or no baseline window yet) and had seen nothing wrong: neither healthy nor
 unhealthy. ``ckptkit rollback`` and ``restore(healthy=True)`` do not take it as healthy."""
-Health = Literal["ok", "not judged", "warn", "critical"]
-"""A checkpoint's recorded health (``snapshot()["level"]``): a :data:`Level`, or
-:data:`NOT_JUDGED`."""
-_HEALTH_RANK: dict[str, int] = {"ok": 0, NOT_JUDGED: 1, "warn": 2, "critical": 3}
+_HEALTH_RANK: dict[str, int] = {lvl: i for i, lvl in enumerate(HEALTH_LEVELS)}
 _MAD_TO_SIGMA = 1.4826
 # Relative floor of a scale estimate (in log space: 0.1 %), so a constant series does not
 # give infinite z-scores for the first change in the last digit.
@@ -766,12 +764,13 @@ class StabilityWatch:
 
     # --- reporting -------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """Return the JSON-able health record for a checkpoint manifest.
+    def health(self) -> Health:
+        """Return the health record for a checkpoint manifest (:meth:`snapshot` as JSON).
 
         Returns:
-            ``{"level", "not_judging", "step", "episode_start", "first_warn_step",
-            "signals", "window", "params", "time"}``: ``level`` is the watch's level, or
+            A :class:`~ckptkit.records.Health` (``level``, ``not_judging``, ``step``,
+            ``episode_start``, ``first_warn_step``, ``signals``, ``window``, ``params``,
+            ``time``): ``level`` is the watch's level, or
             ``"not judged"`` while it is ``ok`` only because nothing could be judged yet
             (``not_judging`` says why: see :func:`not_judging`; None once it judges);
             ``signals`` maps each signal of the current episode to
@@ -783,9 +782,9 @@ class StabilityWatch:
         Example:
             >>> w = StabilityWatch()
             >>> _ = w.update(5, loss=1.0)
-            >>> snap = w.snapshot(); snap["level"], snap["step"]
+            >>> h = w.health(); h.level, h.step
             ('not judged', 5)
-            >>> _ = w.update(6, loss=float("nan")); w.snapshot()["level"]
+            >>> _ = w.update(6, loss=float("nan")); w.health().level
             'critical'
         """
         sigs: dict[str, Signal] = dict(self.episode_signals)
@@ -803,17 +802,27 @@ class StabilityWatch:
         if self._nonfinite:
             window["nonfinite_counts"] = dict(self._nonfinite)
         waiting = not_judging(self)
-        return {
-            "level": NOT_JUDGED if self.level == "ok" and waiting is not None else self.level,
-            "not_judging": waiting,
-            "step": self.last.step if self.last is not None else None,
-            "episode_start": self.episode_start,
-            "first_warn_step": self.first_warn_step,
-            "signals": {name: s.to_dict() for name, s in sorted(sigs.items())},
-            "window": window,
-            "params": self.params(),
-            "time": time.time(),
-        }
+        level = NOT_JUDGED if self.level == "ok" and waiting is not None else self.level
+        return Health(
+            level=level,
+            not_judging=waiting,
+            step=self.last.step if self.last is not None else None,
+            episode_start=self.episode_start,
+            first_warn_step=self.first_warn_step,
+            signals={name: s.to_dict() for name, s in sorted(sigs.items())},
+            window=window,
+            params=self.params(),
+            time=time.time(),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the JSON-able health record for a checkpoint manifest (:meth:`health`).
+
+        Example:
+            >>> StabilityWatch().snapshot()["level"]
+            'not judged'
+        """
+        return self.health().to_dict()
 
     @staticmethod
     def worst(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -832,8 +841,9 @@ class StabilityWatch:
             'not judged'
         """
         snaps = list(snapshots)
-        pick = max(snaps, key=lambda s: _HEALTH_RANK[s["level"]])
-        return {**pick, "ranks": [s["level"] for s in snaps]}
+        levels = [Health.from_dict(s).level for s in snaps]
+        pick = max(range(len(snaps)), key=lambda i: _HEALTH_RANK.get(levels[i] or "", 0))
+        return {**snaps[pick], "ranks": levels}
 
     def params(self) -> dict[str, Any]:
         """Return the thresholds in effect (recorded with every snapshot)."""

@@ -23,6 +23,7 @@ from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import state as train_state
 from ckptkit.codes import ROLLBACK
 from ckptkit.errors import CkptkitError
+from ckptkit.records import GUARD_KEY
 from ckptkit.storage import tree as tree_mod
 from ckptkit.storage.tensors import DTYPES
 from ckptkit.verify.checks import _state as st
@@ -400,7 +401,7 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     man = ctx.manifest
     assert man is not None
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
-    found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
+    found = guard.problems(look.get(GUARD_KEY), man.tree)
     if found:
         yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
 

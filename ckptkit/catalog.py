@@ -62,6 +62,7 @@ from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
 from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.format import digest
+from ckptkit.records import health_level
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
@@ -437,7 +438,7 @@ class Catalog:
         pins = set(man.pins)
         if isinstance(pins_extra, list):
             pins |= {x for x in pins_extra if isinstance(x, str)}
-        health = man.health.get("level") if isinstance(man.health, Mapping) else None
+        health = health_level(man.health)
         return CheckpointInfo(
             step,
             p,
@@ -445,7 +446,7 @@ class Catalog:
             size,
             mtime,
             tuple(sorted(pins)),
-            health if isinstance(health, str) else None,
+            health,
             problem,
             verified_at,
             dict(man.health) if isinstance(man.health, Mapping) else None,

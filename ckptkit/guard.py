@@ -35,15 +35,17 @@ from ckptkit import rngtrace
 from ckptkit.capture import is_real, tree_fingerprint
 from ckptkit.format.tree import TAG
 from ckptkit.observe import StepObserver, scaler_state
+from ckptkit.records import LookAhead
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
     from ckptkit.capture.state import TrainState
+    from ckptkit.recorder import Logged
 
 log = logging.getLogger("ckptkit")
 
-GUARD_KEY = "guard"
-"""Key of the automatic look-ahead inside the manifest's ``lookahead`` object."""
+SUBSCRIPTION_KEY = "resume-guard"
+"""The key of the guard's :meth:`~ckptkit.Recorder.subscribe` subscription on a recorder."""
 DEFAULT_K = 8
 PROBE_RTOL = 1e-6
 """Relative tolerance of the probe loss (bitwise where the run is deterministic)."""
@@ -211,12 +213,11 @@ def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, An
     Computed before capture, from the same instant: peeking the sampler and hashing the
     RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
     """
-    out = dict(user or {})
+    la: dict[str, Any] | None = None
     if state.guard_k > 0:
         la = compute(state, k=min(state.guard_k, MAX_K), probe=state.probe)
         la["world_size"] = state.parallel.world_size
-        out[GUARD_KEY] = la
-    return out
+    return LookAhead(guard=la, user=dict(user or {})).to_dict()
 
 
 def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None) -> dict[str, Any]:
@@ -483,11 +484,14 @@ def _ids_message(want: Sequence[int], got: Sequence[int] | None) -> str:
 
 
 def attach(recorder: Any, guard: ResumeGuard) -> None:
-    """Make ``recorder.log`` feed its first records to ``guard`` (wraps the bound method).
+    """Feed ``recorder``'s first records to ``guard`` (a recorder subscription).
 
     With a Recorder bound to the TrainState, the guard also hears the first step's start
     and optimizer step, and its findings (those of the restore included) go into the next
-    step records as ``guard`` entries.
+    step records as ``guard`` entries. A second restore in the same process replaces the
+    first restore's guard (one subscription under :data:`SUBSCRIPTION_KEY`); other
+    subscribers, such as a stability watch, are untouched, and detaching them leaves the
+    guard subscribed.
     """
     if recorder is None:
         return
@@ -496,18 +500,17 @@ def attach(recorder: Any, guard: ResumeGuard) -> None:
         obs.add_listener(guard)
         guard._sink = obs.note
         obs.note(guard.findings)
-    # Unwrap an earlier guard (a second restore in the same process) instead of stacking.
-    inner = getattr(recorder.log, "__ckptkit_inner__", recorder.log)
+    subscribe = getattr(recorder, "subscribe", None)
+    if subscribe is None:
+        # TrainState takes any object as its recorder; one without subscriptions is not a
+        # ckptkit Recorder and writes no records the guard could check.
+        log.debug("ckptkit resume guard: %s takes no subscribers", type(recorder).__name__)
+        return
 
-    def log_and_check(step: int, **metrics: Any) -> Any:
-        out = inner(step, **metrics)
-        records = getattr(recorder, "records", None)
-        written = records[-1] if records else metrics
+    def check(event: Logged) -> None:
         try:
-            guard.observe(step, written)
+            guard.observe(event.step, event.record)
         except (TypeError, ValueError) as e:  # a record in unexpected units: never break training
             log.debug("ckptkit resume guard skipped a record: %s", e)
-        return out
 
-    log_and_check.__ckptkit_inner__ = inner  # type: ignore[attr-defined]
-    recorder.log = log_and_check
+    subscribe(check, key=SUBSCRIPTION_KEY)

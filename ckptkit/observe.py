@@ -169,8 +169,8 @@ def _opt_step(opt: torch.optim.Optimizer) -> int:
     return 0
 
 
-def _no_hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-    """What a copy of an observed model gets instead of the observer's hook."""
+def _no_hook(*args: Any) -> None:
+    """What a copy of an observed model gets instead of a :class:`CopySafeHook`."""
     return None
 
 
@@ -178,23 +178,37 @@ def _detached() -> Any:
     return _no_hook
 
 
-class _ForwardHook:
-    """The observer's forward pre-hook on the training model.
+class CopySafeHook:
+    """A module hook that copies of the module do not carry: the one way ckptkit hooks a model.
 
-    A copy of the model (``copy.deepcopy`` for an EMA or a teacher, a pickle of it) does
-    not carry the observer: it gets :func:`_no_hook` instead. Copying the observer would
-    copy the state and the Recorder with its open file (``TypeError: cannot pickle
-    '_io.TextIOWrapper'``), and a copy's forwards are not the training step anyway. The
-    observer is held weakly, so a model outliving its Recorder keeps no observer alive.
+    A copy of the model (``copy.deepcopy`` for an EMA or a teacher, a pickle of it) gets
+    :func:`_no_hook` instead. Copying the hook would copy its owner (the observer, the
+    Trainer callback) and with it the Recorder and its open file (``TypeError: cannot
+    pickle '_io.TextIOWrapper'``), and a copy's forwards are not the training step anyway.
+    The owner is held weakly, so a model outliving it keeps nothing alive; the hook then
+    does nothing.
+
+    Args:
+        method: the bound method to call with the hook's arguments.
+
+    Example:
+        >>> import copy
+        >>> class Owner:
+        ...     calls = 0
+        ...     def on_forward(self, module, args, output):
+        ...         self.calls += 1
+        >>> m, owner = torch.nn.Linear(1, 1), Owner()
+        >>> _ = m.register_forward_hook(CopySafeHook(owner.on_forward))
+        >>> _ = m(torch.ones(1)); _ = copy.deepcopy(m)(torch.ones(1)); owner.calls
+        1
     """
 
-    def __init__(self, observer: StepObserver) -> None:
-        self._observer = weakref.ref(observer)
+    def __init__(self, method: Any) -> None:
+        self._method = weakref.WeakMethod(method)
 
-    def __call__(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        observer = self._observer()
-        if observer is not None:
-            observer._on_forward(module, args, kwargs)
+    def __call__(self, *args: Any) -> Any:
+        method = self._method()
+        return method(*args) if method is not None else None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return _no_hook
@@ -236,7 +250,7 @@ class StepObserver:
         self._end: rngtrace.RngSnapshot | None = None
         self._reset()
         self._handles = [
-            state.model.register_forward_pre_hook(_ForwardHook(self), with_kwargs=True)
+            state.model.register_forward_pre_hook(CopySafeHook(self._on_forward), with_kwargs=True)
         ]
         self._samplers: list[ResumableSampler] = []
         for s in (state.sampler, getattr(state.sampler, "sampler", None)):
@@ -488,4 +502,12 @@ def bind(state: TrainState, recorder: Any) -> StepObserver | None:
     return obs
 
 
-__all__ = ["AUTO_FIELDS", "GAP_WINDOW", "StepListener", "StepObserver", "bind", "scaler_state"]
+__all__ = [
+    "AUTO_FIELDS",
+    "GAP_WINDOW",
+    "CopySafeHook",
+    "StepListener",
+    "StepObserver",
+    "bind",
+    "scaler_state",
+]

@@ -27,9 +27,10 @@ import os
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from ckptkit import observe
@@ -51,6 +52,60 @@ _RESERVED = frozenset({"step", "time"})
 _LIST_FIELDS = frozenset({"seq_lens", "sample_ids", "guard"})
 
 
+@dataclass(frozen=True)
+class Logged:
+    """One step record, as a :class:`Recorder` subscriber receives it.
+
+    Both views are given because listeners differ in what they need: the stability watch
+    scores the values the loop passed (tensors and numbers as they were), the resume guard
+    checks the record as written, with the fields the observer filled.
+    """
+
+    step: int
+    """The step of the record."""
+    given: Mapping[str, Any]
+    """The values the loop passed to :meth:`Recorder.log` (None values left out), unconverted."""
+    record: Mapping[str, Any]
+    """The record as written to the file (JSON values, automatic fields included)."""
+
+
+Subscriber = Callable[[Logged], None]
+"""What :meth:`Recorder.subscribe` takes: called once per record, after it is written."""
+
+
+class Subscription:
+    """The handle :meth:`Recorder.subscribe` returns; :meth:`remove` ends the subscription.
+
+    Like a torch hook's ``RemovableHandle``: removing is idempotent, and removes only this
+    subscription (never another listener's).
+    """
+
+    def __init__(self, recorder: Recorder, fn: Subscriber, key: str | None) -> None:
+        self._recorder = recorder
+        self.fn = fn
+        """The subscriber."""
+        self.key = key
+        """The name it was subscribed under (see :meth:`Recorder.subscribe`), or None."""
+
+    @property
+    def active(self) -> bool:
+        """Whether the recorder still calls this subscriber."""
+        return self in self._recorder._subscriptions
+
+    def remove(self) -> None:
+        """Stop calling the subscriber; a second call does nothing.
+
+        Example:
+            >>> rec = Recorder(None)
+            >>> sub = rec.subscribe(print)
+            >>> sub.remove(); sub.remove(); sub.active
+            False
+        """
+        subs = self._recorder._subscriptions
+        if self in subs:
+            subs.remove(self)
+
+
 class Recorder:
     """Log per-step metrics to JSONL and keep a rolling window for checkpoints.
 
@@ -63,6 +118,10 @@ class Recorder:
     records are flushed to the OS every ``flush_every`` steps (not fsynced: a killed
     process loses nothing flushed, a power cut may lose the tail). Use one Recorder
     per file (typically on rank 0 only).
+
+    **Subscribers.** Anything that must hear about every step (the stability watch, the
+    resume guard) subscribes with :meth:`subscribe`; nothing wraps or replaces :meth:`log`,
+    so listeners are independent: removing one never removes another.
 
     **Records that fill themselves.** Attached to a :class:`~ckptkit.TrainState`
     (``TrainState(..., recorder=rec)``), the recorder watches the state's model, optimizer,
@@ -108,6 +167,7 @@ class Recorder:
         self.observer: StepObserver | None = None
         """What fills the records; set when a TrainState binds this recorder."""
         self.records: deque[dict[str, Any]] = deque(maxlen=window)
+        self._subscriptions: list[Subscription] = []
         self._pending = 0
         self._file: IO[str] | None = None
         if self.path is not None:
@@ -141,6 +201,48 @@ class Recorder:
             True
         """
         observe.bind(state, self)
+
+    def subscribe(self, fn: Subscriber, *, key: str | None = None) -> Subscription:
+        """Call ``fn(Logged)`` after every record is written, in subscription order.
+
+        A subscriber that raises stops :meth:`log` (the record is already written); one
+        that must never break training catches its own errors, as the resume guard does.
+
+        Args:
+            fn: the subscriber.
+            key: a name for the role this subscriber plays (``"resume-guard"``): an earlier
+                subscription under the same key is removed first, so a role has at most
+                one subscriber (a second restore replaces the first restore's guard).
+
+        Returns:
+            The handle that removes this subscription.
+
+        Example:
+            >>> rec = Recorder(None)
+            >>> seen = []
+            >>> sub = rec.subscribe(lambda e: seen.append((e.step, e.given["loss"])))
+            >>> rec.log(3, loss=0.5); sub.remove(); rec.log(4, loss=0.25)
+            >>> seen
+            [(3, 0.5)]
+        """
+        if key is not None:
+            old = self.subscription(key)
+            if old is not None:
+                old.remove()
+        sub = Subscription(self, fn, key)
+        self._subscriptions.append(sub)
+        return sub
+
+    def subscription(self, key: str) -> Subscription | None:
+        """The active subscription made under ``key``, or None.
+
+        Example:
+            >>> rec = Recorder(None)
+            >>> _ = rec.subscribe(print, key="printer")
+            >>> rec.subscription("printer").key, rec.subscription("other")
+            ('printer', None)
+        """
+        return next((s for s in self._subscriptions if s.key == key), None)
 
     def __enter__(self) -> Recorder:
         return self
@@ -203,9 +305,10 @@ class Recorder:
             "sample_ids": sample_ids,
         }
         given = {k: v for k, v in (*named.items(), *scalars.items()) if v is not None}
+        fields = dict(given)
         if self.observer is not None:
-            given.update(self.observer.finish(given))
-        for key, value in given.items():
+            fields.update(self.observer.finish(given))
+        for key, value in fields.items():
             rec[key] = _jsonable(value, key)
         self.records.append(rec)
         if self._file is not None:
@@ -213,6 +316,13 @@ class Recorder:
             self._pending += 1
             if self._pending >= self.flush_every:
                 self.flush()
+        if self._subscriptions:
+            # Read-only views: the window and the file must not change under a listener.
+            event = Logged(rec["step"], MappingProxyType(given), MappingProxyType(rec))
+            # A copy: a subscriber that removes itself (or another) must not skip the next.
+            for sub in list(self._subscriptions):
+                if sub.active:
+                    sub.fn(event)
 
     def flush(self) -> None:
         """Flush buffered lines to the OS.
@@ -466,4 +576,12 @@ def _flat(v: Any) -> Iterable[Any]:
         yield v
 
 
-__all__ = ["ENV_METRICS", "Recorder", "parse_line", "read_jsonl"]
+__all__ = [
+    "ENV_METRICS",
+    "Logged",
+    "Recorder",
+    "Subscriber",
+    "Subscription",
+    "parse_line",
+    "read_jsonl",
+]

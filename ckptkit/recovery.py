@@ -73,6 +73,7 @@ from ckptkit import codes
 from ckptkit.catalog import Catalog, CheckpointInfo
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
+from ckptkit.records import Health, Recoveries
 from ckptkit.recovery_log import LOG, LOG_VERSION, describe, iter_records, read_log, write_log
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
@@ -240,7 +241,7 @@ class AutoRecovery:
         self._streak = 0
         self._watch_copies: dict[int, dict[str, Any]] = {}
         self._clip_read = False
-        self._from_ckpt: Mapping[str, Any] | None = None
+        self._from_ckpt: Recoveries | None = None
         self._restoring = False
 
     # --- what the loop reads -------------------------------------------------------------
@@ -265,21 +266,21 @@ class AutoRecovery:
 
         Called on every rank by :meth:`CheckpointManager.save` before the capture.
         """
-        if isinstance(health, Mapping) and health.get("level") == "ok":
+        h = Health.of(health)
+        if h is not None and h.healthy:
             self._watch_copies[int(step)] = self.host.watch.copy_state()
             for old in sorted(self._watch_copies)[:-_WATCH_COPIES]:
                 del self._watch_copies[old]
         if not self.history:
             return {}
-        out: dict[str, Any] = {
-            "count": len(self.history),
-            "lr_scale": self.lr_scale,
-            "clip_scale": self.clip_scale,
-            "history": [_compact(r) for r in self.history],
-        }
-        if self._pending_all is not None:
-            out["pending_skip"] = self._pending_all
-        return {"recoveries": out}
+        out = Recoveries(
+            count=len(self.history),
+            lr_scale=self.lr_scale,
+            clip_scale=self.clip_scale,
+            history=tuple(_compact(r) for r in self.history),
+            pending_skip=self._pending_all,
+        )
+        return {"recoveries": out.to_dict()}
 
     def on_restore(self, result: RestoreResult) -> None:
         """Take the recovery history of the restored checkpoint (every restore calls it).
@@ -289,19 +290,17 @@ class AutoRecovery:
         the checkpoint's scales are noted (the recovery computes the new ones).
         """
         man = result.manifest
-        raw = getattr(man, "recoveries", None) if man is not None else None
-        rec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        rec = Recoveries.of(getattr(man, "recoveries", None))
         self._from_ckpt = rec
         self._seen, self._streak = self.host.watch.last, 0
         if self._restoring:
             return
-        self.lr_scale = float(rec.get("lr_scale", 1.0))
-        self.clip_scale = float(rec.get("clip_scale", 1.0))
-        self.history = [dict(r) for r in rec.get("history", []) if isinstance(r, Mapping)]
+        self.lr_scale = rec.lr_scale if rec is not None else 1.0
+        self.clip_scale = rec.clip_scale if rec is not None else 1.0
+        self.history = [dict(r) for r in rec.history] if rec is not None else []
         self._pending = self._pending_all = None
-        pend = rec.get("pending_skip")
-        if isinstance(pend, Mapping):
-            self._arm(pend, current())
+        if rec is not None and rec.pending_skip is not None:
+            self._arm(rec.pending_skip, current())
 
     # --- the step ------------------------------------------------------------------------
 
@@ -546,8 +545,7 @@ class AutoRecovery:
         """The built-in actions on this rank (the same decisions on every rank)."""
         p = self.policy
         live_lr, live_clip, live_history = live
-        ckpt = self._from_ckpt or {}
-        ckpt_lr = float(ckpt.get("lr_scale", 1.0))
+        ckpt_lr = self._from_ckpt.lr_scale if self._from_ckpt is not None else 1.0
         # The new scales are relative to what was in effect when the collapse came (so a
         # second recovery lowers further even when it restores the same checkpoint); the
         # restored state carries its own scale, so the optimizer gets the ratio.

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckptkit import codes
+from ckptkit.records import Recovery
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
@@ -71,7 +72,7 @@ def write_log(root: Location, data: Mapping[str, Any]) -> None:
     fs.replace_bytes(root / LOG, text.encode())  # atomic: temp, fsync, rename (or one PUT)
 
 
-def describe(record: Mapping[str, Any]) -> str:
+def describe(record: Mapping[str, Any] | Recovery) -> str:
     """One line for humans: what triggered a recovery, what it restored and did.
 
     Example:
@@ -80,15 +81,15 @@ def describe(record: Mapping[str, Any]) -> str:
         ...   "actions": {"lr": {"factor": 0.3, "scale": 0.3}, "skip": {"status": "none"}}})
         'recovery #1 at step 90 (critical: loss.nonfinite): restored step-00000050; LR x0.3'
     """
-    trig = record.get("trigger", {})
-    sigs = ", ".join(list(trig.get("signals", {}))[:3]) or "no signal named"
-    head = f"recovery #{record.get('n')} at step {record.get('detected_at')} ({trig.get('level')}: {sigs})"
-    if "refused" in record:
-        return f"{head}: refused: {record['refused']}"
-    if "failed" in record:
-        return f"{head}: failed: {record['failed']}"
-    parts = [f"restored {record.get('restored', {}).get('checkpoint')}"]
-    acts = record.get("actions", {})
+    r = record if isinstance(record, Recovery) else Recovery.from_dict(record)
+    sigs = ", ".join(r.signal_names[:3]) or "no signal named"
+    head = f"recovery #{r.n} at step {r.detected_at} ({r.level}: {sigs})"
+    if r.refused is not None:
+        return f"{head}: refused: {r.refused}"
+    if r.failed is not None:
+        return f"{head}: failed: {r.failed}"
+    parts = [f"restored {r.restored.get('checkpoint')}"]
+    acts = r.actions
     lr, clip, skip = acts.get("lr", {}), acts.get("clip", {}), acts.get("skip", {})
     done = []
     if lr.get("factor") is not None:
@@ -104,10 +105,9 @@ def describe(record: Mapping[str, Any]) -> str:
         done.append(f"skip of steps {skip.get('from_step')}-{skip.get('to_step')} due")
     if acts.get("callback"):
         done.append("callback")
-    ab = record.get("abandoned") or []
-    if ab:
-        done.append(f"{len(ab)} checkpoint(s) set aside")
-    t = record.get("timing", {}).get("detect_to_resume_s")
+    if r.abandoned:
+        done.append(f"{len(r.abandoned)} checkpoint(s) set aside")
+    t = r.timing.get("detect_to_resume_s")
     if t is not None:
         done.append(f"{t:.2f} s")
     return f"{head}: {'; '.join(parts + done)}"

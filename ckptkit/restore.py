@@ -23,6 +23,7 @@ from ckptkit.catalog import CheckpointInfo
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.collective import Collective, consensus
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
+from ckptkit.records import LookAhead
 from ckptkit.storage.fs import Location
 from ckptkit.verify.runner import verify_one
 
@@ -123,7 +124,7 @@ def restore_candidate(
         raise Skip(e, damaged=damaged, mismatch=e.code == "CK-R010") from None
     result.path = path
     result.notes += [f"{f.code} {f.message}" for f in rep.findings]
-    saved = (man.lookahead or {}).get(guard_mod.GUARD_KEY)
+    saved = LookAhead.of(man.lookahead).guard
     if saved and state.guard_k > 0:
         # Sample ids and the RNG fingerprint are rank 0's and only mean something at
         # the layout of the save; step, LR, scale, optimizer step and probe hold anywhere.

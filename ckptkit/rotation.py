@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ckptkit import records
 from ckptkit._repr import brief
 from ckptkit.stability import HINTS, NOT_JUDGED
 
@@ -582,21 +583,18 @@ def choose_rollback(ckpts: Iterable[Candidate]) -> RollbackChoice:
                 f"{_name(c)}: picked, the newest {c.status} checkpoint with health ok{pins}"
             )
             return RollbackChoice(c, reasons, _hints(fired))
-        rec = dict(c.health_record or {})
-        raw = rec.get("signals")
-        sigs: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        fired.extend(str(k) for k in sigs)
+        rec = records.Health.of(c.health_record) or records.Health(c.health)
+        fired.extend(rec.signal_names)
         if c.health is None:
             why = "no health record (saved without a StabilityWatch): cannot vouch for it"
         elif c.health == NOT_JUDGED:
-            wait = rec.get("not_judging") or "saved before the watch could judge the run"
+            wait = rec.not_judging or "saved before the watch could judge the run"
             why = f"health not judged ({wait}): cannot vouch for it"
         else:
             named = "; ".join(
-                f"{n}: {s.get('detail', '') if isinstance(s, Mapping) else s}"
-                for n, s in list(sigs.items())[:3]
+                f"{n}: {rec.detail(n)}" for n in rec.signal_names[:3]
             ) or "no signal recorded"
-            first = rec.get("first_warn_step")
+            first = rec.first_warn_step
             since = f", first warning at step {first}" if first is not None else ""
             why = f"health {c.health}{since} ({named})"
         reasons.append(f"{_name(c)}: skipped, {why}")

@@ -64,11 +64,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from ckptkit._jsonval import encode_float
+from ckptkit.records import HEALTH_LEVELS, Health
+
+if TYPE_CHECKING:
+    from ckptkit.recorder import Logged, Recorder
 
 Level = Literal["ok", "warn", "critical"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
@@ -77,15 +81,14 @@ NOT_JUDGED = "not judged"
 """The health recorded for a checkpoint saved while the watch could not judge the run yet
 (its warm-up, or no baseline window yet) and had seen nothing wrong: neither healthy nor
 unhealthy. ``ckptkit rollback`` and ``restore(healthy=True)`` do not take it as healthy."""
-Health = Literal["ok", "not judged", "warn", "critical"]
-"""A checkpoint's recorded health (``snapshot()["level"]``): a :data:`Level`, or
-:data:`NOT_JUDGED`."""
-_HEALTH_RANK: dict[str, int] = {"ok": 0, NOT_JUDGED: 1, "warn": 2, "critical": 3}
+_HEALTH_RANK: dict[str, int] = {lvl: i for i, lvl in enumerate(HEALTH_LEVELS)}
 _MAD_TO_SIGMA = 1.4826
 # Relative floor of a scale estimate (in log space: 0.1 %), so a constant series does not
 # give infinite z-scores for the first change in the last digit.
 _SCALE_FLOOR = 1e-3
 _LOG_FLOOR = 1e-30
+WATCH_KEY = "stability-watch"
+"""The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
 
 
 def worse(a: Level, b: Level) -> Level:
@@ -710,14 +713,19 @@ class StabilityWatch:
 
     # --- Recorder hook ---------------------------------------------------------------------
 
-    def attach(self, recorder: Any) -> StabilityWatch:
-        """Feed every ``recorder.log(...)`` call to this watch (wraps the bound method).
+    def attach(self, recorder: Recorder) -> StabilityWatch:
+        """Feed every record ``recorder`` writes to this watch (a recorder subscription).
 
-        The recorder writes first, then the watch scores the same scalars; the verdict
-        is :attr:`last`. Lists (``seq_lens``, ``sample_ids``) and strings are skipped.
+        The recorder writes first, then the watch scores the scalars the loop logged; the
+        verdict is :attr:`last`. Lists (``seq_lens``, ``sample_ids``) and strings are
+        skipped. A recorder feeds one watch at a time; other subscribers (the resume
+        guard) are independent of it.
 
         Returns:
             self, for chaining.
+
+        Raises:
+            ValueError: the recorder already feeds a watch.
 
         Example:
             >>> from ckptkit.recorder import Recorder
@@ -727,45 +735,42 @@ class StabilityWatch:
             >>> w.last.level
             'critical'
         """
-        if getattr(recorder, "_ckptkit_watch", None) is not None:
+        if recorder.subscription(WATCH_KEY) is not None:
             raise ValueError("this Recorder already feeds a StabilityWatch; detach() it first")
-        original = recorder.log
-
-        def log(*args: Any, **kwargs: Any) -> None:
-            # The recorder's own signature decides what is valid (``step`` positional or
-            # keyword); the watch then scores the same values.
-            original(*args, **kwargs)
-            step = args[0] if args else kwargs.pop("step")
-            self.update(step, **kwargs)
-
-        recorder.log = log
-        recorder._ckptkit_watch = (self, original)
+        recorder.subscribe(self._on_logged, key=WATCH_KEY)
         return self
 
+    def _on_logged(self, event: Logged) -> None:
+        self.update(event.step, **event.given)
+
     @staticmethod
-    def detach(recorder: Any) -> None:
-        """Undo :meth:`attach` on ``recorder``.
+    def detach(recorder: Recorder) -> None:
+        """Stop feeding ``recorder``'s records to its watch (undo :meth:`attach`).
+
+        Only the watch's subscription ends; the resume guard and any other subscriber
+        keep hearing every record.
 
         Example:
             >>> from ckptkit.recorder import Recorder
             >>> rec = Recorder(None)
             >>> _ = StabilityWatch().attach(rec)
             >>> StabilityWatch.detach(rec)
-            >>> "log" in vars(rec)
-            False
+            >>> rec.subscription(WATCH_KEY) is None
+            True
         """
-        if getattr(recorder, "_ckptkit_watch", None) is not None:
-            recorder._ckptkit_watch = None
-            del recorder.log  # the instance attribute: back to the class method
+        sub = recorder.subscription(WATCH_KEY)
+        if sub is not None:
+            sub.remove()
 
     # --- reporting -------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """Return the JSON-able health record for a checkpoint manifest.
+    def health(self) -> Health:
+        """Return the health record for a checkpoint manifest (:meth:`snapshot` as JSON).
 
         Returns:
-            ``{"level", "not_judging", "step", "episode_start", "first_warn_step",
-            "signals", "window", "params", "time"}``: ``level`` is the watch's level, or
+            A :class:`~ckptkit.records.Health` (``level``, ``not_judging``, ``step``,
+            ``episode_start``, ``first_warn_step``, ``signals``, ``window``, ``params``,
+            ``time``): ``level`` is the watch's level, or
             ``"not judged"`` while it is ``ok`` only because nothing could be judged yet
             (``not_judging`` says why: see :func:`not_judging`; None once it judges);
             ``signals`` maps each signal of the current episode to
@@ -777,9 +782,9 @@ class StabilityWatch:
         Example:
             >>> w = StabilityWatch()
             >>> _ = w.update(5, loss=1.0)
-            >>> snap = w.snapshot(); snap["level"], snap["step"]
+            >>> h = w.health(); h.level, h.step
             ('not judged', 5)
-            >>> _ = w.update(6, loss=float("nan")); w.snapshot()["level"]
+            >>> _ = w.update(6, loss=float("nan")); w.health().level
             'critical'
         """
         sigs: dict[str, Signal] = dict(self.episode_signals)
@@ -797,17 +802,27 @@ class StabilityWatch:
         if self._nonfinite:
             window["nonfinite_counts"] = dict(self._nonfinite)
         waiting = not_judging(self)
-        return {
-            "level": NOT_JUDGED if self.level == "ok" and waiting is not None else self.level,
-            "not_judging": waiting,
-            "step": self.last.step if self.last is not None else None,
-            "episode_start": self.episode_start,
-            "first_warn_step": self.first_warn_step,
-            "signals": {name: s.to_dict() for name, s in sorted(sigs.items())},
-            "window": window,
-            "params": self.params(),
-            "time": time.time(),
-        }
+        level = NOT_JUDGED if self.level == "ok" and waiting is not None else self.level
+        return Health(
+            level=level,
+            not_judging=waiting,
+            step=self.last.step if self.last is not None else None,
+            episode_start=self.episode_start,
+            first_warn_step=self.first_warn_step,
+            signals={name: s.to_dict() for name, s in sorted(sigs.items())},
+            window=window,
+            params=self.params(),
+            time=time.time(),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the JSON-able health record for a checkpoint manifest (:meth:`health`).
+
+        Example:
+            >>> StabilityWatch().snapshot()["level"]
+            'not judged'
+        """
+        return self.health().to_dict()
 
     @staticmethod
     def worst(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -826,8 +841,9 @@ class StabilityWatch:
             'not judged'
         """
         snaps = list(snapshots)
-        pick = max(snaps, key=lambda s: _HEALTH_RANK[s["level"]])
-        return {**pick, "ranks": [s["level"] for s in snaps]}
+        levels = [Health.from_dict(s).level for s in snaps]
+        pick = max(range(len(snaps)), key=lambda i: _HEALTH_RANK.get(levels[i] or "", 0))
+        return {**snaps[pick], "ranks": levels}
 
     def params(self) -> dict[str, Any]:
         """Return the thresholds in effect (recorded with every snapshot)."""
@@ -1010,6 +1026,7 @@ __all__ = [
     "HINTS",
     "LEVELS",
     "NOT_JUDGED",
+    "WATCH_KEY",
     "EmergencyPolicy",
     "Health",
     "Level",

@@ -29,6 +29,7 @@ from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
 from ckptkit.checkpoint import manifest_io
 from ckptkit.foreign.adopted import adopted_path
+from ckptkit.records import LookAhead
 
 Record = Mapping[str, Any]
 
@@ -638,12 +639,11 @@ def continuity(
     if not resumed:
         return CheckResult("continuity", False, 1, 0, detail={"reason": "no resumed records"})
     first = resumed[0]
-    la_all = facts.get("lookahead") or {}
-    guard_raw = la_all.get("guard")
-    guard: Mapping[str, Any] = guard_raw if isinstance(guard_raw, Mapping) else {}
+    look = LookAhead.of(facts.get("lookahead"))
+    guard: Mapping[str, Any] = look.guard or {}
     # The user's own look-ahead (``mgr.save(ts, lookahead={...})``), without the automatic
-    # resume-guard sub-dict the manager always adds under ``guard``.
-    la = {k: v for k, v in la_all.items() if k != "guard"}
+    # resume-guard part the manager always adds.
+    la = look.user
     step = facts.get("step") if save_step is None else save_step
     ref_next: Record | None = None
     if reference is not None and step is not None:

@@ -123,6 +123,7 @@ from torch import nn
 import ckptkit
 from ckptkit.capture.rng import fingerprint
 from ckptkit.drill.contract import DrillEnv
+from ckptkit.records import Health
 from ckptkit.recovery import RecoveryPolicy
 from ckptkit.recovery import describe as describe_recovery
 from ckptkit.stability import StabilityWatch
@@ -771,10 +772,10 @@ def run_dir(*, resume: bool, world: int = 1) -> str:
 def say_resumed(restored: Any, stop: int) -> None:
     """Say which checkpoint the run continues, and what about it is not ordinary."""
     print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
-    health = restored.manifest.health if restored.manifest is not None else None
-    if health and health.get("level") not in (None, "ok"):
-        level = health["level"]
-        signals = ", ".join(sorted(health.get("signals") or {})) or "no signal named"
+    health = Health.of(restored.manifest.health if restored.manifest is not None else None)
+    if health is not None and health.level not in (None, "ok"):
+        level = health.level
+        signals = ", ".join(sorted(health.signal_names)) or "no signal named"
         print(
             f"tiny_lm: warning: that checkpoint's recorded health is {level} ({signals}); "
             f"'ckptkit rollback {Path(str(restored.path)).parent}' names the newest healthy "

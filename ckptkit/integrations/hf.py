@@ -55,6 +55,7 @@ from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint, adopted_pat
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.hf import HFRun, Layout, checkpoint_dirs
 from ckptkit.manifest import Manifest
+from ckptkit.observe import CopySafeHook
 from ckptkit.recorder import Recorder
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
@@ -398,7 +399,9 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
             k.open(Path(args.output_dir))
             k.bind(model, kw.get("optimizer"), kw.get("lr_scheduler"))
             if model is not None and k.recorder is not None:
-                self._hook = model.register_forward_hook(self._on_forward)
+                # Copy-safe: an EMA's deepcopy of the model must not copy this callback
+                # (and the Recorder's open file) along with the hook.
+                self._hook = model.register_forward_hook(CopySafeHook(self._on_forward))
 
     def _on_forward(self, module: Any, inputs: Any, output: Any) -> None:
         loss = getattr(output, "loss", None)

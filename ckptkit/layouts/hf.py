@@ -57,6 +57,7 @@ from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.adopted import needs_code_problem, unverifiable
 from ckptkit.foreign.report import verify_foreign
+from ckptkit.records import health_level
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
@@ -263,8 +264,7 @@ class HFRun:
             pins |= set(man.pins)
             if isinstance(man.health, Mapping):
                 health_rec = dict(man.health)
-                lvl = man.health.get("level")
-                health = lvl if isinstance(lvl, str) else None
+                health = health_level(man.health)
             changed = _changed(p, man)
             code = unverifiable(man)
             if changed:

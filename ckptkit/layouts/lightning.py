@@ -58,6 +58,7 @@ from ckptkit.foreign.adopted import (
     unverifiable,
 )
 from ckptkit.foreign.report import verify_foreign
+from ckptkit.records import health_level
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import LOCK_NAME, Lock, lock_for
@@ -320,7 +321,7 @@ class LightningRun:
         if isinstance(pins_extra, list):
             pins |= {x for x in pins_extra if isinstance(x, str)}
         health = man.health if man is not None and isinstance(man.health, Mapping) else None
-        level = health.get("level") if health else None
+        level = health_level(health)
         return CheckpointInfo(
             step,
             fs.location(f),
@@ -328,7 +329,7 @@ class LightningRun:
             st.st_size,
             st.st_mtime,
             tuple(sorted(pins)),
-            level if isinstance(level, str) else None,
+            level,
             problem,
             verified_at,
             dict(health) if health else None,

@@ -129,6 +129,26 @@ def test_attaching_twice_does_not_stack(tmp_path) -> None:  # type: ignore[no-un
     assert len(read_jsonl(tmp_path / "m.jsonl")) == 1
 
 
+def test_detaching_the_stability_watch_keeps_the_guard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24: the watch and the guard both replaced ``recorder.log``; detaching the watch
+    (attached after the restore) put the class method back and silently dropped the
+    guard's wrapper, so the guard stopped seeing the resumed steps."""
+    from ckptkit.stability import StabilityWatch
+
+    saved = {"k": 4, "next_step": 11, "sample_ids": [5, 6, 7, 8]}
+    g = guard.ResumeGuard(saved)
+    rec = ckptkit.Recorder(tmp_path / "m.jsonl")
+    guard.attach(rec, g)
+    w = StabilityWatch().attach(rec)
+    rec.log(11, loss=1.0, sample_ids=[5, 6])
+    StabilityWatch.detach(rec)
+    rec.log(12, loss=1.0, sample_ids=[1, 2])  # replay: 7, 8 expected
+    rec.close()
+    assert w.updates == 1  # the watch heard only the step before its detach
+    # Step 12's replay is a finding: the guard heard the step logged after the detach.
+    assert [f.code for f in g.findings] == ["CK-D002"]
+
+
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11
 def test_stateful_loader_sharing_its_sampler_generator_is_named() -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader

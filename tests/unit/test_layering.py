@@ -43,7 +43,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.collective",
         ),
     ),
-    ("format", ("ckptkit.format", "ckptkit.format.*", "ckptkit.manifest", "ckptkit.signing")),
+    (
+        "format",
+        ("ckptkit.format", "ckptkit.format.*", "ckptkit.manifest", "ckptkit.records", "ckptkit.signing"),
+    ),
     ("storage", ("ckptkit.storage", "ckptkit.storage.*")),
     (
         "checkpoint",

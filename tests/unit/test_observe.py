@@ -175,3 +175,59 @@ def test_a_copy_of_an_observed_model_carries_no_observer(tmp_path: Path) -> None
         opt.step()
         rec.log(1, loss=0.5)
     assert "batch_hash" in rec.records[-1] and "opt_step" in rec.records[-1]
+
+
+def test_ema_helpers_copy_the_model_and_optimizer_with_a_recorder_bound(tmp_path: Path) -> None:
+    """Issue 24: every object ckptkit hangs state on (model hook, optimizer step hook,
+    sampler observer, recorder subscriptions of the watch and the resume guard) copies with
+    ``copy.deepcopy`` and pickles while a file-backed Recorder is bound, after a real
+    restore; the copies carry no observer, and the original is still observed."""
+    import copy
+    import pickle
+
+    from torch.optim.swa_utils import AveragedModel
+
+    from ckptkit.stability import StabilityWatch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
+    sampler = ckptkit.ResumableSampler(16, seed=1)
+    rec = ckptkit.Recorder(tmp_path / "metrics.jsonl")
+    watch = StabilityWatch().attach(rec)
+    ts = ckptkit.TrainState(model=model, optimizer=opt, scheduler=sched, scaler=scaler,
+                            sampler=sampler, recorder=rec)
+    x = torch.ones(2, 4)
+
+    def step() -> None:
+        next(iter(sampler))
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        ts.step += 1
+        rec.log(ts.step, loss=float(loss.detach()))
+
+    with ckptkit.CheckpointManager(tmp_path / "ckpt", watch=watch) as mgr:
+        step()
+        mgr.save(ts)
+        mgr.restore(ts)  # subscribes the resume guard and makes it an observer listener
+
+    ema = AveragedModel(model)  # deepcopy(model) inside
+    opt_copy = copy.deepcopy(opt)
+    for obj in (model, opt, sched, scaler, sampler):
+        copy.deepcopy(obj)
+        pickle.loads(pickle.dumps(obj))
+    # The copies run without reporting to the original's records.
+    ema.update_parameters(model)
+    ema(x)
+    opt_copy.step()
+    step()
+    rec.close()
+    last = rec.records[-1]
+    assert last["opt_step"] == 2 and "batch_hash" in last and "sample_ids" in last
+    assert watch.updates == 2

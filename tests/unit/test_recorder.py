@@ -256,3 +256,52 @@ def test_read_jsonl_and_follower_share_one_damaged_line_policy(tmp_path: Path) -
     assert got[0]["x"] == [math.inf]  # nested non-finite strings decoded by both
     assert f.bad_lines == 3
     assert parse_line(b'{"step":5}') == {"step": 5} and parse_line(b"\xff") is None
+
+
+def test_subscribers_hear_every_record_independently(tmp_path: Path) -> None:
+    """Listeners subscribe; nothing replaces ``Recorder.log`` (issue 24), so removing one
+    subscription leaves the others, and each hears the loop's values and the written record."""
+    from ckptkit.recorder import Logged
+
+    rec = Recorder(tmp_path / "m.jsonl")
+    first: list[Logged] = []
+    second: list[int] = []
+    a = rec.subscribe(first.append)
+    rec.subscribe(lambda e: second.append(e.step))
+    rec.log(1, loss=torch.tensor(float("nan")), seq_lens=[3])
+    a.remove()
+    a.remove()  # idempotent, and removes only its own subscription
+    rec.log(2, loss=1.0)
+    rec.close()
+    assert [e.step for e in first] == [1] and second == [1, 2]
+    assert isinstance(first[0].given["loss"], torch.Tensor)  # as the loop passed it
+    assert first[0].record["loss"] == "nan"  # as written to the file
+    assert "log" not in vars(rec)
+    with pytest.raises(TypeError):
+        first[0].record["loss"] = 0.0  # type: ignore[index]  # the window is not the listener's
+
+
+def test_subscription_key_keeps_one_subscriber_per_role() -> None:
+    rec = Recorder(None)
+    seen: list[str] = []
+    old = rec.subscribe(lambda e: seen.append("old"), key="role")
+    rec.subscribe(lambda e: seen.append("new"), key="role")
+    rec.subscribe(lambda e: seen.append("other"))
+    rec.log(1, loss=1.0)
+    assert seen == ["new", "other"] and not old.active
+    assert rec.subscription("role") is not None and rec.subscription("none") is None
+
+
+def test_a_subscriber_removing_itself_does_not_skip_the_next() -> None:
+    rec = Recorder(None)
+    seen: list[str] = []
+
+    def once(e: object) -> None:
+        seen.append("once")
+        sub.remove()
+
+    sub = rec.subscribe(once)
+    rec.subscribe(lambda e: seen.append("always"))
+    rec.log(1, loss=1.0)
+    rec.log(2, loss=1.0)
+    assert seen == ["once", "always", "always"]

@@ -25,6 +25,7 @@ from ckptkit.codes import ROLLBACK
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES
+from ckptkit.records import GUARD_KEY
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -400,7 +401,7 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     man = ctx.manifest
     assert man is not None
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
-    found = guard.problems(look.get(guard.GUARD_KEY), man.tree)
+    found = guard.problems(look.get(GUARD_KEY), man.tree)
     if found:
         yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
 

@@ -111,6 +111,30 @@ def test_callback_adopts_each_save_and_rotates_verified(trainer_run: Path) -> No
     run.close()
 
 
+def test_an_ema_callback_copies_the_model_with_a_recorder_bound(tmp_path: Path) -> None:
+    """Issue 24: the callback's loss hook on the model held the callback, so an EMA helper's
+    ``copy.deepcopy(model)`` copied it and the Recorder's open file (``TypeError: cannot
+    pickle '_io.TextIOWrapper'``)."""
+    import copy
+
+    from ckptkit.recorder import Recorder, read_jsonl
+
+    class Ema(transformers.TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.copies: list[Any] = []
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.copies.append(copy.deepcopy(kw["model"]))
+
+    rec = Recorder(tmp_path / "metrics.jsonl")
+    ema = Ema()
+    train(tmp_path / "out", steps=2, callbacks=[CkptkitCallback(recorder=rec), ema])
+    rec.close()
+    assert len(ema.copies) == 2
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in read_jsonl(tmp_path / "metrics.jsonl"))
+
+
 def test_statuses_from_files(trainer_run: Path, tmp_path: Path) -> None:
     out = copy_run(trainer_run, tmp_path)
     (out / "checkpoint-8" / "trainer_state.json").unlink()  # an interrupted save

@@ -1,0 +1,442 @@
+"""Typed records that travel in manifests and run logs: health, look-ahead, recoveries.
+
+Three records cross module boundaries as JSON: the stability watch's **health** (a
+manifest's ``health``, read by the catalog, the layouts, rollback and recovery), the
+**look-ahead** (a manifest's ``lookahead``: the resume guard's automatic part and the
+user's own keys) and the **recoveries** (a manifest's ``recoveries`` summary and each
+record of the run's recoveries log). This module says what they are, in one place.
+
+Each record is a frozen dataclass with ``to_dict()`` (the JSON written today, key for
+key: the on-disk format does not change) and ``from_dict()``, which is tolerant: a field
+of the wrong type reads as absent (None, or empty), keys this version does not know are
+kept in ``extra`` and written back, so an old or hand-edited record never raises while
+being read. ``of(obj)`` reads anything a manifest field can hold (None, a non-object)
+and returns None when there is no record.
+
+A format-layer module: it imports nothing of ckptkit, so every layer can read the records.
+
+Example:
+    >>> h = Health.of({"level": "warn", "signals": {"loss.z": {"detail": "spike"}}})
+    >>> h.level, h.healthy, h.signal_names, Health.of(None)
+    ('warn', False, ('loss.z',), None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+HealthLevel = Literal["ok", "not judged", "warn", "critical"]
+"""A checkpoint's recorded health: the watch's level, or ``not judged`` (saved while the watch
+could not judge the run yet: neither healthy nor unhealthy)."""
+HEALTH_LEVELS: tuple[str, ...] = ("ok", "not judged", "warn", "critical")
+"""Every health level, from healthiest to least healthy."""
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _map(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else _EMPTY
+
+
+def _rest(d: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in known}
+
+
+# --- health ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Health:
+    """The stability watch's record of a run's health at a save (a manifest's ``health``).
+
+    Written by :meth:`ckptkit.StabilityWatch.snapshot`; read by ``ckptkit ls``, rollback,
+    ``restore(healthy=True)`` and automatic recovery.
+    """
+
+    level: str | None
+    """``ok``, ``not judged``, ``warn`` or ``critical`` (:data:`HEALTH_LEVELS`); None when the
+    record does not say."""
+    not_judging: str | None = None
+    """Why the watch could not judge yet (with level ``not judged``), else None."""
+    step: int | None = None
+    """The step of the watch's last verdict."""
+    episode_start: int | None = None
+    """The first step of the current warn/critical episode."""
+    first_warn_step: int | None = None
+    """The first step of the run the watch warned at."""
+    signals: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each signal of the current episode: ``{level, statistic, threshold, detail}``."""
+    window: Mapping[str, Any] = field(default_factory=dict)
+    """Rolling statistics per tracked metric."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """The thresholds in effect."""
+    time: float | None = None
+    """Wall-clock time of the snapshot (seconds since the epoch)."""
+    ranks: tuple[str | None, ...] | None = None
+    """Every rank's level, when the record is the worst of several ranks' (else None)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys this version does not know, kept for the round trip."""
+
+    _KNOWN = frozenset(
+        {"level", "not_judging", "step", "episode_start", "first_warn_step", "signals",
+         "window", "params", "time", "ranks"}
+    )
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the record vouches for the run (level ``ok``; ``not judged`` does not)."""
+        return self.level == "ok"
+
+    @property
+    def signal_names(self) -> tuple[str, ...]:
+        """The names of the signals that fired, in record order."""
+        return tuple(str(k) for k in self.signals)
+
+    def detail(self, name: str) -> str:
+        """The human line of signal ``name`` (empty when it has none).
+
+        Example:
+            >>> Health("warn", signals={"loss.z": {"detail": "spike"}}).detail("loss.z")
+            'spike'
+        """
+        sig = self.signals.get(name)
+        if isinstance(sig, Mapping):
+            return str(sig.get("detail", ""))
+        return "" if sig is None else str(sig)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Health:
+        """Read a health record; a field of the wrong type reads as absent.
+
+        Example:
+            >>> Health.from_dict({"level": "ok", "step": "7", "new": 1})
+            Health(level='ok', ..., extra={'new': 1})
+        """
+        ranks = d.get("ranks")
+        sigs = _map(d.get("signals"))
+        return cls(
+            level=_str(d.get("level")),
+            not_judging=_str(d.get("not_judging")),
+            step=_int(d.get("step")),
+            episode_start=_int(d.get("episode_start")),
+            first_warn_step=_int(d.get("first_warn_step")),
+            signals={str(k): (v if isinstance(v, Mapping) else {"detail": str(v)})
+                     for k, v in sigs.items()},
+            window=dict(_map(d.get("window"))),
+            params=dict(_map(d.get("params"))),
+            time=_num(d.get("time")),
+            ranks=tuple(_str(r) for r in ranks) if isinstance(ranks, list | tuple) else None,
+            extra=_rest(d, cls._KNOWN),
+        )
+
+    @classmethod
+    def of(cls, obj: Any) -> Health | None:
+        """Read whatever a manifest's ``health`` holds: None when it is not a record.
+
+        Example:
+            >>> Health.of({"level": "critical"}).level, Health.of("ok")
+            ('critical', None)
+        """
+        return cls.from_dict(obj) if isinstance(obj, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able record, as the watch writes it into a manifest.
+
+        Example:
+            >>> Health("ok", step=3).to_dict()["step"]
+            3
+        """
+        out: dict[str, Any] = {
+            "level": self.level,
+            "not_judging": self.not_judging,
+            "step": self.step,
+            "episode_start": self.episode_start,
+            "first_warn_step": self.first_warn_step,
+            "signals": {k: dict(v) for k, v in self.signals.items()},
+            "window": dict(self.window),
+            "params": dict(self.params),
+            "time": self.time,
+        }
+        if self.ranks is not None:
+            out["ranks"] = list(self.ranks)
+        out.update(self.extra)
+        return out
+
+
+def health_level(obj: Any) -> str | None:
+    """The level of whatever a manifest's ``health`` holds (None: no record, or no level).
+
+    Example:
+        >>> health_level({"level": "warn"}), health_level(None), health_level({"level": 3})
+        ('warn', None, None)
+    """
+    h = Health.of(obj)
+    return h.level if h is not None else None
+
+
+# --- look-ahead --------------------------------------------------------------------------------
+
+GUARD_KEY = "guard"
+"""Key of the resume guard's automatic look-ahead inside a manifest's ``lookahead``."""
+
+
+@dataclass(frozen=True)
+class LookAhead:
+    """What the run will do right after a checkpoint (a manifest's ``lookahead``).
+
+    Two parts: the resume guard's automatic look-ahead (``guard``: next step, LR per group,
+    loss scale, optimizer step, RNG fingerprint, next sample ids, ...; its keys and their
+    types are listed, and checked before a restore, in :mod:`ckptkit.guard`), and the
+    user's own keys (``mgr.save(ts, lookahead={...})``), which the drill compares.
+    """
+
+    guard: Mapping[str, Any] | None = None
+    """The resume guard's automatic look-ahead; None when the checkpoint has none."""
+    user: Mapping[str, Any] = field(default_factory=dict)
+    """The user's own look-ahead keys."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LookAhead:
+        """Read a look-ahead; a ``guard`` part that is not an object reads as absent.
+
+        Example:
+            >>> LookAhead.from_dict({"guard": {"next_step": 5}, "lr": 0.1})
+            LookAhead(guard={'next_step': 5}, user={'lr': 0.1})
+        """
+        g = d.get(GUARD_KEY)
+        return cls(
+            guard=g if isinstance(g, Mapping) else None,
+            user={k: v for k, v in d.items() if k != GUARD_KEY},
+        )
+
+    @classmethod
+    def of(cls, obj: Any) -> LookAhead:
+        """Read whatever a manifest's ``lookahead`` holds (an empty look-ahead when none).
+
+        Example:
+            >>> LookAhead.of(None)
+            LookAhead(guard=None, user={})
+        """
+        return cls.from_dict(obj) if isinstance(obj, Mapping) else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able look-ahead, as a manifest stores it.
+
+        Example:
+            >>> LookAhead({"k": 8}, {"lr": 0.1}).to_dict()
+            {'lr': 0.1, 'guard': {'k': 8}}
+        """
+        out = dict(self.user)
+        if self.guard is not None:
+            out[GUARD_KEY] = dict(self.guard)
+        return out
+
+
+# --- recoveries --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One automatic recovery or refusal (a record of the run's recoveries log, and of a
+    manifest's ``recoveries.history``), written by :mod:`ckptkit.recovery`."""
+
+    n: int | None
+    """The recovery's number in the run (1, 2, ...)."""
+    detected_at: int | None = None
+    """The step the trigger was detected at."""
+    trigger: Mapping[str, Any] = field(default_factory=dict)
+    """What triggered it: ``{level, signals, first_warning_step, ...}``."""
+    refused: str | None = None
+    """Why a limit refused it (a refusal record), else None."""
+    failed: str | None = None
+    """Why it failed, else None."""
+    restored: Mapping[str, Any] = field(default_factory=dict)
+    """The checkpoint it restored: ``{checkpoint, step, ...}``."""
+    actions: Mapping[str, Any] = field(default_factory=dict)
+    """What it did: ``{lr, clip, skip, callback}``."""
+    abandoned: tuple[Any, ...] = ()
+    """Checkpoints set aside (saved after the restored one, from the unstable stretch)."""
+    timing: Mapping[str, Any] = field(default_factory=dict)
+    """How long it took (``detect_to_resume_s``, ...)."""
+    time: float | None = None
+    """Wall-clock time of the record."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys not named above (``policy``, ``steps_lost``, ...), kept for the round trip."""
+
+    _KNOWN = frozenset(
+        {"n", "detected_at", "trigger", "refused", "failed", "restored", "actions",
+         "abandoned", "timing", "time"}
+    )
+
+    @property
+    def outcome(self) -> Literal["recovered", "refused", "failed"]:
+        """``refused``, ``failed`` or ``recovered``."""
+        if self.refused is not None:
+            return "refused"
+        return "failed" if self.failed is not None else "recovered"
+
+    @property
+    def level(self) -> str | None:
+        """The level of the trigger."""
+        return _str(self.trigger.get("level"))
+
+    @property
+    def signal_names(self) -> tuple[str, ...]:
+        """The names of the trigger's signals."""
+        return tuple(str(k) for k in _map(self.trigger.get("signals")))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recovery:
+        """Read one record; a field of the wrong type reads as absent.
+
+        Example:
+            >>> r = Recovery.from_dict({"n": 1, "refused": "limit", "trigger": {"level": "warn"}})
+            >>> r.outcome, r.level
+            ('refused', 'warn')
+        """
+        ab = d.get("abandoned")
+        return cls(
+            n=_int(d.get("n")),
+            detected_at=_int(d.get("detected_at")),
+            trigger=dict(_map(d.get("trigger"))),
+            refused=None if d.get("refused") is None else str(d["refused"]),
+            failed=None if d.get("failed") is None else str(d["failed"]),
+            restored=dict(_map(d.get("restored"))),
+            actions=dict(_map(d.get("actions"))),
+            abandoned=tuple(ab) if isinstance(ab, list | tuple) else (),
+            timing=dict(_map(d.get("timing"))),
+            time=_num(d.get("time")),
+            extra=_rest(d, cls._KNOWN),
+        )
+
+    @classmethod
+    def of(cls, obj: Any) -> Recovery | None:
+        """Read whatever a log entry holds: None when it is not a record."""
+        return cls.from_dict(obj) if isinstance(obj, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able record; fields the record did not have stay out.
+
+        Example:
+            >>> Recovery(1, detected_at=90, refused="limit").to_dict()
+            {'n': 1, 'detected_at': 90, 'refused': 'limit'}
+        """
+        out: dict[str, Any] = {"n": self.n}
+        optional: dict[str, Any] = {
+            "detected_at": self.detected_at,
+            "trigger": dict(self.trigger) or None,
+            "refused": self.refused,
+            "failed": self.failed,
+            "restored": dict(self.restored) or None,
+            "actions": dict(self.actions) or None,
+            "abandoned": list(self.abandoned) or None,
+            "timing": dict(self.timing) or None,
+            "time": self.time,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class Recoveries:
+    """The recoveries in the history of a saved state (a manifest's ``recoveries``).
+
+    A restore continues from it: the LR and clip-norm scales in effect, the records, and a
+    data skip still due.
+    """
+
+    count: int
+    """How many recoveries the history holds."""
+    lr_scale: float = 1.0
+    """The LR scale the recoveries left in effect."""
+    clip_scale: float = 1.0
+    """The clip-norm scale the recoveries left in effect."""
+    history: tuple[Mapping[str, Any], ...] = ()
+    """One compact record per recovery (read each with :meth:`Recovery.from_dict`)."""
+    pending_skip: Mapping[str, Any] | None = None
+    """A data skip still due at the save: ``{n, at_step, to}``, else None."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys this version does not know, kept for the round trip."""
+
+    _KNOWN = frozenset({"count", "lr_scale", "clip_scale", "history", "pending_skip"})
+
+    @property
+    def records(self) -> tuple[Recovery, ...]:
+        """The history as typed records."""
+        return tuple(Recovery.from_dict(r) for r in self.history)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recoveries:
+        """Read the summary; scales that are not numbers read as 1 (no scaling).
+
+        Example:
+            >>> Recoveries.from_dict({"count": 1, "lr_scale": 0.5, "history": [{"n": 1}, 3]})
+            Recoveries(count=1, lr_scale=0.5, clip_scale=1.0, history=({'n': 1},), ...)
+        """
+        hist = d.get("history")
+        pend = d.get("pending_skip")
+        lr, clip = _num(d.get("lr_scale")), _num(d.get("clip_scale"))
+        return cls(
+            count=_int(d.get("count")) or 0,
+            lr_scale=1.0 if lr is None else lr,
+            clip_scale=1.0 if clip is None else clip,
+            history=tuple(r for r in hist if isinstance(r, Mapping))
+            if isinstance(hist, list | tuple) else (),
+            pending_skip=pend if isinstance(pend, Mapping) else None,
+            extra=_rest(d, cls._KNOWN),
+        )
+
+    @classmethod
+    def of(cls, obj: Any) -> Recoveries | None:
+        """Read whatever a manifest's ``recoveries`` holds: None when the run never recovered.
+
+        Example:
+            >>> Recoveries.of(None), Recoveries.of({"count": 2}).count
+            (None, 2)
+        """
+        return cls.from_dict(obj) if isinstance(obj, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able summary, as a manifest stores it.
+
+        Example:
+            >>> Recoveries(1, 0.5, 1.0, ({"n": 1},)).to_dict()
+            {'count': 1, 'lr_scale': 0.5, 'clip_scale': 1.0, 'history': [{'n': 1}]}
+        """
+        out: dict[str, Any] = {
+            "count": self.count,
+            "lr_scale": self.lr_scale,
+            "clip_scale": self.clip_scale,
+            "history": [dict(r) for r in self.history],
+        }
+        if self.pending_skip is not None:
+            out["pending_skip"] = dict(self.pending_skip)
+        out.update(self.extra)
+        return out
+
+
+__all__ = [
+    "GUARD_KEY",
+    "HEALTH_LEVELS",
+    "Health",
+    "HealthLevel",
+    "LookAhead",
+    "Recoveries",
+    "Recovery",
+    "health_level",
+]

@@ -148,7 +148,6 @@ class CheckpointManager:
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
         self.recovery = AutoRecovery(recovery, self) if recovery is not None else None
-        self.last_save = SaveStats()
         self._lock: Lock | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
@@ -192,6 +191,11 @@ class CheckpointManager:
     def _join(self) -> None:
         """Let the background job finish; its error stays for :meth:`wait` (or the next save)."""
         self._saves.join()
+
+    @property
+    def last_save(self) -> SaveStats:
+        """Timings and findings of the last save (:class:`~ckptkit.saving.SaveStats`)."""
+        return self._saves.last
 
     def close(self) -> None:
         """Wait for the background job, then release the writer lock."""
@@ -394,10 +398,7 @@ class CheckpointManager:
         step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
         fields = self._fields(state, step, pin=pin, health=health, lookahead=lookahead)
-        final, self.last_save = self._saves.save(
-            state, step, fields, async_=async_, overwrite=overwrite, t0=t0
-        )
-        return final
+        return self._saves.save(state, step, fields, async_=async_, overwrite=overwrite, t0=t0)
 
     def _fields(
         self,

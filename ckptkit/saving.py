@@ -138,9 +138,9 @@ class SavePipeline:
         >>> saves = SavePipeline(
         ...     root, trajectory=Trajectory(Catalog(root)), writer=lambda: None,
         ...     fence=lambda: None, settle=lambda final, *_: settled.append(final.name))
-        >>> final, stats = saves.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2)), 5, {})
-        >>> saves.wait(); settled
-        ['step-00000005']
+        >>> final = saves.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2)), 5, {})
+        >>> saves.wait(); settled, saves.last.step
+        (['step-00000005'], 5)
     """
 
     def __init__(
@@ -167,6 +167,9 @@ class SavePipeline:
         self.compress = compress
         self.on_inconsistent: atsave.Policy = on_inconsistent
         self.background_verify = background_verify
+        self.last = SaveStats()
+        """The timings of the last save that got past its capture (the background job
+        fills in the rest of them)."""
         self._job: _Job | None = None
         self._stager = Stager()
         self._bg_coll: Collective | None = None
@@ -208,7 +211,7 @@ class SavePipeline:
         async_: bool = False,
         overwrite: bool = False,
         t0: float | None = None,
-    ) -> tuple[Location, SaveStats]:
+    ) -> Location:
         """Capture ``state`` as ``step`` on every rank, commit it, and settle it (maybe later).
 
         The caller has checked ``step`` and joined the previous job (:meth:`wait`).
@@ -223,8 +226,7 @@ class SavePipeline:
             t0: when the caller's save began (``time.perf_counter()``; default: now).
 
         Returns:
-            The checkpoint directory and the save's timings (the background job fills in
-            the rest of them).
+            The checkpoint directory; its timings are :attr:`last` from the commit on.
         """
         t0 = time.perf_counter() if t0 is None else t0
         coll = current()
@@ -248,15 +250,17 @@ class SavePipeline:
                 step, lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0)
             )
             stats.blocked = time.perf_counter() - t0
-            return final, stats
+            self.last = stats
+            return final
         man = self._commit(snap, coll, final, overwrite, stats)
         stats.blocked = time.perf_counter() - t0
+        self.last = stats
         if man is not None:  # rank 0
             if self.background_verify:
                 self._start(step, lambda: self._settle(final, man, stats, t0))
             else:
                 self._settle(final, man, stats, t0)
-        return final, stats
+        return final
 
     def _commit(
         self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats

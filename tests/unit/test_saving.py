@@ -46,8 +46,8 @@ def test_settle_error_surfaces_once_at_the_next_wait(tmp_path: Path) -> None:
         raise ckptkit.CkptkitError("injected settle failure", path=final)
 
     saves = _pipeline(tmp_path, settle)
-    final, stats = saves.save(_state(4), 4, {})
-    assert final == tmp_path / step_dir_name(4) and stats.step == 4
+    final = saves.save(_state(4), 4, {})
+    assert final == tmp_path / step_dir_name(4) and saves.last.step == 4
     assert (final / "manifest.json").is_file()  # committed before the settle step ran
     with pytest.raises(ckptkit.CkptkitError, match="injected settle failure"):
         saves.wait()
@@ -122,3 +122,15 @@ def test_a_script_without_close_still_settles_its_last_save(tmp_path: Path) -> N
     assert [(c.step, c.status) for c in mgr.list()] == [(2, "verified")]  # step 1 rotated
     latest = mgr.latest()
     assert latest is not None and latest.step == 2
+
+
+def test_last_save_is_known_when_a_synchronous_settle_fails(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, background_verify=False)
+    ts = _state(3)
+    with torch.no_grad():
+        ts.model.weight[0, 0] = float("nan")
+    with pytest.raises(ckptkit.CommittedError, match="read-back verify failed"):
+        mgr.save(ts)  # committed, then recorded corrupt by its verify, inside save
+    assert mgr.last_save.step == 3
+    assert any(f.startswith("CK-S010") for f in mgr.last_save.findings), mgr.last_save
+    mgr.close()

@@ -1,7 +1,8 @@
 """``CheckpointManager``: lock -> capture -> commit -> verify -> point ``latest`` -> rotate; restore.
 
 The public methods keep the guard and order (as torchtitan's ``BaseCheckpointManager.save``
-does); every step lives in its own module:
+does); every step lives in its own module, and the save pipeline (steps 2-3, and running
+4-6 in the background) in :mod:`ckptkit.saving`:
 
 1. take the run lock (:mod:`ckptkit.storage.lock`: one writer per run directory);
 2. capture the state on every rank (:class:`ckptkit.commit.StateSave`);
@@ -15,7 +16,10 @@ does); every step lives in its own module:
 Steps 4-6 run in the background by default, off the training loop's critical path: a
 checkpoint becomes ``latest`` and counts for retention only after its read-back verify, and
 the next save (or :meth:`wait`, :meth:`close`, any listing) joins them first. Restore takes
-the newest checkpoint that verifies while it is read and falls back past any that fails.
+the newest checkpoint that verifies while it is read and falls back past any that fails
+(:func:`ckptkit.restore.restore_run`). The manager wires the signals in: what the stability
+watch, the resume guard and the recovery add to each manifest, the emergency checkpoint
+and the automatic recovery (:mod:`ckptkit.recovery`, through its public ``Host`` protocol).
 """
 
 from __future__ import annotations
@@ -23,29 +27,28 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from ckptkit import codes, crashpoints, retain, rotation, signing, trajectory
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
-from ckptkit._repr import brief
+from ckptkit import recovery as recovery_mod
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
-from ckptkit.collective import Collective, TorchGroup, any_true, consensus, current
-from ckptkit.commit import Stager, StateSave, commit
+from ckptkit.collective import current
 from ckptkit.errors import (
     CkptkitError,
     CommittedError,
     LockHeldError,
     opening_run_writable,
 )
-from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
-from ckptkit.restore import candidates, newest_restorable
+from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy, emergency_checkpoint
+from ckptkit.restore import restore_run
+from ckptkit.saving import SavePipeline, SaveStats
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
@@ -54,60 +57,6 @@ from ckptkit.verify import atsave
 from ckptkit.verify.runner import verify_one
 
 log = logging.getLogger("ckptkit")
-
-
-@dataclass
-class SaveStats:
-    """Timings of the last save (seconds): what the caller waited for, and each step."""
-
-    step: int = -1
-    blocked: float = 0.0
-    """What the training loop waited for (capture and commit; staging for async)."""
-    capture: float = 0.0
-    write: float = 0.0
-    """Commit: write, hash, manifest, rename."""
-    verify: float = 0.0
-    """The read-back verify (in the background unless ``background_verify=False``)."""
-    total: float = 0.0
-    """Until the checkpoint was verified, pointed at and rotation done."""
-    deleted: list[str] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
-    """Consistency findings of the saved state (``CODE message``), recorded in its manifest."""
-    values_scanned: bool = False
-    """Every tensor's values were scanned in memory before the commit (one process, all
-    tensors in the manifest): the read-back verify checks digests only, not values again."""
-
-    def __repr__(self) -> str:
-        times = {k: round(getattr(self, k), 4) for k in ("blocked", "capture", "write", "verify", "total")}
-        return brief(
-            "SaveStats", step=self.step, **times, deleted=self.deleted, findings=self.findings
-        )
-
-
-@dataclass
-class _Job:
-    thread: threading.Thread
-    step: int
-    error: BaseException | None = None
-
-
-_LIVE: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
-"""Managers with possibly unfinished background work (joined at interpreter exit)."""
-
-
-def _finish_background_work() -> None:
-    """Join every manager's background job before the interpreter shuts thread pools down.
-
-    A script that calls ``mgr.save()`` and ends without ``close()`` still gets its
-    checkpoint verified, ``latest`` pointed and rotation done. Registered with the same
-    hook ``concurrent.futures`` uses, later, so it runs first.
-    """
-    for mgr in list(_LIVE):
-        with contextlib.suppress(Exception):
-            mgr._join()
-
-
-threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
 
 
 class CheckpointManager:
@@ -192,26 +141,28 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.max_bytes = max_bytes
-        self.compress = compress
         self.lock_timeout = lock_timeout
         self.verify_after_save = verify_after_save
-        self.background_verify = background_verify
         self.lease_ttl = lease_ttl
         self.readonly = readonly
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
-        if on_inconsistent not in atsave.POLICIES:
-            raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
-        self.on_inconsistent: atsave.Policy = on_inconsistent
         self.recovery = AutoRecovery(recovery, self) if recovery is not None else None
-        self.last_save = SaveStats()
         self._lock: Lock | None = None
-        self._job: _Job | None = None
-        self._stager = Stager()
-        self._bg_coll: Collective | None = None
         self._fresh: set[str] = set()
         """Checkpoints this process verified by reading every byte since it last saved."""
         self.trajectory = trajectory.Trajectory(self.catalog, self._good_statuses, join=self._join)
+        self._saves = SavePipeline(
+            self.root,
+            trajectory=self.trajectory,
+            writer=self._writer,
+            fence=self._fence,
+            settle=self._settle,  # the one hook from a commit into the run's records
+            key=self.key,
+            compress=compress,
+            on_inconsistent=on_inconsistent,
+            background_verify=background_verify,
+        )
         with opening_run_writable(self.root, readonly=readonly):
             if not readonly and fs.is_local(self.root):  # object stores have no directories
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -226,10 +177,7 @@ class CheckpointManager:
             CkptkitError: what the job failed with (a save that committed but failed a
                 later step raises :class:`~ckptkit.errors.CommittedError`).
         """
-        self._join()
-        job, self._job = self._job, None
-        if job is not None and job.error is not None:
-            raise job.error
+        self._saves.wait()
 
     def idle(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the background job; True when none runs.
@@ -238,16 +186,16 @@ class CheckpointManager:
         next ``save``/``wait``: safe to call from another thread (the pre-emption
         watchdog lets an async save finish before the process exits).
         """
-        job = self._job
-        if job is None:
-            return True
-        job.thread.join(timeout)
-        return not job.thread.is_alive()
+        return self._saves.idle(timeout)
 
     def _join(self) -> None:
         """Let the background job finish; its error stays for :meth:`wait` (or the next save)."""
-        if self._job is not None:
-            self._job.thread.join()
+        self._saves.join()
+
+    @property
+    def last_save(self) -> SaveStats:
+        """Timings and findings of the last save (:class:`~ckptkit.saving.SaveStats`)."""
+        return self._saves.last
 
     def close(self) -> None:
         """Wait for the background job, then release the writer lock."""
@@ -449,6 +397,23 @@ class CheckpointManager:
         t0 = time.perf_counter()
         step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
+        fields = self._fields(state, step, pin=pin, health=health, lookahead=lookahead)
+        return self._saves.save(state, step, fields, async_=async_, overwrite=overwrite, t0=t0)
+
+    def _fields(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        pin: str | Iterable[str] | None,
+        health: Mapping[str, Any] | None,
+        lookahead: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """What a save records besides the state: pins, and what the signals say now.
+
+        The watch's health (the worst of every rank's), the resume guard's look-ahead and
+        the recovery history; collective with several ranks.
+        """
         coll = current()
         pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
         if health is None and self.watch is not None:
@@ -458,126 +423,7 @@ class CheckpointManager:
         if health is not None:
             fields["health"] = dict(health)
         fields.update(self.recovery.on_save(step, health) if self.recovery is not None else {})
-        stats = SaveStats(step=step)
-        err: BaseException | None = None
-        snap: StateSave | None = None
-        try:
-            snap = StateSave.capture(state, coll, step=step, fields=fields, compress=self.compress)
-        except BaseException as e:
-            err = e
-        # Every rank captured before any rank enters a collective write (DCP's save).
-        consensus(coll, err, what=f"capture for step {step}")
-        assert snap is not None
-        stats.capture = time.perf_counter() - t0
-        final = self.root / step_dir_name(step)
-        if async_:
-            bg = self._background(coll)
-            snap = snap.staged(self._stager)
-            snap.process_group = getattr(bg, "group", None)
-            self._start(
-                step, lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0)
-            )
-            stats.blocked = time.perf_counter() - t0
-            self.last_save = stats
-            return final
-        man = self._commit(snap, coll, final, overwrite, stats)
-        stats.blocked = time.perf_counter() - t0
-        self.last_save = stats
-        if man is not None:  # rank 0
-            if self.background_verify:
-                self._start(step, lambda: self._settle(final, man, stats, t0))
-            else:
-                self._settle(final, man, stats, t0)
-        return final
-
-    def _commit(
-        self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats
-    ) -> mf.Manifest | None:
-        tw = time.perf_counter()
-        write, build = self._checked(snap, coll, stats)
-        man = commit(
-            final,
-            coll,
-            write=write,
-            build=build,
-            overwrite=overwrite,
-            prepare=lambda: self._prepare(snap.step),
-            fence=self._fence,
-            key=self.key,
-        )
-        stats.write = time.perf_counter() - tw
-        if man is not None:
-            self.trajectory.committed(final.name, man.digest)
-            self._on_findings(final, man, stats)
-        return man
-
-    def _prepare(self, step: int) -> None:
-        """Rank 0, before a commit: the run lock, then a branch (:mod:`ckptkit.trajectory`)."""
-        self._writer()
-        self.trajectory.branch(step)
-
-    def _checked(
-        self, snap: StateSave, coll: Collective, stats: SaveStats
-    ) -> tuple[Callable[[Location], Any], Callable[[builtins.list[Any]], mf.Manifest]]:
-        """The commit's write and build, with the consistency checks before the manifest.
-
-        Rank 0 checks the manifest it built against the files just written, the tensor
-        values scanned in memory, and records the findings in it (with the policy).
-        """
-        written: builtins.list[Location] = []
-
-        def write(tmp: Location) -> Any:
-            written.append(tmp)
-            return snap.write(tmp, coll)
-
-        def build(parts: builtins.list[Any]) -> mf.Manifest:
-            man = snap.build(parts)
-            try:
-                out = atsave.check_before_commit(
-                    man, written[0], snap.encoded.tensors, policy=self.on_inconsistent
-                )
-                stats.values_scanned = (
-                    coll.world_size == 1
-                    and fs.is_local(written[0])
-                    and all(e.key in snap.encoded.tensors for e in man.tensors)
-                )
-                return out
-            except Exception as e:  # a diagnostic must never cost the save
-                log.error(
-                    "ckptkit: the consistency checks before committing step %d failed (%s: %s);"
-                    " saved without a findings record, its verify still checks it",
-                    snap.step,
-                    type(e).__name__,
-                    e,
-                )
-                return man
-
-        return write, build
-
-    def _on_findings(self, final: Location, man: mf.Manifest, stats: SaveStats) -> None:
-        """Note what the save recorded; under ``warn``, say aloud what was accepted."""
-        found = atsave.recorded(man)
-        stats.findings = [f"{f.code} {f.message}" for f in found]
-        errors = [f for f in found if f.severity is codes.ERROR]
-        if errors and self.on_inconsistent == "warn":
-            log.warning(
-                "ckptkit: %s saved with consistency errors, accepted (on_inconsistent='warn'): %s",
-                final.name,
-                "; ".join(f"{f.code} {f.message}" for f in errors[:3]),
-            )
-
-    def _commit_and_settle(
-        self,
-        snap: StateSave,
-        coll: Collective,
-        final: Location,
-        overwrite: bool,
-        stats: SaveStats,
-        t0: float,
-    ) -> None:
-        man = self._commit(snap, coll, final, overwrite, stats)
-        if man is not None:
-            self._settle(final, man, stats, t0)
+        return fields
 
     def _settle(self, final: Location, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
         """After the commit: verify by reading back, record, point ``latest``, rotate.
@@ -618,29 +464,6 @@ class CheckpointManager:
             ) from e
         stats.total = time.perf_counter() - t0
 
-    def _start(self, step: int, fn: Callable[[], None]) -> None:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as e:  # surfaced by wait(); logged now in case nobody waits
-                job.error = e
-                log.error("ckptkit: background work for step %d failed: %s", step, e)
-
-        th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
-        job = _Job(thread=th, step=step)
-        self._job = job
-        _LIVE.add(self)
-        th.start()
-
-    def _background(self, coll: Collective) -> Collective:
-        """The collective a background save uses: a dedicated group once multi-rank."""
-        if coll.world_size == 1:
-            return coll
-        if self._bg_coll is None:
-            assert isinstance(coll, TorchGroup)
-            self._bg_coll = coll.dedicated()
-        return self._bg_coll
-
     def observe(self, state: TrainState, verdict: Any = None) -> Location | None:
         """Act on a stability verdict: save and pin an emergency checkpoint when due.
 
@@ -663,23 +486,7 @@ class CheckpointManager:
             >>> mgr.observe(ts).name, mgr.list()[0].pins
             ('step-00000007', ('emergency',))
         """
-        v = verdict if verdict is not None else (self.watch.last if self.watch else None)
-        policy = self.emergency
-        due = v is not None and policy is not None and policy.should_save(v)
-        if policy is None or not any_true(current(), due):  # agreed: one rank may degrade alone
-            return None
-        self.wait()  # a save of this very step may still be settling
-        existing = self.root / step_dir_name(state.step)
-        if self.trajectory.holds(state.step):
-            self._writer()
-            self.catalog.pin(existing, policy.pin)
-            path = existing
-        else:
-            path = self.save(state, pin=policy.pin)
-        policy.saved(state.step)
-        log.warning("ckptkit: emergency checkpoint %s (%s)", path.name,
-                    v.summary() if v is not None else "another rank's watch warned")
-        return path
+        return emergency_checkpoint(self, state, verdict)
 
     def recover(self, state: TrainState) -> RecoveryEvent | None:
         """Act on the watch's verdict with ``recovery=`` (:meth:`.AutoRecovery.check`)."""
@@ -803,6 +610,29 @@ class CheckpointManager:
         self._writer()
         self._fence()
 
+    # the Host side of ckptkit.recovery (the emergency checkpoint, the automatic recovery)
+
+    def writing(self) -> AbstractContextManager[bool]:
+        """Yield whether this process may change the run's records: it holds the run lock,
+        or took it for the block because no other writer runs (for :mod:`ckptkit.recovery`)."""
+        return self._maybe_writer()
+
+    def pin(self, step: int, label: str) -> Location:
+        """Pin the checkpoint of ``step`` as the run's writer (for :mod:`ckptkit.recovery`)."""
+        self._writer()
+        path = self.root / step_dir_name(step)
+        self.catalog.pin(path, label)
+        return path
+
+    def set_aside(self, after: int, dest: Location) -> builtins.list[CheckpointInfo]:
+        """Inside :meth:`writing`: move the checkpoints newer than step ``after`` out of the
+        run into ``dest``, whole, and re-point ``latest``; return them (for
+        :mod:`ckptkit.recovery`: the trajectory a recovery abandons)."""
+        newer = [c for c in self.catalog.list() if c.step > after]
+        recovery_mod.set_aside(self.catalog, newer, dest)
+        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+        return newer
+
     # --- restore -----------------------------------------------------------------------------
 
     def restore(
@@ -843,29 +673,26 @@ class CheckpointManager:
             CkptkitError: ``step`` was given and that checkpoint fails.
         """
         self._join()
-        coll = current()
-        infos = coll.broadcast(self.catalog.list() if coll.rank == 0 else None)
-        if not infos and step is None and not healthy:
-            return None  # a fresh start: the run has no checkpoint at all
-        infos, notes = candidates(infos, step=step, healthy=healthy, root=self.root)
-        if healthy and self.watch is not None:
-            self.watch.reset()  # its windows describe the run we roll back from
-        c, result, skipped = newest_restorable(
+        found = restore_run(
             state,
-            infos,
-            exact=step is not None,
-            strict=strict,
-            coll=coll,
+            self.catalog.list,
+            root=self.root,
             key=self.key,
             note=lambda path, outcome, why: self._note(path, outcome, why=why),
+            step=step,
+            strict=strict,
+            healthy=healthy,
+            watch=self.watch,
         )
+        if found is None:
+            return None  # a fresh start: the run has no checkpoint at all
+        c, result = found
         if c.status != "verified":
             self._note(c.path, "verified", why=None)  # every byte was verified while read
         else:
             with self._maybe_writer() as mine:
                 if mine:  # a kill may have left latest behind what is really newest
                     self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-        result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
         self.trajectory.restored(c.path.name, result.manifest, c.step)
         if self.recovery is not None:
             self.recovery.on_restore(result)  # the run's recovery history continues

@@ -194,23 +194,53 @@ class RecoveryEvent:
     """The recovery's record, as written to the run's log."""
 
 
+class Saved(Protocol):
+    """The run's saved trajectory, as far as an emergency checkpoint asks about it."""
+
+    def holds(self, step: int) -> bool:
+        """Whether the run already holds a checkpoint of ``step`` on its current trajectory."""
+        ...
+
+
 class Host(Protocol):
-    """What the recovery needs of :class:`~ckptkit.CheckpointManager`."""
+    """What the recovery and the emergency checkpoint need of a run's manager.
+
+    Public members only (:class:`~ckptkit.CheckpointManager` is one): the run's records are
+    changed through :meth:`writing`, :meth:`pin` and :meth:`set_aside`, never by reaching
+    into its catalog or its lock.
+    """
 
     root: Location
-    catalog: Catalog
     watch: Any
     emergency: EmergencyPolicy | None
+
+    @property
+    def trajectory(self) -> Saved:
+        """The run's saved trajectory (read-only here)."""
+        ...
+
+    def save(
+        self, state: TrainState, step: int | None = None, *, pin: str | Iterable[str] | None = None
+    ) -> Location: ...
+
+    def wait(self) -> None: ...
 
     def restore(
         self, state: TrainState, step: int | None = None, *, strict: bool = True,
         healthy: bool = False,
     ) -> RestoreResult | None: ...
 
-    def _maybe_writer(self) -> AbstractContextManager[bool]: ...
+    def writing(self) -> AbstractContextManager[bool]:
+        """Yield whether this process may change the run's records (it holds the run lock)."""
+        ...
 
-    @property
-    def _good_statuses(self) -> tuple[str, ...]: ...
+    def pin(self, step: int, label: str) -> Location:
+        """Pin the checkpoint of ``step`` as the run's writer; return its directory."""
+        ...
+
+    def set_aside(self, after: int, dest: Location) -> list[CheckpointInfo]:
+        """Inside :meth:`writing`: move the checkpoints newer than step ``after`` into ``dest``."""
+        ...
 
 
 class AutoRecovery:
@@ -669,7 +699,7 @@ class AutoRecovery:
         """Rank 0 edits the run's recoveries log under the run lock (others do nothing)."""
         if coll.rank != 0:
             return
-        with self.host._maybe_writer() as mine:
+        with self.host.writing() as mine:
             if not mine:
                 log.warning("ckptkit: recovery: another writer holds %s; log not written",
                             self.host.root)
@@ -680,23 +710,55 @@ class AutoRecovery:
 
     def _set_aside(self, restored: int, n: int) -> list[dict[str, Any]]:
         """Rank 0: move the checkpoints newer than ``restored`` out of the run."""
-        out: list[dict[str, Any]] = []
-        with self.host._maybe_writer() as mine:
+        where = f"recovery-{n:03d}"
+        with self.host.writing() as mine:
             if not mine:
                 raise CkptkitError(
                     "another writer holds the run lock",
                     path=self.host.root,
                     hint="only the training process may recover its run",
                 )
-            cat = self.host.catalog
-            newer = [c for c in cat.list() if c.step > restored]
-            out = [
-                {**_brief(c), "moved_to": f"{ABANDONED}/recovery-{n:03d}/{c.path.name}"}
-                for c in newer
-            ]
-            set_aside(cat, newer, self.host.root / ABANDONED / f"recovery-{n:03d}")
-            cat.point_latest(accept=self.host._good_statuses)  # type: ignore[arg-type]
-        return out
+            moved = self.host.set_aside(restored, self.host.root / ABANDONED / where)
+        return [{**_brief(c), "moved_to": f"{ABANDONED}/{where}/{c.path.name}"} for c in moved]
+
+
+# --- the emergency checkpoint -------------------------------------------------------------------
+
+
+def emergency_checkpoint(host: Host, state: TrainState, verdict: Any = None) -> Location | None:
+    """Save and pin an emergency checkpoint when the stability verdict makes one due.
+
+    :meth:`CheckpointManager.observe <ckptkit.CheckpointManager.observe>`: collective with
+    several ranks (they agree to save when any rank's verdict is due). ``verdict`` defaults
+    to ``host.watch.last``; :class:`~ckptkit.stability.EmergencyPolicy` (``host.emergency``)
+    says when one is due. A state the run holds saved already (``trajectory.holds``) is
+    pinned instead of saved again.
+
+    Returns:
+        The emergency checkpoint's directory, or None when nothing was saved.
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> w = StabilityWatch()
+        >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=w)
+        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=3)
+        >>> emergency_checkpoint(mgr, ts) is None  # the watch has seen nothing wrong
+        True
+    """
+    v = verdict if verdict is not None else (host.watch.last if host.watch else None)
+    policy = host.emergency
+    due = v is not None and policy is not None and policy.should_save(v)
+    if policy is None or not any_true(current(), due):  # agreed: one rank may degrade alone
+        return None
+    host.wait()  # a save of this very step may still be settling
+    if host.trajectory.holds(state.step):
+        path = host.pin(state.step, policy.pin)
+    else:
+        path = host.save(state, pin=policy.pin)
+    policy.saved(state.step)
+    log.warning("ckptkit: emergency checkpoint %s (%s)", path.name,
+                v.summary() if v is not None else "another rank's watch warned")
+    return path
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -834,10 +896,12 @@ __all__ = [
     "LOG",
     "LOG_VERSION",
     "AutoRecovery",
+    "Host",
     "RecoveryContext",
     "RecoveryEvent",
     "RecoveryPolicy",
     "describe",
+    "emergency_checkpoint",
     "iter_records",
     "move_aside",
     "read_log",

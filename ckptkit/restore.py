@@ -21,7 +21,7 @@ from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.checkpoint.read import read_checkpoint
-from ckptkit.collective import Collective, consensus
+from ckptkit.collective import Collective, consensus, current
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.records import LookAhead
 from ckptkit.storage.fs import Location
@@ -270,4 +270,67 @@ def newest_restorable(
     )
 
 
-__all__ = ["Note", "Skip", "candidates", "newest_restorable", "restore_candidate"]
+def restore_run(
+    state: TrainState,
+    listing: Callable[[], list[CheckpointInfo]],
+    *,
+    root: Location,
+    key: bytes | None,
+    note: Note,
+    step: int | None = None,
+    strict: bool = True,
+    healthy: bool = False,
+    watch: Any = None,
+) -> tuple[CheckpointInfo, RestoreResult] | None:
+    """Restore the newest checkpoint of a run that can be restored (or exactly ``step``).
+
+    The restore of :meth:`CheckpointManager.restore <ckptkit.CheckpointManager.restore>`,
+    on every rank, less the run's own records: rank 0 lists the checkpoints (``listing``)
+    and every rank takes that list, :func:`candidates` keeps those that may be tried, and
+    :func:`newest_restorable` tries them newest first, passing each skip whose fault is in
+    the bytes to ``note``. With ``healthy``, ``watch`` (the run's stability watch, if any) is
+    reset once a candidate exists: its windows describe the run rolled back from. The
+    result's notes start with those on the checkpoints passed over.
+
+    Args:
+        listing: the run's checkpoints, oldest first (called on rank 0 only).
+        root: the run directory (named in errors).
+        key: an HMAC key every manifest must be signed with.
+        note: ``note(path, outcome, why)``: record a candidate found damaged or unreadable.
+
+    Returns:
+        The checkpoint restored and the result; None when the run has no checkpoint and
+        neither ``step`` nor ``healthy`` was asked for (a fresh start). The caller records
+        the restored checkpoint as verified (every byte was verified while read).
+
+    Raises:
+        IncompleteCheckpointError: checkpoints exist but none could be restored, or
+            ``step`` does not exist.
+        StateError: the run does not fit any whole checkpoint (``CK-R010``).
+        CkptkitError: ``step`` was given and that checkpoint fails.
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp())
+        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4)
+        >>> _ = mgr.save(ts); mgr.wait()
+        >>> c, result = restore_run(ts, mgr.checkpoints, root=mgr.root, key=None,
+        ...                         note=lambda path, outcome, why: None)
+        >>> c.step, result.step
+        (4, 4)
+    """
+    coll = current()
+    infos = coll.broadcast(listing() if coll.rank == 0 else None)
+    if not infos and step is None and not healthy:
+        return None  # a fresh start: the run has no checkpoint at all
+    infos, notes = candidates(infos, step=step, healthy=healthy, root=root)
+    if healthy and watch is not None:
+        watch.reset()  # its windows describe the run we roll back from
+    c, result, skipped = newest_restorable(
+        state, infos, exact=step is not None, strict=strict, coll=coll, key=key, note=note
+    )
+    result.notes[:0] = [*notes, *(f"skipped {s}" for s in skipped)]
+    return c, result
+
+
+__all__ = ["Note", "Skip", "candidates", "newest_restorable", "restore_candidate", "restore_run"]

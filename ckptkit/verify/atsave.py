@@ -85,7 +85,7 @@ def check_before_commit(
     """
     if policy not in POLICIES:
         raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {policy!r}")
-    local = isinstance(root, Path) or "://" not in str(root)
+    local = scans_in_memory(root)
     ctx = CheckContext(
         root=Path(str(root)),
         manifest=man,
@@ -104,6 +104,20 @@ def check_before_commit(
     found.sort(key=lambda f: f.severity is not ERROR)
     items = [f.to_dict() for f in found[:MAX_RECORDED]]
     return replace(man, findings={"policy": policy, "items": items})
+
+
+def scans_in_memory(root: Any) -> bool:
+    """Return whether :func:`check_before_commit` scans tensor values for a checkpoint at ``root``.
+
+    It does for a local directory, where the written files can be read back to count the
+    NaN/Inf of a tensor found non-finite; on an object store the values are left to the
+    read-back verify. The save asks this before it lets that verify check digests only.
+
+    Example:
+        >>> scans_in_memory(Path("/tmp/run/step-00000001")), scans_in_memory("s3://b/run")
+        (True, False)
+    """
+    return isinstance(root, Path) or "://" not in str(root)
 
 
 def _scans_from_memory(man: mf.Manifest, tensors: Mapping[str, torch.Tensor]) -> dict[str, FileScan]:

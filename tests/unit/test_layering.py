@@ -89,6 +89,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.restore",
             "ckptkit.trajectory",
             "ckptkit.manager",
+            "ckptkit.saving",
             "ckptkit.runs",
             "ckptkit.layouts",
             "ckptkit.layouts.*",
@@ -504,5 +505,8 @@ def test_no_function_local_imports_of_ckptkit(name: str) -> None:
 
 
 def test_manager_reads_in_one_sitting() -> None:
+    # 713 once the save pipeline (saving.py), restore's walk (restore.restore_run) and the
+    # emergency checkpoint (recovery.py) moved out; issue 24 asks <= 500 once the run's own
+    # steps (lock, index, retention, settle) move to ckptkit/run/ too.
     lines = len((PKG / "manager.py").read_text().splitlines())
-    assert lines <= 900, f"manager.py has {lines} lines: move a step into its own module"
+    assert lines <= 713, f"manager.py has {lines} lines: move a step into its own module"

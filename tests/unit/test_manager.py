@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import manager as manager_mod
+from ckptkit import saving as saving_mod
 from ckptkit.catalog import LATEST, step_dir_name
 from ckptkit.manager import CheckpointManager
 from ckptkit.storage import atomic
@@ -92,14 +92,14 @@ def test_budget_smaller_than_one_checkpoint_keeps_newest(tmp_path: Path) -> None
 def test_failed_verify_deletes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = CheckpointManager(tmp_path, keep_last=1)
     ts = _save_steps(mgr, [10])
-    real = manager_mod.commit
+    real = saving_mod.commit
 
     def commit_then_rot(final, *a, **kw):  # type: ignore[no-untyped-def]
         man = real(final, *a, **kw)
         _flip(Path(final) / "model.safetensors")
         return man
 
-    monkeypatch.setattr(manager_mod, "commit", commit_then_rot)
+    monkeypatch.setattr(saving_mod, "commit", commit_then_rot)
     ts.step = 20
     mgr.save(ts)  # committed; the read-back verify runs in the background
     with pytest.raises(ckptkit.CommittedError, match="read-back verify failed: CK-F003") as ei:
@@ -175,7 +175,7 @@ def test_async_reuses_one_staging_copy(tmp_path: Path) -> None:
     for s in (1, 2, 3):
         ts.step = s
         mgr.save(ts, async_=True)
-        ptrs.append(sorted(t.data_ptr() for t in mgr._stager._bufs.values()))
+        ptrs.append(sorted(t.data_ptr() for t in mgr._saves._stager._bufs.values()))
     mgr.wait()
     assert ptrs[0] == ptrs[1] == ptrs[2]
     assert _steps(mgr) == [2, 3]
@@ -190,7 +190,7 @@ def test_async_error_surfaces_at_next_call(tmp_path: Path, monkeypatch: pytest.M
     def boom(*a, **kw):  # type: ignore[no-untyped-def]
         raise RuntimeError("injected background failure")
 
-    monkeypatch.setattr(manager_mod, "commit", boom)
+    monkeypatch.setattr(saving_mod, "commit", boom)
     ts.step = 2
     mgr.save(ts, async_=True)
     with pytest.raises(RuntimeError, match="injected background failure"):

@@ -1,0 +1,378 @@
+"""The save pipeline of one run: capture on every rank, commit, then settle.
+
+:meth:`CheckpointManager.save <ckptkit.CheckpointManager.save>` decides what a manifest
+records besides the state (pins, look-ahead, health, recoveries: the signals) and hands the
+rest to :class:`SavePipeline`:
+
+1. capture the state on every rank (:class:`ckptkit.commit.StateSave`); every rank has
+   captured before any rank enters a collective write;
+2. commit (:func:`ckptkit.commit.commit`): rank 0 first becomes the run's writer and
+   branches its trajectory (:mod:`ckptkit.trajectory`), the consistency checks run before
+   the manifest is written (:mod:`ckptkit.verify.atsave`), and the run lock is checked
+   again right before the rename;
+3. hand the committed checkpoint to the run's settle step (verify by reading back,
+   record, point ``latest``, rotate) through the one hook the manager passes in
+   (:data:`Settle`).
+
+Step 3 runs in a background thread by default (``background_verify``); an async save runs
+steps 2 and 3 there, from a host copy of the state. One job runs at a time: its error
+stays until the next save or :meth:`SavePipeline.wait` raises it, and at interpreter exit
+every unfinished job is joined, so a script that ends without ``close()`` still gets its
+checkpoint settled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptkit import codes
+from ckptkit import manifest as mf
+from ckptkit._repr import brief
+from ckptkit.capture.state import TrainState
+from ckptkit.catalog import step_dir_name
+from ckptkit.collective import Collective, TorchGroup, consensus, current
+from ckptkit.commit import Stager, StateSave, commit
+from ckptkit.storage import codec
+from ckptkit.storage.fs import Location
+from ckptkit.trajectory import Trajectory
+from ckptkit.verify import atsave
+
+log = logging.getLogger("ckptkit")
+
+
+@dataclass
+class SaveStats:
+    """Timings of the last save (seconds): what the caller waited for, and each step."""
+
+    step: int = -1
+    blocked: float = 0.0
+    """What the training loop waited for (capture and commit; staging for async)."""
+    capture: float = 0.0
+    write: float = 0.0
+    """Commit: write, hash, manifest, rename."""
+    verify: float = 0.0
+    """The read-back verify (in the background unless ``background_verify=False``)."""
+    total: float = 0.0
+    """Until the checkpoint was verified, pointed at and rotation done."""
+    deleted: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    """Consistency findings of the saved state (``CODE message``), recorded in its manifest."""
+    values_scanned: bool = False
+    """Every tensor's values were scanned in memory before the commit (one process, all
+    tensors in the manifest): the read-back verify checks digests only, not values again."""
+
+    def __repr__(self) -> str:
+        times = {k: round(getattr(self, k), 4) for k in ("blocked", "capture", "write", "verify", "total")}
+        return brief(
+            "SaveStats", step=self.step, **times, deleted=self.deleted, findings=self.findings
+        )
+
+
+Settle = Callable[[Location, mf.Manifest, SaveStats, float], None]
+"""``settle(final, manifest, stats, t0)``: the run's step after a commit, on rank 0.
+
+Verify ``final`` by reading it back, record the outcome, point ``latest``, rotate; fill in
+``stats`` (``verify``, ``deleted``, ``total`` since ``t0``). Raises
+:class:`~ckptkit.errors.CommittedError` when the checkpoint committed but this step failed.
+"""
+
+
+@dataclass
+class _Job:
+    thread: threading.Thread
+    step: int
+    error: BaseException | None = None
+
+
+_LIVE: weakref.WeakSet[SavePipeline] = weakref.WeakSet()
+"""Pipelines with possibly unfinished background work (joined at interpreter exit)."""
+
+
+def _finish_background_work() -> None:
+    """Join every pipeline's background job before the interpreter shuts thread pools down.
+
+    A script that calls ``mgr.save()`` and ends without ``close()`` still gets its
+    checkpoint verified, ``latest`` pointed and rotation done. Registered with the same
+    hook ``concurrent.futures`` uses, later, so it runs first.
+    """
+    for pipeline in list(_LIVE):
+        with contextlib.suppress(Exception):
+            pipeline.join()
+
+
+threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
+
+
+class SavePipeline:
+    """Capture, commit and settle the saves of one run directory, one job in flight at most.
+
+    Args:
+        root: the run directory (a checkpoint is ``root/step-NNNNNNNN``).
+        trajectory: this process's line of checkpoints: branched before a commit, told of
+            each one.
+        writer: become the run's single writer (rank 0, before a commit); raises
+            ``LockHeldError`` while another process holds the run.
+        fence: raise unless this process still holds the run lock (right before the
+            manifest is written).
+        settle: the run's step after a commit (:data:`Settle`): the one way a committed
+            checkpoint reaches the run's records.
+        key: the HMAC key every manifest is signed with (None: unsigned).
+        compress: ``"zstd"`` to compress every file.
+        on_inconsistent: what a save does with consistency findings of the state it saves
+            (:mod:`ckptkit.verify.atsave`).
+        background_verify: settle in a background thread, joined by the next save; False
+            settles inside :meth:`save`.
+
+    Example:
+        >>> import tempfile, torch, ckptkit
+        >>> from pathlib import Path
+        >>> from ckptkit.catalog import Catalog
+        >>> root, settled = Path(tempfile.mkdtemp()), []
+        >>> saves = SavePipeline(
+        ...     root, trajectory=Trajectory(Catalog(root)), writer=lambda: None,
+        ...     fence=lambda: None, settle=lambda final, *_: settled.append(final.name))
+        >>> final = saves.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2)), 5, {})
+        >>> saves.wait(); settled, saves.last.step
+        (['step-00000005'], 5)
+    """
+
+    def __init__(
+        self,
+        root: Location,
+        *,
+        trajectory: Trajectory,
+        writer: Callable[[], None],
+        fence: Callable[[], None],
+        settle: Settle,
+        key: bytes | None = None,
+        compress: codec.Compression | None = None,
+        on_inconsistent: atsave.Policy = "raise",
+        background_verify: bool = True,
+    ) -> None:
+        if on_inconsistent not in atsave.POLICIES:
+            raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
+        self.root = root
+        self.trajectory = trajectory
+        self._writer = writer
+        self._fence = fence
+        self._settle = settle
+        self.key = key
+        self.compress = compress
+        self.on_inconsistent: atsave.Policy = on_inconsistent
+        self.background_verify = background_verify
+        self.last = SaveStats()
+        """The timings of the last save that got past its capture (the background job
+        fills in the rest of them)."""
+        self._job: _Job | None = None
+        self._stager = Stager()
+        self._bg_coll: Collective | None = None
+
+    # --- the background job ------------------------------------------------------------------
+
+    def wait(self) -> None:
+        """Join the background job and raise what it failed with (then forget it)."""
+        self.join()
+        job, self._job = self._job, None
+        if job is not None and job.error is not None:
+            raise job.error
+
+    def idle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the background job; True when none runs.
+
+        Raises nothing and leaves the job (and its error) to the next :meth:`wait`: safe
+        from another thread.
+        """
+        job = self._job
+        if job is None:
+            return True
+        job.thread.join(timeout)
+        return not job.thread.is_alive()
+
+    def join(self) -> None:
+        """Let the background job finish; its error stays for :meth:`wait`."""
+        if self._job is not None:
+            self._job.thread.join()
+
+    # --- one save ------------------------------------------------------------------------------
+
+    def save(
+        self,
+        state: TrainState,
+        step: int,
+        fields: Mapping[str, Any],
+        *,
+        async_: bool = False,
+        overwrite: bool = False,
+        t0: float | None = None,
+    ) -> Location:
+        """Capture ``state`` as ``step`` on every rank, commit it, and settle it (maybe later).
+
+        The caller has checked ``step`` and joined the previous job (:meth:`wait`).
+
+        Args:
+            state: the state to capture.
+            step: the step label (checked: ``mf.check_step``).
+            fields: manifest fields besides the state (pins, look-ahead, health, recoveries).
+            async_: copy the state to host memory now, commit and settle it in the
+                background.
+            overwrite: replace an existing checkpoint of the same step.
+            t0: when the caller's save began (``time.perf_counter()``; default: now).
+
+        Returns:
+            The checkpoint directory; its timings are :attr:`last` from the commit on.
+        """
+        t0 = time.perf_counter() if t0 is None else t0
+        coll = current()
+        stats = SaveStats(step=step)
+        err: BaseException | None = None
+        snap: StateSave | None = None
+        try:
+            snap = StateSave.capture(state, coll, step=step, fields=dict(fields), compress=self.compress)
+        except BaseException as e:
+            err = e
+        # Every rank captured before any rank enters a collective write (DCP's save).
+        consensus(coll, err, what=f"capture for step {step}")
+        assert snap is not None
+        stats.capture = time.perf_counter() - t0
+        final = self.root / step_dir_name(step)
+        if async_:
+            bg = self._background(coll)
+            snap = snap.staged(self._stager)
+            snap.process_group = getattr(bg, "group", None)
+            self._start(
+                step, lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0)
+            )
+            stats.blocked = time.perf_counter() - t0
+            self.last = stats
+            return final
+        man = self._commit(snap, coll, final, overwrite, stats)
+        stats.blocked = time.perf_counter() - t0
+        self.last = stats
+        if man is not None:  # rank 0
+            if self.background_verify:
+                self._start(step, lambda: self._settle(final, man, stats, t0))
+            else:
+                self._settle(final, man, stats, t0)
+        return final
+
+    def _commit(
+        self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats
+    ) -> mf.Manifest | None:
+        tw = time.perf_counter()
+        write, build = self._checked(snap, coll, stats)
+        man = commit(
+            final,
+            coll,
+            write=write,
+            build=build,
+            overwrite=overwrite,
+            prepare=lambda: self._prepare(snap.step),
+            fence=self._fence,
+            key=self.key,
+        )
+        stats.write = time.perf_counter() - tw
+        if man is not None:
+            self.trajectory.committed(final.name, man.digest)
+            self._on_findings(final, man, stats)
+        return man
+
+    def _prepare(self, step: int) -> None:
+        """Rank 0, before a commit: the run lock, then a branch (:mod:`ckptkit.trajectory`)."""
+        self._writer()
+        self.trajectory.branch(step)
+
+    def _checked(
+        self, snap: StateSave, coll: Collective, stats: SaveStats
+    ) -> tuple[Callable[[Location], Any], Callable[[list[Any]], mf.Manifest]]:
+        """The commit's write and build, with the consistency checks before the manifest.
+
+        Rank 0 checks the manifest it built against the files just written, the tensor
+        values scanned in memory, and records the findings in it (with the policy).
+        """
+        written: list[Location] = []
+
+        def write(tmp: Location) -> Any:
+            written.append(tmp)
+            return snap.write(tmp, coll)
+
+        def build(parts: list[Any]) -> mf.Manifest:
+            man = snap.build(parts)
+            try:
+                out = atsave.check_before_commit(
+                    man, written[0], snap.encoded.tensors, policy=self.on_inconsistent
+                )
+                stats.values_scanned = (
+                    coll.world_size == 1
+                    and atsave.scans_in_memory(written[0])
+                    and all(e.key in snap.encoded.tensors for e in man.tensors)
+                )
+                return out
+            except Exception as e:  # a diagnostic must never cost the save
+                log.error(
+                    "ckptkit: the consistency checks before committing step %d failed (%s: %s);"
+                    " saved without a findings record, its verify still checks it",
+                    snap.step,
+                    type(e).__name__,
+                    e,
+                )
+                return man
+
+        return write, build
+
+    def _on_findings(self, final: Location, man: mf.Manifest, stats: SaveStats) -> None:
+        """Note what the save recorded; under ``warn``, say aloud what was accepted."""
+        found = atsave.recorded(man)
+        stats.findings = [f"{f.code} {f.message}" for f in found]
+        errors = [f for f in found if f.severity is codes.ERROR]
+        if errors and self.on_inconsistent == "warn":
+            log.warning(
+                "ckptkit: %s saved with consistency errors, accepted (on_inconsistent='warn'): %s",
+                final.name,
+                "; ".join(f"{f.code} {f.message}" for f in errors[:3]),
+            )
+
+    def _commit_and_settle(
+        self,
+        snap: StateSave,
+        coll: Collective,
+        final: Location,
+        overwrite: bool,
+        stats: SaveStats,
+        t0: float,
+    ) -> None:
+        man = self._commit(snap, coll, final, overwrite, stats)
+        if man is not None:
+            self._settle(final, man, stats, t0)
+
+    def _start(self, step: int, fn: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # surfaced by wait(); logged now in case nobody waits
+                job.error = e
+                log.error("ckptkit: background work for step %d failed: %s", step, e)
+
+        th = threading.Thread(target=run, name=f"ckptkit-save-{step}", daemon=False)
+        job = _Job(thread=th, step=step)
+        self._job = job
+        _LIVE.add(self)
+        th.start()
+
+    def _background(self, coll: Collective) -> Collective:
+        """The collective a background save uses: a dedicated group once multi-rank."""
+        if coll.world_size == 1:
+            return coll
+        if self._bg_coll is None:
+            assert isinstance(coll, TorchGroup)
+            self._bg_coll = coll.dedicated()
+        return self._bg_coll
+
+
+__all__ = ["SavePipeline", "SaveStats", "Settle"]

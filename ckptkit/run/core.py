@@ -563,6 +563,23 @@ class Run:
         self.point_latest()
         return out
 
+    def discard(self, path: Location) -> bool:
+        """Delete the one checkpoint at ``path`` a framework asks to remove (Lightning's
+        ``save_top_k``) under retention's rules (:attr:`ckptkit.retain.Policy.only`): never
+        the newest good one, and the newest good one that stays is verified again first.
+        A file the run does not list (a second file of a listed step: ``last.ckpt`` beside
+        its named copy) is removed as asked. Returns whether it was deleted.
+        """
+        self.fence()
+        loc = fs.location(path)
+        listed = any(Path(str(c.path)) == Path(str(loc)) for c in self.checkpoints())
+        if not listed:
+            gone = self.strategy.remove(self.root, loc)
+            self.catalog.forget([loc.name])
+            return gone
+        out = self.apply(replace(self.policy(keep_last=0), only=loc.name))
+        return any(d.split(":", 1)[0] == loc.name for d in out.deleted)
+
     def remove(self, info: CheckpointInfo) -> bool:
         """Delete one checkpoint and its index records; needs the writer lock, always."""
         self.fence()

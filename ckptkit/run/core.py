@@ -430,10 +430,14 @@ class Run:
         self._record_adoption(path, a)
         return a
 
-    def _record_adoption(self, path: Location, a: Adoption) -> codes.Outcome:
+    def _record_adoption(self, path: Location, a: Adoption) -> codes.Outcome | None:
+        """Record what an adoption found; nothing for a refusal that says nothing about
+        the bytes (a step that differs from the adopted one)."""
         errors = [f for f in a.report.findings if f.severity is ERROR]
         if a.refused is not None and not errors:
-            outcome = codes.outcome([a.refused.code or "CK-F003"])
+            if a.refused.code is None:
+                return None
+            outcome = codes.outcome([a.refused.code])
             why: str | None = str(a.refused)
         else:
             outcome = codes.outcome(f.code for f in errors)

@@ -80,7 +80,7 @@ def test_open_run_recognises_a_lightning_version_dir_and_lists_one_checkpoint_pe
     _ckpt(ck / "epoch=0-step=8.ckpt", 8)
     _ckpt(ck / "last.ckpt", 8)  # a copy of step 8: listed once
     _ckpt(ck / "custom-name.ckpt", 12)  # no step in the name: read from the file
-    run = runs.open_run(tmp_path / "version_0")
+    run = runs.open_run(tmp_path / "version_0", readonly=False)  # records its verifies
     try:
         assert run.layout == "lightning"
         assert Path(str(run.root)) == ck

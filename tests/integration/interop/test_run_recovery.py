@@ -183,7 +183,7 @@ def test_fabric_resumes_the_unadopted_newest_file(tmp_path: Path) -> None:
     L = pytest.importorskip("lightning")
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-    from ckptkit.integrations.lightning import FabricCheckpoints, resume_checkpoint
+    from ckptkit.integrations.lightning import FabricCheckpoints
 
     fabric = L.Fabric(accelerator="cpu", devices=1)
     model = torch.nn.Linear(2, 1)
@@ -196,10 +196,13 @@ def test_fabric_resumes_the_unadopted_newest_file(tmp_path: Path) -> None:
         tmp_path / "step=4.ckpt",
     )
     ck.close()
-    assert resume_checkpoint(tmp_path) == str(tmp_path / "step=4.ckpt")
-    assert adopted_path(tmp_path / "step=4.ckpt").is_file()
     ck = FabricCheckpoints(fabric, tmp_path, keep_last=3)
     try:
         assert ck.resume({"model": model, "optimizer": opt})["step"] == 4
     finally:
         ck.close()
+    assert adopted_path(tmp_path / "step=4.ckpt").is_file()  # adopted on the spot
+    # The Lightning Trainer's twin: what to pass as fit(ckpt_path=...).
+    from ckptkit.integrations.lightning import resume_checkpoint
+
+    assert resume_checkpoint(tmp_path) == str(tmp_path / "step=4.ckpt")

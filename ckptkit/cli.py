@@ -298,6 +298,7 @@ def adopt(
         ckptkit adopt --step 80 project/checkpoints/checkpoint_1
     """
     from ckptkit._progress import activity, bytes_under
+    from ckptkit.foreign.adopt import Adoption
     from ckptkit.runs import adopt as adopt_one
 
     targets = _adopt_targets(path, fmt)
@@ -307,7 +308,7 @@ def adopt(
             "the one checkpoint whose step nothing records"
         )
     key = _key(key_file)
-    results = []
+    results: list[Adoption | None] = []  # None: refused before anything was written
     for target in targets:
         with activity(f"adopting {target.name}", bytes_under(target), None):
             try:

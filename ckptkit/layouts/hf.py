@@ -254,6 +254,10 @@ class _HFLayout(FrameworkLayout):
     def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:
         """The step of folder ``p`` (``man``: its adopted manifest), None when unknown."""
 
+    @abstractmethod
+    def resume_hint(self, info: CheckpointInfo) -> str:
+        """How to resume from ``info`` in the framework's own terms."""
+
     def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
         p = Path(str(path))
         man = None

@@ -49,7 +49,6 @@ import os
 import re
 import shutil
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -199,11 +198,12 @@ def native_evidence(root: Location) -> str | None:
                 continue
             if fs.kind(p / atomic.MANIFEST_NAME) is not None:
                 return f"{p.name}/{atomic.MANIFEST_NAME}"
+            local = fs.local_path(p)  # the foreign-format detector reads local files
             if (
                 interrupted is None
-                and fs.is_local(p)
+                and local is not None
                 and fs.kind(p) == "dir"
-                and foreign_format(Path(str(p))) is None
+                and foreign_format(local) is None
             ):
                 interrupted = f"{p.name}/ (an interrupted save)"
     return interrupted
@@ -243,6 +243,10 @@ class CheckpointInfo:
     """When verify last read every byte of it (Unix seconds), None when never."""
     health_record: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     """The manifest's whole ``health`` record (signals, first warning step)."""
+    step_known: bool = field(default=True, compare=False)
+    """False when no file or record of the run says its step (an Accelerate
+    ``checkpoint_N`` neither adopted nor announced by an intent record): ``step`` is then the
+    number in its name, it is never resumed and never deleted by retention."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form used by ``ckptkit ls --json``."""
@@ -545,11 +549,50 @@ class Catalog:
         ver[name] = rec
         self._write_index(idx)
 
+    def intend(self, name: str, step: int) -> None:
+        """Record that the checkpoint ``name``, about to be written by a framework, will
+        hold ``step`` (the *intent*): a kill before it is adopted still knows its step.
+
+        With a key it is signed like a verdict (whoever can write the run directory must
+        not be able to make a checkpoint resume at another step).
+        """
+        idx = self.index()
+        intents = idx.get("intents")
+        if not isinstance(intents, dict):
+            intents = idx["intents"] = {}
+        rec: dict[str, Any] = {"step": int(step), "at": time.time()}
+        if self.key is not None:
+            rec["mac"] = signing.sign_verdict(name, rec, self.key)
+        intents[name] = rec
+        self._write_index(idx)
+
+    def intent(self, name: str, index: Mapping[str, Any] | None = None) -> int | None:
+        """The step the intent record of ``name`` says it holds (see :meth:`intend`), None
+        without one (or, with a key, with one whose MAC does not check).
+
+        Example:
+            >>> import tempfile
+            >>> c = Catalog(tempfile.mkdtemp()); c.intend("checkpoint_1", 80)
+            >>> c.intent("checkpoint_1"), c.intent("checkpoint_2")
+            (80, None)
+        """
+        idx = self.index() if index is None else index
+        intents = idx.get("intents")
+        rec = intents.get(name) if isinstance(intents, dict) else None
+        if not isinstance(rec, dict):
+            return None
+        step = rec.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            return None
+        if self.key is not None and signing.check_verdict(name, rec, self.key) is not None:
+            return None
+        return step
+
     def forget(self, names: Iterable[str]) -> None:
-        """Drop the index records of deleted checkpoints."""
+        """Drop the index records (verdicts, pins, intents) of deleted checkpoints."""
         idx = self.index()
         names = set(names)
-        for key in ("verified", "pins"):
+        for key in ("verified", "pins", "intents"):
             sub = idx.get(key)
             if isinstance(sub, dict):
                 for n in names & set(sub):
@@ -600,18 +643,7 @@ class Catalog:
         commit marker: the checkpoint is then an interrupted save, never loaded, cleaned
         on the next open), then the rest. Returns False when it was already gone.
         """
-        if fs.kind(path) is None:
-            return False
-        if not fs.is_local(path):
-            fs.remove_file(path / atomic.MANIFEST_NAME)
-            fs.remove_tree(path)
-            return True
-        assert isinstance(path, Path)
-        doomed = path.with_name(f"{path.name}{atomic.TMP_SUFFIX}.del-{uuid.uuid4().hex[:8]}")
-        os.rename(path, doomed)
-        atomic.fsync_dir(Path(str(self.root)))
-        shutil.rmtree(doomed, ignore_errors=True)
-        return True
+        return fs.remove_dir_aside(path, marker=atomic.MANIFEST_NAME, aside=f"{atomic.TMP_SUFFIX}.del-")
 
     def clean_leftovers(self) -> builtins.list[str]:
         """Remove leftovers of interrupted saves and deletions; call only under the lock.
@@ -622,9 +654,10 @@ class Catalog:
         done, one line each.
         """
         done: builtins.list[str] = []
-        if not fs.is_local(self.root):
+        if fs.commits_in_place(self.root):
             return self._clean_remote()
-        root = Path(str(self.root))
+        root = fs.local_path(self.root)
+        assert root is not None  # a store with renames is a local disk
         for left in atomic.leftovers(self.root):
             p = Path(str(left))
             if atomic.OLD_SUFFIX in p.name:
@@ -661,8 +694,7 @@ class Catalog:
         return done
 
     def _sync_dir(self) -> None:
-        if fs.is_local(self.root):
-            atomic.fsync_dir(Path(str(self.root)))
+        fs.sync_dir(self.root)
 
     def _write_index(self, data: Mapping[str, Any]) -> None:
         replace_text(self.root / INDEX, json.dumps(data, indent=1, sort_keys=True))
@@ -682,18 +714,13 @@ _INDEX_FIX = (
 
 
 def _changed_files(path: Location, man: mf.Manifest) -> list[str]:
-    """Listed files that are missing or whose size differs from the manifest's."""
-    if not fs.is_local(path):
+    """Listed files that are missing or whose size differs from the manifest's (one
+    listing of the checkpoint: a local walk, or one request on an object store)."""
+    try:
         sizes = dict(fs.walk_files(path))
-        return [f.path for f in man.files if sizes.get(f.path) != f.size]
-    out = []
-    for f in man.files:
-        try:
-            if fs.size(path / f.path) != f.size:
-                out.append(f.path)
-        except OSError:
-            out.append(f.path)
-    return out
+    except OSError:
+        sizes = {}
+    return [f.path for f in man.files if sizes.get(f.path) != f.size]
 
 
 def whole(path: Location) -> bool:

@@ -18,7 +18,6 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from ckptkit import codes
 from ckptkit._version import __version__
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
@@ -258,12 +257,30 @@ def inspect(path: Path, as_json: bool, verbose: bool, no_tensors: bool, fmt: str
               help="Adopt even when verify finds damage or pickles that need code.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON output: what was written and what verify says.")
+@click.option("--step", type=click.IntRange(min=0), default=None,
+              help="The optimizer step PATH holds, when nothing records it (an Accelerate "
+              "checkpoint_N whose name counts saves). PATH must be one checkpoint.")
 @_expect_option
+@_key_option
 @_edge
-def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str | None) -> None:
+def adopt(
+    path: Path,
+    fmt: str | None,
+    force: bool,
+    as_json: bool,
+    step: int | None,
+    expect: str | None,
+    key_file: Path | None,
+) -> None:
     """Write a ckptkit manifest beside a foreign checkpoint (digests, components, gaps).
 
     PATH is one foreign checkpoint, or a run directory: then each of its checkpoints.
+    A checkpoint of a framework run is adopted through its run, at its real step: a
+    step adopted before is never rewritten (a different --step is refused), an
+    Accelerate checkpoint_N takes the step its intent record says, else --step (without
+    either it is refused: its name counts saves, not steps). With a key (--key-file, or
+    CKPTKIT_HMAC_KEY / CKPTKIT_HMAC_KEY_FILE) the manifest is signed with it, and later
+    verifies under that key refuse it if it is unsigned or signed with another.
 
     The checkpoint is verified first: damage, NaN weights or resume state in a pickle
     that needs code to load are refused (exit 2, nothing written) unless --force. Later
@@ -278,21 +295,31 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
         ckptkit adopt out                    # every checkpoint-N of a Trainer run
         ckptkit adopt lightning_logs/version_0/checkpoints/last.ckpt --json
         ckptkit adopt model.safetensors --expect weights
+        ckptkit adopt --step 80 project/checkpoints/checkpoint_1
     """
     from ckptkit._progress import activity, bytes_under
-    from ckptkit.foreign.adopt import adopt_checkpoint
-    from ckptkit.runs import record_adoption
+    from ckptkit.foreign.adopt import Adoption
+    from ckptkit.runs import adopt as adopt_one
 
     targets = _adopt_targets(path, fmt)
-    results = []
+    if step is not None and len(targets) != 1:
+        raise click.UsageError(
+            f"--step names the step of one checkpoint; {path} holds {len(targets)}: pass "
+            "the one checkpoint whose step nothing records"
+        )
+    key = _key(key_file)
+    results: list[Adoption | None] = []  # None: refused before anything was written
     for target in targets:
         with activity(f"adopting {target.name}", bytes_under(target), None):
-            a = adopt_checkpoint(target, fmt, force=force, expect=expect)  # type: ignore[arg-type]
+            try:
+                a = adopt_one(target, fmt, step=step, force=force, expect=expect, key=key)  # type: ignore[arg-type]
+            except CkptkitError as e:
+                if len(targets) == 1:
+                    raise
+                click.echo(f"refused {target}: {e}")
+                results.append(None)
+                continue
         results.append(a)
-        if a.manifest is not None:  # its run (a framework layout) lists it verified now
-            bad = a.report.errors
-            why = f"{bad[0].code}: {bad[0].message}" if bad else None
-            record_adoption(target, codes.outcome(f.code for f in bad), why=why)
         if as_json:
             continue
         if a.refused is not None:
@@ -313,10 +340,10 @@ def adopt(path: Path, fmt: str | None, force: bool, as_json: bool, expect: str |
             for f in errors:
                 click.echo(f"  {f.code} {f.component}: {f.message}")
     if as_json:
-        docs = [a.to_dict() for a in results]
+        docs = [a.to_dict() if a is not None else None for a in results]
         click.echo(json.dumps(docs[0] if path in targets else docs, indent=2))
-    refused = any(a.refused is not None for a in results)
-    sys.exit(2 if refused else 0 if all(a.ok for a in results) else 1)
+    refused = any(a is None or a.refused is not None for a in results)
+    sys.exit(2 if refused else 0 if all(a is not None and a.ok for a in results) else 1)
 
 
 def _adopt_targets(path: Path, fmt: str | None) -> list[Path]:

@@ -35,6 +35,10 @@ POINTS: dict[str, str] = {
     "commit.manifest_written": "the manifest is written in the temporary directory, not renamed",
     "commit.renamed": "the directory is renamed into place, the parent not yet fsynced",
     "commit.done": "the commit returned; nothing of the settle step has run",
+    "settle.begin": "the settle step began: the checkpoint's files are written (a framework's "
+    "save, or the commit), nothing adopted, verified or recorded",
+    "settle.adopted": "verified from its bytes; a framework checkpoint's adopted manifest is "
+    "written beside its files; the run index does not record it yet",
     "settle.verified": "the read-back verify passed and was recorded in the run index",
     "settle.latest": "``latest`` points at the new checkpoint; rotation not started",
     "rotate.deleted": "rotation (after a save, or a prune) deleted one checkpoint; more may follow",

@@ -9,7 +9,7 @@ does); every step lives in its own module, and the save pipeline (steps 2-3, and
 3. commit (:func:`ckptkit.commit.commit`: the one protocol for every world size, shards
    through safetensors or DCP, manifest last, rename into place);
 4. verify the new checkpoint by reading it back (:mod:`ckptkit.verify`) and record the
-   outcome (:class:`ckptkit.catalog.Catalog`);
+   outcome in the run index;
 5. point ``latest`` at the newest verified checkpoint;
 6. rotate (:mod:`ckptkit.rotation` decides, after re-checking the newest kept one).
 
@@ -28,33 +28,30 @@ import builtins
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from typing import Any
 
-from ckptkit import codes, crashpoints, retain, rotation, signing, trajectory
+from ckptkit import codes, retain, rotation, signing, trajectory
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
-from ckptkit import recovery as recovery_mod
 from ckptkit.capture.state import RestoreResult, TrainState
-from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
+from ckptkit.catalog import CheckpointInfo, step_dir_name
 from ckptkit.collective import current
 from ckptkit.errors import (
     CkptkitError,
     CommittedError,
-    LockHeldError,
     opening_run_writable,
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy, emergency_checkpoint
 from ckptkit.restore import restore_run
+from ckptkit.run import NativeLayout, Run
 from ckptkit.saving import SavePipeline, SaveStats
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
-from ckptkit.storage.lock import Lock, lock_for
+from ckptkit.storage.lock import Lock
 from ckptkit.verify import atsave
-from ckptkit.verify.runner import verify_one
 
 log = logging.getLogger("ckptkit")
 
@@ -137,7 +134,19 @@ class CheckpointManager:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
         self.root = fs.location(root)
         self.key = signing.resolve_key(key)
-        self.catalog = Catalog(self.root, key=self.key)
+        self.run = Run(
+            self.root,
+            NativeLayout(),
+            readonly=readonly,
+            key=self.key,
+            lock_timeout=lock_timeout,
+            lease_ttl=lease_ttl,
+            lazy=True,  # the lock is taken at the first save or prune
+            good=("verified",) if verify_after_save else ("verified", "committed"),
+            recheck=verify_after_save,
+        )
+        """The run: its lock, index, ``latest``, retention and settle step."""
+        self.catalog = self.run.catalog
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.max_bytes = max_bytes
@@ -148,10 +157,7 @@ class CheckpointManager:
         self.watch = watch
         self.emergency = emergency if emergency is not None or watch is None else EmergencyPolicy()
         self.recovery = AutoRecovery(recovery, self) if recovery is not None else None
-        self._lock: Lock | None = None
-        self._fresh: set[str] = set()
-        """Checkpoints this process verified by reading every byte since it last saved."""
-        self.trajectory = trajectory.Trajectory(self.catalog, self._good_statuses, join=self._join)
+        self.trajectory = trajectory.Trajectory(self.run, join=self._join)
         self._saves = SavePipeline(
             self.root,
             trajectory=self.trajectory,
@@ -164,8 +170,8 @@ class CheckpointManager:
             background_verify=background_verify,
         )
         with opening_run_writable(self.root, readonly=readonly):
-            if not readonly and fs.is_local(self.root):  # object stores have no directories
-                self.root.mkdir(parents=True, exist_ok=True)
+            if not readonly:
+                fs.make_dirs(self.root)
             self._clean_on_open()  # a writer takes the lock here: it creates the lock file
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -202,9 +208,7 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self.run.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -214,63 +218,33 @@ class CheckpointManager:
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            if self._lock is not None:
-                self._lock.release()
+            self.run.close()
+
+    @property
+    def _lock(self) -> Lock | None:
+        """The run lock while this manager holds it."""
+        return self.run.lock
 
     def _writer(self) -> None:
-        """Become the run's single writer (once), then clean leftovers nobody else owns."""
-        if self._lock is not None:
-            return
-        if self.readonly:
-            raise CkptkitError(
-                "this CheckpointManager was opened read-only",
-                path=self.root,
-                hint="open it without readonly=True to save or prune",
-            )
-        lock = lock_for(self.root, timeout=self.lock_timeout, lease_ttl=self.lease_ttl)
-        lock.acquire()
-        self._lock = lock
-        self.catalog.clean_leftovers()
+        """Become the run's single writer (once): :meth:`ckptkit.run.Run.writer`."""
+        self.run.writer()
 
     def _fence(self) -> None:
-        """Raise unless this manager still holds the run lock (before a commit or delete)."""
-        if self._lock is not None:
-            self._lock.check()
+        """Raise if this manager held the run lock and lost it (before a commit)."""
+        self.run.check()
 
-    @contextlib.contextmanager
-    def _maybe_writer(self) -> Iterator[bool]:
-        """Yield True while this process may update the run's records (it holds the lock).
-
-        Readers (restore, ``ls --verify``) record what they found only when no other
-        writer runs; otherwise they report it and leave the records to the writer.
-        """
-        if self._lock is not None:
-            yield True
-            return
-        if self.readonly or current().rank != 0:
-            yield False
-            return
-        lock = lock_for(self.root, timeout=0.0, lease_ttl=self.lease_ttl)
-        try:
-            lock.acquire()
-        except LockHeldError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            lock.release()
+    def _maybe_writer(self) -> contextlib.AbstractContextManager[bool]:
+        """True while this process may update the run's records (:meth:`Run.may_record`)."""
+        return self.run.may_record()
 
     def _clean_on_open(self) -> None:
         """Report leftovers of an interrupted save; remove them if no live writer runs."""
         if current().rank != 0:
             return  # rank 0 owns the run directory's housekeeping
-        left = [p.name for p in self.catalog.leftovers()]
+        left = [p.name for p in self.run.leftovers()]
         if not left:
             if not self.readonly:
-                with self._maybe_writer() as mine:
-                    if mine:  # half-written replacements of latest/the index
-                        self.catalog.clean_leftovers()
+                self.run.clean_leftovers()  # half-written replacements of latest/the index
             return
         what = (
             f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
@@ -279,17 +253,9 @@ class CheckpointManager:
         if self.readonly:
             log.warning("ckptkit: %s (left in place: opened read-only)", what)
             return
-        holder = lock_for(self.root, timeout=0.0, lease_ttl=self.lease_ttl)
-        try:
-            holder.acquire()
-        except LockHeldError as e:
-            log.warning("ckptkit: %s (left in place: %s)", what, e.what)
-            return
-        try:
-            log.warning("ckptkit: %s; cleaning up", what)
-            self.catalog.clean_leftovers()
-        finally:
-            holder.release()
+        held = self.run.clean_leftovers(before=lambda: log.warning("ckptkit: %s; cleaning up", what))
+        if held is not None:
+            log.warning("ckptkit: %s (left in place: %s)", what, held)
 
     # --- listing -----------------------------------------------------------------------------
 
@@ -312,22 +278,10 @@ class CheckpointManager:
         """
         self._join()
         if verify:
-            for c in self.catalog.list():
+            for c in self.run.checkpoints():
                 if c.status in ("verified", "committed", "corrupt", "unreadable"):
-                    self._verify(c.path)
-        return self._noted(self.catalog.list())
-
-    def _noted(self, infos: builtins.list[CheckpointInfo]) -> builtins.list[CheckpointInfo]:
-        """Say, as the ``problem`` of a good checkpoint, what its saver accepted (``warn``)."""
-        out = []
-        for c in infos:
-            if c.status in ("verified", "committed") and c.problem is None:
-                with contextlib.suppress(CkptkitError, OSError):
-                    note = atsave.summary(self.catalog.manifest(c.path)[0])
-                    if note is not None:
-                        c = replace(c, problem=note)
-            out.append(c)
-        return out
+                    self.run.verify(c.path)
+        return self.run.checkpoints()
 
     def latest(self) -> CheckpointInfo | None:
         """The checkpoint ``latest`` names: the newest verified one (None when there is none).
@@ -344,11 +298,11 @@ class CheckpointManager:
 
     def leftovers(self) -> builtins.list[Location]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
-        return self.catalog.leftovers()
+        return self.run.leftovers()
 
     @property
     def _good_statuses(self) -> tuple[str, ...]:
-        return ("verified",) if self.verify_after_save else ("verified", "committed")
+        return self.run.good
 
     # --- save --------------------------------------------------------------------------------
 
@@ -426,33 +380,23 @@ class CheckpointManager:
         return fields
 
     def _settle(self, final: Location, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
-        """After the commit: verify by reading back, record, point ``latest``, rotate.
+        """After the commit: the run's settle step (:meth:`ckptkit.run.Run.settle`: verify
+        by reading back, record, point ``latest``, rotate). The one hook the save pipeline
+        calls once a checkpoint committed.
 
         Raises:
             CommittedError: the checkpoint committed, but this step failed.
         """
-        tv = time.perf_counter()
         try:
-            if self.verify_after_save:
-                # Digests prove the bytes are what was scanned in memory before the commit.
-                bad = self._verify(final, man=man, scan_values=not stats.values_scanned)
-                if bad:
-                    first = bad[0]
-                    raise CommittedError(
-                        f"{final.name} committed, but its read-back verify failed: "
-                        f"{first.code} {first.message}; it is recorded corrupt and never "
-                        "becomes latest or counts for retention",
-                        committed=final,
-                        path=final / first.path if first.path else final,
-                        code=first.code,
-                        hint=first.hint,
-                    )
-            stats.verify = time.perf_counter() - tv
-            crashpoints.reached("settle.verified")
-            self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-            crashpoints.reached("settle.latest")
-            stats.deleted = self._rotate()
-            crashpoints.reached("settle.done")
+            # Digests prove the bytes are what was scanned in memory before the commit.
+            settled = self.run.settle(
+                final,
+                step=man.step,
+                policy=self._policy(),
+                verify=self.verify_after_save,
+                scan_values=not stats.values_scanned,
+                ident=man.digest,
+            )
         except CommittedError:
             raise
         except (CkptkitError, OSError) as e:
@@ -462,6 +406,19 @@ class CheckpointManager:
                 hint="the checkpoint is whole and restorable; do not save this step again. "
                 "Fix the cause (disk space, permissions) and the next save records it",
             ) from e
+        stats.verify = settled.verify_seconds
+        if settled.errors:
+            first = settled.errors[0]
+            raise CommittedError(
+                f"{final.name} committed, but its read-back verify failed: "
+                f"{first.code} {first.message}; it is recorded corrupt and never "
+                "becomes latest or counts for retention",
+                committed=final,
+                path=final / first.path if first.path else final,
+                code=first.code,
+                hint=first.hint,
+            )
+        stats.deleted = settled.deleted
         stats.total = time.perf_counter() - t0
 
     def observe(self, state: TrainState, verdict: Any = None) -> Location | None:
@@ -494,24 +451,6 @@ class CheckpointManager:
 
     # --- verify, retention -------------------------------------------------------------------
 
-    def _verify(
-        self, path: Location, *, man: mf.Manifest | None = None, scan_values: bool = True
-    ) -> builtins.list[codes.Finding]:
-        """Verify one checkpoint by reading every byte; record the outcome if we may."""
-        rep = verify_one(path, progress=False, options={"scan_values": scan_values}, key=self.key)
-        if rep.gone:
-            return []
-        bad = rep.errors
-        why = "; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None
-        with self._maybe_writer() as mine:
-            if mine:
-                m = man or rep.manifest
-                if m is not None:
-                    self.catalog.record(path, m, codes.outcome(f.code for f in bad), why=why)
-        if not bad:
-            self._fresh.add(path.name)
-        return bad
-
     def plan(
         self,
         *,
@@ -522,7 +461,7 @@ class CheckpointManager:
     ) -> rotation.RetentionPlan:
         """The retention plan for the run as it is now (nothing is deleted)."""
         self._join()
-        return retain.plan(self, self._policy(keep_last, keep_every, max_bytes, delete_corrupt))
+        return self.run.plan(self._policy(keep_last, keep_every, max_bytes, delete_corrupt))
 
     def prune(self, *, dry_run: bool = False, **policy: Any) -> rotation.RetentionPlan:
         """Apply the retention plan (or only return it with ``dry_run``).
@@ -545,32 +484,7 @@ class CheckpointManager:
         if dry_run:
             return self.plan(**policy)
         self.wait()
-        self._writer()
-        self._fresh.clear()  # a hand prune re-checks from bytes, whatever was read before
-        return self._apply(self._policy(**policy)).plan
-
-    def _rotate(self) -> builtins.list[str]:
-        if self.verify_after_save:
-            # A checkpoint that committed but was never verified (its writer died in
-            # between) is verified now, so keep_last counts it instead of deleting it.
-            for c in self.catalog.list():
-                if c.status == "committed":
-                    self._verify(c.path)
-        deleted = self._apply(self._policy()).deleted
-        self._fresh.clear()
-        return deleted
-
-    def _apply(self, policy: retain.Policy) -> retain.Outcome:
-        out = retain.apply(
-            self,
-            policy,
-            recheck=self.verify_after_save,
-            fresh={c.step for c in self.catalog.list() if c.path.name in self._fresh},
-        )
-        if out.deleted:
-            self.catalog.forget(d.split(":", 1)[0] for d in out.deleted)
-        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
-        return out
+        return self.run.prune(self._policy(**policy)).plan
 
     def _policy(
         self,
@@ -579,36 +493,33 @@ class CheckpointManager:
         max_bytes: int | None = None,
         delete_corrupt: bool = False,
     ) -> retain.Policy:
-        return retain.Policy(
+        return self.run.policy(
             keep_last=self.keep_last if keep_last is None else keep_last,
             keep_every=self.keep_every if keep_every is None else keep_every,
             max_bytes=self.max_bytes if max_bytes is None else max_bytes,
             delete_corrupt=delete_corrupt,
-            good=self._good_statuses,
         )
 
-    # the RunStore side of ckptkit.retain
+    # the RunStore side of ckptkit.retain: the run's own
 
     def checkpoints(self) -> builtins.list[CheckpointInfo]:
         """Every checkpoint of the run with its recorded status (for :mod:`ckptkit.retain`)."""
-        return self.catalog.list()
+        return self.run.checkpoints()
 
     def reverify(self, info: CheckpointInfo) -> builtins.list[codes.Finding]:
         """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
-        return self._verify(info.path)
+        return self.run.reverify(info)
 
     def remove(self, info: CheckpointInfo) -> bool:
         """Delete one checkpoint, manifest-safe, as the run's writer (for :mod:`ckptkit.retain`)."""
-        self.fence()
-        return self.catalog.remove(info.path)
+        return self.run.remove(info)
 
     def fence(self) -> None:
-        """Be the run's writer before a delete (for :mod:`ckptkit.retain`): a read-only
-        manager raises, a writer takes the run lock if it has not yet (``LockHeldError``
-        while another process holds it) and checks that it still holds it. Deleting
-        needs the writer lock, always: a reader must never delete what a writer relies on."""
-        self._writer()
-        self._fence()
+        """Be the run's writer before a delete (:meth:`ckptkit.run.Run.fence`): a read-only
+        manager raises, always; a writer takes the run lock if it has not yet
+        (``LockHeldError`` while another process holds it) and checks that it still holds
+        it. A reader must never delete what a writer relies on."""
+        self.run.fence()
 
     # the Host side of ckptkit.recovery (the emergency checkpoint, the automatic recovery)
 
@@ -621,16 +532,15 @@ class CheckpointManager:
         """Pin the checkpoint of ``step`` as the run's writer (for :mod:`ckptkit.recovery`)."""
         self._writer()
         path = self.root / step_dir_name(step)
-        self.catalog.pin(path, label)
+        self.run.pin(path, label)
         return path
 
     def set_aside(self, after: int, dest: Location) -> builtins.list[CheckpointInfo]:
         """Inside :meth:`writing`: move the checkpoints newer than step ``after`` out of the
         run into ``dest``, whole, and re-point ``latest``; return them (for
         :mod:`ckptkit.recovery`: the trajectory a recovery abandons)."""
-        newer = [c for c in self.catalog.list() if c.step > after]
-        recovery_mod.set_aside(self.catalog, newer, dest)
-        self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+        newer = [c for c in self.run.checkpoints() if c.step > after]
+        self.run.set_aside(newer, dest)
         return newer
 
     # --- restore -----------------------------------------------------------------------------
@@ -690,9 +600,7 @@ class CheckpointManager:
         if c.status != "verified":
             self._note(c.path, "verified", why=None)  # every byte was verified while read
         else:
-            with self._maybe_writer() as mine:
-                if mine:  # a kill may have left latest behind what is really newest
-                    self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+            self.run.point_latest()  # a kill may have left latest behind what is really newest
         self.trajectory.restored(c.path.name, result.manifest, c.step)
         if self.recovery is not None:
             self.recovery.on_restore(result)  # the run's recovery history continues
@@ -700,14 +608,8 @@ class CheckpointManager:
 
     def _note(self, path: Location, outcome: codes.Outcome, *, why: str | None) -> None:
         """Record what a restore found and re-point ``latest``, if no other writer runs."""
-        try:
-            man, _ = self.catalog.manifest(path)
-        except CkptkitError:
-            return  # an invalid manifest is listed as corrupt without a record
-        with self._maybe_writer() as mine:
-            if mine:
-                self.catalog.record(path, man, outcome, why=why)
-                self.catalog.point_latest(accept=self._good_statuses)  # type: ignore[arg-type]
+        if self.run.record(path, outcome, why=why):
+            self.run.point_latest()
 
 
 __all__ = ["CheckpointManager", "SaveStats"]

@@ -70,14 +70,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
-from ckptkit.catalog import Catalog, CheckpointInfo
+from ckptkit.catalog import CheckpointInfo
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
 from ckptkit.records import Health, Recoveries
 from ckptkit.recovery_log import LOG, LOG_VERSION, describe, iter_records, read_log, write_log
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
-from ckptkit.storage import atomic
 from ckptkit.storage.fs import Location
 
 if TYPE_CHECKING:
@@ -823,39 +822,6 @@ def _cursor(state: TrainState) -> dict[str, Any] | None:
     return copy.deepcopy(dict(fn())) if callable(fn) else None
 
 
-# --- the abandoned trajectory -------------------------------------------------------------------
-
-
-def move_aside(src: Location, dst: Location, catalog: Catalog) -> None:
-    """Move checkpoint ``src`` to ``dst`` (outside the run's namespace), whole, never lost.
-
-    :func:`ckptkit.storage.atomic.move_tree`: one rename locally; on an object store (no
-    rename) a copy, then ``src`` removed through the run's catalog, manifest first, so a
-    crash leaves the checkpoint where it was (and maybe a partial copy), never neither.
-    """
-    atomic.move_tree(src, dst, remove=catalog.remove)
-
-
-def set_aside(catalog: Catalog, infos: Iterable[CheckpointInfo], dest: Location) -> list[str]:
-    """Move checkpoints out of the run into ``dest``, whole, and forget their records.
-
-    For a trajectory the run no longer continues: the one a recovery abandons, or the one
-    a restore of an older step supersedes (:meth:`CheckpointManager.save`). Set aside, a
-    checkpoint is kept for a post-mortem but no longer listed, restored, rotated or
-    rolled back to, and its step can be saved again. Returns the names moved; those moved
-    before a failure are forgotten too.
-    """
-    moved: list[str] = []
-    try:
-        for c in infos:
-            move_aside(c.path, dest / c.path.name, catalog)
-            moved.append(c.path.name)
-    finally:
-        if moved:
-            catalog.forget(moved)
-    return moved
-
-
 def _brief(c: CheckpointInfo) -> dict[str, Any]:
     return {"step": c.step, "name": c.path.name, "status": c.status, "health": c.health,
             "pins": list(c.pins)}
@@ -903,9 +869,7 @@ __all__ = [
     "describe",
     "emergency_checkpoint",
     "iter_records",
-    "move_aside",
     "read_log",
     "scale_lr",
-    "set_aside",
     "write_log",
 ]

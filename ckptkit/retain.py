@@ -23,9 +23,10 @@ a run, whatever its layout, with the rules that make deletion safe:
    nothing is deleted and :attr:`Outcome.stopped` says why. Each round that goes on has
    ruled out one more checkpoint, so there are at most as many rounds as checkpoints.
 
-A native run (:class:`ckptkit.CheckpointManager`) and a framework run (a Trainer output
-directory, a Lightning ``checkpoints/`` directory) are both a :class:`RunStore`: the same
-retention code deletes their checkpoints.
+Every run (:class:`ckptkit.run.Run`, of any layout: a native run, a Trainer output
+directory, a Lightning ``checkpoints/`` directory) is a :class:`RunStore`: the same
+retention code deletes their checkpoints, and a removal a framework asks for goes through
+it too (:attr:`Policy.only`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class Policy:
     delete_corrupt: bool = False
     good: tuple[str, ...] = ("verified",)
     """Statuses that count as good (``committed`` too when the run does not verify)."""
+    only: str | None = None
+    """The name of the one checkpoint this plan may delete (a removal a framework asks
+    for: Lightning's ``save_top_k``); every other one is kept. The rules still hold: the
+    newest good checkpoint is never deleted, the newest kept good one is verified first."""
 
 
 @dataclass
@@ -251,14 +256,19 @@ def _hold(p: rotation.RetentionPlan, why: str) -> rotation.RetentionPlan:
     return replace(p, decisions=held)
 
 
+ONLY_PIN = "not-asked-for"
+"""The pin :attr:`Policy.only` gives every checkpoint but the one asked for."""
+
+
 def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
+    spared = policy.only is not None and _name(c) != policy.only
     return rotation.CkptInfo(
         step=c.step,
         size=c.size,
         verified=c.status in policy.good,
         corrupt=c.status in ("corrupt", "incomplete"),
         unreadable=c.status == "unreadable",
-        pinned=frozenset(c.pins),
+        pinned=frozenset({*c.pins, ONLY_PIN} if spared else c.pins),
         health=c.health,
         time=c.time,
     )

@@ -1,15 +1,13 @@
 """Run directories of every layout behind one interface: native ckptkit runs and framework runs.
 
 The run-level commands (``ckptkit ls``, ``prune``, ``rollback``, ``verify RUN``, ``adopt
-RUN``) and verified rotation work on a *run*: something that lists checkpoints with a
-status (:class:`~ckptkit.catalog.CheckpointInfo`), verifies one from its bytes, removes one
-safely and holds a lock — a :class:`~ckptkit.retain.RunStore` plus listing details.
-
-A native run is a :class:`~ckptkit.CheckpointManager`'s directory. A framework keeps its
-checkpoints in its own layout (a Trainer's ``checkpoint-N/``, a Lightning ``*.ckpt``);
-an integration registers a detector with :func:`register` that recognises its run
-directories and returns a :class:`Run` for them. :func:`open_run` asks the detectors in
-order and falls back to the native layout.
+RUN``) work on a *run*: a :class:`ckptkit.run.Run`, which owns the lock, the run index,
+``latest`` and retention for every built-in layout (native step directories, a Trainer's
+``checkpoint-N/``, an Accelerate ``checkpoint_N/``, a Lightning ``*.ckpt``). An
+integration registers a detector with :func:`register` that recognises its run
+directories and returns a run for them (a :class:`ckptkit.run.Run` with its layout, or
+any object with the :class:`RunLike` methods); :func:`open_run` asks the detectors in order
+and falls back to the native layout.
 
 Layouts never hide each other: a directory that holds a native run
 (:func:`ckptkit.catalog.native_evidence` says what counts: a step directory with a
@@ -29,20 +27,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import catalog, codes, recovery_log, retain, rotation, signing, whatis
+from ckptkit import catalog, recovery_log, retain, rotation, signing, whatis
 from ckptkit.catalog import CheckpointInfo
-from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
+from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.foreign.detect import detect as foreign_format
-from ckptkit.manager import CheckpointManager
+from ckptkit.run import NativeLayout, Run
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.view import Expect
 
 
 @runtime_checkable
-class Run(retain.RunStore, Protocol):
-    """A run directory of some layout (see the module docstring)."""
+class RunLike(retain.RunStore, Protocol):
+    """What the run-level commands need of a run: a :class:`ckptkit.run.Run`, or a third
+    party's own run object returned by its registered detector."""
 
     @property
     def root(self) -> Location: ...
@@ -60,15 +60,14 @@ class Run(retain.RunStore, Protocol):
         """Release the lock and anything else held."""
         ...
 
-    # Optional: ``record(path, outcome, *, why)``, record a verify outcome made elsewhere (an
-    # adoption) in the run's index; see :func:`record_adoption`.
     # Optional: ``resume_hint(info) -> str``, how to resume this layout from ``info`` (the
     # framework's own call, e.g. ``trainer.train(resume_from_checkpoint=...)``); see
     # :func:`resume_hint`.
 
 
-Detector = Callable[[Location, dict[str, Any]], "Run | None"]
-"""``detector(root, options) -> Run | None``: a run of this layout at ``root``, or None."""
+Detector = Callable[[Location, dict[str, Any]], "RunLike | None"]
+"""``detector(root, options) -> RunLike | None``: a run of this layout at ``root``, or None.
+``options``: those of :class:`ckptkit.run.Run` (``readonly``, ``key``, ``lock_timeout``, ``lazy``)."""
 
 DETECTORS: list[tuple[str, Detector]] = []
 """Registered layouts, asked in order by :func:`open_run`."""
@@ -113,59 +112,36 @@ class Ignored:
         return {"path": str(self.path), "why": self.why}
 
 
-class NativeRun:
-    """A native run directory (a :class:`CheckpointManager`'s) as a :class:`Run`."""
+def native_run(root: str | Location, **options: Any) -> Run:
+    """The native run at ``root`` (``options``: as :class:`ckptkit.run.Run`; read-only by
+    default).
 
-    layout = "ckptkit"
+    Example:
+        >>> import tempfile
+        >>> native_run(tempfile.mkdtemp()).layout
+        'ckptkit'
+    """
+    options.setdefault("readonly", True)
+    return Run(root, NativeLayout(), **options)
 
-    def __init__(self, root: Location, *, readonly: bool = True, **manager: Any) -> None:
-        self.manager = CheckpointManager(root, readonly=readonly, **manager)
 
-    @property
-    def root(self) -> Location:
-        return self.manager.root
-
-    def checkpoints(self) -> builtins.list[CheckpointInfo]:
-        return self.manager.checkpoints()
-
-    def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
-        return self.manager.reverify(info)
-
-    def remove(self, info: CheckpointInfo) -> bool:
-        return self.manager.remove(info)
-
-    def fence(self) -> None:
-        self.manager.fence()
-
-    def leftovers(self) -> builtins.list[Location]:
-        return self.manager.leftovers()
-
-    def close(self) -> None:
-        self.manager.close()
-
-    def resume_hint(self, info: CheckpointInfo) -> str:
-        return (
-            "mgr.restore(ts, healthy=True) picks this one "
-            f"(or mgr.restore(ts, step={info.step}))"
+def _native_ignored(run: Run) -> builtins.list[Ignored]:
+    """Entries of a native run directory that are not its checkpoints: second directories
+    for a step, and framework entries a layout would claim if the run were not here."""
+    out = [
+        Ignored(
+            dup,
+            f"{dup.name} is a second directory for step {catalog.step_of(dup.name)} "
+            f"(the run uses {used.name}): ignored (CK-S021): never listed, restored or "
+            "pruned; compare the two ('ckptkit verify' checks both) and remove or move "
+            "out the one you do not want",
         )
-
-    def ignored(self) -> builtins.list[Ignored]:
-        """Entries of the run directory that are not its checkpoints: second directories
-        for a step, and framework entries a layout would claim if the run were not here."""
-        out = [
-            Ignored(
-                dup,
-                f"{dup.name} is a second directory for step {catalog.step_of(dup.name)} "
-                f"(the run uses {used.name}): ignored (CK-S021): never listed, restored or "
-                "pruned; compare the two ('ckptkit verify' checks both) and remove or move "
-                "out the one you do not want",
-            )
-            for dup, used in self.manager.catalog.duplicates()
-        ]
-        evidence = catalog.native_evidence(self.root)
-        if evidence is not None:
-            out += _strays(self.root, evidence)
-        return out
+        for dup, used in run.catalog.duplicates()
+    ]
+    evidence = catalog.native_evidence(run.root)
+    if evidence is not None:
+        out += _strays(run.root, evidence)
+    return out
 
 
 def _strays(root: Location, evidence: str) -> builtins.list[Ignored]:
@@ -194,8 +170,9 @@ def _strays(root: Location, evidence: str) -> builtins.list[Ignored]:
                             f"layout) {tail}")
             for c in found
         ]
-    if fs.is_local(root):
-        fmt = foreign_format(Path(str(root)))
+    local = fs.local_path(root)  # the foreign-format detector reads local files
+    if local is not None:
+        fmt = foreign_format(local)
         if fmt is not None:
             own = {catalog.LATEST}
             files = sorted(
@@ -220,7 +197,7 @@ def _rel(path: Location, root: Location) -> str:
     return p[len(r):] if p.startswith(r) else p
 
 
-def ignored(run: Run) -> builtins.list[Ignored]:
+def ignored(run: RunLike) -> builtins.list[Ignored]:
     """Entries of ``run``'s directory that are not its checkpoints (the run never lists,
     restores or prunes them); empty for a layout that reports none.
 
@@ -237,6 +214,8 @@ def ignored(run: Run) -> builtins.list[Ignored]:
         >>> [i.path.name for i in ignored(open_run(d))]
         ['step-1']
     """
+    if isinstance(run, Run):
+        return _native_ignored(run) if run.layout == NativeLayout.name else []
     find = getattr(run, "ignored", None)
     return list(find()) if callable(find) else []
 
@@ -250,7 +229,7 @@ def ignored_at(path: str | Location) -> builtins.list[Ignored]:
         run.close()
 
 
-def framework_run(root: str | Location, **options: Any) -> Run | None:
+def framework_run(root: str | Location, **options: Any) -> RunLike | None:
     """The framework run at ``root``: the first registered layout that recognises it; None
     for a native run (:func:`ckptkit.catalog.native_evidence`: asked first, so a stray
     framework entry never hides a native run) or a directory no layout claims."""
@@ -265,28 +244,33 @@ def framework_run(root: str | Location, **options: Any) -> Run | None:
     return None
 
 
-def open_run(root: str | Location, **options: Any) -> Run:
+def open_run(root: str | Location, **options: Any) -> RunLike:
     """The run at ``root``: the native run when it holds one, else the first registered
     framework layout that recognises it, else the native layout (see the module docstring).
+
+    ``options`` are those of :class:`ckptkit.run.Run`; a writable run opened here takes its
+    lock at its first write (``lazy``: ``ls --verify`` records only while no training run
+    holds it; ``prune`` takes it before it plans).
 
     Example:
         >>> import tempfile
         >>> open_run(tempfile.mkdtemp()).layout
         'ckptkit'
     """
+    options.setdefault("lazy", True)
     run = framework_run(root, **options)
-    return run if run is not None else NativeRun(fs.location(root), **options)
+    return run if run is not None else native_run(fs.location(root), **options)
 
 
-def listing(run: Run, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
-    """Every checkpoint of ``run``, oldest first, with its status (``ckptkit ls``).
+def listing(run: RunLike, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
+    """Every checkpoint of ``run``, oldest first, with its status and real step (``ckptkit ls``).
 
     Args:
         verify: re-verify every checkpoint that is not incomplete from its bytes first
             (the run records the outcome where it can).
     """
-    if isinstance(run, NativeRun):
-        return run.manager.list(verify=verify)
+    if isinstance(run, Run):
+        return run.listing(verify=verify)
     if verify:
         for c in run.checkpoints():
             if c.status != "incomplete":
@@ -294,21 +278,15 @@ def listing(run: Run, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
     return sorted(run.checkpoints(), key=lambda c: c.step)
 
 
-def prune(run: Run, policy: retain.Policy, *, dry_run: bool = False) -> rotation.RetentionPlan:
+def prune(run: RunLike, policy: retain.Policy, *, dry_run: bool = False) -> rotation.RetentionPlan:
     """Apply ``policy`` to ``run`` by hand (``ckptkit prune``) with :mod:`ckptkit.retain`'s rules.
 
     The newest checkpoint the plan keeps is verified again from its bytes before anything
     is deleted; the newest good one is never deleted. Needs the run's lock (a framework
     run: no live writer), unless ``dry_run``.
     """
-    if isinstance(run, NativeRun):
-        return run.manager.prune(
-            dry_run=dry_run,
-            keep_last=policy.keep_last,
-            keep_every=policy.keep_every,
-            max_bytes=policy.max_bytes,
-            delete_corrupt=policy.delete_corrupt,
-        )
+    if isinstance(run, Run):
+        return run.prune(policy, dry_run=dry_run).plan
     return retain.apply(run, policy, dry_run=dry_run).plan
 
 
@@ -394,33 +372,42 @@ def _claimed(root: Path) -> bool:
     return True
 
 
-def record_adoption(
-    path: str | Location, outcome: codes.Outcome, *, why: str | None = None
-) -> bool:
-    """Record the verify outcome of an adopted framework checkpoint in its run's index.
+def adopt(
+    path: str | Location,
+    fmt: str | None = None,
+    *,
+    step: int | None = None,
+    force: bool = False,
+    expect: Expect | None = None,
+    key: signing.KeyLike | None = None,
+) -> Adoption:
+    """Adopt one foreign checkpoint (``ckptkit adopt PATH``) through its run when a
+    framework layout claims its directory, else on its own.
 
-    ``path`` is one checkpoint (a ``checkpoint-N/``, a ``.ckpt``); the run is its parent
-    directory when a framework layout claims it and keeps an index (``record``). Taken
-    only when no live writer holds the run (it records at save itself). Returns True when
-    recorded. A native or unclaimed directory is never opened for writing.
+    Through the run (:meth:`ckptkit.run.Run.adopt`): its real step (an adopted step is
+    never rewritten; an Accelerate checkpoint needs one: its intent record, or ``step``),
+    signed with the run's key, the outcome recorded in its index when no live writer holds
+    the run. On its own: signed with ``key`` (default: the environment's).
+
+    Raises:
+        CkptkitError: the layout is not recognised, or its step is unknown.
     """
-    parent = fs.location(path).parent
-    probe = open_run(parent)
-    probe.close()
-    if probe.layout == "ckptkit" or not callable(getattr(probe, "record", None)):
-        return False
-    try:
-        run = open_run(parent, readonly=False)
-    except CkptkitError:
-        return False  # a live writer holds it
-    try:
-        run.record(fs.location(path), outcome, why=why)  # type: ignore[attr-defined]
-        return True
-    finally:
+    loc = fs.location(path)
+    run = framework_run(loc.parent, readonly=False, lazy=True, key=key)
+    if isinstance(run, Run) and any(Path(str(c.path)) == Path(str(loc)) for c in run.checkpoints()):
+        try:
+            return run.adopt(loc, step=step, force=force, expect=expect)
+        finally:
+            run.close()
+    if run is not None:
         run.close()
+    return adopt_checkpoint(
+        Path(str(loc)), fmt, force=force, expect=expect, notes=Notes(step=step),
+        key=signing.resolve_key(key),
+    )
 
 
-def resume_hint(run: Run, info: CheckpointInfo) -> str:
+def resume_hint(run: RunLike, info: CheckpointInfo) -> str:
     """How to resume ``run`` from ``info``, in the run's own terms (its framework's call)."""
     hint = getattr(run, "resume_hint", None)
     if callable(hint):
@@ -433,17 +420,17 @@ __all__ = [
     "DETECTORS",
     "Detector",
     "Ignored",
-    "NativeRun",
-    "Run",
+    "RunLike",
+    "adopt",
     "framework_checkpoints",
     "framework_run",
     "ignored",
     "ignored_at",
     "listing",
+    "native_run",
     "not_a_run",
     "open_run",
     "prune",
-    "record_adoption",
     "register",
     "resume_hint",
     "rollback",

@@ -133,10 +133,10 @@ class SavePipeline:
     Example:
         >>> import tempfile, torch, ckptkit
         >>> from pathlib import Path
-        >>> from ckptkit.catalog import Catalog
+        >>> from ckptkit.run import NativeLayout, Run
         >>> root, settled = Path(tempfile.mkdtemp()), []
         >>> saves = SavePipeline(
-        ...     root, trajectory=Trajectory(Catalog(root)), writer=lambda: None,
+        ...     root, trajectory=Trajectory(Run(root, NativeLayout())), writer=lambda: None,
         ...     fence=lambda: None, settle=lambda final, *_: settled.append(final.name))
         >>> final = saves.save(ckptkit.TrainState(model=torch.nn.Linear(2, 2)), 5, {})
         >>> saves.wait(); settled, saves.last.step

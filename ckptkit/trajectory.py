@@ -20,19 +20,20 @@ that follow from that, for :class:`~ckptkit.CheckpointManager`:
 
 This is the rule torchtitan and Orbax leave to the user (Orbax skips a save whose step is
 not past the newest one); automatic recovery sets its abandoned line aside the same way
-(:func:`ckptkit.recovery.set_aside`, under ``recovery-NNN/``).
+(:meth:`ckptkit.run.Run.set_aside`, under ``recovery-NNN/``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ckptkit import manifest as mf
-from ckptkit.catalog import Catalog, step_dir_name
+from ckptkit.catalog import step_dir_name
 from ckptkit.collective import current
 from ckptkit.errors import CkptkitError
-from ckptkit.recovery import ABANDONED, set_aside
+from ckptkit.recovery import ABANDONED
+from ckptkit.run import Run
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
@@ -46,9 +47,9 @@ class Trajectory:
     """What one manager knows of its own line of checkpoints (rank 0 knows the commits).
 
     Args:
-        catalog: the run's catalog.
-        good: the statuses that count as saved (``verified``; with the manager's
-            ``verify_after_save=False``, ``committed`` too).
+        run: the run (:class:`ckptkit.run.Run`): its catalog is read, its ``good``
+            statuses count as saved (``verified``; with the manager's
+            ``verify_after_save=False``, ``committed`` too), and it sets checkpoints aside.
         join: waits for the manager's background work (a save's verify), so that
             :meth:`holds` sees the outcome of the last save.
 
@@ -60,15 +61,10 @@ class Trajectory:
         (True, False)
     """
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        good: Iterable[str] = ("verified",),
-        *,
-        join: Callable[[], None] | None = None,
-    ) -> None:
-        self.catalog = catalog
-        self.good = frozenset(good)
+    def __init__(self, run: Run, *, join: Callable[[], None] | None = None) -> None:
+        self.run = run
+        self.catalog = run.catalog
+        self.good = frozenset(run.good)
         self._join = join
         self._ours: dict[str, str] = {}
         """Checkpoint name -> manifest digest: the one restored last, each committed since."""
@@ -132,8 +128,7 @@ class Trajectory:
         moved: list[str] = []
         if newer:
             dest = _branch_dir(self.catalog.root, base)
-            moved = set_aside(self.catalog, newer, dest)
-            self.catalog.point_latest(accept=tuple(self.good))  # type: ignore[arg-type]
+            moved = self.run.set_aside(newer, dest)
             log.warning(
                 "ckptkit: this run restored %s and now saves step %d from it: %s of the "
                 "abandoned trajectory set aside into %s (kept, never resumed or rotated)",

@@ -32,7 +32,7 @@ import torch
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX as ADOPTED_NAME
-from ckptkit.foreign.adopted import adopted_path
+from ckptkit.foreign.adopted import adopted_path, load_adopted
 from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.storage import digest
 from ckptkit.storage.atomic import fsync_dir
@@ -109,6 +109,7 @@ def adopt_checkpoint(
     force: bool = False,
     expect: Expect | None = None,
     notes: Notes | None = None,
+    key: bytes | None = None,
 ) -> Adoption:
     """Verify a foreign checkpoint, then record its digests and component table beside it.
 
@@ -127,6 +128,11 @@ def adopt_checkpoint(
         notes: what the training loop knows that the files do not say (the step of an
             Accelerate ``checkpoint_N``, health, pins, look-ahead, data identity);
             written into the adopted manifest by the framework integrations.
+        key: an HMAC key (:func:`ckptkit.signing.resolve_key`): the adopted manifest is
+            signed with it, as a native one is, and verifies under it only.
+
+    A checkpoint adopted before keeps the step its manifest records: a ``notes.step``
+    that differs is refused (``refused`` names both); an adopted step is never rewritten.
 
     Raises:
         CkptkitError: the layout is not recognised.
@@ -141,6 +147,10 @@ def adopt_checkpoint(
     rep = verify_foreign(path, fmt, expect=expect)
     s = rep.scan
     assert s is not None
+    recorded = recorded_step(s.target)
+    wanted = notes.step if notes is not None else None
+    if recorded is not None and wanted is not None and wanted != recorded:
+        return Adoption(manifest=None, report=rep, refused=_step_conflict(s.target, recorded, wanted))
     refused = None if force else _refusal(rep)
     if refused is not None:
         return Adoption(manifest=None, report=rep, refused=refused)
@@ -175,22 +185,29 @@ def adopt_checkpoint(
         tree=None,
         components=components,
         env={"torch": torch.__version__, "python": platform.python_version()},
-        step=notes.step if notes.step is not None else s.step,
+        step=next((x for x in (recorded, notes.step, s.step) if x is not None), None),
         lookahead=dict(notes.lookahead) if notes.lookahead else None,
         health=dict(notes.health) if notes.health else None,
         pins=tuple(sorted(set(notes.pins))),
         user={"adopted": record},
     )
+    if key is not None:
+        m = m.signed(key)
     out = adopted_path(s.target)
     text = m.to_json()
-    mf.Manifest.from_json(text, path=str(out))  # what we write must read back
+    mf.Manifest.from_json(text, path=str(out), key=key)  # what we write must read back
     _write_atomic(out, text)
     adoption.manifest = out
     return adoption
 
 
 def adopt(
-    path: Path | str, fmt: str | None = None, *, force: bool = False, expect: Expect | None = None
+    path: Path | str,
+    fmt: str | None = None,
+    *,
+    force: bool = False,
+    expect: Expect | None = None,
+    key: bytes | None = None,
 ) -> Path:
     """Record digests and the component table of a foreign checkpoint; return the manifest path.
 
@@ -208,11 +225,38 @@ def adopt(
         >>> adopt(p).name
         'ck.pt.ckptkit-manifest.json'
     """
-    a = adopt_checkpoint(path, fmt, force=force, expect=expect)
+    a = adopt_checkpoint(path, fmt, force=force, expect=expect, key=key)
     if a.refused is not None:
         raise a.refused
     assert a.manifest is not None
     return a.manifest
+
+
+def recorded_step(target: Path) -> int | None:
+    """The step the adopted manifest of ``target`` records; None without one (or one that
+    cannot be read, or records no step). Read without a key: it only keeps a step from
+    being rewritten.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> recorded_step(pathlib.Path(tempfile.mkdtemp()) / "x.ckpt") is None
+        True
+    """
+    with contextlib.suppress(CkptkitError, OSError):
+        man = load_adopted(Path(target))
+        if man is not None and man.step is not None:
+            return int(man.step)
+    return None
+
+
+def _step_conflict(target: Path, recorded: int, wanted: int) -> CkptkitError:
+    return CkptkitError(
+        f"{target.name} was adopted at step {recorded}; step {wanted} differs: an adopted "
+        "step is never rewritten",
+        path=adopted_path(target),
+        hint=f"if step {recorded} is wrong, remove that manifest, then adopt with "
+        f"--step {wanted}",
+    )
 
 
 def _refusal(rep: ForeignReport) -> CkptkitError | None:
@@ -268,4 +312,4 @@ def _write_atomic(out: Path, text: str) -> None:
         fsync_dir(out.parent)
 
 
-__all__ = ["Adoption", "Notes", "adopt", "adopt_checkpoint", "adopted_path"]
+__all__ = ["Adoption", "Notes", "adopt", "adopt_checkpoint", "adopted_path", "recorded_step"]

@@ -36,12 +36,15 @@ def adopted_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.{ADOPTED_SUFFIX}")
 
 
-def load_adopted(target: Path) -> mf.Manifest | None:
+def load_adopted(target: Path, *, key: bytes | None = None) -> mf.Manifest | None:
     """Return the adopted manifest of ``target`` (validated), or None when it has none.
 
     The one reader of adopted manifests (verify, the run layouts): it opens a regular file
     only, never following a symlink and never blocking (:func:`ckptkit.checkpoint.manifest_io.read_path`),
     so a FIFO named like an adopted manifest is refused, not waited on.
+
+    With ``key``, it must be signed with that key (``CK-M010``/``CK-M011``, the
+    findings of a native manifest that is not).
 
     Raises:
         CkptkitError: there is one, but it cannot be used: ``CK-M008`` (not a regular
@@ -62,7 +65,7 @@ def load_adopted(target: Path) -> mf.Manifest | None:
     if not os.path.lexists(p):
         return None
     try:
-        return manifest_io.read_path(p)
+        return manifest_io.read_path(p, key=key)
     except CkptkitError as e:
         if e.code == "CK-M001":
             return None  # removed since we looked
@@ -71,15 +74,16 @@ def load_adopted(target: Path) -> mf.Manifest | None:
         raise
 
 
-def read_adopted(s: Scan) -> dict[str, Any] | None:
-    """Return ``user.adopted`` of the adopted manifest (validated), or None when absent.
+def read_adopted(s: Scan, *, key: bytes | None = None) -> dict[str, Any] | None:
+    """Return ``user.adopted`` of the adopted manifest (validated, and with ``key`` signed
+    with it), or None when absent.
 
     A manifest that fails validation (or is not a regular file) is reported as a finding
     on ``s`` (its CK-M code) and an empty record is returned.
     """
     rel = adopted_path(s.target).name
     try:
-        m = load_adopted(s.target)
+        m = load_adopted(s.target, key=key)
     except CkptkitError as e:
         s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
         return {}

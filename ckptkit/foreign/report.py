@@ -55,6 +55,7 @@ def verify_foreign(
     strict: bool = False,
     expect: Expect | None = None,
     families: Iterable[str] = DEFAULT_FAMILIES,
+    key: bytes | None = None,
 ) -> ForeignReport:
     """Verify a foreign checkpoint: integrity, completeness, consistency, drift since adopt.
 
@@ -66,6 +67,8 @@ def verify_foreign(
             point: model, optimizer, progress ...); inferred from the content when None
             (weights when it holds model tensors and nothing of a training run).
         families: the check families to run.
+        key: an HMAC key: the adopted manifest must be signed with it (``CK-M010``
+            unsigned, ``CK-M011`` another key), as a native manifest must.
 
     Returns:
         A :class:`ForeignReport` (``.ok``, ``.findings``, ``.components``, ``.found``).
@@ -84,7 +87,7 @@ def verify_foreign(
         raise ValueError(f"expect must be one of {EXPECTS}, not {expect!r}")
     t0 = time.perf_counter()
     s = scan(path, fmt)
-    adopted = read_adopted(s)
+    adopted = read_adopted(s, key=key)
     recorded = recorded_files(s, adopted) if adopted is not None else None
     if adopted is None and not s.opaque:  # opaque: nothing was checked, say only why
         s.add(

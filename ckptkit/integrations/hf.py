@@ -44,19 +44,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptkit import codes, retain
+from ckptkit import retain
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.codes import CODES, error
 from ckptkit.drill.contract import DrillEnv
-from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint, adopted_path
+from ckptkit.errors import CkptkitError, LockHeldError
+from ckptkit.foreign.adopt import Adoption, Notes, adopted_path
 from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.hf import HFRun, Layout, checkpoint_dirs
+from ckptkit.layouts.hf import Kind, checkpoint_dirs, open_hf
 from ckptkit.manifest import Manifest
 from ckptkit.observe import CopySafeHook
 from ckptkit.recorder import Recorder
+from ckptkit.run import Run
+from ckptkit.run.layout import step_unknown_fix
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
 
@@ -138,7 +140,7 @@ def _component_of(f: Finding, man: Manifest | None) -> str:
     return "checkpoint"
 
 
-def check_resumable(path: Path, layout: Layout) -> None:
+def check_resumable(path: Path, layout: Kind) -> None:
     """Verify a checkpoint before the framework loads it; raise on the first error.
 
     The error names the component the failing file holds (``optimizer: optimizer.pt:
@@ -167,22 +169,35 @@ def check_resumable(path: Path, layout: Layout) -> None:
     raise error(first.code, f"{comp}: {where}{first.message}{more}", path=path, hint=first.hint)
 
 
-def _pick(root: Path, layout: Layout) -> Path | None:
-    """The newest checkpoint of ``root`` that verifies (logging every one skipped)."""
+def _pick(root: Path, layout: Kind, run: Run | None = None) -> tuple[Path, int] | None:
+    """The checkpoint of ``root`` to resume from and its real step
+    (:meth:`ckptkit.run.Run.resume_target`: the newest complete state, adopted on the spot
+    when a kill came before its adoption; every newer one passed over is logged).
+
+    ``run``: this process's writable run of ``root``; else one is opened for the choice,
+    writable unless another live process holds the run (then nothing is adopted).
+
+    Raises:
+        CkptkitError: the newest complete checkpoint's step is unknown (the fix named).
+    """
     if not checkpoint_dirs(root, layout):
         return None
-    with HFRun(root, layout) as run:
-        info, skipped = run.newest_verified()
-    for why in skipped:
-        log.warning("ckptkit: not resuming from %s", why)
-    if info is None:
+    if run is not None:
+        chosen = run.resume_target()
+    else:
+        try:
+            mine = open_hf(root, layout, readonly=False)
+        except LockHeldError:
+            mine = open_hf(root, layout)
+        with mine:
+            chosen = mine.resume_target()
+    if chosen.info is None:
         log.warning("ckptkit: no checkpoint of %s verifies: starting fresh", root)
         return None
-    log.info("ckptkit: resuming from %s (verified)", info.path)
-    return Path(str(info.path))
+    return Path(str(chosen.info.path)), chosen.info.step
 
 
-def _drill_target(drill: DrillEnv, layout: Layout) -> Path | None:
+def _drill_target(drill: DrillEnv, layout: Kind) -> Path | None:
     """The checkpoint the drill asks to resume from (verified; raises when it fails)."""
     if drill.resume_from is None:
         return None
@@ -196,7 +211,7 @@ class _Keeper:
 
     def __init__(
         self,
-        layout: Layout,
+        layout: Kind,
         *,
         policy: retain.Policy | None,
         watch: StabilityWatch | bool,
@@ -204,7 +219,7 @@ class _Keeper:
         data: Mapping[str, Any] | None,
         recorder: Recorder | None,
     ) -> None:
-        self.layout: Layout = layout
+        self.layout: Kind = layout
         self.policy = policy
         self.watch: StabilityWatch | None = (
             StabilityWatch() if watch is True else watch if isinstance(watch, StabilityWatch) else None
@@ -217,7 +232,7 @@ class _Keeper:
         if self._own_recorder:
             self.recorder = Recorder(None)  # $CKPTKIT_METRICS: the drill's records
         self.state: TrainState | None = None
-        self.run: HFRun | None = None
+        self.run: Run | None = None
         self.pin_next: str | None = None
         self.adoptions: list[Adoption] = []
 
@@ -232,7 +247,7 @@ class _Keeper:
     def open(self, root: Path) -> None:
         """Take the run lock (rank 0): no prune may delete while this run saves."""
         if self.run is None:
-            self.run = HFRun(root, self.layout, readonly=False)
+            self.run = open_hf(root, self.layout, readonly=False)
 
     def close(self) -> None:
         if self.state is not None and self.recorder is not None and self.recorder.observer:
@@ -288,7 +303,9 @@ class _Keeper:
         return False
 
     def saved(self, path: Path, step: int) -> Adoption | None:
-        """Adopt the checkpoint the framework just wrote, then rotate (rank 0)."""
+        """Settle the checkpoint the framework just wrote (rank 0): the run verifies and
+        adopts it (signed with the run's key), records it and rotates
+        (:meth:`ckptkit.run.Run.settle`)."""
         if not path.is_dir():
             log.error("ckptkit: %s was not written: nothing to adopt", path)
             return None
@@ -302,22 +319,20 @@ class _Keeper:
             pins=pins,
             data=self.data,
         )
-        a = adopt_checkpoint(path, self.layout, expect="training", notes=notes)
+        self.open(path.parent)
+        assert self.run is not None
+        settled = self.run.settle(path, step=step, policy=self.policy, notes=notes)
+        a = settled.adoption
+        assert a is not None
         self.adoptions.append(a)
         if a.refused is not None:
             log.error("ckptkit: %s failed its verify and is not adopted: %s", path.name, a.refused)
-            if self.run is not None:
-                self.run.record(path, codes.outcome([a.refused.code]), why=str(a.refused))
             return a
         if a.missing:
             log.warning("ckptkit: %s lacks %s: a resume from it is not exact",
                         path.name, ", ".join(a.missing))
-        if self.run is not None:
-            self.run.record(path, "verified", why=None)
-            if self.policy is not None:
-                out = retain.apply(self.run, self.policy, fresh={step})
-                for line in out.deleted:
-                    log.info("ckptkit: rotated %s", line)
+        for line in settled.deleted:
+            log.info("ckptkit: rotated %s", line)
         return a
 
 
@@ -476,7 +491,8 @@ def resume_checkpoint(output_dir: str | Path) -> str | None:
         return None  # the drill's reference starts fresh
     if target is None:
         root = Path(drill.ckpt_dir) if drill.ckpt_dir is not None else Path(output_dir)
-        target = _pick(root, "hf-trainer")
+        picked = _pick(root, "hf-trainer")
+        target = picked[0] if picked is not None else None
     if target is None:
         _RESUMED.pop("hf-trainer", None)
         return None
@@ -566,17 +582,22 @@ class AccelerateCheckpoints:
             CkptkitError: the drill's (or the given) checkpoint does not verify.
         """
         k = self._keeper
+        step: int | None = None
         if path is not None:
             target: Path | None = Path(path)
             check_resumable(Path(path), "accelerate")
         else:
             target = _drill_target(k.drill, "accelerate")
             if target is None and not k.drill.active:
-                target = _pick(self.root, "accelerate")
+                picked = _pick(self.root, "accelerate", k.run)
+                if picked is not None:
+                    target, step = picked
         if target is None:
             return 0
+        if step is None:
+            step = self._step_of(target)
         self.accelerator.load_state(str(target))
-        self.step = _recorded_step(target)
+        self.step = step
         k.check_data(target)
         log.info("ckptkit: resumed from %s at step %d", target, self.step)
         return self.step
@@ -600,12 +621,42 @@ class AccelerateCheckpoints:
             self.save(step)
         return k.drill.should_stop(step)
 
+    def _step_of(self, target: Path) -> int:
+        """The real step of checkpoint ``target`` (its adopted manifest, else its intent
+        record); never 0 for a step nobody knows.
+
+        Raises:
+            CkptkitError: its step is unknown (the fix: ``ckptkit adopt --step N PATH``).
+        """
+        run = self._keeper.run
+        with contextlib.ExitStack() as stack:
+            if run is None:
+                run = stack.enter_context(open_hf(target.parent, "accelerate"))
+            step = run.step_of(target)
+        if step is None:
+            raise CkptkitError(
+                f"the step of {target.name} is unknown (no adopted manifest, no intent "
+                "record): it is never resumed with the step counter at 0",
+                path=target,
+                hint=step_unknown_fix(target),
+            )
+        return step
+
     def save(self, step: int) -> Path:
-        """``accelerator.save_state()`` into the next ``checkpoint_I``, then adopt and rotate."""
+        """``accelerator.save_state()`` into the next ``checkpoint_I``, then settle it (the
+        run verifies, adopts, records and rotates).
+
+        Before ``save_state`` the run records the step the checkpoint will hold (its intent
+        record): a kill before the adoption still resumes it at its real step.
+        """
         pc = self.accelerator.project_configuration
         taken = [n for n, _ in checkpoint_dirs(self.root, "accelerate")]
         if taken and pc.iteration <= taken[-1]:
             pc.iteration = taken[-1] + 1  # never overwrite (a resumed run keeps counting)
+        if self.accelerator.is_main_process:
+            self._keeper.open(self.root)
+            assert self._keeper.run is not None
+            self._keeper.run.intend(f"checkpoint_{pc.iteration}", step)
         out = Path(self.accelerator.save_state())
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
@@ -615,16 +666,6 @@ class AccelerateCheckpoints:
     def close(self) -> None:
         """Release the run lock and close the records."""
         self._keeper.close()
-
-
-def _recorded_step(path: Path) -> int:
-    """The optimizer step an adopted Accelerate checkpoint records (0 when unknown)."""
-    with contextlib.suppress(CkptkitError):
-        man = read_path(adopted_path(path))
-        if man.step is not None:
-            return int(man.step)
-    log.warning("ckptkit: %s records no step (not adopted by AccelerateCheckpoints)", path)
-    return 0
 
 
 __all__ = [

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +57,19 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "(or pip install lightning)"
     ) from e
 
-from ckptkit import codes, retain, rngtrace
+from ckptkit import retain, rngtrace
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState, rank_key
-from ckptkit.catalog import CheckpointInfo
 from ckptkit.drill.contract import DrillEnv
-from ckptkit.errors import CkptkitError, IntegrityError, StateError
-from ckptkit.foreign.adopt import Notes, adopt_checkpoint
+from ckptkit.errors import CkptkitError, IntegrityError, LockHeldError, StateError
+from ckptkit.foreign.adopt import Notes
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.lightning import LightningRun
+from ckptkit.layouts.lightning import LightningLayout
 from ckptkit.recorder import Recorder
+from ckptkit.run import Resume, Run
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
 from ckptkit.verify.findings import ERROR
@@ -130,47 +129,51 @@ class CkptkitIO(TorchCheckpointIO):
         self.max_bytes = max_bytes
         self.verify_on_load = verify_on_load
         self.expect = expect
-        self._runs: dict[Path, LightningRun] = {}
+        self._runs: dict[Path, Run] = {}
         self.last_outcome: retain.Outcome | None = None
         """What the last rotation did (deleted, re-checked)."""
 
-    def run(self, directory: str | os.PathLike[str]) -> LightningRun:
+    def run(self, directory: str | os.PathLike[str]) -> Run:
         """The run of ``directory``, opened as its writer once (the lock is held until
         :meth:`teardown`)."""
         d = Path(directory).resolve()
         run = self._runs.get(d)
         if run is None:
-            d.mkdir(parents=True, exist_ok=True)
             # A reader (ls --verify) may hold the lock for a moment to record a verify.
-            run = self._runs[d] = LightningRun(d, readonly=False, lock_timeout=self.lock_timeout)
+            run = self._runs[d] = Run(
+                d, LightningLayout(), readonly=False, lock_timeout=self.lock_timeout
+            )
         return run
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Write the file (Lightning's way), verify it, record it, then rotate."""
+        """Write the file (Lightning's way), then settle it: the run verifies it, records
+        its digests beside it (signed with the run's key), records the outcome and rotates
+        (:meth:`ckptkit.run.Run.settle`)."""
         p = Path(path)
-        # An overwrite (last.ckpt at every save): the old digests describe the old bytes.
+        # An overwrite (last.ckpt at every save): the old digests describe the old bytes,
+        # and a kill before the settle must not leave them beside the new ones.
         adopted_path(p).unlink(missing_ok=True)
         super().save_checkpoint(checkpoint, path, storage_options)
         extra = checkpoint.get(STATE_KEY)
         extra = extra if isinstance(extra, Mapping) else {}
         health = extra.get("health")
-        adoption = adopt_checkpoint(
+        policy = None
+        if self.keep_last is not None:
+            policy = retain.Policy(
+                keep_last=self.keep_last, keep_every=self.keep_every, max_bytes=self.max_bytes
+            )
+        settled = self.run(p.parent).settle(
             p,
-            "lightning",
+            step=None,  # the file says it (its name, or its global_step)
+            policy=policy,
+            notes=Notes(health=health if isinstance(health, Mapping) else None),
             force=True,
             expect=self.expect,  # type: ignore[arg-type]
-            notes=Notes(health=health if isinstance(health, Mapping) else None),
         )
-        bad = [f for f in adoption.report.findings if f.severity is ERROR]
-        run = self.run(p.parent)
-        run.record(
-            p,
-            codes.outcome(f.code for f in bad),
-            why=f"{bad[0].code}: {bad[0].message}" if bad else None,
-        )
-        if bad:
+        if settled.errors:
+            bad = settled.errors
             log.error(
                 "ckptkit: %s failed its verify after save (%s %s); it is recorded corrupt "
                 "and no rotation counts on it",
@@ -179,15 +182,8 @@ class CkptkitIO(TorchCheckpointIO):
                 bad[0].message,
             )
             return
-        if self.keep_last is not None:
-            step = adoption.report.step
-            self.last_outcome = retain.apply(
-                run,
-                retain.Policy(
-                    keep_last=self.keep_last, keep_every=self.keep_every, max_bytes=self.max_bytes
-                ),
-                fresh=(step,) if step is not None else (),
-            )
+        if settled.rotation is not None:
+            self.last_outcome = settled.rotation
 
     def load_checkpoint(
         self, path: Any, map_location: Any = None, weights_only: bool | None = None
@@ -203,16 +199,11 @@ class CkptkitIO(TorchCheckpointIO):
         """Delete a file Lightning asks to remove (``save_top_k``) with verified-rotation rules.
 
         The newest good checkpoint is never deleted, the newest kept good one is verified
-        again before anything goes, and the adopted manifest goes with its file.
+        again before anything goes, and the adopted manifest goes with its file
+        (:meth:`ckptkit.run.Run.discard`).
         """
         p = Path(path).resolve()  # the run lists resolved paths; Lightning's may be relative
-        run = self.run(p.parent)
-        doomed = next((c for c in run.checkpoints() if Path(str(c.path)) == p), None)
-        if doomed is None:
-            if p.exists():  # a duplicate step (last.ckpt beside its named copy)
-                run.remove_file(p)
-            return
-        retain.apply(_Only(run, doomed), retain.Policy(keep_last=0))
+        self.run(p.parent).discard(p)
 
     def teardown(self) -> None:
         """Release the run locks."""
@@ -222,28 +213,35 @@ class CkptkitIO(TorchCheckpointIO):
         super().teardown()
 
 
-class _Only:
-    """A view of a run in which every checkpoint but ``doomed`` is pinned (one removal
-    that still obeys :func:`ckptkit.retain.apply`)."""
+def resume_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
+    """The checkpoint of ``dirpath`` to pass to ``trainer.fit(..., ckpt_path=...)``.
 
-    def __init__(self, run: LightningRun, doomed: CheckpointInfo) -> None:
-        self.run = run
-        self.doomed = doomed
+    The newest complete state (:meth:`ckptkit.run.Run.resume_target`): a file a kill left
+    unadopted (after Lightning wrote it, before its adoption) is verified and adopted on
+    the spot; every newer file passed over is named in a warning. None for a fresh start.
 
-    def checkpoints(self) -> list[CheckpointInfo]:
-        return [
-            c if c.path == self.doomed.path else replace(c, pins=(*c.pins, "lightning-keeps"))
-            for c in self.run.checkpoints()
-        ]
+    Example:
+        >>> import tempfile
+        >>> resume_checkpoint(tempfile.mkdtemp()) is None
+        True
+    """
+    chosen = _resume_target(Path(dirpath))
+    return None if chosen.path is None else str(chosen.path)
 
-    def reverify(self, info: CheckpointInfo) -> list[Any]:
-        return self.run.reverify(info)
 
-    def remove(self, info: CheckpointInfo) -> bool:
-        return self.run.remove(info)
-
-    def fence(self) -> None:
-        self.run.fence()
+def _resume_target(d: Path, run: Run | None = None) -> Resume:
+    """What to resume ``d`` from: through ``run`` (this process's writer), else a run
+    opened writable for the moment (read-only while another live process holds it)."""
+    if not d.is_dir():
+        return Resume(None)
+    if run is not None:
+        return run.resume_target()
+    try:
+        mine = Run(d, LightningLayout(), readonly=False)
+    except LockHeldError:
+        mine = Run(d, LightningLayout())
+    with mine:
+        return mine.resume_target()
 
 
 def check_before_load(path: str | os.PathLike[str], *, expect: str | None = None) -> None:
@@ -628,12 +626,12 @@ class FabricCheckpoints:
         return self.env.should_save(step)
 
     def latest(self) -> Path | None:
-        """The newest verified checkpoint of the directory (None: a fresh start)."""
-        if not self.dir.is_dir():
-            return None
-        run = LightningRun(self.dir)
-        good = [c for c in run.checkpoints() if c.status == "verified"]
-        return Path(str(good[-1].path)) if good else None
+        """The checkpoint to resume from (None: a fresh start): the newest complete state,
+        adopted on the spot (rank 0) when a kill came between ``fabric.save`` and its
+        adoption; every newer one passed over is named in a warning."""
+        run = self.io.run(self.dir) if self.fabric.is_global_zero and self.dir.is_dir() else None
+        chosen = _resume_target(self.dir, run)
+        return None if chosen.path is None else Path(str(chosen.path))
 
     def resume(self, state: dict[str, Any], path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
         """Verify and load the checkpoint to resume from into ``state``; restore RNG and cursor.
@@ -672,4 +670,5 @@ __all__ = [
     "check_before_load",
     "restore_rng",
     "restore_sampler",
+    "resume_checkpoint",
 ]

@@ -27,13 +27,20 @@ A checkpoint's status, without reading file contents:
 ``incomplete``
     the framework's completion marker is missing (an interrupted save).
 
-:class:`HFRun` is a :class:`ckptkit.runs.Run`: ``ls``, ``prune``, ``rollback``, ``verify
-RUN`` and ``adopt RUN`` use it, and the integrations rotate with it
-(:func:`ckptkit.retain.apply`). Deleting renames the folder aside first (a crash leaves a
+:class:`TrainerLayout` and :class:`AccelerateLayout` are layout strategies of a
+:class:`ckptkit.run.Run`, which owns the lock, the run index and retention: ``ls``,
+``prune``, ``rollback``, ``verify RUN`` and ``adopt RUN`` use it, and the integrations
+settle each save through it. Deleting renames the folder aside first (a crash leaves a
 marked leftover, never a checkpoint that looks whole) and needs the run lock
 (``.ckptkit.lock`` in the Trainer ``output_dir`` or the Accelerate ``project_dir``: never
 inside ``checkpoints/``, which Accelerate parses), which a training run holds while it
 trains.
+
+The step of an Accelerate checkpoint is the one its adopted manifest records, else the one
+its intent record says (:meth:`ckptkit.run.Run.intend`: written before ``save_state``, so
+a kill before adoption still knows it). With neither it is unknown: listed at the number in
+its name as ``unreadable`` (never deleted, never resumed), and ``ckptkit adopt --step N
+PATH`` records it.
 """
 
 from __future__ import annotations
@@ -42,30 +49,30 @@ import builtins
 import contextlib
 import logging
 import re
+from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import xxhash
 
-from ckptkit import codes, runs
-from ckptkit import manifest as mf
+from ckptkit import runs
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
-from ckptkit.checkpoint import manifest_io
-from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
-from ckptkit.foreign.adopted import needs_code_problem, unverifiable
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.foreign.adopted import load_adopted, needs_code_problem, unverifiable
+from ckptkit.manifest import Manifest
 from ckptkit.records import health_level
+from ckptkit.run import Run
+from ckptkit.run.framework import FrameworkLayout
+from ckptkit.run.layout import Index, step_unknown_fix
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
-from ckptkit.storage.lock import Lock, lock_for
-from ckptkit.verify.findings import ERROR
 
 log = logging.getLogger("ckptkit")
 
-Layout = Literal["hf-trainer", "accelerate"]
+Kind = Literal["hf-trainer", "accelerate"]
+"""The two HF layouts."""
 
 TRAINER_RE = re.compile(r"\Acheckpoint-([0-9]{1,19})\Z")
 """A Trainer checkpoint folder (``N`` = global step). As for native step names
@@ -74,10 +81,10 @@ final newline), at most 19 digits."""
 ACCELERATE_RE = re.compile(r"\Acheckpoint_([0-9]{1,19})\Z")
 """An Accelerate automatic-naming checkpoint folder (``I`` = save count); ASCII digits."""
 _RNG_ACC = re.compile(r"^random_states_\d+\.pkl$")
-_PATTERNS: dict[Layout, re.Pattern[str]] = {"hf-trainer": TRAINER_RE, "accelerate": ACCELERATE_RE}
+_PATTERNS: dict[Kind, re.Pattern[str]] = {"hf-trainer": TRAINER_RE, "accelerate": ACCELERATE_RE}
 
 
-def checkpoint_dirs(root: Path, layout: Layout) -> list[tuple[int, Path]]:
+def checkpoint_dirs(root: Path, layout: Kind) -> list[tuple[int, Path]]:
     """``(number in the name, folder)`` of every checkpoint folder of ``root``, by number.
 
     Example:
@@ -96,7 +103,7 @@ def checkpoint_dirs(root: Path, layout: Layout) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def complete(path: Path, layout: Layout) -> bool:
+def complete(path: Path, layout: Kind) -> bool:
     """Whether the framework finished writing ``path`` (its own last file is there).
 
     Example:
@@ -111,7 +118,7 @@ def complete(path: Path, layout: Layout) -> bool:
     return False
 
 
-def meta_dir(root: Path, layout: Layout) -> Path:
+def meta_dir(root: Path, layout: Kind) -> Path:
     """Where the run lock and index of a run live: ``root`` for a Trainer ``output_dir``;
     for an Accelerate ``checkpoints/``, its ``project_dir``.
 
@@ -128,7 +135,7 @@ def meta_dir(root: Path, layout: Layout) -> Path:
     return root
 
 
-def detect(root: Location) -> tuple[Layout, Path] | None:
+def detect(root: Location) -> tuple[Kind, Path] | None:
     """The HF layout of a run directory and the folder that holds its checkpoints.
 
     An Accelerate ``project_dir`` (holding ``checkpoints/checkpoint_I``) is recognised too.
@@ -139,10 +146,8 @@ def detect(root: Location) -> tuple[Layout, Path] | None:
         >>> detect(d) == ("accelerate", d / "checkpoints")
         True
     """
-    if not fs.is_local(root):
-        return None
-    p = Path(str(root))
-    if not p.is_dir():
+    p = fs.local_path(root)  # the frameworks write to a local disk only
+    if p is None or not p.is_dir():
         return None
     if checkpoint_dirs(p, "hf-trainer"):
         return "hf-trainer", p
@@ -154,113 +159,67 @@ def detect(root: Location) -> tuple[Layout, Path] | None:
     return None
 
 
-class HFRun:
-    """A Trainer ``output_dir`` or an Accelerate ``checkpoints/`` folder as a run.
+class _HFLayout(FrameworkLayout):
+    """What both HF layouts share: one folder per checkpoint, adopted inside it."""
 
-    Args:
-        root: the folder holding the checkpoint folders.
-        layout: ``hf-trainer`` or ``accelerate``.
-        readonly: True (default) lists and verifies only; False takes the run lock at once
-            (``LockHeldError`` while a training run or another prune holds it) so that
-            checkpoints may be removed and verify outcomes recorded.
-        lock_timeout: seconds to wait for the lock.
+    kind: Kind
+    expect = "training"
 
-    Example:
-        >>> import tempfile
-        >>> d = Path(tempfile.mkdtemp()); (d / "checkpoint-5").mkdir()
-        >>> run = HFRun(d, "hf-trainer"); [(c.step, c.status) for c in run.checkpoints()]
-        [(5, 'incomplete')]
-    """
+    def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
+        """``(number in the name, folder)`` of every checkpoint folder, by number."""
+        return checkpoint_dirs(Path(str(root)), self.kind)
 
-    def __init__(
-        self,
-        root: str | Path,
-        layout: Layout,
-        *,
-        readonly: bool = True,
-        lock_timeout: float = 0.0,
-    ) -> None:
-        self._root = Path(root)
-        self._layout: Layout = layout
-        self.readonly = readonly
-        self.meta = meta_dir(self._root, layout)
-        """Where the run lock and the run index live (see :func:`meta_dir`)."""
-        self.catalog = Catalog(self.meta)
-        self._lock: Lock | None = None
-        if not readonly:
-            self._root.mkdir(parents=True, exist_ok=True)
-            lock = lock_for(fs.location(self.meta), timeout=lock_timeout)
-            lock.acquire()
-            self._lock = lock
-            self.clean_leftovers()
+    def meta(self, root: Location) -> Location:
+        return fs.location(meta_dir(Path(str(root)), self.kind))
 
-    @property
-    def root(self) -> Location:
-        return self._root
-
-    @property
-    def layout(self) -> str:
-        return self._layout
-
-    def __enter__(self) -> HFRun:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    # --- listing -----------------------------------------------------------------------------
-
-    def checkpoints(self) -> builtins.list[CheckpointInfo]:
-        """Every checkpoint folder with its status, ordered by step (no contents read)."""
-        idx = self.catalog.index()
-        raw_rec, raw_pins = idx.get("verified"), idx.get("pins")
+    def checkpoints(self, root: Location, catalog: Catalog, index: Index) -> builtins.list[CheckpointInfo]:
+        raw_rec, raw_pins = index.get("verified"), index.get("pins")
         recs: Mapping[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
         pins: Mapping[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
         out = []
-        for number, p in checkpoint_dirs(self._root, self._layout):
+        for number, p in self.entries(root):
             try:
-                out.append(self._info(number, p, recs.get(p.name), pins.get(p.name)))
+                out.append(self._info(number, p, catalog, index, recs.get(p.name), pins.get(p.name)))
             except FileNotFoundError:
                 continue  # removed while we looked (a live run rotating)
         return sorted(out, key=lambda c: (c.step, str(c.path)))
 
-    def _info(self, number: int, p: Path, rec: Any, extra_pins: Any) -> CheckpointInfo:
+    def _info(
+        self, number: int, p: Path, catalog: Catalog, index: Index, rec: Any, extra_pins: Any
+    ) -> CheckpointInfo:
         size = sum(n for _, n in fs.walk_files(p))
         mtime = p.stat().st_mtime
         pins = {x for x in extra_pins if isinstance(x, str)} if isinstance(extra_pins, list) else set()
         status: Status
         problem: str | None = None
-        step = number
         health = None
         health_rec: Mapping[str, Any] | None = None
         verified_at = None
-        man_path = p / ADOPTED_SUFFIX
-        if not complete(p, self._layout):
-            marker = "trainer_state.json" if self._layout == "hf-trainer" else "random_states_0.pkl"
+        try:
+            man = load_adopted(p, key=catalog.key)
+        except UnreadableError as e:  # a permission or I/O error: not damage
+            return CheckpointInfo(number, p, "unreadable", size, mtime, tuple(sorted(pins)),
+                                  problem=f"{e.code}: adopted manifest: {e.what}")
+        except CkptkitError as e:  # invalid, or not signed with the run's key
+            step = self._step(p, None, catalog, index)
+            return CheckpointInfo(number if step is None else step, p, "corrupt", size, mtime,
+                                  tuple(sorted(pins)),
+                                  problem=f"{e.code}: adopted manifest: {e.what}")
+        step = self._step(p, man, catalog, index)
+        known = step is not None
+        if not complete(p, self.kind):
+            marker = "trainer_state.json" if self.kind == "hf-trainer" else "random_states_0.pkl"
             return CheckpointInfo(
-                step, p, "incomplete", size, mtime, tuple(sorted(pins)),
+                number if step is None else step, p, "incomplete", size, mtime,
+                tuple(sorted(pins)),
                 problem=f"no {marker}: the framework did not finish this save",
+                step_known=known,
             )
-        if fs.kind(man_path) is None:  # a FIFO or a symlink there is read (refused) below
-            status, key = "committed", fingerprint(p)
+        if man is None:
+            status, ident = "committed", fingerprint(p)
             problem = "not adopted: no digests yet ('ckptkit adopt RUN' records them)"
         else:
-            try:
-                man = manifest_io.read_path(man_path)
-            except UnreadableError as e:  # a permission or I/O error: not damage
-                return CheckpointInfo(step, p, "unreadable", size, mtime, tuple(sorted(pins)),
-                                      problem=f"{e.code}: adopted manifest: {e.what}")
-            except CkptkitError as e:
-                return CheckpointInfo(step, p, "corrupt", size, mtime, tuple(sorted(pins)),
-                                      problem=f"{e.code}: adopted manifest: {e.what}")
-            key = man.digest
-            if man.step is not None:
-                step = int(man.step)
+            ident = man.digest
             pins |= set(man.pins)
             if isinstance(man.health, Mapping):
                 health_rec = dict(man.health)
@@ -272,10 +231,18 @@ class HFRun:
                     f"{', '.join(changed[:3])} missing or resized since it was adopted"
                 )
             elif code:
-                status, problem = "corrupt", needs_code_problem(code, self._layout)
+                status, problem = "corrupt", needs_code_problem(code, self.kind)
             else:
                 status = "verified"
-        verdict = self.catalog.verdict(p.name, key, rec)
+        if step is None:
+            # Neither good nor damaged: never resumed at a guessed step, never deleted.
+            return CheckpointInfo(
+                number, p, "unreadable", size, mtime, tuple(sorted(pins)),
+                problem=f"its step is unknown (no adopted manifest, no intent record): "
+                f"{step_unknown_fix(p)}",
+                step_known=False,
+            )
+        verdict = catalog.verdict(p.name, ident, rec)
         if verdict.outcome is not None:
             verified_at = verdict.at
             if verdict.outcome != "verified" and status != "corrupt":
@@ -283,95 +250,85 @@ class HFRun:
         return CheckpointInfo(step, p, status, size, mtime, tuple(sorted(pins)), health,
                               problem, verified_at, health_rec)
 
-    def leftovers(self) -> builtins.list[Location]:
+    @abstractmethod
+    def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:
+        """The step of folder ``p`` (``man``: its adopted manifest), None when unknown."""
+
+    @abstractmethod
+    def resume_hint(self, info: CheckpointInfo) -> str:
+        """How to resume from ``info`` in the framework's own terms."""
+
+    def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
+        p = Path(str(path))
+        man = None
+        with contextlib.suppress(CkptkitError, OSError):
+            man = load_adopted(p)
+        return self._step(p, man, catalog, index)
+
+    def identity(self, path: Location, catalog: Catalog) -> str | None:
+        p = Path(str(path))
+        if not p.is_dir():
+            return None
+        with contextlib.suppress(CkptkitError, OSError):
+            man = load_adopted(p)
+            if man is not None:
+                return man.digest
+        return fingerprint(p)
+
+    def remove(self, root: Location, path: Location) -> bool:
+        return fs.remove_dir_aside(path, marker=ADOPTED_SUFFIX, aside=f"{atomic.TMP_SUFFIX}.del-")
+
+    def leftovers(self, root: Location) -> builtins.list[Location]:
         """Folders of interrupted deletions (``*.ckptkit-tmp*``); never checkpoints."""
-        return atomic.leftovers(self._root)
+        return atomic.leftovers(root)
 
-    # --- verify, remove (retain.RunStore) --------------------------------------------------
+    def clean_leftovers(self, root: Location) -> builtins.list[str]:
+        return Catalog(root).clean_leftovers()
 
-    def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
-        """Verify one checkpoint from its bytes, record the outcome, return its errors."""
-        p = Path(str(info.path))
-        rep = verify_foreign(p, self._layout, expect="training")
-        bad = [f for f in rep.findings if f.severity is ERROR]
-        self.record(
-            p,
-            codes.outcome(f.code for f in bad),
-            why="; ".join(f"{f.code} {f.message}" for f in bad[:3]) or None,
-        )
-        return bad
 
-    def record(self, path: Path, outcome: codes.Outcome, *, why: str | None) -> None:
-        """Record a verify outcome of ``path`` in the run index (only the lock holder)."""
-        if self._lock is None:
-            return
-        man_path = path / ADOPTED_SUFFIX
-        key = fingerprint(path)
-        with contextlib.suppress(CkptkitError):
-            if man_path.is_file():
-                key = manifest_io.read_path(man_path).digest
-        self.catalog.note(path.name, key, outcome, why=why)
+class TrainerLayout(_HFLayout):
+    """A Trainer ``output_dir``: ``checkpoint-N/`` with ``N`` the global step.
 
-    def pin(self, path: Path, label: str) -> None:
-        """Pin a checkpoint in the run index (rotation never deletes it); needs the lock."""
-        self.fence()
-        self.catalog.pin(fs.location(path), label)
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "checkpoint-5").mkdir()
+        >>> with Run(d, TrainerLayout()) as run:
+        ...     [(c.step, c.status) for c in run.checkpoints()]
+        [(5, 'incomplete')]
+    """
 
-    def remove(self, info: CheckpointInfo) -> bool:
-        """Delete a checkpoint folder (renamed aside first); False when it was gone."""
-        self.fence()
-        gone = Catalog(self._root).remove(info.path)  # renamed aside within its folder
-        with contextlib.suppress(OSError, ValueError):
-            self.catalog.forget([info.path.name])
-        return gone
+    name = "hf-trainer"
+    kind: Kind = "hf-trainer"
 
-    def fence(self) -> None:
-        """Raise unless this process holds the run lock."""
-        if self._lock is None:
-            raise CkptkitError(
-                "this run was opened read-only",
-                path=self._root,
-                hint="open it with readonly=False (it takes the run lock) to delete or pin",
-            )
-        self._lock.check()
-
-    def clean_leftovers(self) -> builtins.list[str]:
-        """Remove what interrupted deletions left (under the lock); one line each."""
-        self.fence()
-        done = Catalog(self._root).clean_leftovers()
-        if self.meta != self._root:
-            done += self.catalog.clean_leftovers()  # half-written index replacements
-        return done
+    def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:
+        m = TRAINER_RE.match(p.name)
+        return int(m.group(1)) if m else None
 
     def resume_hint(self, info: CheckpointInfo) -> str:
-        """How to resume this run from ``info``, in the framework's own terms."""
-        if self._layout == "hf-trainer":
-            return f'trainer.train(resume_from_checkpoint="{info.path}")'
+        return f'trainer.train(resume_from_checkpoint="{info.path}")'
+
+
+class AccelerateLayout(_HFLayout):
+    """An Accelerate ``checkpoints/``: ``checkpoint_I/`` with ``I`` the save count; the
+    step is the adopted manifest's, else the intent record's (see the module docstring)."""
+
+    name = "accelerate"
+    kind: Kind = "accelerate"
+    needs_step = True
+
+    def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:
+        if man is not None and man.step is not None:
+            return int(man.step)
+        return catalog.intent(p.name, index)
+
+    def order(self, info: CheckpointInfo) -> tuple[int, ...]:
+        """Save order: the number in the name (what Accelerate's own resume sorts by)."""
+        m = ACCELERATE_RE.match(info.path.name)
+        return (int(m.group(1)) if m else -1, info.step)
+
+    def resume_hint(self, info: CheckpointInfo) -> str:
         return (f'AccelerateCheckpoints(...).resume(path="{info.path}") '
                 f'(or accelerator.load_state("{info.path}"))')
-
-    # --- resume selection ---------------------------------------------------------------------
-
-    def newest_verified(self) -> tuple[CheckpointInfo | None, builtins.list[str]]:
-        """The newest checkpoint that verifies from its bytes, and why newer ones were skipped.
-
-        Checkpoints are tried newest first; each is verified (digests when adopted,
-        structure and completeness otherwise); a failing one is recorded corrupt (when
-        this process holds the lock) and named in the returned reasons.
-        """
-        skipped: builtins.list[str] = []
-        for info in reversed(self.checkpoints()):
-            name = info.path.name
-            if info.status in ("incomplete", "corrupt") and info.problem:
-                skipped.append(f"{name}: {info.status}: {info.problem}")
-                continue
-            bad = self.reverify(info)
-            if bad:
-                skipped.append(f"{name}: {bad[0].code} {bad[0].message}")
-                continue
-            return info, skipped
-        return None, skipped
-
 
 def fingerprint(path: Path) -> str:
     """Identity of a folder's files (names, sizes, modification times) without reading them.
@@ -388,7 +345,7 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def _changed(path: Path, man: mf.Manifest) -> list[str]:
+def _changed(path: Path, man: Manifest) -> list[str]:
     """Files the adopted manifest lists that are missing or resized."""
     adopted = (man.user or {}).get("adopted")
     files = adopted.get("files") if isinstance(adopted, Mapping) else None
@@ -404,32 +361,47 @@ def _changed(path: Path, man: mf.Manifest) -> list[str]:
     return out
 
 
-def open_hf_run(root: Location, options: dict[str, Any]) -> HFRun | None:
+LAYOUTS: dict[Kind, type[_HFLayout]] = {"hf-trainer": TrainerLayout, "accelerate": AccelerateLayout}
+"""The layout strategy of each HF kind."""
+
+
+def open_hf(root: str | Path, kind: Kind, **options: Any) -> Run:
+    """The :class:`~ckptkit.run.Run` of a Trainer ``output_dir`` or an Accelerate
+    ``checkpoints/`` (``options``: as :class:`~ckptkit.run.Run`).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "checkpoint-5").mkdir()
+        >>> with open_hf(d, "hf-trainer") as run:
+        ...     [(c.step, c.status) for c in run.checkpoints()]
+        [(5, 'incomplete')]
+    """
+    return Run(root, LAYOUTS[kind](), **options)
+
+
+def open_hf_run(root: Location, options: dict[str, Any]) -> Run | None:
     """The :func:`ckptkit.runs.register` detector for both layouts."""
     found = detect(root)
     if found is None:
         return None
-    layout, where = found
-    return HFRun(
-        where,
-        layout,
-        readonly=bool(options.get("readonly", True)),
-        lock_timeout=float(options.get("lock_timeout", 0.0)),
-    )
+    kind, where = found
+    return open_hf(where, kind, **options)
 
 
 runs.register("hf", open_hf_run)
 
 __all__ = [
     "ACCELERATE_RE",
+    "LAYOUTS",
     "TRAINER_RE",
-    "HFRun",
-    "Layout",
+    "AccelerateLayout",
+    "Kind",
+    "TrainerLayout",
     "checkpoint_dirs",
     "complete",
     "detect",
     "fingerprint",
     "meta_dir",
+    "open_hf",
     "open_hf_run",
 ]
-

@@ -5,8 +5,8 @@ file per checkpoint: ``epoch=0-step=40.ckpt`` (the default name: the step is in 
 names of the user's own template, and ``last.ckpt`` (Lightning's moving resume pointer,
 rewritten at every save). Beside each file :mod:`ckptkit.integrations.lightning` (or
 ``ckptkit adopt``) keeps its digests and component table
-(``<file>.ckptkit-manifest.json``); the run index (``.ckptkit-index.json``) records verify
-outcomes and the run lock (``.ckptkit.lock``) makes one writer. Files only: Lightning is
+(``<file>.ckptkit-manifest.json``); the run (:class:`ckptkit.run.Run`) keeps the run index (``.ckptkit-index.json``:
+verify outcomes) and the run lock (``.ckptkit.lock``: one writer). Files only: Lightning is
 not imported, so ``ckptkit ls`` works where it is not installed.
 
 How a file maps to a checkpoint of the run:
@@ -27,7 +27,7 @@ Example:
     >>> d = pathlib.Path(tempfile.mkdtemp()) / "checkpoints"; d.mkdir()
     >>> torch.save({"state_dict": {}, "global_step": 4, "pytorch-lightning_version": "2"},
     ...            d / "epoch=0-step=4.ckpt")
-    >>> run = LightningRun.open(d)
+    >>> run = open_lightning(d)
     >>> [(c.step, c.path.name, c.status) for c in run.checkpoints()]
     [(4, 'epoch=0-step=4.ckpt', 'committed')]
 """
@@ -39,16 +39,15 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckptkit import codes, runs
 from ckptkit import manifest as mf
+from ckptkit import runs
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
-from ckptkit.codes import Finding
-from ckptkit.errors import CkptkitError, LockHeldError
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign._load import safe_torch_load
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.adopted import (
@@ -57,12 +56,12 @@ from ckptkit.foreign.adopted import (
     needs_code_problem,
     unverifiable,
 )
-from ckptkit.foreign.report import verify_foreign
 from ckptkit.records import health_level
+from ckptkit.run import Run
+from ckptkit.run.framework import FrameworkLayout
+from ckptkit.run.layout import Index
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
-from ckptkit.storage.lock import LOCK_NAME, Lock, lock_for
-from ckptkit.verify.findings import ERROR
 
 log = logging.getLogger("ckptkit")
 
@@ -119,64 +118,35 @@ def ckpt_files(root: Path) -> list[Path]:
     )
 
 
-class LightningRun:
-    """A Lightning ``checkpoints/`` directory as a :class:`ckptkit.runs.Run`.
+class LightningLayout(FrameworkLayout):
+    """A Lightning ``checkpoints/`` directory of ``*.ckpt`` files (see the module docstring).
 
-    Args:
-        root: the directory holding the ``*.ckpt`` files.
-        readonly: True (the default for ``ls``) takes no lock: nothing can be deleted and
-            verify outcomes are recorded only while no writer holds the lock; False takes
-            the run lock now (``prune``, the integration), so ``remove`` may delete.
-        lock_timeout: seconds to wait for the run lock.
-
-    Raises:
-        LockHeldError: not ``readonly`` and another live process holds the lock.
+    Example:
+        >>> import tempfile
+        >>> from ckptkit.run import Run
+        >>> with Run(tempfile.mkdtemp(), LightningLayout()) as run:
+        ...     run.layout, run.checkpoints()
+        ('lightning', [])
     """
 
-    layout = LAYOUT
+    name = LAYOUT
 
-    def __init__(self, root: str | Path, *, readonly: bool = True, lock_timeout: float = 0.0) -> None:
-        self._root = Path(root)
-        self.readonly = readonly
-        self.catalog = Catalog(fs.location(self._root))
-        self._lock: Lock | None = None
+    def __init__(self) -> None:
         self._steps: dict[str, tuple[tuple[Any, ...] | None, int | None]] = {}
-        if not readonly:
-            lock = lock_for(fs.location(self._root), timeout=lock_timeout)
-            lock.acquire()
-            self._lock = lock
+        """Steps read from files, by name, for the file identity they were read from."""
 
-    @classmethod
-    def open(cls, root: str | Path, **options: Any) -> LightningRun:
-        """Open ``root`` (a ``checkpoints/`` directory, or a version directory holding one).
+    def meta(self, root: Location) -> Location:
+        return root
 
-        Example:
-            >>> import tempfile
-            >>> LightningRun.open(tempfile.mkdtemp()).layout
-            'lightning'
-        """
-        p = Path(root)
-        if not ckpt_files(p) and ckpt_files(p / CHECKPOINTS_DIR):
-            p = p / CHECKPOINTS_DIR
-        known = {k: options[k] for k in ("readonly", "lock_timeout") if k in options}
-        return cls(p, **known)
-
-    # --- Run ------------------------------------------------------------------------------
-
-    @property
-    def root(self) -> Location:
-        return fs.location(self._root)
-
-    def checkpoints(self) -> builtins.list[CheckpointInfo]:
+    def checkpoints(self, root: Location, catalog: Catalog, index: Index) -> builtins.list[CheckpointInfo]:
         """One checkpoint per step, oldest first (see the module docstring)."""
-        index = self.catalog.index()
         raw_rec, raw_pins = index.get("verified"), index.get("pins")
         records: Mapping[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
         pins: Mapping[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
         by_step: dict[int, list[CheckpointInfo]] = {}
-        for f in ckpt_files(self._root):
+        for f in ckpt_files(Path(str(root))):
             try:
-                info = self._info(f, records.get(f.name), pins.get(f.name))
+                info = self._info(f, catalog, records.get(f.name), pins.get(f.name))
             except FileNotFoundError:
                 continue  # rotated away while we looked
             if info is not None:
@@ -190,117 +160,78 @@ class LightningRun:
             out.append(chosen)
         return sorted(out, key=lambda c: c.step)
 
-    def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
-        """Verify one file from its bytes; record the outcome when this process may."""
-        path = Path(str(info.path))
-        rep = verify_foreign(path, "lightning")
-        bad = [f for f in rep.findings if f.severity is ERROR]
-        why = f"{bad[0].code}: {bad[0].message}" if bad else None
-        with self._maybe_writer() as may:
-            if may:
-                ident = self._identity(path)
-                if ident is not None:
-                    self.catalog.note(
-                        path.name, ident, codes.outcome(f.code for f in bad), why=why
-                    )
-        return bad
+    def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
+        f = Path(str(path))
+        man, _bad = _read_adopted(f, None)
+        return self._step(f, man)
 
-    def record(self, path: Path, outcome: codes.Outcome, *, why: str | None = None) -> None:
-        """Record a verify outcome of ``path`` done elsewhere (the integration at save)."""
-        with self._maybe_writer() as may:
-            ident = self._identity(path)
-            if may and ident is not None:
-                self.catalog.note(path.name, ident, outcome, why=why)
+    def identity(self, path: Location, catalog: Catalog) -> str | None:
+        """The adopted manifest's digest, else the file's identity (inode, size, mtime);
+        None when the file is gone."""
+        f = Path(str(path))
+        man, _bad = _read_adopted(f, None)
+        return _identity(f, man)
 
-    def pin(self, path: Path, label: str) -> None:
-        """Pin the file ``path`` (rotation never deletes it); the lock holder only."""
-        self.fence()
-        self.catalog.pin(fs.location(path), label)
-
-    def remove(self, info: CheckpointInfo) -> bool:
+    def remove(self, root: Location, path: Location) -> bool:
         """Delete one file and its adopted manifest (the file first: a lone manifest is a
         leftover, never a checkpoint); False when it was gone."""
-        self.fence()
-        path = Path(str(info.path))
-        return self.remove_file(path)
-
-    def remove_file(self, path: Path) -> bool:
-        """Delete ``path``, its adopted manifest and its index record (the lock holder)."""
-        self.fence()
+        p = Path(str(path))
         try:
-            path.unlink()
+            p.unlink()
             gone = True
         except FileNotFoundError:
             gone = False
         with contextlib.suppress(FileNotFoundError):
-            adopted_path(path).unlink()
+            adopted_path(p).unlink()
         with contextlib.suppress(OSError):
-            fd = os.open(self._root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        self.catalog.forget([path.name])
+            fs.sync_dir(fs.location(p.parent))
         return gone
 
-    def fence(self) -> None:
-        """Raise unless this process holds the run lock."""
-        if self._lock is None:
-            raise LockHeldError(
-                "this Lightning run was opened read-only",
-                path=self._root / LOCK_NAME,
-                hint="open it with readonly=False to delete",
-            )
-        self._lock.check()
-
-    def leftovers(self) -> builtins.list[Location]:
+    def leftovers(self, root: Location) -> builtins.list[Location]:
         """Adopted manifests whose file is gone, and half-written ones."""
+        d = Path(str(root))
         out: list[Location] = []
         try:
-            names = os.listdir(self._root)
+            names = os.listdir(d)
         except OSError:
             return []
         for n in sorted(names):
-            p = self._root / n
+            p = d / n
             if n.endswith(f"{SUFFIX}.{ADOPTED_SUFFIX}"):
-                if not (self._root / n[: -len(ADOPTED_SUFFIX) - 1]).exists():
+                if not (d / n[: -len(ADOPTED_SUFFIX) - 1]).exists():
                     out.append(fs.location(p))
             elif n.startswith(".") and ADOPTED_SUFFIX in n and n.endswith(".tmp"):
                 out.append(fs.location(p))
         return out
 
+    def clean_leftovers(self, root: Location) -> builtins.list[str]:
+        """Half-written index replacements only: a lone adopted manifest is reported by
+        ``ls``, never deleted (it may be the only record of a file moved away)."""
+        return Catalog(root).clean_leftovers()
+
     def resume_hint(self, info: CheckpointInfo) -> str:
-        """How to resume from ``info`` in Lightning's terms."""
         return (
             f"trainer.fit(model, ckpt_path={str(info.path)!r}) "
             f"(Fabric: FabricCheckpoints.resume(state, {str(info.path)!r}))"
         )
 
-    def close(self) -> None:
-        """Release the run lock (if held)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def __enter__(self) -> LightningRun:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # --- details ---------------------------------------------------------------------------
 
-    def _info(self, f: Path, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
+    def _info(self, f: Path, catalog: Catalog, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
         st = f.stat()
-        man, bad = self._read_adopted(f)
-        step = self._step(f, man)
+        man, bad = _read_adopted(f, catalog.key)
+        if man is None and bad is not None:
+            unsigned, _ = _read_adopted(f, None)  # its step, when only the key refuses it
+            step = self._step(f, unsigned)
+        else:
+            step = self._step(f, man)
         if step is None:
             return None  # not a checkpoint of a training run (no step anywhere)
         status: Status = "committed"
         problem: str | None = None
         verified_at: float | None = None
-        ident = self._identity(f, man)
-        verdict = self.catalog.verdict(f.name, ident, rec) if ident is not None else None
+        ident = _identity(f, man)
+        verdict = catalog.verdict(f.name, ident, rec) if ident is not None else None
         code = unverifiable(man) if man is not None else []
         if code:  # adopted with --force: the manifest cannot vouch for a file needing code
             status, problem = "corrupt", needs_code_problem(code, "lightning")
@@ -335,30 +266,6 @@ class LightningRun:
             dict(health) if health else None,
         )
 
-    def _adopted(self, f: Path) -> mf.Manifest | None:
-        man, _ = self._read_adopted(f)
-        return man
-
-    def _read_adopted(self, f: Path) -> tuple[mf.Manifest | None, str | None]:
-        """``(adopted manifest, None)``; ``(None, None)`` without one; ``(None, problem)``
-        when one is there but cannot be used (invalid, or a FIFO: never opened)."""
-        try:
-            return load_adopted(f), None
-        except CkptkitError as e:
-            name = adopted_path(f).name
-            return None, f"{e.code}: adopted manifest {name}: {e.what}; fix: {e.hint}"
-        except OSError as e:
-            return None, f"adopted manifest {adopted_path(f).name} cannot be read: {e}"
-
-    def _identity(self, f: Path, man: mf.Manifest | None = None) -> str | None:
-        """What a verify record is keyed by: the adopted manifest's digest, else the file's
-        identity (inode, size, mtime); None when the file is gone."""
-        man = man if man is not None else self._adopted(f)
-        if man is not None:
-            return f"adopted:{man.digest}"
-        fp = fs.fingerprint(fs.location(f))
-        return None if fp is None else "file:" + ":".join(str(x) for x in fp)
-
     def _step(self, f: Path, man: mf.Manifest | None) -> int | None:
         s = step_in_name(f.name)
         if s is not None:
@@ -375,21 +282,27 @@ class LightningRun:
         self._steps[f.name] = (fp, step)
         return step
 
-    @contextlib.contextmanager
-    def _maybe_writer(self) -> Iterator[bool]:
-        if self._lock is not None:
-            yield True
-            return
-        lock = lock_for(fs.location(self._root), timeout=0.0)
-        try:
-            lock.acquire()
-        except (LockHeldError, OSError):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            lock.release()
+
+def _read_adopted(f: Path, key: bytes | None) -> tuple[mf.Manifest | None, str | None]:
+    """``(adopted manifest, None)``; ``(None, None)`` without one; ``(None, problem)``
+    when one is there but cannot be used (invalid, not signed with ``key``, or a FIFO:
+    never opened)."""
+    try:
+        return load_adopted(f, key=key), None
+    except CkptkitError as e:
+        name = adopted_path(f).name
+        return None, f"{e.code}: adopted manifest {name}: {e.what}; fix: {e.hint}"
+    except OSError as e:
+        return None, f"adopted manifest {adopted_path(f).name} cannot be read: {e}"
+
+
+def _identity(f: Path, man: mf.Manifest | None) -> str | None:
+    """What a verify record is keyed by: the adopted manifest's digest, else the file's
+    identity (inode, size, mtime); None when the file is gone."""
+    if man is not None:
+        return f"adopted:{man.digest}"
+    fp = fs.fingerprint(fs.location(f))
+    return None if fp is None else "file:" + ":".join(str(x) for x in fp)
 
 
 def _adopted_size(man: mf.Manifest) -> int | None:
@@ -401,7 +314,7 @@ def _adopted_size(man: mf.Manifest) -> int | None:
     return None
 
 
-def detect(root: Location, options: dict[str, Any]) -> LightningRun | None:
+def detect(root: Location, options: dict[str, Any]) -> Run | None:
     """``root`` as a Lightning run: ``*.ckpt`` files in it (or in its ``checkpoints/``).
 
     A native ckptkit run is never one: :func:`ckptkit.runs.open_run` asks
@@ -412,14 +325,27 @@ def detect(root: Location, options: dict[str, Any]) -> LightningRun | None:
         >>> detect(fs.location(tempfile.mkdtemp()), {}) is None
         True
     """
-    if not fs.is_local(root):
-        return None
-    p = Path(str(root))
-    if not p.is_dir() or p.is_symlink():
+    p = fs.local_path(root)  # Lightning writes to a local disk only
+    if p is None or not p.is_dir() or p.is_symlink():
         return None
     if not ckpt_files(p) and not ckpt_files(p / CHECKPOINTS_DIR):
         return None
-    return LightningRun.open(p, **options)
+    return open_lightning(p, **options)
+
+
+def open_lightning(root: str | Path, **options: Any) -> Run:
+    """The :class:`~ckptkit.run.Run` of ``root`` (a ``checkpoints/`` directory, or a
+    version directory holding one); ``options`` as :class:`~ckptkit.run.Run`.
+
+    Example:
+        >>> import tempfile
+        >>> open_lightning(tempfile.mkdtemp()).layout
+        'lightning'
+    """
+    p = Path(root)
+    if not ckpt_files(p) and ckpt_files(p / CHECKPOINTS_DIR):
+        p = p / CHECKPOINTS_DIR
+    return Run(p, LightningLayout(), **options)
 
 
 runs.register(LAYOUT, detect)
@@ -427,9 +353,10 @@ runs.register(LAYOUT, detect)
 __all__ = [
     "CHECKPOINTS_DIR",
     "LAYOUT",
-    "LightningRun",
+    "LightningLayout",
     "ckpt_files",
     "detect",
     "is_last",
+    "open_lightning",
     "step_in_name",
 ]

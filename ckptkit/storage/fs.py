@@ -191,6 +191,52 @@ def walk_entries(root: Location) -> Iterator[str]:
         yield p.relative_to(base).as_posix()
 
 
+def make_dirs(p: Location) -> None:
+    """Create the directory ``p`` and its parents (an object store has no directories:
+    nothing to do there)."""
+    if is_local(p):
+        _lp(p).mkdir(parents=True, exist_ok=True)
+
+
+def sync_dir(p: Location) -> None:
+    """Flush the entries of directory ``p`` (a rename or create in it) to disk; an object
+    store applies each request durably, so there is nothing to flush."""
+    if is_local(p):
+        fd = os.open(_lp(p), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def commits_in_place(p: Location) -> bool:
+    """Whether a checkpoint under ``p`` is written straight to its final prefix (an
+    object store: no rename; its marker file, written last, says it is whole) rather than
+    into a temporary sibling renamed into place (a local disk)."""
+    return not is_local(p)
+
+
+def remove_dir_aside(p: Location, *, marker: str, aside: str) -> bool:
+    """Delete directory ``p`` so that it never looks whole half-deleted; False if gone.
+
+    Local: renamed to ``NAME + aside + random`` first (a crash leaves a marked leftover,
+    never a directory that looks whole), then removed. Object store: ``marker`` (the file
+    that says the directory is whole, written last) goes first, then the rest.
+    """
+    if kind(p) is None:
+        return False
+    if not is_local(p):
+        remove_file(p / marker)
+        remove_tree(p)
+        return True
+    path = _lp(p)
+    doomed = path.with_name(f"{path.name}{aside}{uuid.uuid4().hex[:8]}")
+    os.rename(path, doomed)
+    sync_dir(location(path.parent))
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
+
+
 def url(p: Location) -> str:
     """How ``p`` is written in messages and reports (a path, or a full URL)."""
     return str(p)
@@ -597,12 +643,14 @@ __all__ = [
     "Kind",
     "Location",
     "check_regular",
+    "commits_in_place",
     "escapes",
     "fingerprint",
     "is_local",
     "kind",
     "local_path",
     "location",
+    "make_dirs",
     "mtime",
     "open_writer",
     "put_if_absent",
@@ -610,11 +658,13 @@ __all__ = [
     "read_ranges",
     "read_ranges_into",
     "read_small",
+    "remove_dir_aside",
     "remove_file",
     "remove_tree",
     "replace_bytes",
     "resolved",
     "size",
+    "sync_dir",
     "url",
     "walk_entries",
     "walk_files",

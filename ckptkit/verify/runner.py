@@ -256,7 +256,7 @@ def verify(
         for p, fmt in foreign:
             with _progress.activity(f"verifying {p.name}", _progress.bytes_under(p), progress):
                 result.reports.append(
-                    verify_foreign(p, fmt, strict=strict, expect=expect, families=fams)
+                    verify_foreign(p, fmt, strict=strict, expect=expect, families=fams, key=k)
                 )
         return result
     for ck, committed in _listed(root):

@@ -125,17 +125,7 @@ IGNORED_FOR_CYCLES: dict[tuple[str, str], str] = {
 }
 """Edges the cycle check leaves out (still checked for direction), each with its reason."""
 
-IS_LOCAL_LEFT: dict[str, str] = {
-    name: "the run layer (issue 24 item 1, RUN's area) is being rewritten around one Run; "
-    "its local-versus-remote branches move behind storage functions there"
-    for name in (
-        "ckptkit.catalog",
-        "ckptkit.layouts.hf",
-        "ckptkit.layouts.lightning",
-        "ckptkit.manager",
-        "ckptkit.runs",
-    )
-}
+IS_LOCAL_LEFT: dict[str, str] = {}
 """Modules outside storage that still ask ``fs.is_local``, and why (the goal is none)."""
 
 LAZY_OK = {

@@ -20,8 +20,9 @@ import torch
 
 import ckptkit
 from ckptkit import saving
-from ckptkit.catalog import Catalog, step_dir_name
+from ckptkit.catalog import step_dir_name
 from ckptkit.manager import CheckpointManager
+from ckptkit.run import NativeLayout, Run
 from ckptkit.storage.fs import Location
 from ckptkit.trajectory import Trajectory
 
@@ -34,7 +35,7 @@ def _state(step: int) -> ckptkit.TrainState:
 def _pipeline(root: Path, settle: saving.Settle) -> saving.SavePipeline:
     return saving.SavePipeline(
         root,
-        trajectory=Trajectory(Catalog(root)),
+        trajectory=Trajectory(Run(root, NativeLayout())),
         writer=lambda: None,
         fence=lambda: None,
         settle=settle,

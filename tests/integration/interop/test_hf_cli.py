@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from ckptkit.cli import main
-from ckptkit.layouts.hf import HFRun
+from ckptkit.layouts.hf import open_hf
 
 transformers = pytest.importorskip("transformers")
 accelerate = pytest.importorskip("accelerate")
@@ -97,7 +97,7 @@ def test_prune_deletes_through_the_layout_and_respects_a_live_run(
     adopted: Path, tmp_path: Path
 ) -> None:
     out = copy(adopted, tmp_path)
-    with HFRun(out, "hf-trainer", readonly=False):  # a training run holds the lock
+    with open_hf(out, "hf-trainer", readonly=False):  # a training run holds the lock
         r = CliRunner().invoke(main, ["prune", str(out), "--keep-last", "1"])
         assert r.exit_code == 2, r.output
     r = cli("prune", str(out), "--keep-last", "1")

@@ -23,7 +23,7 @@ import torch
 from ckptkit import retain, runs
 from ckptkit.errors import CkptkitError, LockHeldError
 from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.layouts.hf import HFRun
+from ckptkit.layouts.hf import open_hf
 from ckptkit.stability import StabilityWatch
 
 transformers = pytest.importorskip("transformers")
@@ -202,9 +202,9 @@ def test_remove_needs_the_lock_and_rotation_keeps_the_newest_good(
     with pytest.raises(CkptkitError, match="read-only"):
         ro.remove(ro.checkpoints()[0])
     (out / "checkpoint-8" / "optimizer.pt").unlink()  # the newest is not good
-    with HFRun(out, "hf-trainer", readonly=False) as run:
+    with open_hf(out, "hf-trainer", readonly=False) as run:
         with pytest.raises(LockHeldError):
-            HFRun(out, "hf-trainer", readonly=False)
+            open_hf(out, "hf-trainer", readonly=False)
         outcome = retain.apply(run, retain.Policy(keep_last=1))
         # keep-last-1 keeps the newest (corrupt); the newest good one (6) is never deleted.
         assert [d.split(":")[0] for d in outcome.deleted] == ["checkpoint-4"]

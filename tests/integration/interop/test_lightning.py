@@ -20,13 +20,13 @@ L = pytest.importorskip("lightning")
 
 from ckptkit import retain, runs  # noqa: E402
 from ckptkit.drill.runner import DrillConfig, run_drill  # noqa: E402
-from ckptkit.errors import IntegrityError, LockHeldError  # noqa: E402
+from ckptkit.errors import IntegrityError, NotWritableError  # noqa: E402
 from ckptkit.integrations.lightning import (  # noqa: E402
     CkptkitCallback,
     CkptkitIO,
     FabricCheckpoints,
 )
-from ckptkit.layouts.lightning import LightningRun  # noqa: E402
+from ckptkit.layouts.lightning import open_lightning  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LIT = SCRIPTS / "lit_tiny.py"
@@ -80,7 +80,7 @@ def test_open_run_recognises_a_lightning_version_dir_and_lists_one_checkpoint_pe
     _ckpt(ck / "epoch=0-step=8.ckpt", 8)
     _ckpt(ck / "last.ckpt", 8)  # a copy of step 8: listed once
     _ckpt(ck / "custom-name.ckpt", 12)  # no step in the name: read from the file
-    run = runs.open_run(tmp_path / "version_0")
+    run = runs.open_run(tmp_path / "version_0", readonly=False)  # records its verifies
     try:
         assert run.layout == "lightning"
         assert Path(str(run.root)) == ck
@@ -100,7 +100,7 @@ def test_open_run_recognises_a_lightning_version_dir_and_lists_one_checkpoint_pe
 
 def test_a_lone_last_ckpt_is_pinned_and_a_native_run_is_not_lightning(tmp_path: Path) -> None:
     _ckpt(tmp_path / "last.ckpt", 3)
-    run = LightningRun.open(tmp_path)
+    run = open_lightning(tmp_path)
     assert [(c.step, c.pins) for c in run.checkpoints()] == [(3, ("last",))]
     native = tmp_path / "native"
     (native / "step-00000001").mkdir(parents=True)
@@ -112,14 +112,15 @@ def test_a_changed_file_loses_its_verified_status_and_readonly_runs_cannot_delet
     tmp_path: Path,
 ) -> None:
     p = _ckpt(tmp_path / "epoch=0-step=2.ckpt", 2)
-    run = LightningRun.open(tmp_path)
-    (info,) = run.checkpoints()
-    assert run.reverify(info) == []
-    assert run.checkpoints()[0].status == "verified"
-    _ckpt(p, 2, extra=torch.zeros(3))  # rewritten: the record no longer applies
-    assert run.checkpoints()[0].status == "committed"
-    with pytest.raises(LockHeldError, match="read-only"):
-        run.remove(run.checkpoints()[0])
+    with open_lightning(tmp_path, readonly=False) as run:  # only a writer records
+        (info,) = run.checkpoints()
+        assert run.reverify(info) == []
+        assert run.checkpoints()[0].status == "verified"
+        _ckpt(p, 2, extra=torch.zeros(3))  # rewritten: the record no longer applies
+        assert run.checkpoints()[0].status == "committed"
+    reader = open_lightning(tmp_path)
+    with pytest.raises(NotWritableError, match="read-only"):
+        reader.remove(reader.checkpoints()[0])
     assert p.exists()
 
 
@@ -226,7 +227,7 @@ def test_trainer_saves_are_verified_rotated_and_a_damaged_file_is_refused_at_loa
 ) -> None:
     io = CkptkitIO(keep_last=2)
     _fit(tmp_path, io, steps=5)
-    run = LightningRun.open(tmp_path)
+    run = open_lightning(tmp_path)
     got = [(c.step, c.status) for c in run.checkpoints()]
     assert got == [(4, "verified"), (5, "verified")], got
     newest = tmp_path / "epoch=1-step=5.ckpt"

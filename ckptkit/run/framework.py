@@ -1,0 +1,65 @@
+"""What the framework layouts share: their checkpoints are adopted, verified as foreign ones.
+
+A framework writes its own files; the run adopts each checkpoint (records its digests and
+component table beside it, :mod:`ckptkit.foreign.adopt`) when it settles, and verifies it
+as a foreign checkpoint (:func:`ckptkit.foreign.report.verify_foreign`), its adopted
+manifest checked under the run's key. The subclasses say how files map to checkpoints.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from ckptkit.catalog import Catalog, CheckpointInfo
+from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
+from ckptkit.foreign.report import verify_foreign
+from ckptkit.run.layout import Checked
+from ckptkit.storage.fs import Location
+from ckptkit.verify.findings import ERROR
+from ckptkit.verify.view import Expect
+
+
+class FrameworkLayout(ABC):
+    """Verify and adopt for a layout whose checkpoints a framework writes (local files)."""
+
+    name: str = ""
+    keeps_latest = False
+    adopts = True
+    needs_step = False
+    """A checkpoint whose step no file or record says is refused (its name counts saves)."""
+    expect: Expect | None = None
+    """What its checkpoints must hold (``training``: a resume point)."""
+
+    def order(self, info: CheckpointInfo) -> tuple[int, ...]:
+        return (info.step,)
+
+    @abstractmethod
+    def identity(self, path: Location, catalog: Catalog) -> str | None:
+        """What a verify record of ``path`` is keyed by (see :class:`ckptkit.run.Layout`)."""
+
+    def verify(
+        self, path: Location, catalog: Catalog, *, key: bytes | None, scan_values: bool = True
+    ) -> Checked:
+        rep = verify_foreign(Path(str(path)), self.name, expect=self.expect, key=key)
+        return Checked(
+            errors=[f for f in rep.findings if f.severity is ERROR],
+            ident=self.identity(path, catalog),
+        )
+
+    def adopt(
+        self,
+        path: Location,
+        *,
+        notes: Notes,
+        key: bytes | None,
+        force: bool = False,
+        expect: Expect | None = None,
+    ) -> Adoption:
+        return adopt_checkpoint(
+            Path(str(path)), self.name, force=force, expect=expect or self.expect, notes=notes,
+            key=key,
+        )
+
+
+__all__ = ["FrameworkLayout"]

@@ -1,0 +1,112 @@
+"""Lightning and Fabric data paths (issue 24): the restored position is kept, the resume
+guard watches the first resumed steps, and the documented recipes resume exactly.
+
+Each resume test runs a real script three times in fresh interpreters through the drill
+contract (``CKPTKIT_DRILL_*``): uninterrupted to step S, interrupted after step W with a
+checkpoint there, and resumed from that checkpoint to S; the resumed run must then equal
+the uninterrupted one bitwise (final weights, and the sample ids and loss of every step
+after W).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+L = pytest.importorskip("lightning")
+
+from ckptkit.recorder import read_jsonl  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FABRIC_LOADER = SCRIPTS / "fabric_loader.py"
+TIMEOUT = 300
+
+
+def _run(cmd: list[str], workdir: Path, name: str, **env: str) -> tuple[Path, Path]:
+    """Run ``cmd`` in ``workdir`` with the drill contract in ``env``; return its
+    (metrics file, checkpoint dir)."""
+    metrics = workdir / f"{name}.jsonl"
+    ckpts = workdir / f"{name}-ckpt"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPTKIT_")}
+    full.update(env, CKPTKIT_METRICS=str(metrics), CKPTKIT_CKPT_DIR=str(ckpts))
+    out = subprocess.run(cmd, cwd=workdir, env=full, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return metrics, ckpts
+
+
+def _steps(metrics: Path) -> dict[int, dict[str, Any]]:
+    return {int(r["step"]): r for r in read_jsonl(metrics)}
+
+
+def _interrupt_and_resume(
+    cmd: list[str], workdir: Path, *, w: int, total: int
+) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Run ``cmd`` uninterrupted and interrupted-then-resumed; return both runs' records.
+
+    ``cmd`` is completed with ``--final PATH``; the final weights are compared here.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    ref, _ = _run([*cmd, "--final", str(workdir / "ref.pt")], workdir, "ref",
+                  CKPTKIT_DRILL_STOP_AT=str(total))
+    _, ckpts = _run(cmd, workdir, "first", CKPTKIT_DRILL_SAVE_AT=str(w),
+                    CKPTKIT_DRILL_STOP_AT=str(w))
+    saved = sorted(ckpts.rglob(f"*step={w}.ckpt"))
+    assert saved, f"no checkpoint of step {w} in {sorted(ckpts.rglob('*'))}"
+    resumed, _ = _run([*cmd, "--final", str(workdir / "resumed.pt")], workdir, "resumed",
+                      CKPTKIT_DRILL_RESUME_FROM=str(saved[0]),
+                      CKPTKIT_DRILL_STOP_AT=str(total))
+    a = torch.load(workdir / "ref.pt", weights_only=True)
+    b = torch.load(workdir / "resumed.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"weights {k} differ after the resume"
+    return _steps(ref), _steps(resumed)
+
+
+def _ids(records: dict[int, dict[str, Any]], steps: range) -> list[Any]:
+    return [records[s].get("sample_ids") for s in steps]
+
+
+# --- Fabric: setup_dataloaders keeps the restored position ----------------------------------
+
+
+def test_fabric_setup_dataloaders_resumes_bitwise_mid_epoch(tmp_path: Path) -> None:
+    # 10 steps an epoch: saved at step 15 (epoch 1, half way), resumed to 25 (into epoch 2).
+    # Fabric's wrapper calls set_epoch(0) at the resumed process's first iter(), and builds
+    # the DataLoader iterator (a draw from the global RNG) inside the first next(): before
+    # the fix the resumed run replayed epoch 0 from its start.
+    cmd = [sys.executable, str(FABRIC_LOADER), "--loop", "batches"]
+    ref, resumed = _interrupt_and_resume(cmd, tmp_path, w=15, total=25)
+    after = range(16, 26)
+    assert _ids(resumed, after) == _ids(ref, after)
+    assert all(_ids(ref, after)), "the records carry no sample ids: nothing was compared"
+    assert [resumed[s]["loss"] for s in after] == [ref[s]["loss"] for s in after]
+    assert [resumed[s]["batch_hash"] for s in after] == [ref[s]["batch_hash"] for s in after]
+
+
+def test_a_plain_loop_over_a_fabric_loader_is_refused_before_a_step_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    # for epoch ...: sampler.set_epoch(epoch); for batch in fabric_loader: Fabric then calls
+    # set_epoch(0) over the restored epoch 1. The sampler cannot tell that call from a
+    # deliberate restart, so it refuses it, naming the loop that keeps the position.
+    cmd = [sys.executable, str(FABRIC_LOADER), "--loop", "plain"]
+    _, ckpts = _run(cmd, tmp_path, "first", CKPTKIT_DRILL_SAVE_AT="15", CKPTKIT_DRILL_STOP_AT="15")
+    saved = next(ckpts.rglob("step=15.ckpt"))
+    metrics = tmp_path / "resumed.jsonl"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPTKIT_")}
+    full.update(CKPTKIT_METRICS=str(metrics), CKPTKIT_CKPT_DIR=str(tmp_path / "r"),
+                CKPTKIT_DRILL_RESUME_FROM=str(saved), CKPTKIT_DRILL_STOP_AT="25")
+    out = subprocess.run(cmd, cwd=tmp_path, env=full, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode != 0
+    assert "set_epoch(0) right after restoring a cursor of epoch 1" in out.stderr
+    assert "sampler.batches(loader)" in out.stderr
+    assert not (metrics.exists() and read_jsonl(metrics)), "a step ran before the refusal"

@@ -437,7 +437,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self._fetching = False
             self._rewind = None
 
-    def track_delivery(self) -> None:
+    def track_delivery(self, on: bool = True) -> None:
         """Count the indices handed out as in flight until the loop reports them received.
 
         For a loop that iterates the ``DataLoader`` itself (a framework's, such as the
@@ -454,9 +454,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> it = iter(s); fetched = [next(it) for _ in range(4)]   # prefetched
             >>> s.delivered(2), s.state_dict()["position"]
             ([0, 1], 2)
+
+        ``track_delivery(False)`` turns it off: what is in flight counts as delivered.
         """
-        if self._undelivered is None:
+        if on and self._undelivered is None:
             self._undelivered = deque()
+        elif not on and self._undelivered is not None and not self._batching:
+            self.delivered(len(self._undelivered))
+            self._undelivered = None
 
     def delivered(self, count: int) -> list[int]:
         """Report that the training loop received the next ``count`` handed-out indices.

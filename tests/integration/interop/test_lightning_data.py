@@ -110,3 +110,72 @@ def test_a_plain_loop_over_a_fabric_loader_is_refused_before_a_step_with_the_fix
     assert "set_epoch(0) right after restoring a cursor of epoch 1" in out.stderr
     assert "sampler.batches(loader)" in out.stderr
     assert not (metrics.exists() and read_jsonl(metrics)), "a step ran before the refusal"
+
+
+# --- the Trainer: the resume guard watches the first resumed steps --------------------------
+
+
+class _Net(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)
+        )
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.body(x), y)  # not self(x): no forward hook
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _fit(tmp_path: Path, *, steps: int, ckpt: str | None = None, restart_epoch: bool = False,
+         ) -> tuple[Any, list[dict[str, Any]]]:
+    """One small Trainer run (40 samples, batches of 4, a checkpoint every 6 steps)."""
+    import warnings
+
+    import ckptkit
+    from ckptkit.integrations.lightning import CkptkitCallback, CkptkitIO
+
+    warnings.filterwarnings("ignore")
+    L.seed_everything(0, verbose=False)
+    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(7))
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).tanh())
+    sampler = ckptkit.ResumableSampler(data, seed=0)
+    rec = ckptkit.Recorder(None)
+    cb = CkptkitCallback(sampler=sampler, recorder=rec)
+
+    class RestartEpoch(L.Callback):
+        """What a sampler that restarts its epoch on resume does (after the restore)."""
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if restart_epoch:
+                sampler.load_state_dict({**sampler.state_dict(), "position": 0, "consumed": 0})
+
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", devices=1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path), plugins=[CkptkitIO()],
+        callbacks=[cb, RestartEpoch(), L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=str(tmp_path / "ckpt"), every_n_train_steps=6, save_top_k=-1)],
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+    trainer.fit(_Net(), loader, ckpt_path=ckpt)
+    return cb, list(rec.records)
+
+
+def test_a_trainer_resume_that_restarts_the_epoch_is_reported_by_the_guard(tmp_path: Path) -> None:
+    _, first = _fit(tmp_path, steps=6)
+    assert all(r.get("batch_hash") for r in first), "Trainer records carry no batch hash"
+    ckpt = str(tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
+    clean, _ = _fit(tmp_path / "clean", steps=10, ckpt=ckpt)
+    assert clean.guard is not None, "the resume was not guarded"
+    assert clean.guard.findings == []
+    cb, records = _fit(tmp_path / "restart", steps=10, ckpt=ckpt, restart_epoch=True)
+    assert cb.guard is not None
+    assert "CK-D002" in [f.code for f in cb.guard.findings]
+    # ...and written into the first resumed step's record, where a drill reads it.
+    assert "CK-D002" in [g["code"] for g in records[0].get("guard", [])]

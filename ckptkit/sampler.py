@@ -517,10 +517,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             )
         if self._restored and epoch == self.epoch:
             return  # a restored cursor of this epoch: continue it (see "Resuming an epoch loop")
-        if self._live is not None and epoch == self.epoch and self.position > 0:
-            # A pass of this epoch is running (a DataLoader's workers pulled indices before
-            # the framework set the epoch, as the Lightning Trainer does at its first epoch):
-            # like DistributedSampler, set_epoch affects the next pass, not the running one.
+        if epoch == self.epoch and self.position > 0 and (self._live or self._undelivered):
+            # A pass of this epoch is under way (a DataLoader's workers pulled indices, maybe
+            # all of a short epoch, before the framework set the epoch, as the Lightning
+            # Trainer does at its first epoch and at a resume): like DistributedSampler,
+            # set_epoch affects the next pass, not the running one.
             return
         self.epoch = epoch
         self.offset = 0

@@ -179,3 +179,66 @@ def test_a_trainer_resume_that_restarts_the_epoch_is_reported_by_the_guard(tmp_p
     assert "CK-D002" in [f.code for f in cb.guard.findings]
     # ...and written into the first resumed step's record, where a drill reads it.
     assert "CK-D002" in [g["code"] for g in records[0].get("guard", [])]
+
+
+# --- the documented Trainer recipe, with worker processes ------------------------------------
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "lightning.md"
+LOADER_LINE = "loader = DataLoader(dataset, batch_size=32, sampler=sampler)"
+RECIPE_PRELUDE = '''\
+import warnings
+warnings.filterwarnings("ignore")
+import torch
+import lightning as L
+from torch.utils.data import DataLoader
+from lightning.pytorch.callbacks import ModelCheckpoint
+torch.manual_seed(0)
+x = torch.randn(96, 4, generator=torch.Generator().manual_seed(7))
+dataset = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).tanh())
+class _LM(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.3),
+                                        torch.nn.Linear(16, 1))
+    def training_step(self, batch, _i):
+        x, y = batch
+        return ((self.body(x) - y) ** 2).mean()
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+model = _LM()
+total_steps = 20
+'''
+
+
+def _trainer_recipe() -> str:
+    """The Python block under "The lines to add: Trainer" in docs/lightning.md, as written."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## The lines to add: Trainer"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("```", start)]
+
+
+def test_the_documented_trainer_recipe_resumes_exactly_with_two_workers(tmp_path: Path) -> None:
+    from ckptkit.drill.runner import DrillConfig, run_drill
+
+    recipe = _trainer_recipe()
+    assert LOADER_LINE in recipe, "the recipe's DataLoader line changed: update this test"
+    script = tmp_path / "train.py"
+    script.write_text(
+        RECIPE_PRELUDE
+        + 'if __name__ == "__main__":\n'  # worker processes may re-import the script
+        + "".join(
+            "    " + line + "\n"
+            for line in recipe.replace(LOADER_LINE, LOADER_LINE[:-1] + ", num_workers=2)")
+            .splitlines()
+        ),
+        encoding="utf-8",
+    )
+    # 3 steps an epoch, 2 workers prefetch 4 batches (the whole epoch) ahead of the step:
+    # saved after step 4 (one batch into epoch 1), compared over steps 5..10.
+    rep = run_drill(DrillConfig(command=[sys.executable, str(script)], steps_before=4,
+                                steps_after=6, isolate=True, workdir=tmp_path / "drill",
+                                timeout=TIMEOUT))
+    assert rep.ok, rep.to_dict() if hasattr(rep, "to_dict") else rep
+    twin = next(c for c in rep.checks if c.name == "twin")
+    assert twin.statistic == 0

@@ -9,6 +9,7 @@ too (the cursor counts the batches the loop received, not the ones prefetched).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections import deque
@@ -160,9 +161,20 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._order_cache: tuple[int, torch.Tensor] | None = None
         # A cursor that came from load_state_dict and no iteration has started from yet.
         self._restored = False
-        # Indices handed out by a DataLoader iterating inside batches() but not yet received
-        # by the loop (prefetched); None when no such iteration runs.
+        # Indices handed out but not yet received by the training loop (prefetched by a
+        # DataLoader's workers or its framework); None when nothing counts deliveries
+        # (neither batches() nor track_delivery()).
         self._undelivered: deque[int] | None = None
+        # A batches() iteration is running; inside it, while the loader fetches, the loader
+        # may call set_epoch itself (Lightning Fabric's _FabricDataLoader does): ignored.
+        self._batching = False
+        self._fetching = False
+        # The global torch RNG state before the first fetch of a batches() pass: the pass's
+        # first index puts it back (see _fetch).
+        self._rewind: torch.Tensor | None = None
+        # The pass (an __iter__ generator) that is running, if any: set_epoch of its own
+        # epoch leaves it alone (see set_epoch).
+        self._live: object | None = None
         self._observers: list[Callable[[int, int | None], None]] = []
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
@@ -174,12 +186,16 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             new.lengths = self.lengths.clone()
         new._observers = []
         new._undelivered = None
+        new._batching = new._fetching = False
+        new._live = new._rewind = None
         return new
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_observers"] = []
         state["_undelivered"] = None
+        state["_batching"] = state["_fetching"] = False
+        state["_live"] = state["_rewind"] = None
         return state
 
     def add_observer(self, fn: Callable[[int, int | None], None]) -> None:
@@ -290,19 +306,30 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
+        if self._rewind is not None:
+            # The first index of a batches() pass: undo what building the loader's
+            # iterator drew from the global torch RNG (its workers' base seed; see _fetch).
+            torch.set_rng_state(self._rewind)
+            self._rewind = None
+        self._give_back()  # a new pass: what the last one handed out but never delivered
         self.offset, self.position = self._cursor()
         self._restored = False
         indices = self._rank_indices(self.offset).tolist()
-        while self.position < len(indices):
-            index = indices[self.position]
-            # Count before yielding: once the consumer holds the index, it is consumed.
-            self.position += 1
-            if self._undelivered is not None:
-                self._undelivered.append(index)  # batches() reports it when the loop gets it
-            else:
-                for fn in self._observers:
-                    fn(self.epoch, index)
-            yield index
+        me = self._live = object()
+        try:
+            while self.position < len(indices):
+                index = indices[self.position]
+                # Count before yielding: once the consumer holds the index, it is consumed.
+                self.position += 1
+                if self._undelivered is not None:
+                    self._undelivered.append(index)  # reported when the loop receives it
+                else:
+                    for fn in self._observers:
+                        fn(self.epoch, index)
+                yield index
+        finally:
+            if self._live is me:
+                self._live = None
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """Iterate ``loader`` over the rest of this epoch, keeping the cursor exact.
@@ -339,8 +366,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
                 "batches() needs the DataLoader's own batching to know which indices each "
                 "batch holds"
             )
-        if self._undelivered is not None:
+        if self._batching:
             raise RuntimeError("batches(): another batches() iteration of this sampler is running")
+        self._give_back()
         if self.position >= self.num_samples:
             if self._restored:
                 # Restored at the end of an epoch: the saved run had finished it, so this
@@ -349,34 +377,120 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
                 self._restored = False
                 return
             self.set_epoch(self.epoch + 1)
+        tracking = self._undelivered is not None  # track_delivery() is on: keep it on
         pending: deque[int] = deque()
         self._undelivered = pending
+        self._batching = True
         finished = False
         try:
             # iter() draws its workers' base seed from the global torch RNG (when the
             # loader has no generator): keep the training streams out of it.
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), self._fetch():
                 it = iter(loader)
+            first = True
             while True:
                 for fn in self._observers:
                     fn(self.epoch, None)  # a batch is about to be fetched (a step starts)
                 try:
-                    batch = next(it)
+                    with self._fetch(rewind=first):
+                        batch = next(it)
                 except StopIteration:
                     break
-                got = [pending.popleft() for _ in range(min(int(size), len(pending)))]
-                for fn in self._observers:
-                    for index in got:
-                        fn(self.epoch, index)
+                first = False
+                self.delivered(int(size))
                 yield batch
             finished = True
         finally:
             if not finished:
                 # Left early: indices handed out but never received go back to the
                 # cursor, so the next iteration (or a checkpoint) hands them out again.
-                # After a full pass they are consumed (a drop_last tail included).
-                self.position -= len(pending)
+                self._give_back()
+            # After a full pass they are consumed (a drop_last tail included).
+            self._undelivered = deque() if tracking else None
+            self._batching = False
+
+    @contextlib.contextmanager
+    def _fetch(self, *, rewind: bool = False) -> Iterator[None]:
+        """While the loader fetches inside :meth:`batches`, this sampler owns its epoch.
+
+        A loader wrapper may start its real iterator only at the first ``next()``, and
+        call ``set_epoch`` itself then: Lightning Fabric's ``_FabricDataLoader``
+        (``fabric.setup_dataloaders``) calls ``set_epoch(n)`` with ``n`` the number of
+        ``iter()`` calls *of this process*, which starts again at 0 in a resumed process
+        and would restart the run at epoch 0. :meth:`batches` decides the epoch (it
+        starts the next one when this one is done), so such calls are ignored.
+
+        With ``rewind`` (the first fetch of a pass), the global torch RNG state is kept
+        and put back when the pass's first index is handed out: building the
+        ``DataLoader`` iterator draws its workers' base seed from that generator, and
+        inside a wrapper that happens here, out of reach of the ``fork_rng`` around
+        ``iter(loader)``. Nothing else runs between the two (the dataset is read after
+        the batch's indices are drawn), so a resume mid-epoch sees the same training
+        streams as the uninterrupted run, wrapper or not.
+        """
+        self._fetching = True
+        if rewind:
+            self._rewind = torch.get_rng_state()
+        try:
+            yield
+        finally:
+            self._fetching = False
+            self._rewind = None
+
+    def track_delivery(self, on: bool = True) -> None:
+        """Count the indices handed out as in flight until the loop reports them received.
+
+        For a loop that iterates the ``DataLoader`` itself (a framework's, such as the
+        Lightning Trainer's) instead of :meth:`batches`: workers and the framework fetch
+        batches ahead of the training step, so the position (counted when an index is
+        handed out) runs ahead of what was trained on. With tracking on, each batch the
+        step receives is reported with :meth:`delivered`; :meth:`state_dict`, the
+        look-ahead and the observers then count only delivered indices, and indices
+        handed out but never delivered are handed out again by the next pass.
+
+        Example:
+            >>> s = ResumableSampler(8, shuffle=False)
+            >>> s.track_delivery()
+            >>> it = iter(s); fetched = [next(it) for _ in range(4)]   # prefetched
+            >>> s.delivered(2), s.state_dict()["position"]
+            ([0, 1], 2)
+
+        ``track_delivery(False)`` turns it off: what is in flight counts as delivered.
+        """
+        if on and self._undelivered is None:
+            self._undelivered = deque()
+        elif not on and self._undelivered is not None and not self._batching:
+            self.delivered(len(self._undelivered))
             self._undelivered = None
+
+    def delivered(self, count: int) -> list[int]:
+        """Report that the training loop received the next ``count`` handed-out indices.
+
+        Observers hear them now (their sample ids belong to the step that receives them).
+        Returns them; fewer when fewer are in flight (a short last batch). Without
+        tracking (:meth:`track_delivery` or :meth:`batches`) indices count as delivered
+        when handed out, and this returns ``[]``.
+
+        Example:
+            >>> s = ResumableSampler(4, shuffle=False)
+            >>> s.track_delivery(); _ = list(s)
+            >>> s.delivered(3), s.delivered(3)
+            ([0, 1, 2], [3])
+        """
+        pending = self._undelivered
+        if not pending:
+            return []
+        got = [pending.popleft() for _ in range(min(int(count), len(pending)))]
+        for fn in self._observers:
+            for index in got:
+                fn(self.epoch, index)
+        return got
+
+    def _give_back(self) -> None:
+        """Put indices handed out but never delivered back under the cursor."""
+        if self._undelivered:
+            self.position -= len(self._undelivered)
+            self._undelivered.clear()
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning.
@@ -387,12 +501,34 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> s.state_dict()["epoch"], s.state_dict()["position"]
             (3, 0)
         """
-        if self._restored and int(epoch) == self.epoch:
+        epoch = int(epoch)
+        if self._fetching:
+            return  # the loader's own call, inside batches(): batches() decides (see _fetch)
+        if self._restored and epoch < self.epoch:
+            raise StateError(
+                f"set_epoch({epoch}) right after restoring a cursor of epoch {self.epoch} "
+                f"(position {self.position}): starting over at an earlier epoch replays "
+                "samples the saved run had trained on",
+                hint="iterate with 'for batch in sampler.batches(loader)' (it keeps the "
+                "restored epoch, also when a framework's loader calls set_epoch with its own "
+                "count of iter() calls, as Lightning Fabric's setup_dataloaders loader does), "
+                "or loop 'for epoch in range(sampler.epoch, num_epochs)'; to start over on "
+                "purpose, do not restore the sampler",
+            )
+        if self._restored and epoch == self.epoch:
             return  # a restored cursor of this epoch: continue it (see "Resuming an epoch loop")
-        self.epoch = int(epoch)
+        if epoch == self.epoch and self.position > 0 and (self._live or self._undelivered):
+            # A pass of this epoch is under way (a DataLoader's workers pulled indices, maybe
+            # all of a short epoch, before the framework set the epoch, as the Lightning
+            # Trainer does at its first epoch and at a resume): like DistributedSampler,
+            # set_epoch affects the next pass, not the running one.
+            return
+        self.epoch = epoch
         self.offset = 0
         self.position = 0
         self._restored = False
+        if self._undelivered:
+            self._undelivered.clear()  # in flight from the epoch left behind: never trained
 
     def next_indices(self, k: int) -> list[int]:
         """Return the next ``k`` indices the training loop will receive, without advancing.
@@ -572,6 +708,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.offset = min(offset + position * saved_w, self.data_len)
             self.position = 0
         self._restored = True
+        if self._undelivered:
+            self._undelivered.clear()  # handed out before the restore: not of this cursor
 
 
 def state_problems(state: Any) -> list[str]:

@@ -39,9 +39,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +59,8 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "(or pip install lightning)"
     ) from e
 
-from ckptkit import retain, rngtrace
+from ckptkit import codes, retain, rngtrace
+from ckptkit import guard as guard_mod
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
@@ -69,6 +72,7 @@ from ckptkit.foreign.adopted import adopted_path
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningLayout
 from ckptkit.recorder import Recorder
+from ckptkit.records import GUARD_KEY
 from ckptkit.run import Resume, Run
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
@@ -368,6 +372,104 @@ def _loss(outputs: Any) -> Any:
     return outputs
 
 
+def _batch_hash(batch: Any) -> str | None:
+    """Digest of the batch the step receives (tensors by dtype, shape and bytes), or None
+    for a batch that is not a tree of tensors and plain values."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return tree_fingerprint(batch)
+    except (CkptkitError, TypeError, ValueError, RuntimeError):
+        return None
+
+
+# --- the resume guard, as the native path has it ----------------------------------------------
+
+
+def lookahead(
+    ts: TrainState, *, step: int, sampler: Any = None, k: int = guard_mod.DEFAULT_K
+) -> dict[str, Any]:
+    """The resume guard's look-ahead of a framework save: what the next step will use.
+
+    The same record the native path writes into the manifest (:func:`ckptkit.guard.compute`:
+    next step, LRs, optimizer step, scheduler position, RNG fingerprint, the next ``k``
+    sample ids), computed from ``ts`` at global step ``step`` with ``sampler`` as the data
+    cursor. Call it at the instant the RNG is captured (nothing may draw in between). Per-
+    rank facts (sample ids, RNG) are this rank's; ``world_size`` says for which layout.
+
+    Example:
+        >>> m = torch.nn.Linear(2, 1)
+        >>> ts = TrainState(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+        >>> la = lookahead(ts, step=4, sampler=ResumableSampler(8, shuffle=False), k=2)
+        >>> la["next_step"], la["sample_ids"]
+        (5, [0, 1])
+    """
+    la = guard_mod.compute(_as_of(ts, step, sampler), k=min(max(k, 0), guard_mod.MAX_K))
+    la["world_size"] = _rank_world()[1]
+    return la
+
+
+def start_guard(
+    saved: Any, ts: TrainState, *, step: int, sampler: Any = None, recorder: Any = None
+) -> guard_mod.ResumeGuard | None:
+    """Check a restored framework run against its checkpoint's look-ahead; watch its first steps.
+
+    ``saved`` is what :func:`lookahead` returned at the save (None: an older checkpoint
+    without one, nothing to check). Compares the restored objects now (call it once the
+    RNG and the data cursor are back, before the first step draws or fetches), then,
+    through ``recorder`` (:func:`ckptkit.guard.attach`), the first step records: the
+    step, the LR used, the sample ids each step receives. Every mismatch is a ``CK-D``
+    finding, logged at WARNING and written into the next step record (``guard``).
+
+    Raises:
+        StateError: ``CK-S012``, the look-ahead holds a value of the wrong type (before
+            any step ran).
+
+    Example:
+        >>> m = torch.nn.Linear(2, 1)
+        >>> ts = TrainState(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+        >>> saved = lookahead(ts, step=4, sampler=ResumableSampler(8, shuffle=False, seed=0))
+        >>> fresh = ResumableSampler(8, shuffle=False, seed=0)
+        >>> g = start_guard(saved, ts, step=4, sampler=fresh)
+        >>> [f.code for f in g.findings]
+        []
+    """
+    if not saved:
+        return None
+    found = guard_mod.problems(saved, {})
+    if found:
+        raise codes.error(
+            "CK-S012", "the checkpoint's resume look-ahead cannot be read: " + "; ".join(found[:3])
+        )
+    rank, world = _rank_world()
+    g = guard_mod.ResumeGuard(saved, per_rank=saved.get("world_size") == world and rank == 0)
+    g.check_restored(_as_of(ts, step, sampler))
+    if recorder is not None:
+        guard_mod.attach(recorder, g)
+    return g
+
+
+def _as_of(ts: TrainState, step: int, sampler: Any) -> TrainState:
+    """``ts`` as the guard reads it at global step ``step``: a shallow copy (the recorder
+    stays bound to ``ts``), with the data cursor and the bare optimizer a framework wraps
+    (Fabric's ``_FabricOptimizer``: the guard compares the one that steps)."""
+    view = copy.copy(ts)
+    view.progress = replace(ts.progress, step=int(step))
+    view.sampler = sampler
+    opt = ts.optimizer
+    inner = getattr(opt, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        view.optimizer = inner
+    return view
+
+
+def _train_loader_of(trainer: L.Trainer, sampler: Any) -> Any:
+    """The training DataLoader that draws from ``sampler`` (None: not found)."""
+    for dl in _loaders(trainer.train_dataloader):
+        if dl.sampler is sampler or getattr(dl.batch_sampler, "sampler", None) is sampler:
+            return dl
+    return None
+
+
 # --- the Trainer callback ---------------------------------------------------------------------
 
 
@@ -385,6 +487,15 @@ class CkptkitCallback(Callback):
             checkpoint's recorded health (``ckptkit rollback`` reads it).
         restore_rng: restore every rank's RNG on resume (turn off only to see the drift).
         seed: seeds the data loaders' own generators (see :func:`_quiet_loaders`).
+        guard_k: how many next sample ids and first steps the resume guard checks (0 turns
+            it off). Each save records a look-ahead (:func:`lookahead`); a resume compares
+            the restored run with it and watches the first step records
+            (:func:`start_guard`): a resume that replays or skips data, restarts the LR
+            schedule or loses the optimizer state is a ``CK-D`` finding (:attr:`guard`).
+
+    With a :class:`~ckptkit.ResumableSampler` the cursor counts the batches the training
+    step *received* (:meth:`~ckptkit.ResumableSampler.track_delivery`), not the ones the
+    loader's workers or Lightning fetched ahead, so ``num_workers > 0`` resumes exactly.
 
     Example:
         >>> cb = CkptkitCallback(sampler=ResumableSampler(16, seed=0))
@@ -400,9 +511,15 @@ class CkptkitCallback(Callback):
         watch: StabilityWatch | None = None,
         restore_rng: bool = True,
         seed: int | None = None,
+        guard_k: int = guard_mod.DEFAULT_K,
     ) -> None:
         super().__init__()
         self.sampler = sampler
+        self.guard_k = int(guard_k)
+        self.guard: guard_mod.ResumeGuard | None = None
+        """The resume guard of the last resume (its ``findings``); None before one."""
+        self._saved_lookahead: Any = None
+        self._batch_size: int | None = None
         self.recorder = recorder if recorder is not None else Recorder(None)
         self.watch = watch
         if watch is not None:
@@ -414,6 +531,7 @@ class CkptkitCallback(Callback):
         self._state: TrainState | None = None
         self._fp: str | None = None
         self._ids: list[list[Any]] = []
+        self._hash: str | None = None
         self._outside: dict[str, Any] | None = None
 
     # the drill contract ---------------------------------------------------------------
@@ -430,10 +548,20 @@ class CkptkitCallback(Callback):
 
     # Lightning hooks --------------------------------------------------------------------
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Before the fit loop builds the loader's iterator: workers pull indices at once.
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.track_delivery()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         opts = trainer.optimizers
+        configs = trainer.lr_scheduler_configs
         self._state = TrainState(
-            model=pl_module, optimizer=opts[0] if opts else None, recorder=self.recorder
+            model=pl_module,
+            optimizer=opts[0] if opts else None,
+            scheduler=configs[0].scheduler if configs else None,
+            recorder=self.recorder,
+            guard_k=self.guard_k,
         )
         self._ids_hook()
 
@@ -463,6 +591,16 @@ class CkptkitCallback(Callback):
             if self.restore_rng:
                 restore_rng(self._pending)
             self._pending = None
+            if self._saved_lookahead is not None and self._state is not None:
+                # Before this batch counts as delivered: the look-ahead's next ids start
+                # with it.
+                self.guard = start_guard(
+                    self._saved_lookahead, self._state, step=trainer.global_step,
+                    sampler=self.sampler, recorder=self.recorder,
+                )
+            self._saved_lookahead = None
+        self._deliver(trainer)
+        self._hash = _batch_hash(batch)
         self._fp = rngtrace.RngSnapshot.take().fingerprint()
 
     def on_train_batch_end(
@@ -475,6 +613,8 @@ class CkptkitCallback(Callback):
     ) -> None:
         step = trainer.global_step
         fields: dict[str, Any] = {"rng": self._fp, "rng_at": "batch"}
+        if self._hash is not None:
+            fields["batch_hash"] = self._hash
         if self._ids:
             fields["sample_ids"] = self._ids
         cursor = self._cursor()
@@ -513,8 +653,23 @@ class CkptkitCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         # Health at the top level as well, where CkptkitIO records it in the manifest.
+        extra: dict[str, Any] = {}
         if self.watch is not None:
-            checkpoint[STATE_KEY] = {"health": self.watch.snapshot()}
+            extra["health"] = self.watch.snapshot()
+        if self.guard_k > 0 and self._state is not None:
+            # The same instant as state_dict()'s RNG capture: nothing drew in between.
+            extra[GUARD_KEY] = lookahead(
+                self._state, step=trainer.global_step, sampler=self.sampler, k=self.guard_k
+            )
+        if extra:
+            checkpoint[STATE_KEY] = extra
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        extra = checkpoint.get(STATE_KEY)
+        saved = extra.get(GUARD_KEY) if isinstance(extra, Mapping) else None
+        self._saved_lookahead = saved if self.guard_k > 0 else None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         restore_sampler(self.sampler, state_dict)
@@ -526,6 +681,28 @@ class CkptkitCallback(Callback):
         if self._outside is not None:
             rng_capture.restore(self._outside)
             self._outside = None
+
+    def _deliver(self, trainer: L.Trainer) -> None:
+        """The step received its batch: its indices count as consumed from now on."""
+        if not isinstance(self.sampler, ResumableSampler):
+            return
+        if self._batch_size is None:
+            loader = _train_loader_of(trainer, self.sampler)
+            size = getattr(loader, "batch_size", None)
+            if size is None:
+                # No loader batching over this sampler that says its batch size (a custom
+                # batch_sampler): indices count when handed out, as without tracking.
+                log.warning(
+                    "ckptkit: the training DataLoader over this ResumableSampler has no "
+                    "batch_size; the saved cursor counts batches fetched ahead as consumed "
+                    "(use num_workers=0, or DataLoader(batch_size=...))"
+                )
+                self.sampler.track_delivery(False)
+                self._batch_size = 0
+                return
+            self._batch_size = int(size)
+        if self._batch_size:
+            self.sampler.delivered(self._batch_size)
 
     def _ids_hook(self) -> None:
         if isinstance(self.sampler, ResumableSampler):
@@ -566,6 +743,12 @@ class FabricCheckpoints:
         keep_last, keep_every, max_bytes: verified rotation after each save.
         watch: a :class:`~ckptkit.StabilityWatch` whose snapshot is saved as health.
         restore_rng: restore the RNG on resume.
+        recorder: the :class:`~ckptkit.Recorder` of the loop's step records (bound to a
+            ``TrainState``): the resume guard watches the first records after a resume.
+        guard_k: how many next sample ids and first steps the resume guard checks (0 turns
+            it off): each save records a look-ahead (:func:`lookahead`) of the saved
+            ``model``/``optimizer``/``scheduler`` and the sampler, each resume compares
+            the restored run with it (:attr:`guard`, :func:`start_guard`).
 
     Example:
         >>> import tempfile, torch, lightning as L
@@ -590,8 +773,14 @@ class FabricCheckpoints:
         max_bytes: int | None = None,
         watch: StabilityWatch | None = None,
         restore_rng: bool = True,
+        recorder: Recorder | None = None,
+        guard_k: int = guard_mod.DEFAULT_K,
     ) -> None:
         self.fabric = fabric
+        self.recorder = recorder
+        self.guard_k = int(guard_k)
+        self.guard: guard_mod.ResumeGuard | None = None
+        """The resume guard of the last :meth:`resume` (its ``findings``); None before one."""
         self.env = DrillEnv.from_env()
         self.dir = Path(self.env.ckpt_dir) if self.env.ckpt_dir is not None else Path(dirpath)
         self.sampler = sampler
@@ -615,6 +804,7 @@ class FabricCheckpoints:
         health = self.watch.snapshot() if self.watch is not None else None
         full = dict(state)
         full[STATE_KEY] = capture_extras(self.sampler, health=health)
+        self._add_lookahead(full[STATE_KEY], step, state)
         p = self.path(step)
         self.fabric.save(p, full)
         if self.env.should_save(step) and self.fabric.is_global_zero:
@@ -653,11 +843,49 @@ class FabricCheckpoints:
         restore_sampler(self.sampler, extras)
         if self.restore_rng:
             restore_rng(extras)
+        self._start_guard(extras, state, remainder)
         return remainder
 
     def close(self) -> None:
         """Release the run lock."""
         self.io.teardown()
+
+    # the resume guard ------------------------------------------------------------------
+
+    def _guarded(self, state: Mapping[str, Any]) -> TrainState | None:
+        """A TrainState of the objects in the saved ``state`` dict, for the guard only
+        (no recorder: the loop's own TrainState keeps its binding)."""
+        model = state.get("model")
+        if self.guard_k <= 0 or not isinstance(model, torch.nn.Module):
+            return None
+        opt = state.get("optimizer")
+        return TrainState(
+            model=model,
+            optimizer=opt if hasattr(opt, "param_groups") else None,
+            scheduler=state.get("scheduler"),
+            guard_k=self.guard_k,
+        )
+
+    def _add_lookahead(self, extras: dict[str, Any], step: int, state: Mapping[str, Any]) -> None:
+        ts = self._guarded(state)
+        if ts is not None:  # right after capture_extras: the RNG is the one it captured
+            extras[GUARD_KEY] = lookahead(ts, step=step, sampler=self.sampler,
+                                                    k=self.guard_k)
+
+    def _start_guard(
+        self, extras: Mapping[str, Any], state: Mapping[str, Any], remainder: Mapping[str, Any]
+    ) -> None:
+        saved = extras.get(GUARD_KEY)
+        ts = self._guarded(state)
+        if ts is None or not isinstance(saved, Mapping):
+            return
+        step = state.get("step", remainder.get("step"))
+        if not isinstance(step, int) or isinstance(step, bool):
+            # The step is not in the saved dict: the guard checks everything but it.
+            nxt = saved.get("next_step")
+            step = nxt - 1 if isinstance(nxt, int) and not isinstance(nxt, bool) else 0
+        self.guard = start_guard(saved, ts, step=step, sampler=self.sampler,
+                                 recorder=self.recorder)
 
 
 __all__ = [
@@ -668,7 +896,9 @@ __all__ = [
     "FabricCheckpoints",
     "capture_extras",
     "check_before_load",
+    "lookahead",
     "restore_rng",
     "restore_sampler",
     "resume_checkpoint",
+    "start_guard",
 ]

@@ -304,3 +304,86 @@ def test_batches_needs_the_loader_built_on_this_sampler() -> None:
     s = ResumableSampler(4)
     with pytest.raises(ValueError, match="sampler is not this ResumableSampler"):
         next(s.batches(torch.utils.data.DataLoader(list(range(4)))))
+
+
+# --- loaders that set the epoch themselves (issue 24) ------------------------------------------
+
+
+class _CountingWrapper:
+    """What Lightning Fabric's ``_FabricDataLoader`` does: ``set_epoch(n)`` with ``n`` its own
+    count of ``iter()`` calls in this process, then builds the real iterator lazily (inside
+    the first ``next()``)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader) -> None:
+        self.__dict__.update(loader.__dict__)
+        self._loader = loader
+        self._calls = 0
+
+    def __iter__(self) -> Any:
+        self.sampler.set_epoch(self._calls)
+        self._calls += 1
+        yield from iter(self._loader)
+
+
+def _epoch_one_half_done(n: int = 16) -> tuple[dict[str, Any], list[int]]:
+    """A cursor saved 4 samples into epoch 1, and what the uninterrupted run yields next."""
+    a = ResumableSampler(n, seed=5)
+    a.set_epoch(1)
+    it = iter(a)
+    [next(it) for _ in range(4)]
+    return a.state_dict(), list(it)
+
+
+def test_batches_keeps_a_restored_epoch_when_the_loader_sets_its_own() -> None:
+    state, rest = _epoch_one_half_done()
+    s = ResumableSampler(16, seed=5)
+    s.load_state_dict(state)
+    data = torch.arange(16)
+    wrapped = _CountingWrapper(torch.utils.data.DataLoader(data, batch_size=4, sampler=s))
+    torch.manual_seed(0)
+    got = [i for b in s.batches(wrapped) for i in b.tolist()]
+    after = torch.rand(2)
+    torch.manual_seed(0)
+    want_rng = torch.rand(2)  # the iterator's base-seed draw (inside next()) was undone
+    assert got == rest
+    assert torch.equal(after, want_rng)
+    assert s.state_dict()["epoch"] == 1
+
+
+def test_a_loop_that_sets_an_earlier_epoch_right_after_a_restore_is_refused() -> None:
+    state, _ = _epoch_one_half_done()
+    s = ResumableSampler(16, seed=5)
+    s.load_state_dict(state)
+    s.set_epoch(1)  # the loop's own call: keeps the cursor
+    wrapped = _CountingWrapper(torch.utils.data.DataLoader(torch.arange(16), batch_size=4,
+                                                           sampler=s))
+    with pytest.raises(StateError, match=r"set_epoch\(0\).*epoch 1") as e:
+        next(iter(wrapped))
+    assert "sampler.batches(loader)" in str(e.value)
+    assert s.state_dict()["position"] == 4  # nothing moved
+
+
+def test_set_epoch_of_a_pass_whose_indices_are_in_flight_leaves_it_alone() -> None:
+    # The Lightning Trainer builds the loader's iterator (workers pull a whole short epoch)
+    # and only then calls set_epoch(0): the pass and its cursor go on.
+    s = ResumableSampler(8, shuffle=False)
+    s.track_delivery()
+    fetched = list(s)  # all of the epoch handed out, none delivered yet
+    s.set_epoch(0)
+    assert s.delivered(4) == fetched[:4]
+    assert s.state_dict()["position"] == 4
+    assert s.next_indices(2) == fetched[4:6]
+    s.set_epoch(1)  # another epoch: a fresh start, what was in flight is dropped
+    assert s.state_dict()["position"] == 0
+    assert s.delivered(4) == []
+
+
+def test_a_new_pass_hands_out_again_what_was_never_delivered() -> None:
+    s = ResumableSampler(8, shuffle=False)
+    s.track_delivery()
+    it = iter(s)
+    [next(it) for _ in range(6)]
+    s.delivered(2)
+    assert list(s) == [2, 3, 4, 5, 6, 7]
+    s.track_delivery(False)
+    assert s.state_dict()["position"] == 8

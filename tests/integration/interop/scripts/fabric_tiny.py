@@ -41,12 +41,12 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
     model, opt = fabric.setup(model, opt)
-    ck = FabricCheckpoints(  ##
-        fabric, os.path.join(a.out, "checkpoints"), keep_last=3,
-        sampler=None if fault == "no-sampler" else sampler, restore_rng=fault != "no-rng",
-    )
     rec = ckptkit.Recorder()  ##
     ckptkit.TrainState(model=model, optimizer=opt, sampler=sampler, recorder=rec)  ##
+    ck = FabricCheckpoints(  ##
+        fabric, os.path.join(a.out, "checkpoints"), keep_last=3, recorder=rec,
+        sampler=None if fault == "no-sampler" else sampler, restore_rng=fault != "no-rng",
+    )
     state = {"model": model, "optimizer": opt, "scheduler": sched, "step": 0}
     ck.resume(state)  ## (restores state["step"] too)
     step = state["step"]

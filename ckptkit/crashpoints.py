@@ -35,6 +35,12 @@ POINTS: dict[str, str] = {
     "commit.manifest_written": "the manifest is written in the temporary directory, not renamed",
     "commit.renamed": "the directory is renamed into place, the parent not yet fsynced",
     "commit.done": "the commit returned; nothing of the settle step has run",
+    "framework.files": "a framework (Trainer, Accelerate, Lightning, Fabric) is about to write one "
+    "file of its checkpoint; the files before it are written (reached by the crash-matrix "
+    "scripts' wrapper around torch.save / safetensors, tests/crash_scripts/)",
+    "settle.begin": "a framework wrote its checkpoint's files; nothing of it is adopted or recorded",
+    "settle.adopted": "the adopted manifest is written beside the framework's files; the run index "
+    "does not record the checkpoint yet",
     "settle.verified": "the read-back verify passed and was recorded in the run index",
     "settle.latest": "``latest`` points at the new checkpoint; rotation not started",
     "rotate.deleted": "rotation (after a save, or a prune) deleted one checkpoint; more may follow",

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptkit import codes, retain
+from ckptkit import codes, crashpoints, retain
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.codes import CODES, error
@@ -290,6 +290,7 @@ class _Keeper:
         if not path.is_dir():
             log.error("ckptkit: %s was not written: nothing to adopt", path)
             return None
+        crashpoints.reached("settle.begin")
         pins: tuple[str, ...] = (self.pin_next,) if self.pin_next else ()
         self.pin_next = None
         if self.drill.should_save(step):
@@ -302,6 +303,7 @@ class _Keeper:
         )
         a = adopt_checkpoint(path, self.layout, expect="training", notes=notes)
         self.adoptions.append(a)
+        crashpoints.reached("settle.adopted")
         if a.refused is not None:
             log.error("ckptkit: %s failed its verify and is not adopted: %s", path.name, a.refused)
             if self.run is not None:
@@ -312,6 +314,7 @@ class _Keeper:
                         path.name, ", ".join(a.missing))
         if self.run is not None:
             self.run.record(path, "verified", why=None)
+            crashpoints.reached("settle.verified")
             if self.policy is not None:
                 out = retain.apply(self.run, self.policy, fresh={step})
                 for line in out.deleted:

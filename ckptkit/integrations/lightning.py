@@ -58,7 +58,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "(or pip install lightning)"
     ) from e
 
-from ckptkit import codes, retain, rngtrace
+from ckptkit import codes, crashpoints, retain, rngtrace
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
@@ -153,6 +153,7 @@ class CkptkitIO(TorchCheckpointIO):
         # An overwrite (last.ckpt at every save): the old digests describe the old bytes.
         adopted_path(p).unlink(missing_ok=True)
         super().save_checkpoint(checkpoint, path, storage_options)
+        crashpoints.reached("settle.begin")
         extra = checkpoint.get(STATE_KEY)
         extra = extra if isinstance(extra, Mapping) else {}
         health = extra.get("health")
@@ -163,6 +164,7 @@ class CkptkitIO(TorchCheckpointIO):
             expect=self.expect,  # type: ignore[arg-type]
             notes=Notes(health=health if isinstance(health, Mapping) else None),
         )
+        crashpoints.reached("settle.adopted")
         bad = [f for f in adoption.report.findings if f.severity is ERROR]
         run = self.run(p.parent)
         run.record(
@@ -179,6 +181,7 @@ class CkptkitIO(TorchCheckpointIO):
                 bad[0].message,
             )
             return
+        crashpoints.reached("settle.verified")
         if self.keep_last is not None:
             step = adoption.report.step
             self.last_outcome = retain.apply(

@@ -104,6 +104,8 @@ class Harness:
         """The step the run starts from (0: fresh); only the first call counts."""
         if self.resumed_from is None:
             self.resumed_from = int(step)
+            # For the test's message when the run fails later (its JSON is then not written).
+            print(f"crash-matrix: resumed from step {step}", file=sys.stderr, flush=True)
 
     def batch(self, step: int, *tensors: Any) -> None:
         """The batch optimizer step ``step`` trains on (tensors, or one digest string)."""

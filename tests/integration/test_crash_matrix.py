@@ -31,6 +31,7 @@ this module alone.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -64,6 +65,9 @@ class Framework:
     """Kill point -> the newer, incomplete checkpoint the restart must name (its warning)."""
     preload: tuple[str, ...] = ()
     """Modules the zygote imports once (the children fork with them loaded)."""
+    needs: str | None = None
+    """The library of the ``interop`` extra it runs (CI installs it: nothing is skipped
+    there; without the extra, as in tests/integration/interop/conftest.py, the cell is)."""
 
 
 _BEFORE = ARM_AT - SAVE_EVERY
@@ -91,6 +95,7 @@ FRAMEWORKS: dict[str, Framework] = {
         passed_over={"framework.files@1": "checkpoint-6", "framework.files@2": "checkpoint-6"},
         preload=("transformers.trainer", "transformers.models.gpt2.modeling_gpt2",
                  "ckptkit.integrations.hf"),
+        needs="transformers",
     ),
     "accelerate": Framework(
         "accelerate_loop.py",
@@ -104,6 +109,7 @@ FRAMEWORKS: dict[str, Framework] = {
         },
         passed_over={"framework.files@1": "checkpoint_2", "framework.files@2": "checkpoint_2"},
         preload=("accelerate", "ckptkit.integrations.hf"),
+        needs="accelerate",
     ),
     "lightning": Framework(
         "lightning_trainer.py",
@@ -116,6 +122,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "rotate.deleted": ARM_AT,
         },
         preload=("lightning", "lightning.pytorch", "ckptkit.integrations.lightning"),
+        needs="lightning",
     ),
     "fabric": Framework(
         "fabric_loop.py",
@@ -127,6 +134,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "rotate.deleted": ARM_AT,
         },
         preload=("lightning", "ckptkit.integrations.lightning"),
+        needs="lightning",
     ),
 }
 
@@ -174,7 +182,9 @@ class Matrix:
     def __init__(self, workdir: Path) -> None:
         from zygote import Zygote
 
-        preload = tuple(dict.fromkeys(m for fw in FRAMEWORKS.values() for m in fw.preload))
+        preload = tuple(dict.fromkeys(
+            m for fw in FRAMEWORKS.values() if _installed(fw) for m in fw.preload
+        ))
         self.zygote = Zygote(workdir / "zygote", preload=preload)
         self.workdir = workdir
         self.references: dict[tuple[str, str], Run] = {}
@@ -215,6 +225,10 @@ class Matrix:
             run = self.references[key] = self.run(framework, root)
             run.stored = _files(root)
         return self.references[key]
+
+
+def _installed(fw: Framework) -> bool:
+    return fw.needs is None or importlib.util.find_spec(fw.needs) is not None
 
 
 def _files(root: str) -> list[str]:
@@ -264,7 +278,9 @@ def _differences(ref: dict[str, Any], got: dict[str, Any]) -> list[str]:
 
 
 def _ckptkit_lines(stderr: str) -> str:
-    return "\n".join(line for line in stderr.splitlines() if "ckptkit" in line.lower())[-2000:]
+    """What the run said about its checkpoints (ckptkit's lines, the harness's resume line)."""
+    lines = stderr.splitlines()
+    return "\n".join(line for line in lines if "ckptkit" in line.lower() or "crash-matrix" in line)[-2000:]
 
 
 # --- the matrix -----------------------------------------------------------------------------
@@ -276,6 +292,8 @@ def test_a_restart_after_a_kill_ends_bitwise_as_the_uninterrupted_run(
     framework: str, store: str, point: str, matrix: Matrix, request: pytest.FixtureRequest
 ) -> None:
     fw = FRAMEWORKS[framework]
+    if fw.needs is not None:
+        pytest.importorskip(fw.needs)
     ref = matrix.reference(framework, store, request)
     assert ref.returncode == 0 and ref.result is not None, (
         f"the uninterrupted {framework} run on {store} failed: {ref.why()}"

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.ckptkit-installed
 # subprocesses or on I/O, so two workers keep both cores busy. XDIST= runs in one process.
 XDIST ?= -n 2 --dist loadfile
 
-.PHONY: setup demo test check lint bench clean
+.PHONY: setup demo test check lint bench clean crash-matrix
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -40,6 +40,11 @@ check: setup
 	$(BIN)/mypy ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli tests/docs ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/integration
+
+# The crash matrix alone (make test runs it too): every framework x store x kill point of a
+# save, each restart compared bitwise with an uninterrupted run (docs/testing.md).
+crash-matrix: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration/test_crash_matrix.py
 
 lint: setup
 	$(BIN)/ruff check ckptkit tests benchmarks

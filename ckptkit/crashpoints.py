@@ -35,6 +35,9 @@ POINTS: dict[str, str] = {
     "commit.manifest_written": "the manifest is written in the temporary directory, not renamed",
     "commit.renamed": "the directory is renamed into place, the parent not yet fsynced",
     "commit.done": "the commit returned; nothing of the settle step has run",
+    "framework.files": "a framework (Trainer, Accelerate, Lightning, Fabric) is about to write one "
+    "file of its checkpoint; the files before it are written (reached by the crash-matrix "
+    "scripts' wrapper around torch.save / safetensors, tests/crash_scripts/)",
     "settle.begin": "the settle step began: the checkpoint's files are written (a framework's "
     "save, or the commit), nothing adopted, verified or recorded",
     "settle.adopted": "verified from its bytes; a framework checkpoint's adopted manifest is "

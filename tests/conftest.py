@@ -21,9 +21,9 @@ settings.register_profile(
 )
 settings.load_profile("ckptkit")
 
-collect_ignore_glob = ["integration/interop/scripts/*.py"]
+collect_ignore_glob = ["integration/interop/scripts/*.py", "crash_scripts/*.py"]
 """Training scripts the framework tests run as ``python SCRIPT`` (Trainer, Accelerate,
-Lightning): they train at import, so ``--doctest-modules`` must not import them (it trained
+Lightning, the crash matrix's): they train at import, so ``--doctest-modules`` must not import them (it trained
 a model into the working directory at collection, and two pytest workers raced for its
 lock)."""
 

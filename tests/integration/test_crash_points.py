@@ -79,8 +79,13 @@ mgr.close()
 print(json.dumps({"step": res.step if res is not None else None, "bitwise": bitwise}))
 """
 
-LOCAL_POINTS = [p for p in crashpoints.POINTS if p != "upload.part"]
-S3_POINTS = [p for p in crashpoints.POINTS if p not in ("commit.renamed", "index.tmp_written")]
+FRAMEWORK_ONLY = ("framework.files",)
+"""Points only a framework's save passes (tests/integration/test_crash_matrix.py stops there;
+native saves pass settle.begin and settle.adopted too, in Run.settle)."""
+LOCAL_POINTS = [p for p in crashpoints.POINTS if p not in ("upload.part", *FRAMEWORK_ONLY)]
+S3_POINTS = [
+    p for p in crashpoints.POINTS if p not in ("commit.renamed", "index.tmp_written", *FRAMEWORK_ONLY)
+]
 COMMIT_POINT = {"local": "commit.renamed", "s3": "commit.manifest_written"}
 """The first point at which step 3 is committed: after the rename locally, after the
 manifest (written last, in place) on an object store."""

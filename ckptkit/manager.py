@@ -32,25 +32,20 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ckptkit import codes, retain, rotation, signing, trajectory
-from ckptkit import guard as guard_mod
+from ckptkit import codes, retain, rotation, saving, signing, trajectory
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import CheckpointInfo, step_dir_name
-from ckptkit.collective import current
 from ckptkit.errors import (
-    CkptkitError,
-    CommittedError,
     opening_run_writable,
 )
 from ckptkit.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy, emergency_checkpoint
 from ckptkit.restore import restore_run
 from ckptkit.run import NativeLayout, Run
 from ckptkit.saving import SavePipeline, SaveStats
-from ckptkit.stability import EmergencyPolicy, StabilityWatch
+from ckptkit.stability import EmergencyPolicy
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
-from ckptkit.storage.lock import Lock
 from ckptkit.verify import atsave
 
 log = logging.getLogger("ckptkit")
@@ -161,9 +156,9 @@ class CheckpointManager:
         self._saves = SavePipeline(
             self.root,
             trajectory=self.trajectory,
-            writer=self._writer,
-            fence=self._fence,
-            settle=self._settle,  # the one hook from a commit into the run's records
+            writer=self.run.writer,
+            fence=self.run.check,
+            settle=saving.settle_in(self.run, policy=self._policy, verify=verify_after_save),
             key=self.key,
             compress=compress,
             on_inconsistent=on_inconsistent,
@@ -172,7 +167,7 @@ class CheckpointManager:
         with opening_run_writable(self.root, readonly=readonly):
             if not readonly:
                 fs.make_dirs(self.root)
-            self._clean_on_open()  # a writer takes the lock here: it creates the lock file
+            self.run.tidy()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -220,43 +215,6 @@ class CheckpointManager:
         with contextlib.suppress(Exception):
             self.run.close()
 
-    @property
-    def _lock(self) -> Lock | None:
-        """The run lock while this manager holds it."""
-        return self.run.lock
-
-    def _writer(self) -> None:
-        """Become the run's single writer (once): :meth:`ckptkit.run.Run.writer`."""
-        self.run.writer()
-
-    def _fence(self) -> None:
-        """Raise if this manager held the run lock and lost it (before a commit)."""
-        self.run.check()
-
-    def _maybe_writer(self) -> contextlib.AbstractContextManager[bool]:
-        """True while this process may update the run's records (:meth:`Run.may_record`)."""
-        return self.run.may_record()
-
-    def _clean_on_open(self) -> None:
-        """Report leftovers of an interrupted save; remove them if no live writer runs."""
-        if current().rank != 0:
-            return  # rank 0 owns the run directory's housekeeping
-        left = [p.name for p in self.run.leftovers()]
-        if not left:
-            if not self.readonly:
-                self.run.clean_leftovers()  # half-written replacements of latest/the index
-            return
-        what = (
-            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
-            f"{self.root} from an interrupted save: {', '.join(left)}"
-        )
-        if self.readonly:
-            log.warning("ckptkit: %s (left in place: opened read-only)", what)
-            return
-        held = self.run.clean_leftovers(before=lambda: log.warning("ckptkit: %s; cleaning up", what))
-        if held is not None:
-            log.warning("ckptkit: %s (left in place: %s)", what, held)
-
     # --- listing -----------------------------------------------------------------------------
 
     def list(self, *, verify: bool = False) -> builtins.list[CheckpointInfo]:
@@ -293,16 +251,12 @@ class CheckpointManager:
             >>> ckptkit.CheckpointManager(tempfile.mkdtemp()).latest() is None
             True
         """
-        good = [c for c in self.list() if c.status in self._good_statuses]
+        good = [c for c in self.list() if c.status in self.run.good]
         return good[-1] if good else None
 
     def leftovers(self) -> builtins.list[Location]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""
         return self.run.leftovers()
-
-    @property
-    def _good_statuses(self) -> tuple[str, ...]:
-        return self.run.good
 
     # --- save --------------------------------------------------------------------------------
 
@@ -351,75 +305,11 @@ class CheckpointManager:
         t0 = time.perf_counter()
         step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
-        fields = self._fields(state, step, pin=pin, health=health, lookahead=lookahead)
+        fields = saving.signal_fields(
+            state, step, watch=self.watch, recovery=self.recovery, pin=pin, health=health,
+            lookahead=lookahead,
+        )
         return self._saves.save(state, step, fields, async_=async_, overwrite=overwrite, t0=t0)
-
-    def _fields(
-        self,
-        state: TrainState,
-        step: int,
-        *,
-        pin: str | Iterable[str] | None,
-        health: Mapping[str, Any] | None,
-        lookahead: Mapping[str, Any] | None,
-    ) -> dict[str, Any]:
-        """What a save records besides the state: pins, and what the signals say now.
-
-        The watch's health (the worst of every rank's), the resume guard's look-ahead and
-        the recovery history; collective with several ranks.
-        """
-        coll = current()
-        pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
-        if health is None and self.watch is not None:
-            health = self.watch.snapshot()  # healthy only if every rank's watch says so:
-            health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
-        fields: dict[str, Any] = {"pins": pins, "lookahead": guard_mod.lookahead(state, lookahead)}
-        if health is not None:
-            fields["health"] = dict(health)
-        fields.update(self.recovery.on_save(step, health) if self.recovery is not None else {})
-        return fields
-
-    def _settle(self, final: Location, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
-        """After the commit: the run's settle step (:meth:`ckptkit.run.Run.settle`: verify
-        by reading back, record, point ``latest``, rotate). The one hook the save pipeline
-        calls once a checkpoint committed.
-
-        Raises:
-            CommittedError: the checkpoint committed, but this step failed.
-        """
-        try:
-            # Digests prove the bytes are what was scanned in memory before the commit.
-            settled = self.run.settle(
-                final,
-                step=man.step,
-                policy=self._policy(),
-                verify=self.verify_after_save,
-                scan_values=not stats.values_scanned,
-                ident=man.digest,
-            )
-        except CommittedError:
-            raise
-        except (CkptkitError, OSError) as e:
-            raise CommittedError(
-                f"{final.name} committed, but recording it failed: {e}",
-                committed=final,
-                hint="the checkpoint is whole and restorable; do not save this step again. "
-                "Fix the cause (disk space, permissions) and the next save records it",
-            ) from e
-        stats.verify = settled.verify_seconds
-        if settled.errors:
-            first = settled.errors[0]
-            raise CommittedError(
-                f"{final.name} committed, but its read-back verify failed: "
-                f"{first.code} {first.message}; it is recorded corrupt and never "
-                "becomes latest or counts for retention",
-                committed=final,
-                path=final / first.path if first.path else final,
-                code=first.code,
-                hint=first.hint,
-            )
-        stats.deleted = settled.deleted
-        stats.total = time.perf_counter() - t0
 
     def observe(self, state: TrainState, verdict: Any = None) -> Location | None:
         """Act on a stability verdict: save and pin an emergency checkpoint when due.
@@ -500,18 +390,10 @@ class CheckpointManager:
             delete_corrupt=delete_corrupt,
         )
 
-    # the RunStore side of ckptkit.retain: the run's own
-
-    def checkpoints(self) -> builtins.list[CheckpointInfo]:
-        """Every checkpoint of the run with its recorded status (for :mod:`ckptkit.retain`)."""
-        return self.run.checkpoints()
-
-    def reverify(self, info: CheckpointInfo) -> builtins.list[codes.Finding]:
-        """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
-        return self.run.reverify(info)
+    # deleting by hand: only as the run's writer (the run itself is ``self.run``)
 
     def remove(self, info: CheckpointInfo) -> bool:
-        """Delete one checkpoint, manifest-safe, as the run's writer (for :mod:`ckptkit.retain`)."""
+        """Delete one checkpoint, manifest-safe; needs the writer lock (:meth:`ckptkit.run.Run.remove`)."""
         return self.run.remove(info)
 
     def fence(self) -> None:
@@ -526,11 +408,11 @@ class CheckpointManager:
     def writing(self) -> AbstractContextManager[bool]:
         """Yield whether this process may change the run's records: it holds the run lock,
         or took it for the block because no other writer runs (for :mod:`ckptkit.recovery`)."""
-        return self._maybe_writer()
+        return self.run.may_record()
 
     def pin(self, step: int, label: str) -> Location:
         """Pin the checkpoint of ``step`` as the run's writer (for :mod:`ckptkit.recovery`)."""
-        self._writer()
+        self.run.writer()
         path = self.root / step_dir_name(step)
         self.run.pin(path, label)
         return path

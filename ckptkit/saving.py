@@ -28,17 +28,21 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptkit import codes
+from ckptkit import codes, guard, retain
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.capture.state import TrainState
 from ckptkit.catalog import step_dir_name
 from ckptkit.collective import Collective, TorchGroup, consensus, current
 from ckptkit.commit import Stager, StateSave, commit
+from ckptkit.errors import CkptkitError, CommittedError
+from ckptkit.recovery import AutoRecovery
+from ckptkit.run import Run
+from ckptkit.stability import StabilityWatch
 from ckptkit.storage import codec
 from ckptkit.storage.fs import Location
 from ckptkit.trajectory import Trajectory
@@ -375,4 +379,81 @@ class SavePipeline:
         return self._bg_coll
 
 
-__all__ = ["SavePipeline", "SaveStats", "Settle"]
+def settle_in(run: Run, *, policy: Callable[[], retain.Policy], verify: bool) -> Settle:
+    """The settle hook of a native run: once a checkpoint committed, :meth:`Run.settle
+    <ckptkit.run.Run.settle>` verifies it by reading it back (unless ``verify`` is off),
+    records it, points ``latest`` and rotates under ``policy()``.
+
+    The hook raises :class:`~ckptkit.errors.CommittedError` when that step fails: the
+    checkpoint is whole on disk, but not recorded good (its verify failed, or recording
+    failed), so the caller must not save that step again as if nothing had been written.
+    """
+
+    def settle(final: Location, man: mf.Manifest, stats: SaveStats, t0: float) -> None:
+        try:
+            # Digests prove the bytes are what was scanned in memory before the commit.
+            settled = run.settle(
+                final,
+                step=man.step,
+                policy=policy(),
+                verify=verify,
+                scan_values=not stats.values_scanned,
+                ident=man.digest,
+            )
+        except CommittedError:
+            raise
+        except (CkptkitError, OSError) as e:
+            raise CommittedError(
+                f"{final.name} committed, but recording it failed: {e}",
+                committed=final,
+                hint="the checkpoint is whole and restorable; do not save this step again. "
+                "Fix the cause (disk space, permissions) and the next save records it",
+            ) from e
+        stats.verify = settled.verify_seconds
+        if settled.errors:
+            first = settled.errors[0]
+            raise CommittedError(
+                f"{final.name} committed, but its read-back verify failed: "
+                f"{first.code} {first.message}; it is recorded corrupt and never "
+                "becomes latest or counts for retention",
+                committed=final,
+                path=final / first.path if first.path else final,
+                code=first.code,
+                hint=first.hint,
+            )
+        stats.deleted = settled.deleted
+        stats.total = time.perf_counter() - t0
+
+    return settle
+
+
+def signal_fields(
+    state: TrainState,
+    step: int,
+    *,
+    watch: StabilityWatch | None,
+    recovery: AutoRecovery | None,
+    pin: str | Iterable[str] | None,
+    health: Mapping[str, Any] | None,
+    lookahead: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """What a save records besides the state: pins, and what the signals say now.
+
+    The watch's health (the worst of every rank's: healthy only if every rank's watch says
+    so), the resume guard's look-ahead and the recovery history. Collective with several
+    ranks.
+    """
+    coll = current()
+    pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
+    if health is None and watch is not None:
+        health = watch.snapshot()
+        health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
+    fields: dict[str, Any] = {"pins": pins, "lookahead": guard.lookahead(state, lookahead)}
+    if health is not None:
+        fields["health"] = dict(health)
+    fields.update(recovery.on_save(step, health) if recovery is not None else {})
+    return fields
+
+
+
+__all__ = ["SavePipeline", "SaveStats", "Settle", "settle_in", "signal_fields"]

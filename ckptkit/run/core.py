@@ -228,6 +228,30 @@ class Run:
             lock.release()
         return None
 
+    def tidy(self) -> None:
+        """On open: report leftovers of an interrupted save or deletion (temporary
+        directories, half-written ``latest``/index replacements) and remove them when this
+        run may (writable, and no other live writer holds the run). Rank 0 only: it owns
+        the run directory's housekeeping. A committed checkpoint is never touched.
+        """
+        if current().rank != 0:
+            return
+        left = [p.name for p in self.leftovers()]
+        if not left:
+            if not self.readonly:
+                self.clean_leftovers()  # half-written replacements of latest/the index
+            return
+        what = (
+            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
+            f"{self.root} from an interrupted save: {', '.join(left)}"
+        )
+        if self.readonly:
+            log.warning("ckptkit: %s (left in place: opened read-only)", what)
+            return
+        held = self.clean_leftovers(before=lambda: log.warning("ckptkit: %s; cleaning up", what))
+        if held is not None:
+            log.warning("ckptkit: %s (left in place: %s)", what, held)
+
     def writer(self) -> None:
         """Become the run's single writer (once), then clean what interrupted saves and
         deletions left.

@@ -103,7 +103,7 @@ def _check(root: Path, before: set[int], step: int) -> set[int]:
         assert int((root / LATEST).read_text().strip().split("-")[1]) in after
 
     mgr = CheckpointManager(root, keep_last=KEEP_LAST)  # a writer: cleans leftovers
-    mgr._writer()
+    mgr.run.writer()
     assert atomic.leftovers(root) == []
     assert not list(root.glob("*.tmp"))
     assert _committed(root) == after  # cleanup touched nothing committed

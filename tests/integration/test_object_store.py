@@ -149,8 +149,8 @@ def test_two_writers_and_a_dead_holder(s3_run: str, caplog: pytest.LogCaptureFix
     with pytest.raises(ckptkit.LockHeldError, match="run is locked by pid"):
         ckptkit.CheckpointManager(s3_run).save(_ts())
     # The holder dies without releasing (it stops renewing its lease).
-    assert first._lock is not None
-    first._lock._stop.set()  # type: ignore[union-attr]
+    assert first.run.lock is not None
+    first.run.lock._stop.set()  # type: ignore[union-attr]
     time.sleep(0.1)
     second = ckptkit.CheckpointManager(s3_run, lock_timeout=20, lease_ttl=2.0)
     ts = _ts()

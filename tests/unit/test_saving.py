@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,16 +82,14 @@ def test_idle_from_another_thread_waits_and_raises_nothing(tmp_path: Path) -> No
 def test_manager_commits_reach_its_settle_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[tuple[str, int]] = []
-    real = CheckpointManager._settle
+    calls: list[tuple[str, int | None]] = []
+    real = Run.settle
 
-    def spy(
-        self: CheckpointManager, final: Location, man: object, stats: saving.SaveStats, t0: float
-    ) -> None:
-        calls.append((final.name, stats.step))
-        real(self, final, man, stats, t0)  # type: ignore[arg-type]
+    def spy(self: Run, path: Location, **kw: Any) -> Any:
+        calls.append((path.name, kw.get("step")))
+        return real(self, path, **kw)
 
-    monkeypatch.setattr(CheckpointManager, "_settle", spy)
+    monkeypatch.setattr(Run, "settle", spy)
     mgr = CheckpointManager(tmp_path, keep_last=5)
     ts = _state(1)
     mgr.save(ts)

@@ -120,7 +120,7 @@ def test_a_rank_dies_at_a_named_point_of_a_save(tmp_path: Path, victim: int, poi
     codes, res = launch(2, tmp_path / "o-restore", scenario="restore", step=steps[-1], ckpt=str(ck))
     assert codes == [0, 0], res
     mgr = ckptkit.CheckpointManager(ck)
-    mgr._writer()  # the next writer removes what the dead one left
+    mgr.run.writer()  # the next writer removes what the dead one left
     assert not mgr.leftovers()
     mgr.close()
 

@@ -527,6 +527,8 @@ class CkptkitCallback(Callback):
         self.restore_rng = restore_rng
         self.seed = seed if seed is not None else int(getattr(sampler, "seed", 0) or 0)
         self.env = DrillEnv.from_env()
+        self._dir: str | None = None
+        """The checkpoint directory :meth:`dirpath` gave out."""
         self._pending: Mapping[str, Any] | None = None
         self._state: TrainState | None = None
         self._fp: str | None = None
@@ -538,13 +540,24 @@ class CkptkitCallback(Callback):
 
     def dirpath(self, default: str | os.PathLike[str]) -> str:
         """Where checkpoints go: ``$CKPTKIT_CKPT_DIR`` in a drill, else ``default``
-        (pass it to ``ModelCheckpoint(dirpath=...)``)."""
-        return str(self.env.ckpt_dir) if self.env.ckpt_dir is not None else os.fspath(default)
+        (pass it to ``ModelCheckpoint(dirpath=...)``); :meth:`ckpt_path` resumes from there."""
+        self._dir = str(self.env.ckpt_dir) if self.env.ckpt_dir is not None else os.fspath(default)
+        return self._dir
 
     def ckpt_path(self, default: str | None = None) -> str | None:
-        """What to resume from: ``$CKPTKIT_DRILL_RESUME_FROM`` in a drill, else ``default``
-        (pass it to ``trainer.fit(..., ckpt_path=...)``)."""
-        return str(self.env.resume_from) if self.env.resume_from is not None else default
+        """What to resume from (pass it to ``trainer.fit(..., ckpt_path=...)``).
+
+        ``$CKPTKIT_DRILL_RESUME_FROM`` in a drill. Else, for ``"last"`` once :meth:`dirpath`
+        named the directory: the newest complete checkpoint there
+        (:func:`resume_checkpoint`; None for a fresh start), not Lightning's ``last.ckpt``,
+        which a kill between the step file and ``last.ckpt`` leaves one save behind. Any
+        other ``default`` is returned as it is.
+        """
+        if self.env.resume_from is not None:
+            return str(self.env.resume_from)
+        if default == "last" and self._dir is not None:
+            return resume_checkpoint(self._dir)
+        return default
 
     # Lightning hooks --------------------------------------------------------------------
 

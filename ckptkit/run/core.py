@@ -54,6 +54,7 @@ from ckptkit.collective import current
 from ckptkit.errors import CkptkitError, LockHeldError, NotWritableError
 from ckptkit.foreign.adopt import Adoption, Notes, recorded_step
 from ckptkit.foreign.adopted import adopted_path
+from ckptkit.recovery import ABANDONED
 from ckptkit.run.layout import Layout, step_unknown_fix
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
@@ -381,8 +382,26 @@ class Run:
 
         The layout reads it back for a checkpoint whose files do not say their step (a
         kill between the framework's write and the adoption); signed with the run's key.
+
+        An *incomplete* checkpoint of the same step under another name (a save of this step
+        that a kill interrupted, which the restart passed over) is superseded by this one:
+        it is set aside into ``.ckptkit-abandoned/interrupted-step-S/`` beside the run
+        index (kept for a post-mortem, never resumed or rotated), so that one step is one
+        checkpoint again. Only the writer gets here, so no live save owns it.
         """
         self.fence()
+        stale = [
+            c for c in self.checkpoints()
+            if c.status == "incomplete" and c.step == step and c.path.name != name
+        ]
+        if stale:
+            dest = self.meta / ABANDONED / f"interrupted-step-{step}"
+            moved = self.set_aside(stale, dest)
+            log.warning(
+                "ckptkit: %s held an interrupted save of step %d; the new save of that step "
+                "supersedes it: set aside into %s",
+                ", ".join(moved), step, dest,
+            )
         self.catalog.intend(name, step)
 
     def point_latest(self) -> str | None:

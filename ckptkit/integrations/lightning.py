@@ -76,6 +76,7 @@ from ckptkit.records import GUARD_KEY
 from ckptkit.run import Resume, Run
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
+from ckptkit.storage import fs
 from ckptkit.verify.findings import ERROR
 
 log = logging.getLogger("ckptkit")
@@ -140,7 +141,7 @@ class CkptkitIO(TorchCheckpointIO):
     def run(self, directory: str | os.PathLike[str]) -> Run:
         """The run of ``directory``, opened as its writer once (the lock is held until
         :meth:`teardown`)."""
-        d = Path(directory).resolve()
+        d = local_dir(directory, "the checkpoint directory").resolve()
         run = self._runs.get(d)
         if run is None:
             # A reader (ls --verify) may hold the lock for a moment to record a verify.
@@ -215,6 +216,33 @@ class CkptkitIO(TorchCheckpointIO):
             run.close()
         self._runs.clear()
         super().teardown()
+
+
+def local_dir(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a local directory, or refuse an object-store URL before any training.
+
+    The run's lock, index and adopted manifests live beside the checkpoint files, and this
+    integration keeps them on a local (or shared POSIX) filesystem only; Lightning would
+    write an ``s3://`` checkpoint itself, but nothing of ckptkit's safety would hold there,
+    and a plain ``Path`` of the URL silently becomes a local ``s3:/`` directory.
+
+    Raises:
+        CkptkitError: ``path`` is a URL (``s3://``, ``gs://``, ...), naming the fix.
+
+    Example:
+        >>> local_dir("/tmp/ckpt", "dirpath")
+        PosixPath('/tmp/ckpt')
+    """
+    if fs.local_path(fs.location(path)) is None:
+        raise CkptkitError(
+            f"{what} {os.fspath(path)} is on an object store: the Lightning and Fabric "
+            "integrations keep the run's lock, index and adopted manifests on a local "
+            "filesystem only",
+            path=os.fspath(path),
+            hint="checkpoint to a local or shared POSIX directory (and copy it out after), or "
+            "save through CheckpointManager, which runs on s3:// with a lease lock",
+        )
+    return Path(os.fspath(path))
 
 
 def resume_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
@@ -541,7 +569,8 @@ class CkptkitCallback(Callback):
     def dirpath(self, default: str | os.PathLike[str]) -> str:
         """Where checkpoints go: ``$CKPTKIT_CKPT_DIR`` in a drill, else ``default``
         (pass it to ``ModelCheckpoint(dirpath=...)``); :meth:`ckpt_path` resumes from there."""
-        self._dir = str(self.env.ckpt_dir) if self.env.ckpt_dir is not None else os.fspath(default)
+        d = self.env.ckpt_dir if self.env.ckpt_dir is not None else default
+        self._dir = str(local_dir(d, "dirpath"))
         return self._dir
 
     def ckpt_path(self, default: str | None = None) -> str | None:
@@ -562,6 +591,10 @@ class CkptkitCallback(Callback):
     # Lightning hooks --------------------------------------------------------------------
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for mc in trainer.checkpoint_callbacks:  # refused before the first step, not at a save
+            where = getattr(mc, "dirpath", None)
+            if where:
+                local_dir(where, "ModelCheckpoint(dirpath=...)")
         # Before the fit loop builds the loader's iterator: workers pull indices at once.
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.track_delivery()
@@ -795,7 +828,8 @@ class FabricCheckpoints:
         self.guard: guard_mod.ResumeGuard | None = None
         """The resume guard of the last :meth:`resume` (its ``findings``); None before one."""
         self.env = DrillEnv.from_env()
-        self.dir = Path(self.env.ckpt_dir) if self.env.ckpt_dir is not None else Path(dirpath)
+        self.dir = local_dir(self.env.ckpt_dir if self.env.ckpt_dir is not None else dirpath,
+                             "FabricCheckpoints dirpath")
         self.sampler = sampler
         self.watch = watch
         self.restore_rng = restore_rng
@@ -909,6 +943,7 @@ __all__ = [
     "FabricCheckpoints",
     "capture_extras",
     "check_before_load",
+    "local_dir",
     "lookahead",
     "restore_rng",
     "restore_sampler",

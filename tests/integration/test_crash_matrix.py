@@ -146,10 +146,21 @@ UNREACHABLE: dict[tuple[str, str], str] = {
 }
 """Framework x store cells a user cannot build, with the reason (not silently dropped)."""
 
+REFUSED: dict[tuple[str, str], str] = {
+    ("lightning", "s3"): "Lightning writes s3:// checkpoints itself, but ckptkit keeps the run's "
+    "lock, index and adopted manifests on a local filesystem only: CkptkitCallback.dirpath "
+    "(and on_fit_start, for a ModelCheckpoint dirpath) refuses the URL before the first step",
+    ("fabric", "s3"): "as lightning x s3: FabricCheckpoints refuses an s3:// dirpath when it "
+    "is built, before the first step",
+}
+"""Cells a user can build that ckptkit refuses loudly before any compute is spent (issue 24:
+'either does the right thing or refuses loudly before any compute is spent'), with why;
+:func:`test_a_refused_cell_stops_before_any_step` holds them to it."""
+
 def _cells() -> Iterator[Any]:
     for name, fw in FRAMEWORKS.items():
         for store in STORES:
-            if (name, store) in UNREACHABLE:
+            if (name, store) in UNREACHABLE or (name, store) in REFUSED:
                 continue
             for point in fw.resume_at:
                 yield pytest.param(name, store, point, id=f"{name}-{store}-{point}")
@@ -337,11 +348,31 @@ def test_every_cell_is_run_or_listed_unreachable() -> None:
     run = {(c.values[0], c.values[1]) for c in _cells()}
     for name in FRAMEWORKS:
         for store in STORES:
-            reason = UNREACHABLE.get((name, store))
+            reason = UNREACHABLE.get((name, store)) or REFUSED.get((name, store))
             assert ((name, store) in run) != bool(reason), (name, store)
     for fw in FRAMEWORKS.values():
         for point in fw.resume_at:
             assert point.partition("@")[0] in crashpoints.POINTS, point
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "store"), sorted(REFUSED))
+def test_a_refused_cell_stops_before_any_step(
+    framework: str, store: str, matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
+    """The script exits with ckptkit's error naming the fix; it trained nothing, wrote
+    nothing to its root and left nothing in its working directory (no local ``s3:/``)."""
+    fw = FRAMEWORKS[framework]
+    if fw.needs is not None:
+        pytest.importorskip(fw.needs)
+    root = matrix.root(store, request, f"refused-{framework}")
+    got = matrix.run(framework, root)
+    assert got.returncode != 0, got.why()
+    assert "is on an object store" in got.stderr and "Fix:" in got.stderr, got.why()
+    assert "crash-matrix: resumed from step" not in got.stderr, got.why()  # no training began
+    assert got.result is None, got.why()
+    assert got.strays == [], got.strays
+    assert _files(root) == []
 
 
 def test_the_comparison_sees_each_kind_of_difference() -> None:

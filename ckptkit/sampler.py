@@ -486,6 +486,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
                 fn(self.epoch, index)
         return got
 
+    def _received(self) -> int:
+        """The position of the loop in the current segment: indices handed out minus those
+        still in flight (the cursor :meth:`state_dict` saves and the look-ahead starts at)."""
+        return self.position - len(self._undelivered or ())
+
     def _give_back(self) -> None:
         """Put indices handed out but never delivered back under the cursor."""
         if self._undelivered:
@@ -543,15 +548,17 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             >>> s.next_indices(2), list(s)[:2]
             ([0, 1], [0, 1])
         """
-        position = self.position - len(self._undelivered or ())
+        position = self._received()
         if position >= self.num_samples > 0:
             probe = copy.deepcopy(self)
             probe._restored = False
             probe.set_epoch(self.epoch + 1)
             return probe.next_indices(k)
-        offset, position = self._cursor()
-        position -= len(self._undelivered or ())
-        return self._rank_indices(offset)[position : position + max(k, 0)].tolist()
+        # The loop receives the indices in flight first, then the rest of this segment: the
+        # same (offset, position) the next iter() starts from once it has given those back.
+        # (_cursor() reads the raw position, which counts them: when the fetch had reached
+        # the end of the epoch it answered "start again", and the look-ahead came out empty.)
+        return self._rank_indices(self.offset)[position : position + max(k, 0)].tolist()
 
     def consumed_between(
         self, start: Mapping[str, Any], end: Mapping[str, Any], *, limit: int | None = None
@@ -638,7 +645,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             0
         """
         # Inside batches(), indices the loop has not received yet are not consumed.
-        position = self.position - len(self._undelivered or ())
+        position = self._received()
         consumed = min(self.offset + position * self.world_size, self.data_len)
         return {
             "version": STATE_VERSION,

@@ -490,6 +490,22 @@ def _as_of(ts: TrainState, step: int, sampler: Any) -> TrainState:
     return view
 
 
+def _next_epoch_if_done(sampler: ResumableSampler) -> None:
+    """Start the next epoch when the restored cursor is at the end of its epoch.
+
+    A checkpoint saved after an epoch's last batch resumes at the next epoch: the Trainer
+    counts the epoch done. But it builds the loader's iterator before it calls
+    ``set_epoch(next)``, and with ``num_workers > 0`` the workers pull indices at once:
+    from the restored, exhausted cursor, an empty pass (see "Resuming an epoch loop" in
+    :class:`~ckptkit.ResumableSampler`). The Trainer took that empty pass for the next
+    epoch and trained on the one after it (an epoch skipped; the resume guard reported
+    CK-D002). Started here, the pass is the next epoch's, and the Trainer's ``set_epoch``
+    of the same epoch leaves it running.
+    """
+    if sampler.state_dict()["position"] >= sampler.num_samples > 0:
+        sampler.set_epoch(sampler.epoch + 1)
+
+
 def _train_loader_of(trainer: L.Trainer, sampler: Any) -> Any:
     """The training DataLoader that draws from ``sampler`` (None: not found)."""
     for dl in _loaders(trainer.train_dataloader):
@@ -718,7 +734,8 @@ class CkptkitCallback(Callback):
         self._saved_lookahead = saved if self.guard_k > 0 else None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        restore_sampler(self.sampler, state_dict)
+        if restore_sampler(self.sampler, state_dict) and isinstance(self.sampler, ResumableSampler):
+            _next_epoch_if_done(self.sampler)
         self._pending = state_dict
 
     # details ---------------------------------------------------------------------------

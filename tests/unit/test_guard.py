@@ -407,3 +407,49 @@ def test_problems_accepts_what_compute_writes() -> None:
     _train(s, 2)
     saved = guard.compute(s["ts"], probe=probe)
     assert guard.problems(saved, {"scheduler": {"state_dict": s["sched"].state_dict()}}) == []
+
+
+class _Peek:
+    """A sampler that names these next ids (and nothing else of a sampler)."""
+
+    epoch = 0
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def next_indices(self, k: int) -> list[int]:
+        return self.ids[:k]
+
+
+@pytest.mark.parametrize(
+    ("saved_ids", "now_ids", "codes", "unknown"),
+    [
+        ([15, 11, 17, 2], [15, 11, 17, 2], [], False),
+        # The restored sampler names none (a look-ahead that cannot see): unknown, the first
+        # step records decide. Before, "next sample ids []… differ from [15, 11, 17, 2]".
+        ([15, 11, 17, 2], [], [], True),
+        ([15, 11, 17, 2], [15, 11], [], True),
+        ([], [15, 11, 17, 2], [], True),  # a checkpoint that recorded none
+        ([15, 11, 17, 2], [0, 1, 2, 3], ["CK-D002"], False),  # replayed: still reported
+        ([15, 11, 17, 2], [15, 3], ["CK-D002"], False),
+    ],
+)
+def test_next_ids_the_guard_cannot_see_are_unknown_not_a_mismatch(
+    saved_ids: list[int], now_ids: list[int], codes: list[str], unknown: bool
+) -> None:
+    a = _setup()
+    saved = {**guard.compute(a["ts"]), "sample_ids": saved_ids}
+    a["ts"].sampler = _Peek(now_ids)
+    g = guard.ResumeGuard(saved)
+    assert [f.code for f in g.check_restored(a["ts"])] == codes
+    assert bool(g.unknown) is unknown, g.unknown
+
+
+def test_unknown_next_ids_at_restore_are_checked_against_the_first_records() -> None:
+    a = _setup()
+    saved = {**guard.compute(a["ts"]), "sample_ids": [15, 11, 17, 2]}
+    a["ts"].sampler = _Peek([])
+    g = guard.ResumeGuard(saved)
+    assert g.check_restored(a["ts"]) == []
+    g.observe(saved["next_step"], {"sample_ids": [0, 1]})  # the steps got others: replay
+    assert [f.code for f in g.findings] == ["CK-D002"]

@@ -387,3 +387,48 @@ def test_a_new_pass_hands_out_again_what_was_never_delivered() -> None:
     assert list(s) == [2, 3, 4, 5, 6, 7]
     s.track_delivery(False)
     assert s.state_dict()["position"] == 8
+
+
+def _received_next(n: int, delivered: int, k: int) -> list[int]:
+    """The next ``k`` indices a loop that received ``delivered`` of epoch 0 gets: the rest
+    of epoch 0, or, once it is done (the loop calls set_epoch(1)), epoch 1's first."""
+    ref = ResumableSampler(n, seed=5)
+    epoch0 = list(ref)
+    ref.set_epoch(1)
+    return (epoch0[delivered:] or list(ref))[:k]
+
+
+def _in_flight(n: int, fetched: int, delivered: int, *, restored: bool) -> ResumableSampler:
+    """A tracked sampler whose loader fetched ``fetched`` indices of epoch 0 and whose loop
+    received ``delivered`` of them; ``restored``: the first ``delivered`` came from a saved
+    cursor (a resume), the rest were fetched by the resumed loader."""
+    s = ResumableSampler(n, seed=5)
+    s.track_delivery()
+    it = iter(s)
+    if restored:
+        [next(it) for _ in range(delivered)]
+        s.delivered(delivered)
+        state = s.state_dict()
+        s = ResumableSampler(n, seed=5)
+        s.track_delivery()
+        s.load_state_dict(state)
+        it = iter(s)
+        [next(it) for _ in range(fetched - delivered)]
+    else:
+        [next(it) for _ in range(fetched)]
+        s.delivered(delivered)
+    return s
+
+
+@pytest.mark.parametrize("restored", [False, True], ids=["live", "restored"])
+def test_next_indices_start_at_the_first_index_in_flight(restored: bool) -> None:
+    # A framework's loader (the Lightning Trainer, its workers) hands out indices ahead of
+    # the step; with delivery tracking the look-ahead starts at the first one not delivered,
+    # also when the fetch ran ahead to the end of the epoch. It returned [] there, and the
+    # resume guard reported a resume that came back exactly as CK-D002.
+    n, k = 10, 4
+    for fetched in range(n + 1):
+        for delivered in range(fetched + 1):
+            s = _in_flight(n, fetched, delivered, restored=restored)
+            assert s.next_indices(k) == _received_next(n, delivered, k), (fetched, delivered)
+            assert s.state_dict()["position"] == delivered

@@ -133,8 +133,10 @@ class _Net(L.LightningModule):
 
 
 def _fit(tmp_path: Path, *, steps: int, ckpt: str | None = None, restart_epoch: bool = False,
+         samples: int = 40, every: int = 6, workers: int = 0,
          ) -> tuple[Any, list[dict[str, Any]]]:
-    """One small Trainer run (40 samples, batches of 4, a checkpoint every 6 steps)."""
+    """One small Trainer run (``samples`` samples in batches of 4 over ``workers`` loader
+    processes, a checkpoint every ``every`` steps)."""
     import warnings
 
     import ckptkit
@@ -142,7 +144,7 @@ def _fit(tmp_path: Path, *, steps: int, ckpt: str | None = None, restart_epoch: 
 
     warnings.filterwarnings("ignore")
     L.seed_everything(0, verbose=False)
-    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(samples, 8, generator=torch.Generator().manual_seed(7))
     data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).tanh())
     sampler = ckptkit.ResumableSampler(data, seed=0)
     rec = ckptkit.Recorder(None)
@@ -160,9 +162,10 @@ def _fit(tmp_path: Path, *, steps: int, ckpt: str | None = None, restart_epoch: 
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=str(tmp_path), plugins=[CkptkitIO()],
         callbacks=[cb, RestartEpoch(), L.pytorch.callbacks.ModelCheckpoint(
-            dirpath=str(tmp_path / "ckpt"), every_n_train_steps=6, save_top_k=-1)],
+            dirpath=str(tmp_path / "ckpt"), every_n_train_steps=every, save_top_k=-1)],
     )
-    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler,
+                                         num_workers=workers)
     trainer.fit(_Net(), loader, ckpt_path=ckpt)
     return cb, list(rec.records)
 
@@ -179,6 +182,34 @@ def test_a_trainer_resume_that_restarts_the_epoch_is_reported_by_the_guard(tmp_p
     assert "CK-D002" in [f.code for f in cb.guard.findings]
     # ...and written into the first resumed step's record, where a drill reads it.
     assert "CK-D002" in [g["code"] for g in records[0].get("guard", [])]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_exact_trainer_resume_at_the_end_of_what_was_fetched_has_no_guard_finding(
+    tmp_path: Path, workers: int
+) -> None:
+    # 3 steps an epoch. Step 2: one batch of epoch 0 left, so the resumed loader's first
+    # fetch (and the workers' prefetch) reaches the end of the epoch before the guard looks;
+    # step 6: the end of epoch 1. The sampler's look-ahead answered [] there, and the guard
+    # reported these exact resumes as CK-D002 ("next sample ids []… differ").
+    _, ref = _fit(tmp_path, steps=8, samples=12, every=2, workers=workers)
+    want = {r["step"]: r["sample_ids"] for r in ref}
+    for w in (2, 6):
+        ckpt = str(next((tmp_path / "ckpt").glob(f"*step={w}.ckpt")))
+        cb, records = _fit(tmp_path / f"from{w}", steps=8, samples=12, every=2,
+                           workers=workers, ckpt=ckpt)
+        assert cb.guard is not None, "the resume was not guarded"
+        assert cb.guard.findings == [], (w, [f.message for f in cb.guard.findings])
+        assert cb.guard.unknown == [], (w, cb.guard.unknown)
+        assert {r["step"]: r["sample_ids"] for r in records} == {
+            s: ids for s, ids in want.items() if s > w
+        }
+    # A resume that really replays (the epoch restarts after the restore) is still reported.
+    ckpt = str(next((tmp_path / "ckpt").glob("*step=2.ckpt")))
+    cb, _ = _fit(tmp_path / "replay", steps=8, samples=12, every=2, workers=workers,
+                 ckpt=ckpt, restart_epoch=True)
+    assert cb.guard is not None
+    assert "CK-D002" in [f.code for f in cb.guard.findings]
 
 
 # --- the documented Trainer recipe, with worker processes ------------------------------------

@@ -314,7 +314,7 @@ def restore_run(
         >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp())
         >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=4)
         >>> _ = mgr.save(ts); mgr.wait()
-        >>> c, result = restore_run(ts, mgr.checkpoints, root=mgr.root, key=None,
+        >>> c, result = restore_run(ts, mgr.run.checkpoints, root=mgr.root, key=None,
         ...                         note=lambda path, outcome, why: None)
         >>> c.step, result.step
         (4, 4)

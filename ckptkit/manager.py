@@ -110,6 +110,13 @@ def _finish_background_work() -> None:
 threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
 
 
+def _leftovers_note(root: Location, left: builtins.list[str]) -> str:
+    return (
+        f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
+        f"{root} from an interrupted save: {', '.join(left)}"
+    )
+
+
 class CheckpointManager:
     """Save, verify, restore and rotate the checkpoints of one run directory.
 
@@ -119,14 +126,16 @@ class CheckpointManager:
         keep_every: also keep every checkpoint whose step is a multiple of this.
         max_bytes: drop the oldest unprotected checkpoints to stay under this many bytes.
         compress: ``"zstd"`` to compress every file.
-        lock_timeout: seconds a save waits for another writer's lock before failing.
+        lock_timeout: seconds opening a writer waits for another writer's lock before
+            failing (logging who holds it and the time left, at intervals).
         verify_after_save: verify each new checkpoint (a read-back of every byte) before it
             becomes ``latest`` and counts for retention (turn off only if you verify
             elsewhere: ``latest`` then follows the newest committed checkpoint).
         background_verify: run the read-back verify, ``latest`` and rotation in a
             background thread, joined by the next save; False runs them inside ``save``.
         lease_ttl: on an object store, the run lock is a lease renewed every third of this
-            many seconds; a writer that died is taken over once it expired.
+            many seconds; a writer that died is taken over once it expired, at once when it
+            is proven dead or a restart of the same job (``docs/storage.md``).
         key: an HMAC key (bytes, or text; default: ``CKPTKIT_HMAC_KEY`` /
             ``CKPTKIT_HMAC_KEY_FILE``): every manifest is signed with it, and listing,
             verify and restore refuse a checkpoint that is unsigned or signed with another
@@ -147,12 +156,15 @@ class CheckpointManager:
             what was accepted (see :mod:`ckptkit.verify.atsave`).
         recovery: automatic recovery (:mod:`ckptkit.recovery`, :meth:`recover`), needs ``watch``.
 
-    On open, leftovers of an interrupted save (temporary directories, half-written
-    ``latest``/index replacements) are reported and, when no live writer holds the run,
-    removed under the writer lock; a committed checkpoint is never touched.
+    A writer (not ``readonly``) takes the run lock when it opens, so another live writer
+    is refused before any training, not at the first save; it then removes leftovers of an
+    interrupted save (temporary directories, half-written ``latest``/index replacements)
+    and reports them; a committed checkpoint is never touched. A reader only reports them.
 
     Raises:
         NotWritableError: not ``readonly``, and ``root`` cannot be created or written.
+        LockHeldError: not ``readonly``, and another live writer holds the run (after
+            ``lock_timeout``); the message names it.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -282,6 +294,9 @@ class CheckpointManager:
         lock = lock_for(self.root, timeout=self.lock_timeout, lease_ttl=self.lease_ttl)
         lock.acquire()
         self._lock = lock
+        left = [p.name for p in self.catalog.leftovers()]
+        if left:
+            log.warning("ckptkit: %s; cleaning up", _leftovers_note(self.root, left))
         self.catalog.clean_leftovers()
 
     def _fence(self) -> None:
@@ -314,34 +329,18 @@ class CheckpointManager:
             lock.release()
 
     def _clean_on_open(self) -> None:
-        """Report leftovers of an interrupted save; remove them if no live writer runs."""
+        """A writer takes the run lock now (waiting ``lock_timeout``), so another live writer
+        is refused at open, before any training, and leftovers of an interrupted save are
+        removed; a reader reports them."""
         if current().rank != 0:
             return  # rank 0 owns the run directory's housekeeping
+        if not self.readonly:
+            self._writer()
+            return
         left = [p.name for p in self.catalog.leftovers()]
-        if not left:
-            if not self.readonly:
-                with self._maybe_writer() as mine:
-                    if mine:  # half-written replacements of latest/the index
-                        self.catalog.clean_leftovers()
-            return
-        what = (
-            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
-            f"{self.root} from an interrupted save: {', '.join(left)}"
-        )
-        if self.readonly:
-            log.warning("ckptkit: %s (left in place: opened read-only)", what)
-            return
-        holder = lock_for(self.root, timeout=0.0, lease_ttl=self.lease_ttl)
-        try:
-            holder.acquire()
-        except LockHeldError as e:
-            log.warning("ckptkit: %s (left in place: %s)", what, e.what)
-            return
-        try:
-            log.warning("ckptkit: %s; cleaning up", what)
-            self.catalog.clean_leftovers()
-        finally:
-            holder.release()
+        if left:
+            note = _leftovers_note(self.root, left)
+            log.warning("ckptkit: %s (left in place: opened read-only)", note)
 
     # --- listing -----------------------------------------------------------------------------
 

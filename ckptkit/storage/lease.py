@@ -184,7 +184,7 @@ def why_take_over(
         True
     """
     if now > held.expires + grace:
-        return f"it stopped renewing its lease {now - held.expires:.0f} s ago (the process died or hung)"
+        return "it stopped renewing its lease (the process died or hung)"
     dead = proc.why_dead(held.process, me)
     if dead is not None:
         return dead

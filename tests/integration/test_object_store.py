@@ -157,7 +157,7 @@ def test_two_writers_and_a_dead_holder(s3_run: str, caplog: pytest.LogCaptureFix
     ts.step = 7
     with caplog.at_level("WARNING", logger="ckptkit"):
         second.save(ts)
-    assert "taking over the run lock" in caplog.text
+    assert "took over the run lock" in caplog.text
     second.close()
     # the first one is fenced off: it commits nothing more
     ts.step = 8

@@ -56,7 +56,7 @@ SLURM = Job("slurm:42", 1, "SLURM_JOB_ID")
 
 def test_expired_lease_is_taken_over_by_anyone() -> None:
     held = _lease(host="gpu-node-9", expires=NOW - 30)
-    assert "stopped renewing its lease 30 s ago" in (_take(held, None) or "")
+    assert "stopped renewing its lease" in (_take(held, None) or "")
 
 
 def test_earlier_attempt_of_the_same_job_is_taken_over_anywhere() -> None:

@@ -486,6 +486,15 @@ def _held_error(lock: LeaseLock, holder: Lease | None) -> LockHeldError:
             path=fs.url(lock.path),
             hint=_LEASE_FIX,
         )
+    if proc.alive_here(holder.process, proc.this_process()) and holder.pid == os.getpid():
+        return LockHeldError(
+            f"run is locked by {holder.describe()} (this process: a second CheckpointManager "
+            f"on the same run?){waited}",
+            path=fs.url(lock.path),
+            hint="a writable CheckpointManager holds the run lock from the moment it opens "
+            "until close(): use one per run, close the first before opening another, and open "
+            "managers that only list or restore with readonly=True",
+        )
     if lock.job is not None and holder.job == lock.job.name:
         rule = (
             f"it belongs to this job ({lock.job.name}) and is alive, or its attempt is not older "

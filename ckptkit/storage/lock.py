@@ -68,6 +68,12 @@ _LOCK_FIX = (
     "no ckptkit process writes to the run (the next writer creates the lock again)"
 )
 
+_SAME_PROCESS_FIX = (
+    "a writable CheckpointManager holds the run lock from the moment it opens until close(): "
+    "use one per run (or 'with CheckpointManager(...) as mgr:'), close the first before "
+    "opening another, and open managers that only list or restore with readonly=True"
+)
+
 # flock errors that mean "this filesystem cannot do flock", not "somebody holds it".
 _NO_FLOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 
@@ -380,7 +386,8 @@ class RunLock:
             who = holder.describe()
             if holder.pid == os.getpid() and holder.host == socket.gethostname():
                 who += " (this process: a second CheckpointManager on the same directory?)"
-            if self.use_flock or holder.host == socket.gethostname():
+                hint = _SAME_PROCESS_FIX
+            elif self.use_flock or holder.host == socket.gethostname():
                 hint = (
                     f"wait for pid {holder.pid} to finish or stop it (kill {holder.pid} on "
                     f"{holder.host}); two writers on one run directory corrupt its rotation"

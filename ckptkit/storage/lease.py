@@ -178,9 +178,11 @@ def why_take_over(
     Example:
         >>> me = proc.this_process()
         >>> old = Lease("x", 1, "gpu-node-3", 1, 0.0, time.time() + 60, job="slurm:42", attempt=0)
-        >>> why_take_over(old, me=me, job=Job("slurm:42", 1, "SLURM_JOB_ID"), now=time.time(), grace=5)
-        'it is attempt 0 of job slurm:42 and this process is attempt 1 of it (SLURM_JOB_ID): the job was requeued'
-        >>> why_take_over(old, me=me, job=Job("slurm:43", 0, "SLURM_JOB_ID"), now=time.time(), grace=5) is None
+        >>> requeued = Job("slurm:42", 1, "SLURM_JOB_ID")
+        >>> print(why_take_over(old, me=me, job=requeued, now=time.time(), grace=5))
+        it is attempt 0 of job slurm:42 and this process is attempt 1 of it (SLURM_JOB_ID): the job was requeued
+        >>> other = Job("slurm:43", 0, "SLURM_JOB_ID")
+        >>> why_take_over(old, me=me, job=other, now=time.time(), grace=5) is None
         True
     """
     if now > held.expires + grace:
@@ -278,6 +280,7 @@ class LeaseLock:
         start = time.monotonic()
         deadline = start + self.timeout
         next_note = start
+        collected = False
         while True:
             held, tag = read_lease_tagged(self.root)
             if tag is None:
@@ -297,6 +300,10 @@ class LeaseLock:
                         )
                         return self._won(mine)
                     continue  # the lease changed since we read it: judge the new one
+                if not collected and held.pid == me.pid and proc.alive_here(held.process, me):
+                    collected = True  # held by this process: maybe by a dropped, unclosed manager
+                    proc.collect_own_garbage()
+                    continue
             now = time.monotonic()
             if now >= deadline:
                 raise _held_error(self, read_lease(self.root))

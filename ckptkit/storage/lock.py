@@ -50,7 +50,7 @@ from ckptkit.errors import LockHeldError, UnsafeInputError
 from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lease import LeaseLock
-from ckptkit.storage.proc import note_waiting
+from ckptkit.storage.proc import collect_own_garbage, note_waiting
 from ckptkit.storage.proc import pid_alive as _pid_alive
 
 try:
@@ -203,6 +203,7 @@ class RunLock:
         deadline = time.monotonic() + self.timeout
         next_note = time.monotonic()
         quick_retries = 0
+        collected = False
         while True:
             if self.use_flock:
                 got, holder = self._try_flock(mine)
@@ -218,6 +219,11 @@ class RunLock:
                 quick_retries += 1
                 continue
             quick_retries = 0
+            ours = holder is not None and (holder.pid, holder.host) == (mine.pid, mine.host)
+            if ours and not collected:
+                collected = True  # held by this process: maybe by a dropped, unclosed manager
+                collect_own_garbage()
+                continue
             now = time.monotonic()
             if now >= deadline:
                 raise self._held_error(holder)

@@ -17,6 +17,7 @@ back to what is known (host and pid), like the local lock always did.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -170,6 +171,19 @@ def why_dead(holder: Process, me: Process) -> str | None:
     return None
 
 
+def collect_own_garbage() -> None:
+    """Finalize this process's unreachable objects, once, when a run lock is held by this
+    very process.
+
+    A writer holds its run's lock from open until ``close()``; one that was dropped without
+    ``close()`` (a notebook cell run again, a manager used for one call) holds it until the
+    garbage collector finalizes it, and a manager sits in reference cycles, so that waits
+    for the next collection. Collecting now releases such a lock at once; a manager still
+    referenced somewhere keeps it, and the caller's error names the fix.
+    """
+    gc.collect()
+
+
 def note_waiting(where: str, who: str, *, left: float, timeout: float) -> None:
     """Log that a lock acquisition waits on ``who``, and for how much longer: both run
     locks call this at intervals while they wait, so a wait is never silent."""
@@ -186,6 +200,7 @@ __all__ = [
     "Process",
     "alive_here",
     "boot_id",
+    "collect_own_garbage",
     "note_waiting",
     "pid_alive",
     "pid_namespace",

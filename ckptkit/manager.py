@@ -29,13 +29,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 from ckptkit import codes, retain, rotation, saving, signing, trajectory
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
-from ckptkit.catalog import CheckpointInfo, step_dir_name
+from ckptkit.catalog import CheckpointInfo
 from ckptkit.errors import (
     opening_run_writable,
 )
@@ -60,14 +59,16 @@ class CheckpointManager:
         keep_every: also keep every checkpoint whose step is a multiple of this.
         max_bytes: drop the oldest unprotected checkpoints to stay under this many bytes.
         compress: ``"zstd"`` to compress every file.
-        lock_timeout: seconds a save waits for another writer's lock before failing.
+        lock_timeout: seconds opening a writer waits for another writer's lock before
+            failing (logging who holds it and the time left, at intervals).
         verify_after_save: verify each new checkpoint (a read-back of every byte) before it
             becomes ``latest`` and counts for retention (turn off only if you verify
             elsewhere: ``latest`` then follows the newest committed checkpoint).
         background_verify: run the read-back verify, ``latest`` and rotation in a
             background thread, joined by the next save; False runs them inside ``save``.
         lease_ttl: on an object store, the run lock is a lease renewed every third of this
-            many seconds; a writer that died is taken over once it expired.
+            many seconds; a writer that died is taken over once it expired, at once when it
+            is proven dead or a restart of the same job (``docs/storage.md``).
         key: an HMAC key (bytes, or text; default: ``CKPTKIT_HMAC_KEY`` /
             ``CKPTKIT_HMAC_KEY_FILE``): every manifest is signed with it, and listing,
             verify and restore refuse a checkpoint that is unsigned or signed with another
@@ -88,12 +89,15 @@ class CheckpointManager:
             what was accepted (see :mod:`ckptkit.verify.atsave`).
         recovery: automatic recovery (:mod:`ckptkit.recovery`, :meth:`recover`), needs ``watch``.
 
-    On open, leftovers of an interrupted save (temporary directories, half-written
-    ``latest``/index replacements) are reported and, when no live writer holds the run,
-    removed under the writer lock; a committed checkpoint is never touched.
+    A writer (not ``readonly``) takes the run lock when it opens, so another live writer
+    is refused before any training, not at the first save; it then removes leftovers of an
+    interrupted save (temporary directories, half-written ``latest``/index replacements)
+    and reports them; a committed checkpoint is never touched. A reader only reports them.
 
     Raises:
         NotWritableError: not ``readonly``, and ``root`` cannot be created or written.
+        LockHeldError: not ``readonly``, and another live writer holds the run (after
+            ``lock_timeout``); the message names it.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -136,7 +140,7 @@ class CheckpointManager:
             key=self.key,
             lock_timeout=lock_timeout,
             lease_ttl=lease_ttl,
-            lazy=True,  # the lock is taken at the first save or prune
+            lazy=True,  # rank 0 takes the lock at open (Run.tidy below), not every rank
             good=("verified",) if verify_after_save else ("verified", "committed"),
             recheck=verify_after_save,
         )
@@ -402,28 +406,6 @@ class CheckpointManager:
         (``LockHeldError`` while another process holds it) and checks that it still holds
         it. A reader must never delete what a writer relies on."""
         self.run.fence()
-
-    # the Host side of ckptkit.recovery (the emergency checkpoint, the automatic recovery)
-
-    def writing(self) -> AbstractContextManager[bool]:
-        """Yield whether this process may change the run's records: it holds the run lock,
-        or took it for the block because no other writer runs (for :mod:`ckptkit.recovery`)."""
-        return self.run.may_record()
-
-    def pin(self, step: int, label: str) -> Location:
-        """Pin the checkpoint of ``step`` as the run's writer (for :mod:`ckptkit.recovery`)."""
-        self.run.writer()
-        path = self.root / step_dir_name(step)
-        self.run.pin(path, label)
-        return path
-
-    def set_aside(self, after: int, dest: Location) -> builtins.list[CheckpointInfo]:
-        """Inside :meth:`writing`: move the checkpoints newer than step ``after`` out of the
-        run into ``dest``, whole, and re-point ``latest``; return them (for
-        :mod:`ckptkit.recovery`: the trajectory a recovery abandons)."""
-        newer = [c for c in self.run.checkpoints() if c.step > after]
-        self.run.set_aside(newer, dest)
-        return newer
 
     # --- restore -----------------------------------------------------------------------------
 

@@ -64,13 +64,13 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
-from ckptkit.catalog import CheckpointInfo
+from ckptkit.catalog import CheckpointInfo, step_dir_name
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
 from ckptkit.records import Health, Recoveries
@@ -201,12 +201,33 @@ class Saved(Protocol):
         ...
 
 
+class RunRecords(Protocol):
+    """What the recovery changes in the run's records (:class:`ckptkit.run.Run` is one)."""
+
+    def may_record(self) -> AbstractContextManager[bool]:
+        """Yield whether this process may change the run's records (it holds the run lock,
+        or took it for the block because no other writer runs)."""
+        ...
+
+    def checkpoints(self) -> Sequence[CheckpointInfo]:
+        """Every checkpoint of the run, oldest first, with its status."""
+        ...
+
+    def pin(self, path: Location, label: str) -> None:
+        """Pin a checkpoint as the run's writer (rotation never deletes it)."""
+        ...
+
+    def set_aside(self, infos: Collection[CheckpointInfo], dest: Location) -> list[str]:
+        """Move checkpoints out of the run into ``dest``, whole, and re-point ``latest``."""
+        ...
+
+
 class Host(Protocol):
     """What the recovery and the emergency checkpoint need of a run's manager.
 
     Public members only (:class:`~ckptkit.CheckpointManager` is one): the run's records are
-    changed through :meth:`writing`, :meth:`pin` and :meth:`set_aside`, never by reaching
-    into its catalog or its lock.
+    changed through its :attr:`run` (:class:`RunRecords`), never by reaching into its
+    catalog or its lock.
     """
 
     root: Location
@@ -229,16 +250,9 @@ class Host(Protocol):
         healthy: bool = False,
     ) -> RestoreResult | None: ...
 
-    def writing(self) -> AbstractContextManager[bool]:
-        """Yield whether this process may change the run's records (it holds the run lock)."""
-        ...
-
-    def pin(self, step: int, label: str) -> Location:
-        """Pin the checkpoint of ``step`` as the run's writer; return its directory."""
-        ...
-
-    def set_aside(self, after: int, dest: Location) -> list[CheckpointInfo]:
-        """Inside :meth:`writing`: move the checkpoints newer than step ``after`` into ``dest``."""
+    @property
+    def run(self) -> RunRecords:
+        """The run's records: changed only through it, under its lock."""
         ...
 
 
@@ -698,7 +712,7 @@ class AutoRecovery:
         """Rank 0 edits the run's recoveries log under the run lock (others do nothing)."""
         if coll.rank != 0:
             return
-        with self.host.writing() as mine:
+        with self.host.run.may_record() as mine:
             if not mine:
                 log.warning("ckptkit: recovery: another writer holds %s; log not written",
                             self.host.root)
@@ -710,14 +724,15 @@ class AutoRecovery:
     def _set_aside(self, restored: int, n: int) -> list[dict[str, Any]]:
         """Rank 0: move the checkpoints newer than ``restored`` out of the run."""
         where = f"recovery-{n:03d}"
-        with self.host.writing() as mine:
+        with self.host.run.may_record() as mine:
             if not mine:
                 raise CkptkitError(
                     "another writer holds the run lock",
                     path=self.host.root,
                     hint="only the training process may recover its run",
                 )
-            moved = self.host.set_aside(restored, self.host.root / ABANDONED / where)
+            moved = [c for c in self.host.run.checkpoints() if c.step > restored]
+            self.host.run.set_aside(moved, self.host.root / ABANDONED / where)
         return [{**_brief(c), "moved_to": f"{ABANDONED}/{where}/{c.path.name}"} for c in moved]
 
 
@@ -751,7 +766,8 @@ def emergency_checkpoint(host: Host, state: TrainState, verdict: Any = None) -> 
         return None
     host.wait()  # a save of this very step may still be settling
     if host.trajectory.holds(state.step):
-        path = host.pin(state.step, policy.pin)
+        path = host.root / step_dir_name(state.step)
+        host.run.pin(path, policy.pin)
     else:
         path = host.save(state, pin=policy.pin)
     policy.saved(state.step)

@@ -23,9 +23,8 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ckptkit import catalog, recovery_log, retain, rotation, signing, whatis
 from ckptkit.catalog import CheckpointInfo
@@ -34,43 +33,10 @@ from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.run import NativeLayout, Run
+from ckptkit.run.registry import DETECTORS, Detector, RunLike, register
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.view import Expect
-
-
-@runtime_checkable
-class RunLike(retain.RunStore, Protocol):
-    """What the run-level commands need of a run: a :class:`ckptkit.run.Run`, or a third
-    party's own run object returned by its registered detector."""
-
-    @property
-    def root(self) -> Location: ...
-
-    @property
-    def layout(self) -> str:
-        """``ckptkit`` for native runs, else the framework (``hf-trainer`` ...)."""
-        ...
-
-    def leftovers(self) -> Sequence[Location]:
-        """What interrupted saves left behind (never checkpoints)."""
-        ...
-
-    def close(self) -> None:
-        """Release the lock and anything else held."""
-        ...
-
-    # Optional: ``resume_hint(info) -> str``, how to resume this layout from ``info`` (the
-    # framework's own call, e.g. ``trainer.train(resume_from_checkpoint=...)``); see
-    # :func:`resume_hint`.
-
-
-Detector = Callable[[Location, dict[str, Any]], "RunLike | None"]
-"""``detector(root, options) -> RunLike | None``: a run of this layout at ``root``, or None.
-``options``: those of :class:`ckptkit.run.Run` (``readonly``, ``key``, ``lock_timeout``, ``lazy``)."""
-
-DETECTORS: list[tuple[str, Detector]] = []
-"""Registered layouts, asked in order by :func:`open_run`."""
 
 BUILTIN_LAYOUTS: tuple[str, ...] = ("ckptkit.layouts.hf", "ckptkit.layouts.lightning")
 """Modules of :mod:`ckptkit.layouts` that :func:`open_run` imports (each registers itself)."""
@@ -85,17 +51,6 @@ def _load_builtin_layouts() -> None:
         _loaded = True
         for name in BUILTIN_LAYOUTS:
             importlib.import_module(name)
-
-
-def register(name: str, detector: Detector) -> None:
-    """Register a framework run layout (called by an integration at import time).
-
-    Raises:
-        ValueError: ``name`` is registered already.
-    """
-    if any(n == name for n, _ in DETECTORS):
-        raise ValueError(f"run layout {name!r} is registered already")
-    DETECTORS.append((name, detector))
 
 
 @dataclasses.dataclass(frozen=True)

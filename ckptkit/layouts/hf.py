@@ -56,7 +56,6 @@ from typing import Any, Literal
 
 import xxhash
 
-from ckptkit import runs
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.errors import CkptkitError, UnreadableError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
@@ -66,6 +65,7 @@ from ckptkit.records import health_level
 from ckptkit.run import Run
 from ckptkit.run.framework import FrameworkLayout
 from ckptkit.run.layout import Index, step_unknown_fix
+from ckptkit.run.registry import register
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
@@ -380,7 +380,7 @@ def open_hf(root: str | Path, kind: Kind, **options: Any) -> Run:
 
 
 def open_hf_run(root: Location, options: dict[str, Any]) -> Run | None:
-    """The :func:`ckptkit.runs.register` detector for both layouts."""
+    """The :func:`ckptkit.run.registry.register` detector for both layouts."""
     found = detect(root)
     if found is None:
         return None
@@ -388,7 +388,7 @@ def open_hf_run(root: Location, options: dict[str, Any]) -> Run | None:
     return open_hf(where, kind, **options)
 
 
-runs.register("hf", open_hf_run)
+register("hf", open_hf_run)
 
 __all__ = [
     "ACCELERATE_RE",

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
-from ckptkit import runs
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign._load import safe_torch_load
@@ -60,13 +59,14 @@ from ckptkit.records import health_level
 from ckptkit.run import Run
 from ckptkit.run.framework import FrameworkLayout
 from ckptkit.run.layout import Index
+from ckptkit.run.registry import register
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
 
 LAYOUT = "lightning"
-"""The name this layout registers under (:func:`ckptkit.runs.register`)."""
+"""The name this layout registers under (:func:`ckptkit.run.registry.register`)."""
 SUFFIX = ".ckpt"
 """Lightning's checkpoint file extension."""
 CHECKPOINTS_DIR = "checkpoints"
@@ -124,6 +124,7 @@ class LightningLayout(FrameworkLayout):
     Example:
         >>> import tempfile
         >>> from ckptkit.run import Run
+from ckptkit.run.registry import register
         >>> with Run(tempfile.mkdtemp(), LightningLayout()) as run:
         ...     run.layout, run.checkpoints()
         ('lightning', [])
@@ -348,7 +349,7 @@ def open_lightning(root: str | Path, **options: Any) -> Run:
     return Run(p, LightningLayout(), **options)
 
 
-runs.register(LAYOUT, detect)
+register(LAYOUT, detect)
 
 __all__ = [
     "CHECKPOINTS_DIR",

@@ -230,28 +230,24 @@ class Run:
         return None
 
     def tidy(self) -> None:
-        """On open: report leftovers of an interrupted save or deletion (temporary
-        directories, half-written ``latest``/index replacements) and remove them when this
-        run may (writable, and no other live writer holds the run). Rank 0 only: it owns
-        the run directory's housekeeping. A committed checkpoint is never touched.
+        """On open (rank 0, which owns the run directory's housekeeping): a writable run
+        takes the run lock now (waiting ``lock_timeout``), so another live writer is refused
+        at open, before any training, not at the first save; taking it removes the
+        leftovers of an interrupted save or deletion (temporary directories, half-written
+        ``latest``/index replacements), with a warning naming them. A read-only run only
+        reports them. A committed checkpoint is never touched.
+
+        Raises:
+            LockHeldError: writable, and another live writer holds the run.
         """
         if current().rank != 0:
             return
+        if not self.readonly:
+            self.writer()
+            return
         left = [p.name for p in self.leftovers()]
-        if not left:
-            if not self.readonly:
-                self.clean_leftovers()  # half-written replacements of latest/the index
-            return
-        what = (
-            f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
-            f"{self.root} from an interrupted save: {', '.join(left)}"
-        )
-        if self.readonly:
-            log.warning("ckptkit: %s (left in place: opened read-only)", what)
-            return
-        held = self.clean_leftovers(before=lambda: log.warning("ckptkit: %s; cleaning up", what))
-        if held is not None:
-            log.warning("ckptkit: %s (left in place: %s)", what, held)
+        if left:
+            log.warning("ckptkit: %s (left in place: opened read-only)", _leftovers_note(self.root, left))
 
     def writer(self) -> None:
         """Become the run's single writer (once), then clean what interrupted saves and
@@ -267,6 +263,9 @@ class Run:
         lock = lock_for(self.meta, timeout=self.lock_timeout, lease_ttl=self.lease_ttl)
         lock.acquire()
         self._lock = lock
+        left = [p.name for p in self.leftovers()]
+        if left:
+            log.warning("ckptkit: %s; cleaning up", _leftovers_note(self.root, left))
         self._clean()
 
     def fence(self) -> None:
@@ -730,6 +729,14 @@ class Run:
         ``ignored``; see :func:`ckptkit.runs.ignored`)."""
         find = getattr(self.strategy, "ignored", None)
         return list(find(self.root, self.catalog)) if callable(find) else []
+
+
+def _leftovers_note(root: Location, left: builtins.list[str]) -> str:
+    """What a warning says of the leftovers of interrupted saves in ``root``."""
+    return (
+        f"{len(left)} leftover temporary director{'y' if len(left) == 1 else 'ies'} in "
+        f"{root} from an interrupted save: {', '.join(left)}"
+    )
 
 
 __all__ = ["Resume", "Run", "Settled"]

@@ -14,7 +14,10 @@ through the functions here:
   :func:`replace_bytes` (local: temp file, fsync, rename; remote: one PUT, which object
   stores apply atomically), read back with :func:`read_small` (local: a regular file only,
   never blocking on a FIFO put in its place; :func:`check_regular` looks without reading);
-* the run lock: :func:`put_if_absent` (remote: a conditional create, ``If-None-Match``).
+* the run lock: :func:`put_if_absent` (remote: a conditional create, ``If-None-Match``),
+  then :func:`read_tagged` / :func:`replace_if_match` / :func:`remove_if_match` (S3: a
+  conditional PUT or DELETE, ``If-Match: <etag>``) so a lease holder never overwrites or
+  deletes a lease another writer has taken over since it last read it.
 * a file inside a directory being committed: :func:`write_new_file`;
 * what a checkpoint may not hold: :func:`escapes` (a symlink, or a path resolving outside
   it: never, on an object store) and :func:`walk_entries` (every entry but a directory);
@@ -430,6 +433,172 @@ def put_if_absent(target: Location, data: bytes) -> bool:
     return True
 
 
+def read_tagged(p: Location, limit: int) -> tuple[bytes, str] | None:
+    """A small file's bytes and a *tag* naming this version of it; None when nothing is there.
+
+    The tag is what :func:`replace_if_match` and :func:`remove_if_match` compare. On S3 it
+    is the object's ETag, returned by the same GET as the bytes (so the two always belong
+    together); elsewhere it is a digest of the bytes.
+
+    Args:
+        p: the file.
+        limit: the most bytes read (a longer file is cut: callers keep such files tiny).
+
+    Example:
+        >>> loc = location("memory://doc-tagged/lock")
+        >>> put_if_absent(loc, b"one")
+        True
+        >>> data, tag = read_tagged(loc, 64)
+        >>> data, read_tagged(location("memory://doc-tagged/none"), 64)
+        (b'one', None)
+    """
+    if not is_local(p):
+        fs, path = _fs(p)
+        if _is_s3(fs):
+            return _s3_get_tagged(fs, path, limit)
+    try:
+        data = read_small(p, limit)
+    except FileNotFoundError:
+        return None
+    return data, _content_tag(data)
+
+
+def replace_if_match(p: Location, data: bytes, tag: str) -> str | None:
+    """Replace the file at ``p`` with ``data`` only if it still holds version ``tag``.
+
+    S3: a PUT with ``If-Match: <tag>``: the store decides, atomically, so a writer that
+    replaced the object since ``tag`` was read always wins over this call. Elsewhere (local
+    files, memory://, stores without conditional writes) a *generation check*: re-read,
+    compare, then write; a writer that replaces the file between that re-read and this
+    write (one round trip) is overwritten, a window the S3 path does not have.
+
+    Returns:
+        The new version's tag, or None: the file changed since ``tag`` or is gone.
+
+    Example:
+        >>> loc = location("memory://doc-cas/lock")
+        >>> _ = put_if_absent(loc, b"one"); _, tag = read_tagged(loc, 64)
+        >>> replace_if_match(loc, b"two", tag) is not None
+        True
+        >>> replace_if_match(loc, b"three", tag) is None  # tag names the old version
+        True
+    """
+    if not is_local(p):
+        fs, path = _fs(p)
+        if _is_s3(fs):
+            with contextlib.suppress(_NoConditionalWrites):
+                return _s3_put_if_match(fs, path, data, tag)
+    now = read_tagged(p, max(len(data), 64 << 10))
+    if now is None or now[1] != tag:
+        return None
+    replace_bytes(p, data)
+    return _content_tag(data)
+
+
+def remove_if_match(p: Location, tag: str) -> bool:
+    """Delete the file at ``p`` only if it still holds version ``tag``; True when deleted.
+
+    S3: a DELETE with ``If-Match: <tag>`` (atomic). Elsewhere a generation check, with
+    the same window as :func:`replace_if_match`.
+
+    Example:
+        >>> loc = location("memory://doc-cad/lock")
+        >>> _ = put_if_absent(loc, b"one"); _, tag = read_tagged(loc, 64)
+        >>> remove_if_match(loc, "stale-tag"), remove_if_match(loc, tag)
+        (False, True)
+    """
+    if not is_local(p):
+        fs, path = _fs(p)
+        if _is_s3(fs):
+            with contextlib.suppress(_NoConditionalWrites):
+                return _s3_delete_if_match(fs, path, tag)
+    now = read_tagged(p, 64 << 10)
+    if now is None or now[1] != tag:
+        return False
+    remove_file(p)
+    return True
+
+
+def _content_tag(data: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _is_s3(fs: Any) -> bool:
+    return type(fs).__name__ == "S3FileSystem" and hasattr(fs, "_call_s3")
+
+
+# S3 answers a failed condition with 412 PreconditionFailed, or 409
+# ConditionalRequestConflict when two conditional writes to one key race; an If-Match on a
+# key that is gone answers NoSuchKey. Each means "the version you named is not there".
+_LOST_CONDITION = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"})
+
+
+class _NoConditionalWrites(Exception):
+    """The S3-compatible store refused the ``If-Match`` header (it has no conditional writes)."""
+
+
+def _s3_code(e: BaseException) -> str | None:
+    """The S3 error code behind an exception s3fs translated (it keeps the boto error as cause)."""
+    for err in (e, e.__cause__):
+        response = getattr(err, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            return str(code) if code is not None else None
+    return None
+
+
+def _s3_get_tagged(fs: Any, path: str, limit: int) -> tuple[bytes, str] | None:
+    from fsspec.asyn import sync
+
+    bucket, _, key = path.partition("/")
+
+    async def get() -> tuple[bytes, str]:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
+        body = resp["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return bytes(data), str(resp["ETag"])
+
+    try:
+        return sync(fs.loop, get)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+def _s3_put_if_match(fs: Any, path: str, data: bytes, tag: str) -> str | None:
+    bucket, _, key = path.partition("/")
+    try:
+        resp = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=tag)
+    except (OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError) or _s3_code(e) in _LOST_CONDITION:
+            return None
+        if _s3_code(e) == "NotImplemented":
+            raise _NoConditionalWrites from e
+        raise
+    finally:
+        fs.invalidate_cache(path)
+    return str(resp["ETag"])
+
+
+def _s3_delete_if_match(fs: Any, path: str, tag: str) -> bool:
+    bucket, _, key = path.partition("/")
+    try:
+        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=tag)
+    except (OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError) or _s3_code(e) in _LOST_CONDITION:
+            return False
+        if _s3_code(e) == "NotImplemented":
+            raise _NoConditionalWrites from e
+        raise
+    finally:
+        fs.invalidate_cache(path)
+    return True
+
+
 def read_small(
     p: Location, limit: int, *, hint: str | None = None, code: str = "CK-F022"
 ) -> bytes:
@@ -589,7 +758,7 @@ def read_ranges_into(p: Location, segments: Sequence[tuple[int, memoryview]]) ->
     if not segments:
         return
     fs, path = _fs(p)
-    if type(fs).__name__ == "S3FileSystem" and hasattr(fs, "_call_s3"):
+    if _is_s3(fs):
         _s3_ranges_into(fs, path, segments)
         return
     got = read_ranges(p, [(off, off + len(dst)) for off, dst in segments])
@@ -658,10 +827,13 @@ __all__ = [
     "read_ranges",
     "read_ranges_into",
     "read_small",
+    "read_tagged",
     "remove_dir_aside",
     "remove_file",
+    "remove_if_match",
     "remove_tree",
     "replace_bytes",
+    "replace_if_match",
     "resolved",
     "size",
     "sync_dir",

@@ -50,6 +50,8 @@ from ckptkit.errors import LockHeldError, UnsafeInputError
 from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lease import LeaseLock
+from ckptkit.storage.proc import collect_own_garbage, note_waiting
+from ckptkit.storage.proc import pid_alive as _pid_alive
 
 try:
     import fcntl
@@ -64,6 +66,12 @@ logger = logging.getLogger("ckptkit")
 _LOCK_FIX = (
     "the run lock is a regular file that ckptkit creates and removes; remove this one once "
     "no ckptkit process writes to the run (the next writer creates the lock again)"
+)
+
+_SAME_PROCESS_FIX = (
+    "a writable CheckpointManager holds the run lock from the moment it opens until close(): "
+    "use one per run (or 'with CheckpointManager(...) as mgr:'), close the first before "
+    "opening another, and open managers that only list or restore with readonly=True"
 )
 
 # flock errors that mean "this filesystem cannot do flock", not "somebody holds it".
@@ -113,6 +121,7 @@ class RunLock:
         timeout: seconds to wait for a held lock before raising; 0 tries once.
         poll: seconds between attempts while waiting.
         use_flock: force (True) or disable (False) flock; None picks flock where it works.
+        progress_every: while waiting, log who holds the lock and the time left this often.
 
     Raises:
         LockHeldError: from ``acquire``/``__enter__`` when a live writer holds the lock.
@@ -131,12 +140,14 @@ class RunLock:
         timeout: float = 0.0,
         poll: float = 0.1,
         use_flock: bool | None = None,
+        progress_every: float = 10.0,
     ) -> None:
         self.root = Path(root)
         self.path = self.root / LOCK_NAME
         self.timeout = timeout
         self.poll = poll
         self.use_flock = (fcntl is not None) if use_flock is None else use_flock
+        self.progress_every = progress_every
         self.info: LockInfo | None = None
         self._fd: int | None = None
 
@@ -190,7 +201,9 @@ class RunLock:
             pid=os.getpid(), host=socket.gethostname(), created=time.time(), token=uuid.uuid4().hex
         )
         deadline = time.monotonic() + self.timeout
+        next_note = time.monotonic()
         quick_retries = 0
+        collected = False
         while True:
             if self.use_flock:
                 got, holder = self._try_flock(mine)
@@ -206,9 +219,19 @@ class RunLock:
                 quick_retries += 1
                 continue
             quick_retries = 0
-            if time.monotonic() >= deadline:
+            ours = holder is not None and (holder.pid, holder.host) == (mine.pid, mine.host)
+            if ours and not collected:
+                collected = True  # held by this process: maybe by a dropped, unclosed manager
+                collect_own_garbage()
+                continue
+            now = time.monotonic()
+            if now >= deadline:
                 raise self._held_error(holder)
-            time.sleep(max(0.0, min(self.poll, deadline - time.monotonic())))
+            if now >= next_note:
+                who = holder.describe() if holder else "another process (lock file being written)"
+                note_waiting(str(self.path), who, left=deadline - now, timeout=self.timeout)
+                next_note = now + self.progress_every
+            time.sleep(max(0.0, min(self.poll, deadline - now)))
 
     def release(self) -> None:
         """Release the lock; remove the file only if it is still ours. Idempotent.
@@ -369,7 +392,8 @@ class RunLock:
             who = holder.describe()
             if holder.pid == os.getpid() and holder.host == socket.gethostname():
                 who += " (this process: a second CheckpointManager on the same directory?)"
-            if self.use_flock or holder.host == socket.gethostname():
+                hint = _SAME_PROCESS_FIX
+            elif self.use_flock or holder.host == socket.gethostname():
                 hint = (
                     f"wait for pid {holder.pid} to finish or stop it (kill {holder.pid} on "
                     f"{holder.host}); two writers on one run directory corrupt its rotation"
@@ -435,26 +459,6 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _pid_alive(pid: int) -> bool:
-    """Return whether a process with this pid exists on this host (zombies count as dead)."""
-    if os.name == "nt":  # pragma: no cover - os.kill(pid, 0) would send CTRL_C there
-        return True
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    # A killed process whose parent has not reaped it yet still answers kill(0).
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 class Lock(Protocol):
     """What the manager needs of a run lock: a flock locally, a lease on an object store."""
 
@@ -470,8 +474,14 @@ class Lock(Protocol):
         ...
 
 
-def lock_for(root: Location, *, timeout: float = 0.0, lease_ttl: float = 60.0) -> Lock:
+def lock_for(
+    root: Location, *, timeout: float = 0.0, lease_ttl: float = 60.0, job: str | None = None
+) -> Lock:
     """The run lock for ``root``: :class:`RunLock` (flock) locally, a lease elsewhere.
+
+    ``job``: the writer's job identity for the lease's takeover rule (default: from the
+    environment, :func:`ckptkit.storage.lease.current_job`); a flock needs none (the kernel
+    drops a dead holder's flock at once).
 
     Example:
         >>> import tempfile
@@ -482,7 +492,7 @@ def lock_for(root: Location, *, timeout: float = 0.0, lease_ttl: float = 60.0) -
     """
     if fs.is_local(root):
         return RunLock(str(root), timeout=timeout)
-    return LeaseLock(root, timeout=timeout, ttl=lease_ttl)
+    return LeaseLock(root, timeout=timeout, ttl=lease_ttl, job=job)
 
 
 __all__ = ["LOCK_NAME", "Lock", "LockInfo", "RunLock", "lock_for", "read_lock_info"]

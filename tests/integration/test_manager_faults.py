@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -173,12 +172,13 @@ def _stop(p: subprocess.Popen[str]) -> None:
 def test_second_writer_fails_with_a_clear_message(tmp_path: Path) -> None:
     p = _holder(tmp_path, 60)
     try:
-        mgr = CheckpointManager(tmp_path)
+        # A writer takes the lock when it opens: refused there, before any training.
         with pytest.raises(ckptkit.LockHeldError) as ei:
-            mgr.save(_state(step=2))
+            CheckpointManager(tmp_path)
         msg = str(ei.value)
         assert f"locked by pid {p.pid}" in msg and f"kill {p.pid}" in msg
         # Readers still work while the writer holds the run; nothing was written.
+        mgr = CheckpointManager(tmp_path, readonly=True)
         assert [c.step for c in mgr.list()] == [1]
         assert mgr.restore(ckptkit.TrainState(model=torch.nn.Linear(4, 4))) is not None
         assert atomic.leftovers(tmp_path) == []
@@ -189,13 +189,16 @@ def test_second_writer_fails_with_a_clear_message(tmp_path: Path) -> None:
         _stop(p)
 
 
-def test_second_writer_waits_for_the_lock(tmp_path: Path) -> None:
-    p = _holder(tmp_path, 1.0)
+def test_second_writer_waits_for_the_lock(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = _holder(tmp_path, 3.0)  # long enough that the first attempt surely finds it held
     try:
-        mgr = CheckpointManager(tmp_path, lock_timeout=30)
-        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ckptkit"):
+            mgr = CheckpointManager(tmp_path, lock_timeout=30)  # waits here, at open
+        # it really waited, and said on whom (a wait is never silent)
+        assert f"waiting for the run lock held by pid {p.pid}" in caplog.text
         mgr.save(_state(step=2, n=4))
-        assert time.monotonic() - t0 > 0.3  # it really waited
         assert [c.step for c in mgr.list()] == [1, 2]
         mgr.close()
     finally:
@@ -209,8 +212,8 @@ def test_stale_lock_of_a_killed_writer_is_taken_over(
     p.send_signal(signal.SIGKILL)
     _stop(p)
     assert json.loads((tmp_path / ".ckptkit.lock").read_text())["pid"] == p.pid
-    mgr = CheckpointManager(tmp_path)
     with caplog.at_level(logging.WARNING, logger="ckptkit"):
+        mgr = CheckpointManager(tmp_path)  # a writer takes the lock at open
         mgr.save(_state(step=2, n=4))
     assert f"took over stale lock held by pid {p.pid}" in caplog.text
     assert [c.step for c in mgr.list()] == [1, 2]

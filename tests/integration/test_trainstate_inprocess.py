@@ -201,7 +201,7 @@ def test_strict_mismatch_is_not_corruption(
 
     loader = Trainer(tiny_model, seed=3)
     with pytest.raises(ckptkit.StateError, match="no scheduler state"):
-        ckptkit.CheckpointManager(tmp_path).restore(loader.ts)
+        ckptkit.CheckpointManager(tmp_path, readonly=True).restore(loader.ts)
     mgr = ckptkit.CheckpointManager(tmp_path)
     assert [c.status for c in mgr.list()] == ["verified"]
     result = mgr.restore(loader.ts, strict=False)
@@ -224,13 +224,14 @@ def test_restore_a_named_step_and_a_missing_one(
     assert ckptkit.CheckpointManager(tmp_path).restore(other.ts, step=2).step == 2
     assert _same(other.params(), snaps[2])
     with pytest.raises(ckptkit.IncompleteCheckpointError, match="step 7"):
-        ckptkit.CheckpointManager(tmp_path).restore(other.ts, step=7)
+        ckptkit.CheckpointManager(tmp_path, readonly=True).restore(other.ts, step=7)
     # The drill's CKPTKIT_DRILL_RESUME_FROM: a step directory, or a run directory (newest).
+    own = ckptkit.CheckpointManager(tmp_path / "own")  # the run's writer: one, held from open
     env = DrillEnv(resume_from=tmp_path / "step-00000001")
-    assert env.restore(other.ts, ckptkit.CheckpointManager(tmp_path / "own")).step == 1
+    assert env.restore(other.ts, own).step == 1
     assert _same(other.params(), snaps[1])
     env = DrillEnv(resume_from=tmp_path)
-    assert env.restore(other.ts, ckptkit.CheckpointManager(tmp_path / "own")).step == 3
+    assert env.restore(other.ts, own).step == 3
     assert _same(other.params(), snaps[3])
     with pytest.raises(ckptkit.DrillError, match="not a directory"):
         DrillEnv(resume_from=tmp_path / "nope").restore(other.ts, mgr)

@@ -233,6 +233,7 @@ def test_an_exact_resume_gets_no_finding_even_when_the_loop_draws_between_steps(
                                          generator=torch.Generator())
     _train_loop(b, loader, 2)
     assert _codes(b) == []
+    b["mgr"].close()  # a writer holds the run lock from open: one at a time
     c = _loop_state(tmp_path)
     c["mgr"].restore(c["ts"])
     torch.rand(5)  # two words more than the saved run

@@ -239,8 +239,11 @@ def test_leftovers_left_alone_while_a_writer_holds_the_run(
     _save_steps(writer, [1])  # holds the lock from now on
     tmp = tmp_path / f"{step_dir_name(2)}{atomic.TMP_SUFFIX}.0000aaaa"
     tmp.mkdir()
-    with caplog.at_level(logging.WARNING, logger="ckptkit"):
+    # A second writer is refused at open, before it touches anything; a reader reports.
+    with pytest.raises(ckptkit.LockHeldError):
         CheckpointManager(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ckptkit"):
+        CheckpointManager(tmp_path, readonly=True)
     assert tmp.exists()
     assert "left in place" in caplog.text
     writer.close()

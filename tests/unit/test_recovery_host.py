@@ -2,7 +2,7 @@
 
 Issue 24: ``recovery.Host`` needed the manager's ``_maybe_writer`` and ``_good_statuses``
 and wrote its catalog directly. The recovery now changes the run's records only through
-the Host's public ``writing``/``pin``/``set_aside``, which ``CheckpointManager`` provides.
+the Host's public ``run`` (``may_record``/``pin``/``set_aside``), which ``CheckpointManager`` provides.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ def test_set_aside_moves_newer_checkpoints_and_repoints_latest(tmp_path: Path) -
         mgr.save(ts)
     mgr.wait()
     dest = tmp_path / ABANDONED / "recovery-001"
-    with mgr.writing() as mine:
+    with mgr.run.may_record() as mine:
         assert mine
-        moved = mgr.set_aside(10, dest)
-    assert [c.step for c in moved] == [20, 30]
+        moved = mgr.run.set_aside([c for c in mgr.run.checkpoints() if c.step > 10], dest)
+    assert moved == ["step-00000020", "step-00000030"]
     assert sorted(p.name for p in dest.iterdir()) == ["step-00000020", "step-00000030"]
     assert [c.step for c in mgr.list()] == [10]
     latest = mgr.latest()
@@ -82,7 +82,6 @@ def test_pin_marks_an_existing_checkpoint(tmp_path: Path) -> None:
     ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=7)
     mgr.save(ts)
     mgr.wait()
-    path = mgr.pin(7, "emergency")
-    assert path.name == "step-00000007"
+    mgr.run.pin(mgr.root / "step-00000007", "emergency")
     assert mgr.list()[0].pins == ("emergency",)
     mgr.close()

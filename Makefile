@@ -29,14 +29,14 @@ demo: setup
 
 # ruff, mypy, then the whole suite (slow tests included) and every docstring example.
 test: setup
-	$(BIN)/ruff check ckptkit tests benchmarks
+	$(BIN)/ruff check ckptkit tests benchmarks tools
 	$(BIN)/mypy ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 --doctest-modules tests ckptkit
 
 # The fast lane for development (a few minutes): lint, unit and CLI tests, docstring examples,
 # the documented blocks, and one case of each heavy area (tests/conftest.py SMOKE).
 check: setup
-	$(BIN)/ruff check ckptkit tests benchmarks
+	$(BIN)/ruff check ckptkit tests benchmarks tools
 	$(BIN)/mypy ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli tests/docs ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/integration
@@ -47,7 +47,7 @@ crash-matrix: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration/test_crash_matrix.py
 
 lint: setup
-	$(BIN)/ruff check ckptkit tests benchmarks
+	$(BIN)/ruff check ckptkit tests benchmarks tools
 	$(BIN)/mypy ckptkit
 
 bench: setup

@@ -425,7 +425,7 @@ class Catalog:
         wrong_place = misplaced(p.name, man.step)
         if wrong_place is not None:
             # Not a checkpoint of this step, whatever a verify recorded for its bytes.
-            status, problem = "corrupt", f"CK-S020: {wrong_place}"
+            status, problem = "corrupt", f"{codes.S020}: {wrong_place}"
         elif verdict.outcome is None:
             problem = verdict.problem
         elif verdict.outcome != "verified":

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ckptkit import rngtrace
+from ckptkit import codes, rngtrace
 from ckptkit.capture import is_real, tree_fingerprint
 from ckptkit.format.tree import TAG
 from ckptkit.observe import StepObserver, scaler_state
@@ -332,40 +332,40 @@ class ResumeGuard:
             now["rng"] = rng_fingerprint()  # a v0.1 checkpoint: compare like with like
         s = self.saved
         if s.get("next_step") != now["next_step"]:
-            self._add("CK-D001", f"next step will be {now['next_step']}, the checkpoint "
+            self._add(codes.D001, f"next step will be {now['next_step']}, the checkpoint "
                       f"recorded {s.get('next_step')}")
         if self.per_rank and "sample_ids" in s:
             self._check_ids(s["sample_ids"], now.get("sample_ids"))
         if "lr" in s and not _same_floats(s["lr"], now.get("lr")):
-            self._add("CK-D003", f"next LR {now.get('lr')}, the checkpoint recorded {s['lr']}")
+            self._add(codes.D003, f"next LR {now.get('lr')}, the checkpoint recorded {s['lr']}")
         if "sched_epoch" in s and s["sched_epoch"] != now.get("sched_epoch"):
-            self._add("CK-D003", f"scheduler position {now.get('sched_epoch')}, the checkpoint "
+            self._add(codes.D003, f"scheduler position {now.get('sched_epoch')}, the checkpoint "
                       f"recorded {s['sched_epoch']} (its LR schedule restarts or is offset)")
         if "loss_scale" in s and s.get("scaler") is None:
             if s["loss_scale"] != now.get("loss_scale"):
-                self._add("CK-D004", f"loss scale {now.get('loss_scale')}, the checkpoint "
+                self._add(codes.D004, f"loss scale {now.get('loss_scale')}, the checkpoint "
                           f"recorded {s['loss_scale']}")
             elif "scale_growth" in s and s["scale_growth"] != now.get("scale_growth"):
-                self._add("CK-D004", f"GradScaler growth tracker {now.get('scale_growth')}, "
+                self._add(codes.D004, f"GradScaler growth tracker {now.get('scale_growth')}, "
                           f"the checkpoint recorded {s['scale_growth']}: the scale will grow "
                           "(or back off) at other steps than in the saved run")
         if shared_loader_generator(ts.sampler):
-            self._add("CK-D009", "the StatefulDataLoader draws its workers' base seed from "
+            self._add(codes.D009, "the StatefulDataLoader draws its workers' base seed from "
                       "the generator its RandomSampler shuffles with, and saves only the "
                       "sampler's part of it: the epoch after this resume is shuffled "
                       "differently from the uninterrupted run")
         if "data_id" in s and now.get("data_id") not in (None, s["data_id"]):
-            self._add("CK-R003", "the declared data identity (TrainState data=) differs from "
+            self._add(codes.R003, "the declared data identity (TrainState data=) differs from "
                       "the one saved: the same sample ids now mean other content")
         if "opt_step" in s and s["opt_step"] != now.get("opt_step"):
-            self._add("CK-D005", f"optimizer step {now.get('opt_step')}, the checkpoint "
+            self._add(codes.D005, f"optimizer step {now.get('opt_step')}, the checkpoint "
                       f"recorded {s['opt_step']}")
         if self.per_rank and s.get("rng") and s["rng"] != now["rng"]:
-            self._add("CK-D006", "RNG fingerprint differs from the one recorded at save")
+            self._add(codes.D006, "RNG fingerprint differs from the one recorded at save")
         if "probe_loss" in s and "probe_loss" in now:
             a, b = float(s["probe_loss"]), float(now["probe_loss"])
             if not math.isclose(a, b, rel_tol=PROBE_RTOL, abs_tol=0.0):
-                self._add("CK-D007", f"probe loss {b!r}, the checkpoint recorded {a!r}")
+                self._add(codes.D007, f"probe loss {b!r}, the checkpoint recorded {a!r}")
         return self.findings[before:]
 
     def _check_ids(self, want: Sequence[int], got: Sequence[int] | None) -> None:
@@ -378,11 +378,11 @@ class ResumeGuard:
         CK-D002: the cursor the checkpoint holds is not put back.
         """
         if got is None:
-            self._add("CK-D002", _ids_message(want, None))
+            self._add(codes.D002, _ids_message(want, None))
             return
         n = min(len(want), len(got))
         if list(got[:n]) != list(want[:n]):
-            self._add("CK-D002", _ids_message(want, got))
+            self._add(codes.D002, _ids_message(want, got))
         elif len(got) != len(want):
             self._note_unknown(
                 f"next sample ids after the first {n}: the checkpoint recorded {len(want)}, "
@@ -422,7 +422,7 @@ class ResumeGuard:
         usual = ""
         if isinstance(expected, list) and expected and expected != [{}]:
             usual = f" (the saved run drew {expected} there)"
-        self._add("CK-D008", f"{what}; seen at the start of the first resumed step "
+        self._add(codes.D008, f"{what}; seen at the start of the first resumed step "
                   f"({at}){usual}", hint=fix)
 
     def on_optimizer_step(
@@ -435,7 +435,7 @@ class ResumeGuard:
         self._stepped = True
         ts = self._state
         if ts is not None and ts.optimizer is not None and optimizer is not ts.optimizer:
-            self._add("CK-D005", f"the optimizer stepping the model is a new "
+            self._add(codes.D005, f"the optimizer stepping the model is a new "
                       f"{type(optimizer).__name__}, not the one restored: its moments and step "
                       "count start from zero (rebuilt after mgr.restore())")
         s = self.saved
@@ -450,7 +450,7 @@ class ResumeGuard:
                if s.get("scaler") or (ts is not None and ts.scaler is None)
                else "it is not the restored one" if ts is not None and scaler is not ts.scaler
                else "it was changed after the restore")
-        self._add("CK-D004", f"the GradScaler stepping the optimizer has scale {scale} and "
+        self._add(codes.D004, f"the GradScaler stepping the optimizer has scale {scale} and "
                   f"growth tracker {tracker}, the checkpoint recorded {s['loss_scale']} and "
                   f"{want_g}: {how}; its next growth or back-off comes at another step",
                   hint="pass scaler= to TrainState and use that scaler after the restore")
@@ -466,15 +466,15 @@ class ResumeGuard:
         if first:
             want = self.saved.get("next_step")
             if want is not None and step != want:
-                self._add("CK-D001", f"first logged step after resume is {step}, expected {want}")
+                self._add(codes.D001, f"first logged step after resume is {step}, expected {want}")
             lr = record.get("lr")
             saved_lr = self.saved.get("lr") or []
             if lr is not None and saved_lr and not _same_floats([float(lr)], [saved_lr[0]]):
-                self._add("CK-D003", f"first step used LR {lr!r}, the checkpoint recorded "
+                self._add(codes.D003, f"first step used LR {lr!r}, the checkpoint recorded "
                           f"{saved_lr[0]!r}")
         ost, saved_ost = record.get("opt_step"), self.saved.get("opt_step")
         if first and isinstance(ost, int) and isinstance(saved_ost, int) and ost < saved_ost:
-            self._add("CK-D005", f"optimizer step count is {ost} after the first resumed step, "
+            self._add(codes.D005, f"optimizer step count is {ost} after the first resumed step, "
                       f"the checkpoint recorded {saved_ost} before it (moments reset)")
         ids = record.get("sample_ids")
         if self.per_rank and ids is not None and "sample_ids" in self.saved:
@@ -484,7 +484,7 @@ class ResumeGuard:
             self._ids_seen += flat
             want = want_all[lo : lo + len(flat)]
             if want and flat[: len(want)] != want:
-                self._add("CK-D002", _ids_message(want, flat[: len(want)]))
+                self._add(codes.D002, _ids_message(want, flat[: len(want)]))
                 self._seen_steps = k  # one report is enough
         return self.findings[before:]
 

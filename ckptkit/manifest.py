@@ -35,7 +35,7 @@ from typing import Any
 
 import jsonschema_rs
 
-from ckptkit import signing
+from ckptkit import codes, signing
 from ckptkit._repr import brief, short
 from ckptkit._version import __version__
 from ckptkit.errors import (
@@ -513,7 +513,7 @@ def _strict_json(text: str | bytes, path: str) -> Any:
     """Parse strict JSON: UTF-8 without BOM, no duplicate keys, finite numbers only."""
 
     def bad(why: str) -> ManifestError:
-        return ManifestError(f"not valid JSON ({why})", path=path, code="CK-M002", hint=_M002_HINT)
+        return ManifestError(f"not valid JSON ({why})", path=path, code=codes.M002, hint=_M002_HINT)
 
     if isinstance(text, str):
         s = text
@@ -580,7 +580,7 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
         raise ManifestError(
             "not a JSON object",
             path=path,
-            code="CK-M003",
+            code=codes.M003,
             hint="the manifest is damaged; roll back to the previous verified checkpoint",
         )
     version = obj.get("schema_version")
@@ -590,7 +590,7 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
             f"unknown schema_version {version!r} (this ckptkit {__version__} reads "
             f"{SCHEMA_VERSION})",
             path=path,
-            code="CK-M004",
+            code=codes.M004,
             hint="upgrade ckptkit to read this checkpoint"
             if newer
             else "the manifest is damaged or not a ckptkit manifest; roll back",
@@ -601,7 +601,7 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
         raise UnsafeInputError(
             f"'{where}' nests deeper than {tree.MAX_NESTING} levels",
             path=path,
-            code="CK-M006",
+            code=codes.M006,
             hint=_UNSAFE_HINT,
         )
     canon = canonical(obj)
@@ -609,7 +609,7 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
         raise ManifestError(
             "manifest digest mismatch (the manifest changed after it was written)",
             path=path,
-            code="CK-M007",
+            code=codes.M007,
             hint="the manifest was edited or damaged; roll back to the previous verified "
             "checkpoint",
         )
@@ -633,7 +633,7 @@ def _check_schema(obj: dict[str, Any], path: str) -> None:
         raise UnsafeInputError(
             f"nested too deeply to validate ({_short(e)})",
             path=path,
-            code="CK-M006",
+            code=codes.M006,
             hint=_UNSAFE_HINT,
         ) from None
     errs.sort(key=lambda e: [str(p) for p in e.instance_path])
@@ -647,7 +647,7 @@ def _check_schema(obj: dict[str, Any], path: str) -> None:
         code=code,
         hint="the manifest is damaged or hand-edited; roll back to the previous verified "
         "checkpoint"
-        if code == "CK-M003"
+        if code == codes.M003
         else _UNSAFE_HINT,
     )
 
@@ -674,7 +674,7 @@ def _check_signature(obj: Mapping[str, Any], canon: bytes, key: bytes, path: str
         raise SignatureError(
             "the manifest is not signed, and a key was given: its origin cannot be proven",
             path=path,
-            code="CK-M010",
+            code=codes.M010,
             hint="if you wrote it without a key, sign it again from a trusted copy; "
             "otherwise do not load it (anyone who can write the directory could have "
             "written it)",
@@ -682,7 +682,7 @@ def _check_signature(obj: Mapping[str, Any], canon: bytes, key: bytes, path: str
     raise SignatureError(
         why,
         path=path,
-        code="CK-M011",
+        code=codes.M011,
         hint="do not load this checkpoint unless you know why: it was written with another "
         "key or altered after signing; check which key signed it (its key id) or roll back "
         "to the previous verified checkpoint",
@@ -700,10 +700,10 @@ def _classify_schema_error(e: jsonschema_rs.ValidationError) -> tuple[str, type[
     last = path[-1] if path else None
     keyword = e.kind.name
     if keyword == "pattern" and last in ("path", "file"):
-        return "CK-M005", UnsafeInputError
+        return codes.M005, UnsafeInputError
     if keyword in ("maximum", "maxItems", "maxLength") and last is not None:
-        return "CK-M006", UnsafeInputError
-    return "CK-M003", ManifestError
+        return codes.M006, UnsafeInputError
+    return codes.M003, ManifestError
 
 
 def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> None:
@@ -720,18 +720,18 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
             raise UnsafeInputError(
                 f"file path {p!r} escapes the checkpoint directory",
                 path=path,
-                code="CK-M005",
+                code=codes.M005,
                 hint="do not load this checkpoint; its manifest may be hostile",
             )
         if p in files:
             raise ManifestError(
-                f"file {p!r} listed twice", path=path, code="CK-M003", hint="roll back"
+                f"file {p!r} listed twice", path=path, code=codes.M003, hint="roll back"
             )
         if f.get("compression") and "raw_size" not in f:
             raise ManifestError(
                 f"compressed file {p!r} has no raw_size",
                 path=path,
-                code="CK-M003",
+                code=codes.M003,
                 hint="roll back to the previous verified checkpoint",
             )
         files[p] = f
@@ -740,13 +740,13 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
     for t in obj["tensors"]:
         key, fp = t["key"], t["file"]
         if key in keys:
-            raise ManifestError(f"tensor {key!r} listed twice", path=path, code="CK-M003", hint="roll back")
+            raise ManifestError(f"tensor {key!r} listed twice", path=path, code=codes.M003, hint="roll back")
         keys.add(key)
         if fp not in files:
             raise ManifestError(
                 f"tensor {key!r} lives in {fp!r}, which the manifest does not list",
                 path=path,
-                code="CK-M003",
+                code=codes.M003,
                 hint="roll back to the previous verified checkpoint",
             )
         numel = math.prod(t["shape"])
@@ -757,7 +757,7 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
                 f"tensor {key!r}: shape {t['shape']} x {t['dtype']} needs {numel * itemsize} "
                 f"bytes but offsets {t['offsets']} span {e - b}",
                 path=path,
-                code="CK-M006",
+                code=codes.M006,
                 hint="do not load this checkpoint; its manifest is incoherent or hostile",
             )
         per_file[fp] = per_file.get(fp, 0) + (e - b)
@@ -768,7 +768,7 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
             raise UnsafeInputError(
                 f"tensors in {fp!r} need {need} bytes but the file holds {room}",
                 path=path,
-                code="CK-M006",
+                code=codes.M006,
                 hint="do not load this checkpoint; its manifest declares absurd sizes",
             )
 

@@ -432,7 +432,7 @@ class AutoRecovery:
             record["refused"] = decision["why"]
             self._write(coll, lambda data: data["refusals"].append(record))
             raise codes.error(
-                "CK-D010",
+                codes.D010,
                 f"automatic recovery #{n} at step {detect} refused: {decision['why']} "
                 f"({triggers[0]['summary']})",
                 path=self.host.root,
@@ -553,7 +553,7 @@ class AutoRecovery:
         record["failed"] = why
         self._write(coll, lambda data: data["refusals"].append(record))
         raise codes.error(
-            "CK-D011", f"automatic recovery #{record['n']} at step {record['detected_at']} "
+            codes.D011, f"automatic recovery #{record['n']} at step {record['detected_at']} "
             f"failed: {why}", path=self.host.root
         ) from cause
 

@@ -62,7 +62,7 @@ def read_log(root: str | Location, *, strict: bool = False) -> dict[str, Any]:
         except ValueError as e:
             problem = f"{LOG} is not valid JSON: {e}"
     if strict:
-        raise codes.error("CK-D011", problem, path=path)
+        raise codes.error(codes.D011, problem, path=path)
     return {**empty, "problem": problem}
 
 

@@ -84,7 +84,7 @@ def restore_candidate(
             key=key,
         )
         if rep.gone:
-            raise codes.error("CK-F020", "deleted while it was being restored", path=path)
+            raise codes.error(codes.F020, "deleted while it was being restored", path=path)
         if rep.errors:
             raise rep.errors[0].to_error(base=str(path))
         # Targets are best effort here: restore_tree judges the fit, with its own codes.
@@ -101,7 +101,7 @@ def restore_candidate(
         if codes.transient(e):  # a permission, EIO, the store unreachable: not damage
             err = codes.read_error(e, path=path)
         else:
-            err = codes.error("CK-F024", f"cannot be read: {type(e).__name__}: {e}", path=path)
+            err = codes.error(codes.F024, f"cannot be read: {type(e).__name__}: {e}", path=path)
     try:
         consensus(coll, err, what=f"restore of {path.name}")
     except CkptkitError as e:
@@ -110,18 +110,18 @@ def restore_candidate(
     try:
         result = state.restore_tree(obj, man, strict=strict, path=path, coll=coll)
     except CkptkitError as e:
-        err, damaged = e, e.code not in ("CK-R010", "CK-R011")
+        err, damaged = e, e.code not in (codes.R010, codes.R011)
     except Exception as e:
         if codes.transient(e):
             err = codes.read_error(e, path=path)
         else:
-            err = codes.error("CK-F024", f"cannot be restored: {type(e).__name__}: {e}", path=path)
+            err = codes.error(codes.F024, f"cannot be restored: {type(e).__name__}: {e}", path=path)
     else:
         err = None
     try:
         consensus(coll, err, what=f"restore of {path.name}")
     except CkptkitError as e:
-        raise Skip(e, damaged=damaged, mismatch=e.code == "CK-R010") from None
+        raise Skip(e, damaged=damaged, mismatch=e.code == codes.R010) from None
     result.path = path
     result.notes += [f"{f.code} {f.message}" for f in rep.findings]
     saved = LookAhead.of(man.lookahead).guard
@@ -142,7 +142,7 @@ def restore_candidate(
             # read. The state was replaced: the older candidate the caller falls back to
             # replaces it again, and a restore that finds none raises, never a traceback.
             err = codes.error(
-                "CK-S012",
+                codes.S012,
                 f"the resume guard cannot read the restored state: {type(e).__name__}: {e}",
                 path=path,
             )

@@ -185,16 +185,16 @@ def apply(
 
 
 WHOLE_BUT: dict[str, str] = {
-    "CK-M010": "it is unsigned under the key in use, which says who wrote it, not that its "
+    codes.M010: "it is unsigned under the key in use, which says who wrote it, not that its "
     "bytes are damaged (a new key?); never restored under this key, delete it by hand if it "
     "is not yours",
-    "CK-M011": "it is signed with another key, which says who wrote it, not that its bytes "
+    codes.M011: "it is signed with another key, which says who wrote it, not that its bytes "
     "are damaged (a wrong key?); never restored under this key, delete it by hand if it is "
     "not yours",
-    "CK-F103": "a file of it needs code, or globals off its framework's allow-list, to "
+    codes.F103: "a file of it needs code, or globals off its framework's allow-list, to "
     "load: its bytes are whole, but no resume loads it (a planted pickle, or a numpy value "
     "the framework refuses); convert that file or delete the checkpoint by hand",
-    "CK-S020": "its manifest records another step than its directory's name (a copy, or a "
+    codes.S020: "its manifest records another step than its directory's name (a copy, or a "
     "rename that may be the only copy): its bytes are whole; rename it to its step or delete "
     "it by hand",
 }

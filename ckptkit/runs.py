@@ -26,7 +26,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from ckptkit import catalog, recovery_log, retain, rotation, signing, whatis
+from ckptkit import catalog, codes, recovery_log, retain, rotation, signing, whatis
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
@@ -87,7 +87,7 @@ def _native_ignored(run: Run) -> builtins.list[Ignored]:
         Ignored(
             dup,
             f"{dup.name} is a second directory for step {catalog.step_of(dup.name)} "
-            f"(the run uses {used.name}): ignored (CK-S021): never listed, restored or "
+            f"(the run uses {used.name}): ignored ({codes.S021}): never listed, restored or "
             "pruned; compare the two ('ckptkit verify' checks both) and remove or move "
             "out the one you do not want",
         )

@@ -200,7 +200,7 @@ def refuse(what: str, found: list[str]) -> None:
         return
     more = f"; and {len(found) - MAX_LISTED} more" if len(found) > MAX_LISTED else ""
     raise codes.error(
-        "CK-S013", f"{what} state cannot be restored as saved: {'; '.join(found[:MAX_LISTED])}{more}"
+        codes.S013, f"{what} state cannot be restored as saved: {'; '.join(found[:MAX_LISTED])}{more}"
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.capture import env as env_capture
@@ -411,14 +412,14 @@ class TrainState:
         def missing(name: str) -> None:
             msg = f"the checkpoint has no {name} state but this run passes one"
             if strict:
-                raise StateError(msg, code="CK-R010",
+                raise StateError(msg, code=codes.R010,
                                  hint=f"save with {name}= passed, or restore with strict=False "
                                  "to start it fresh (the resume is then not exact)")
             notes.append(msg + "; it starts fresh")
 
         if not isinstance(tree, Mapping):
             raise StateError(f"the checkpoint holds a {type(tree).__name__}, not a TrainState tree",
-                             code="CK-R011", hint="restore a checkpoint written by "
+                             code=codes.R011, hint="restore a checkpoint written by "
                              "CheckpointManager/TrainState; read others with ckptkit.load")
         # Everything that can refuse the checkpoint is checked before anything is loaded,
         # starting with the rule verify's CK-S013 applies (here with the tensors' values).
@@ -429,26 +430,26 @@ class TrainState:
                 raise StateError(
                     "the checkpoint stores model/optimizer with torch.distributed.checkpoint; "
                     "this run does not use DCP storage, so its files are not read",
-                    code="CK-R011",
+                    code=codes.R011,
                     hint="restore it with TrainState(storage='dcp') (or 'auto' with a sharded "
                     "DTensor model); DCP files are only ever read for a run that writes them",
                 )
             if path is None or manifest is None:
                 raise StateError("model/optimizer state is stored with DCP; restore_tree needs "
-                                 "the checkpoint path and manifest", code="CK-R011",
+                                 "the checkpoint path and manifest", code=codes.R011,
                                  hint="pass path= and manifest= (CheckpointManager does)")
             if "optimizer" in dcp_keys and self.optimizer is None:
                 notes.append("the checkpoint holds optimizer state but this run passes none")
             if self.optimizer is not None and "optimizer" not in dcp_keys:
                 missing("optimizer")
         elif "model" not in tree:
-            raise StateError("the checkpoint holds no model state", code="CK-R011",
+            raise StateError("the checkpoint holds no model state", code=codes.R011,
                              hint="is this a TrainState checkpoint? use ckptkit.load for others")
         else:
             report = fit_report(self.model.state_dict(), tree["model"])
             if not report.ok:
                 raise StateError(f"model state does not fit the model: {report.summary()}",
-                                 code="CK-R010",
+                                 code=codes.R010,
                                  hint="build the same architecture (and dtype) as at save time; "
                                  "to load weights into another model on purpose, use "
                                  "ckptkit.load(path, into={'model': model.state_dict()}, "

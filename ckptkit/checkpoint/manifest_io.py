@@ -58,7 +58,7 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
     loc = fs.location(p)
     where = fs.url(loc)
     try:
-        text = fs.read_small(loc, MAX_MANIFEST_BYTES, code="CK-M008", hint=_NOT_REGULAR_HINT)
+        text = fs.read_small(loc, MAX_MANIFEST_BYTES, code=codes.M008, hint=_NOT_REGULAR_HINT)
     except CkptkitError:
         raise
     except (FileNotFoundError, NotADirectoryError):
@@ -66,7 +66,7 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
             "no manifest: this is not a committed checkpoint (an interrupted save, or the "
             "wrong directory)",
             path=where,
-            code="CK-M001",
+            code=codes.M001,
             hint="point at a step directory that holds manifest.json, or roll back with "
             "'ckptkit ls RUN'",
         ) from None
@@ -78,7 +78,7 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
         raise UnsafeInputError(
             f"manifest is larger than {MAX_MANIFEST_BYTES} bytes",
             path=where,
-            code="CK-M006",
+            code=codes.M006,
             hint="do not load this checkpoint; its manifest is absurdly large",
         )
     return Manifest.from_json(text, path=where, key=key)
@@ -90,7 +90,7 @@ def _unreadable(exc: BaseException, where: object) -> CkptkitError:
     return codes.read_error(
         exc,
         path=where,
-        damage="CK-M008",
+        damage=codes.M008,
         hint="check the permissions and the disk (or the credentials and the endpoint), "
         "then try again",
     )

@@ -151,7 +151,7 @@ def read_checkpoint(
     need = sum(t.nbytes for t in m.tensors)
     if need > limit:
         raise codes.error(
-            "CK-M006",
+            codes.M006,
             f"checkpoint declares {need} bytes of tensors, more than the {limit}-byte limit",
             path=root / atomic.MANIFEST_NAME,
             hint="pass max_bytes= if this size is genuine, otherwise do not load it",
@@ -163,7 +163,7 @@ def read_checkpoint(
         targets, fit = match_targets(targets_from, m.tree, saved)
         if strict and not fit.ok:
             raise codes.error(
-                "CK-R010",
+                codes.R010,
                 f"the tensors to load into do not fit the checkpoint: {fit.summary()}",
                 path=root,
                 hint="load into a state of the saved architecture and dtype, or pass "
@@ -178,7 +178,7 @@ def read_checkpoint(
     for fe in m.files:
         if fs.escapes(root, fe.path):
             raise codes.error(
-                "CK-F009",
+                codes.F009,
                 "file is a symlink or resolves outside the checkpoint directory",
                 path=fe.path,
             )

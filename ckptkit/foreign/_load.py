@@ -193,14 +193,14 @@ def check_zip_sizes(zf: zipfile.ZipFile, *, archive_size: int) -> Problem | None
         name = info.filename
         if info.compress_size > archive_size:
             return Problem(
-                "CK-F102",
+                codes.F102,
                 f"member {name!r} claims {info.compress_size} bytes in an archive of "
                 f"{archive_size}: truncated or damaged",
             )
         if info.compress_type == zipfile.ZIP_STORED:
             if info.file_size != info.compress_size:
                 return Problem(
-                    "CK-F102",
+                    codes.F102,
                     f"stored member {name!r} claims {info.file_size} bytes but holds "
                     f"{info.compress_size}: damaged",
                 )
@@ -208,7 +208,7 @@ def check_zip_sizes(zf: zipfile.ZipFile, *, archive_size: int) -> Problem | None
         inflated += info.file_size
         if inflated > limit:
             return Problem(
-                "CK-F109",
+                codes.F109,
                 f"compressed member {name!r} inflates to {info.file_size} bytes from "
                 f"{info.compress_size} ({inflated} bytes of compressed members so far), past "
                 f"the limit of {limit} bytes; not loaded (set {MAX_INFLATED_ENV} to a larger "
@@ -243,7 +243,7 @@ def check_zip(path: Path) -> Problem | None:
     """
     zf, why = _open_zip(path)
     if zf is None:
-        return Problem("CK-F102", f"not a readable zip archive ({why}): truncated or damaged")
+        return Problem(codes.F102, f"not a readable zip archive ({why}): truncated or damaged")
     with zf:
         for info in zf.infolist():
             try:
@@ -252,10 +252,10 @@ def check_zip(path: Path) -> Problem | None:
                         pass
             except zipfile.BadZipFile as e:
                 if "CRC" in str(e):
-                    return Problem("CK-F101", f"member {info.filename!r} fails its CRC-32 ({e})")
-                return Problem("CK-F102", f"member {info.filename!r} is damaged ({e})")
+                    return Problem(codes.F101, f"member {info.filename!r} fails its CRC-32 ({e})")
+                return Problem(codes.F102, f"member {info.filename!r} is damaged ({e})")
             except ZIP_READ_ERRORS as e:
-                return failed_read(e, "CK-F102", f"member {info.filename!r} cannot be read")
+                return failed_read(e, codes.F102, f"member {info.filename!r} cannot be read")
     return None
 
 
@@ -459,13 +459,13 @@ def safe_torch_load(path: Path, *, check_crc: bool = True) -> tuple[Any, Problem
         if refused:
             names = ", ".join(refused[:12]) + (" …" if len(refused) > 12 else "")
             return None, Problem(
-                "CK-F103", f"needs code to unpickle, not on the allow-list: {names}; not executed"
+                codes.F103, f"needs code to unpickle, not on the allow-list: {names}; not executed"
             )
         return None, Problem(
-            "CK-F108", f"cannot be unpickled (damaged or not a torch file): {_unpickle_why(e)}"
+            codes.F108, f"cannot be unpickled (damaged or not a torch file): {_unpickle_why(e)}"
         )
     except Exception as e:  # untrusted input: any failure is a finding, never a traceback
-        return None, failed_read(e, "CK-F108", "torch.load failed")
+        return None, failed_read(e, codes.F108, "torch.load failed")
     return obj, None
 
 
@@ -554,9 +554,9 @@ def check_safetensors(path: Path, rel: str) -> tuple[dict[str, Any] | None, Prob
             n, raw = st.read_header_from(f, path=rel, file_size=size)
         return st.parse_header(raw, path=rel, data_len=size - 8 - n), None
     except IntegrityError as e:
-        return None, Problem("CK-F104", e.what)
+        return None, Problem(codes.F104, e.what)
     except OSError as e:
-        return None, failed_read(e, "CK-F104", "cannot be read")
+        return None, failed_read(e, codes.F104, "cannot be read")
 
 
 def safetensors_dtype(name: str) -> torch.dtype | None:
@@ -578,15 +578,15 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        return None, failed_read(e, "CK-F108", "cannot be read")
+        return None, failed_read(e, codes.F108, "cannot be read")
     if len(data) > MAX_PICKLE_BYTES:
-        return None, Problem("CK-F108", f"{len(data)} bytes: absurdly large metadata")
+        return None, Problem(codes.F108, f"{len(data)} bytes: absurdly large metadata")
     try:
         return dcp.loads_metadata(data), None
     except pickle.UnpicklingError as e:
         if "not allowed" in str(e):
-            return None, Problem("CK-F103", f"{e}; not executed")
-        return None, Problem("CK-F108", f"damaged or truncated pickle: {_first_line(e)}")
+            return None, Problem(codes.F103, f"{e}; not executed")
+        return None, Problem(codes.F108, f"damaged or truncated pickle: {_first_line(e)}")
     except (
         EOFError,
         ValueError,
@@ -599,7 +599,7 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
         MemoryError,
     ) as e:
         return None, Problem(
-            "CK-F108", f"damaged or truncated pickle: {_errname(e)}: {_first_line(e)}"
+            codes.F108, f"damaged or truncated pickle: {_errname(e)}: {_first_line(e)}"
         )
     except Exception as e:  # untrusted input: any failure is a finding, never a traceback
-        return None, Problem("CK-F108", f"cannot be unpickled: {_errname(e)}: {_first_line(e)}")
+        return None, Problem(codes.F108, f"cannot be unpickled: {_errname(e)}: {_first_line(e)}")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture.parallel import ParallelConfig
@@ -179,7 +180,7 @@ class Scan:
         names = sorted(set(names))
         if names:
             shown = ", ".join(names[:12]) + (f" … (+{len(names) - 12})" if len(names) > 12 else "")
-            self.add("CK-C104", f"{what} not recognised: {shown}", path=path)
+            self.add(codes.C104, f"{what} not recognised: {shown}", path=path)
 
     # --- files -------------------------------------------------------------------------------------
 
@@ -227,14 +228,14 @@ class Scan:
             self._cache[rel] = None
             return None
         obj, problem = _load.safe_torch_load(self.path(rel))
-        if problem is not None and problem.code == "CK-F103":
+        if problem is not None and problem.code == codes.F103:
             self.refused_pickle(rel, problem.message, component=component)
         elif problem is not None:
             self.add(problem.code, problem.message, path=rel, component=component)
         else:
             refusal = refused_by_load(self.format, rel, self.path(rel))
             if refusal is not None:
-                self.add("CK-F103", refusal.message, path=rel, component=component,
+                self.add(codes.F103, refusal.message, path=rel, component=component,
                          hint=refusal.hint, severity=ERROR)
         self._cache[rel] = obj
         return obj
@@ -255,7 +256,7 @@ class Scan:
                 "RUN' lists them; the integrations' resume picks skip this one); if the file "
                 "is yours, make that state plain tensors, numbers and dicts"
             )
-        self.add("CK-F103", f"{message}; {why}", path=rel, component=component, hint=hint,
+        self.add(codes.F103, f"{message}; {why}", path=rel, component=component, hint=hint,
                  severity=sev)
 
     def needs_code(self, rel: str) -> bool:
@@ -267,10 +268,10 @@ class Scan:
         allow, so a pickled model and a state dict with one object planted in it look the
         same from here: the message names the globals and claims neither."""
         i = next((i for i, f in enumerate(self.findings)
-                  if f.path == rel and f.code == "CK-F103"), None)
+                  if f.path == rel and f.code == codes.F103), None)
         if i is None:
             return False
-        self.findings[i] = CODES["CK-F103"].finding(
+        self.findings[i] = CODES[codes.F103].finding(
             f"{self._refused.get(rel, self.findings[i].message)}: nothing in the file can be read without running "
             "that code, so none of it can be checked (torch.save(model) pickles the model's "
             "class, not a state dict; an object planted in a state dict does the same)",
@@ -311,7 +312,7 @@ class Scan:
                 try:
                     tensors = dict(_load.load_safetensors(self.path(rel)))
                 except Exception as e:  # safetensors raises its own SafetensorError
-                    self.add("CK-F104", f"cannot be read: {e}", path=rel, component="model")
+                    self.add(codes.F104, f"cannot be read: {e}", path=rel, component="model")
                     return False
         else:
             obj = self.load(rel, component="model")

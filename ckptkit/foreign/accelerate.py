@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ckptkit import codes
 from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
 from ckptkit.foreign.structure import as_int, optimizer_shape, recognise
 
@@ -69,7 +70,7 @@ def scan(s: Scan) -> None:
             s.present("sampler", [f])
         if isinstance(obj, Mapping) and _count_only(obj):
             s.add(
-                "CK-C105",
+                codes.C105,
                 f"{f} holds {obj.get('_num_yielded')} batch(es) yielded and no sampler state: "
                 "the resumed epoch's order is drawn again",
                 path=f,

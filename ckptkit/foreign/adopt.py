@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX as ADOPTED_NAME
@@ -99,7 +100,7 @@ class Notes:
 
 def _needs_code(findings: list[Finding]) -> list[Finding]:
     """CK-F103 findings about resume state (info-level ones are about config files)."""
-    return [f for f in findings if f.code == "CK-F103" and f.severity is not INFO]
+    return [f for f in findings if f.code == codes.F103 and f.severity is not INFO]
 
 
 def adopt_checkpoint(
@@ -272,7 +273,7 @@ def _refusal(rep: ForeignReport) -> CkptkitError | None:
             f"refusing to adopt: {first.message}{more}; a resume cannot use this checkpoint "
             "as it is, and adopting it would make it the reference",
             path=s.root / first.path if first.path else s.target,
-            code="CK-F103",
+            code=codes.F103,
             hint="re-save that state as plain tensors, numbers and dicts (no custom classes, "
             "no numpy values), or pass --force to record the files as they are (unverified)",
         )

@@ -67,9 +67,9 @@ def load_adopted(target: Path, *, key: bytes | None = None) -> mf.Manifest | Non
     try:
         return manifest_io.read_path(p, key=key)
     except CkptkitError as e:
-        if e.code == "CK-M001":
+        if e.code == codes.M001:
             return None  # removed since we looked
-        if e.code == "CK-M008":
+        if e.code == codes.M008:
             raise type(e)(e.what, path=p.name, code=e.code, hint=_READOPT) from None
         raise
 
@@ -85,13 +85,13 @@ def read_adopted(s: Scan, *, key: bytes | None = None) -> dict[str, Any] | None:
     try:
         m = load_adopted(s.target, key=key)
     except CkptkitError as e:
-        s.add(e.code or "CK-M002", f"adopted manifest: {e.what}", path=rel, hint=e.hint)
+        s.add(e.code or codes.M002, f"adopted manifest: {e.what}", path=rel, hint=e.hint)
         return {}
     if m is None:
         return None
     adopted = (m.user or {}).get("adopted")
     if not isinstance(adopted, dict) or not isinstance(adopted.get("files"), list):
-        s.add("CK-M003", "adopted manifest has no user.adopted.files record", path=rel)
+        s.add(codes.M003, "adopted manifest has no user.adopted.files record", path=rel)
         return {}
     for f in adopted["files"]:
         ok = (
@@ -103,13 +103,13 @@ def read_adopted(s: Scan, *, key: bytes | None = None) -> dict[str, Any] | None:
         )
         if not ok:
             s.add(
-                "CK-M003", f"adopted manifest has a malformed file entry: {str(f)[:120]}", path=rel
+                codes.M003, f"adopted manifest has a malformed file entry: {str(f)[:120]}", path=rel
             )
             return {}
         pp = PurePosixPath(f["path"])
         if pp.is_absolute() or ".." in pp.parts or not f["path"]:
             s.add(
-                "CK-M005", f"adopted manifest path {f['path']!r} escapes the checkpoint", path=rel
+                codes.M005, f"adopted manifest path {f['path']!r} escapes the checkpoint", path=rel
             )
             return {}
     return adopted
@@ -122,7 +122,7 @@ def recorded_files(s: Scan, adopted: dict[str, Any]) -> dict[str, dict[str, Any]
     for rel in s.files:
         if recorded and rel not in recorded:
             s.add(
-                "CK-F006",
+                codes.F006,
                 f"{rel} appeared after 'ckptkit adopt' ({rel_m} does not list it)",
                 path=rel,
                 hint="re-run 'ckptkit adopt' if the change is intended",
@@ -161,7 +161,7 @@ def needs_code_problem(names: list[str], fmt: str) -> str:
     _sev, why = needs_code_verdict(fmt, names[0])
     more = f" (and {', '.join(names[1:3])})" if len(names) > 1 else ""
     return (
-        f"CK-F103: {names[0]}{more} needs code to unpickle, or names globals off the "
+        f"{codes.F103}: {names[0]}{more} needs code to unpickle, or names globals off the "
         f"allow-list of the framework's load (recorded by 'ckptkit adopt --force'; not "
         f"executed): {why}"
     )

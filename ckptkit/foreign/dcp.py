@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.structure import Lazy, TensorMeta
@@ -43,7 +44,7 @@ def scan(s: Scan) -> None:
             s.absent("model", ".metadata is a symlink or resolves outside the checkpoint: not read")
             return
         s.add(
-            "CK-F105",
+            codes.F105,
             ".metadata missing: DCP writes it last, so the save did not finish "
             f"(or it was not copied); {len(shards)} shard(s) are unusable without it",
             path=META,
@@ -51,7 +52,7 @@ def scan(s: Scan) -> None:
         s.absent("model", ".metadata is missing: no item of the checkpoint can be located")
         return
     md, problem = _load.read_dcp_metadata(s.path(META))
-    if problem is not None and problem.code == "CK-F103":
+    if problem is not None and problem.code == codes.F103:
         s.refused_pickle(META, f".metadata {problem.message}")
         s.absent("model", f".metadata could not be read ({problem.code})")
         return
@@ -63,7 +64,7 @@ def scan(s: Scan) -> None:
         walked = _walk(md)
     except (AttributeError, TypeError, ValueError, KeyError) as e:
         s.add(
-            "CK-F108",
+            codes.F108,
             f".metadata has an unexpected structure: {_load._errname(e)}: {_load._first_line(e)}",
             path=META,
         )
@@ -78,7 +79,7 @@ def scan(s: Scan) -> None:
     uncovered = [fqn for fqn, (need, _m) in sd_meta.items() if covered.get(fqn, 0) < need]
     if uncovered:
         s.add(
-            "CK-F105",
+            codes.F105,
             f"{len(uncovered)} item(s) have no storage entry in .metadata: "
             + ", ".join(uncovered[:5]),
             path=META,
@@ -95,7 +96,7 @@ def scan(s: Scan) -> None:
             if rel in s.outside:
                 continue  # CK-F009 says it; never read
             s.add(
-                "CK-F105",
+                codes.F105,
                 f"shard {rel} is missing: it holds {len(items)} item(s), e.g. "
                 + ", ".join(sorted({i.fqn for i in items})[:4]),
                 path=rel,
@@ -107,7 +108,7 @@ def scan(s: Scan) -> None:
             bad_files.add(rel)
             short = sorted({i.fqn for i in items if i.offset + i.length > size})
             s.add(
-                "CK-F106",
+                codes.F106,
                 f"shard {rel} is {size} bytes but .metadata needs {end}: "
                 f"{len(short)} item(s) cut off, e.g. " + ", ".join(short[:4]),
                 path=rel,
@@ -183,12 +184,12 @@ class _Reader:
                 f.seek(ent.offset)
                 blob = f.read(ent.length)
         except OSError as e:
-            s.add("CK-F108", f"item {fqn} cannot be read: {e}", path=rel, component=component)
+            s.add(codes.F108, f"item {fqn} cannot be read: {e}", path=rel, component=component)
             return None
         if blob[:4] == b"PK\x03\x04":
             zf, why = _load._open_zip(io.BytesIO(blob))
             if zf is None:
-                s.add("CK-F102", f"item {fqn} is damaged ({why})", path=rel, component=component)
+                s.add(codes.F102, f"item {fqn} is damaged ({why})", path=rel, component=component)
                 return None
             big = _load.check_zip_sizes(zf, archive_size=len(blob))
             if big is not None:
@@ -199,11 +200,11 @@ class _Reader:
                 with zf:
                     bad = zf.testzip()
             except _load.ZIP_READ_ERRORS as e:
-                s.add("CK-F102", f"item {fqn} is damaged ({e})", path=rel, component=component)
+                s.add(codes.F102, f"item {fqn} is damaged ({e})", path=rel, component=component)
                 return None
             if bad is not None:
                 s.add(
-                    "CK-F101",
+                    codes.F101,
                     f"item {fqn}: member {bad!r} fails its CRC-32",
                     path=rel,
                     component=component,
@@ -215,7 +216,7 @@ class _Reader:
         except pickle.UnpicklingError as e:
             if critical:
                 s.add(
-                    "CK-F108",
+                    codes.F108,
                     f"item {fqn} cannot be read: {_load._errname(e)}",
                     path=rel,
                     component=component,
@@ -229,7 +230,7 @@ class _Reader:
             return None
         except Exception as e:  # not a torch.save blob (another serialisation)
             s.add(
-                "CK-F108", f"item {fqn} cannot be read: {_load._errname(e)}", path=rel,
+                codes.F108, f"item {fqn} cannot be read: {_load._errname(e)}", path=rel,
                 component=component,
             )
             return None

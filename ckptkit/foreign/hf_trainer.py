@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ckptkit import codes
 from ckptkit.foreign._scan import Scan, scaler_summary, scheduler_summary
 from ckptkit.foreign.structure import as_int, optimizer_shape
 from ckptkit.verify.findings import WARNING
@@ -83,7 +84,7 @@ def scan(s: Scan) -> None:
             s.present("metrics", ["trainer_state.json:log_history"], summary={"entries": len(history)})
         elif history is not None and not isinstance(history, list):
             s.add(
-                "CK-F108",
+                codes.F108,
                 f"trainer_state.json: log_history is a {type(history).__name__}, not a list",
                 path="trainer_state.json",
                 component="metrics",
@@ -164,7 +165,7 @@ def _trainer_state(s: Scan) -> dict[str, Any] | None:
             raise ValueError("not a JSON object")
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         s.add(
-            "CK-F108",
+            codes.F108,
             f"trainer_state.json is not valid JSON ({e})",
             path="trainer_state.json",
             component="progress",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ckptkit import codes
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.structure import CONFIG_KEYS, NAMES, recognise
 
@@ -64,7 +65,7 @@ def scan(s: Scan) -> None:
             s.absent(name, why)
         return  # the container finding says why
     if not isinstance(ck, Mapping):
-        s.add("CK-F108", f"holds a {type(ck).__name__}, not a Lightning checkpoint dict", path=rel)
+        s.add(codes.F108, f"holds a {type(ck).__name__}, not a Lightning checkpoint dict", path=rel)
         return
     rec = recognise(ck, names=_NAMES, ignore=CONFIG_KEYS)
     s.recognised(rec, file=rel)

@@ -91,7 +91,7 @@ def verify_foreign(
     recorded = recorded_files(s, adopted) if adopted is not None else None
     if adopted is None and not s.opaque:  # opaque: nothing was checked, say only why
         s.add(
-            "CK-F107",
+            codes.F107,
             "no digests: the files carry no checksums "
             "(safetensors none at all, torch zip archives only CRC-32), so a flipped bit, "
             "e.g. a low-order bit of a weight, cannot be detected; this verify checked "

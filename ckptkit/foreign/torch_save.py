@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ckptkit import codes
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.structure import recognise
 
@@ -35,7 +36,7 @@ def scan(s: Scan) -> None:
     if isinstance(obj, torch.Tensor):
         obj = {"<tensor>": obj}
     if not isinstance(obj, Mapping):
-        s.add("CK-F108", f"holds a {type(obj).__name__}, not a dict of state", path=rel)
+        s.add(codes.F108, f"holds a {type(obj).__name__}, not a dict of state", path=rel)
         return
     scan_tree(s, obj, file=rel, what=rel)
 

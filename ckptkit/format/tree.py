@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptkit import codes
 from ckptkit._repr import short
 from ckptkit.errors import ManifestError, StateError
 from ckptkit.format.dtypes import DTYPES
@@ -259,7 +260,7 @@ def tree_error(why: str, where: str = "") -> ManifestError:
     at = f"tree/{where}" if where else "tree"
     return ManifestError(
         f"the state tree cannot be rebuilt at '{at}': {why}",
-        code="CK-M009",
+        code=codes.M009,
         hint="the manifest was damaged, edited or written by a newer ckptkit; roll back to "
         "the previous verified checkpoint ('ckptkit ls RUN'), or upgrade ckptkit",
     )

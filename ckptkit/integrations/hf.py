@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptkit import retain
+from ckptkit import codes, retain
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint.manifest_io import read_path
@@ -279,10 +279,10 @@ class _Keeper:
             return
         msg = (f"data identity changed since {ckpt.name} was saved: snapshot {was} there, "
                f"{now} now")
-        log.warning("ckptkit: CK-R003 %s; %s", msg, CODES["CK-R003"].hint)
+        log.warning("ckptkit: %s %s; %s", codes.R003, msg, CODES[codes.R003].hint)
         obs = self.recorder.observer if self.recorder is not None else None
         if obs is not None:
-            obs.note([{"code": "CK-R003", "component": "data", "message": msg}])
+            obs.note([{"code": codes.R003, "component": "data", "message": msg}])
 
     def log(self, step: int, **metrics: Any) -> bool:
         """Record one step and feed the watch; True when an emergency save is due."""

@@ -466,7 +466,7 @@ def start_guard(
     found = guard_mod.problems(saved, {})
     if found:
         raise codes.error(
-            "CK-S012", "the checkpoint's resume look-ahead cannot be read: " + "; ".join(found[:3])
+            codes.S012, "the checkpoint's resume look-ahead cannot be read: " + "; ".join(found[:3])
         )
     rank, world = _rank_world()
     g = guard_mod.ResumeGuard(saved, per_rank=saved.get("world_size") == world and rank == 0)

@@ -124,7 +124,6 @@ class LightningLayout(FrameworkLayout):
     Example:
         >>> import tempfile
         >>> from ckptkit.run import Run
-from ckptkit.run.registry import register
         >>> with Run(tempfile.mkdtemp(), LightningLayout()) as run:
         ...     run.layout, run.checkpoints()
         ('lightning', [])

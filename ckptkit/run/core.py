@@ -565,7 +565,7 @@ class Run:
             out.errors = [f for f in out.adoption.report.findings if f.severity is ERROR]
             refused = out.adoption.refused
             if refused is not None and not out.errors:
-                out.errors = [codes.CODES[refused.code or "CK-F003"].finding(refused.what)]
+                out.errors = [codes.CODES[refused.code or codes.F003].finding(refused.what)]
         elif verify:
             chk = self.strategy.verify(path, self.catalog, key=self.key, scan_values=scan_values)
             crashpoints.reached("settle.adopted")

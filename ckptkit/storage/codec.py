@@ -78,13 +78,13 @@ class LimitedReader(io.RawIOBase):
                 return 0
             n = self._reader.readinto(mv[: min(want, room)])
         except zstandard.ZstdError as e:
-            raise codes.error("CK-F008", f"zstd stream is corrupt ({e})", path=self.path) from e
+            raise codes.error(codes.F008, f"zstd stream is corrupt ({e})", path=self.path) from e
         self.produced += n
         return n
 
     def _bomb(self) -> CkptkitError:
         return codes.error(
-            "CK-F008",
+            codes.F008,
             f"decompresses to more than the {self.limit} bytes the manifest declares "
             "(decompression bomb or tampered file)",
             path=self.path,

@@ -242,41 +242,41 @@ def read_metadata(root: Location, man: mf.Manifest) -> Any:
     fe = entries(man).get(METADATA)
     if fe is None:
         raise codes.error(
-            "CK-F021", "DCP metadata is not listed in the manifest: refusing to read it", path=rel
+            codes.F021, "DCP metadata is not listed in the manifest: refusing to read it", path=rel
         )
     if fe.size > MAX_METADATA_BYTES:
-        raise codes.error("CK-M006", f"DCP metadata declares {fe.size} bytes", path=rel)
+        raise codes.error(codes.M006, f"DCP metadata declares {fe.size} bytes", path=rel)
     data = read_verified(root / rel, fe, rel=rel)
     try:
         return loads_metadata(data)
     except pickle.UnpicklingError as e:
         if "not allowed" in str(e):
-            raise codes.error("CK-F023", f"{e}; not executed", path=rel) from None
-        raise codes.error("CK-F108", f"damaged pickle: {e}", path=rel) from None
+            raise codes.error(codes.F023, f"{e}; not executed", path=rel) from None
+        raise codes.error(codes.F108, f"damaged pickle: {e}", path=rel) from None
     except Exception as e:  # untrusted bytes: any failure is damage, never a traceback
-        raise codes.error("CK-F108", f"damaged pickle: {type(e).__name__}: {e}", path=rel) from None
+        raise codes.error(codes.F108, f"damaged pickle: {type(e).__name__}: {e}", path=rel) from None
 
 
 def read_verified(path: Location, fe: mf.FileEntry, *, rel: str) -> bytes:
     """Read a whole small file, refusing non-regular files, and check size and digest."""
     if not fs.is_local(path):
         if fs.kind(path) is None:
-            raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
+            raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel)
         data = fs.read_small(path, fe.size)
     else:
         with open_regular(path, rel=rel) as f:
             size = os.fstat(f.fileno()).st_size
             if size != fe.size:
                 raise codes.error(
-                    "CK-F002", f"size is {size} bytes, the manifest records {fe.size}", path=rel
+                    codes.F002, f"size is {size} bytes, the manifest records {fe.size}", path=rel
                 )
             data = f.read(fe.size + 1)
     if len(data) != fe.size:
-        raise codes.error("CK-F002", "file changed size while it was read", path=rel)
+        raise codes.error(codes.F002, "file changed size while it was read", path=rel)
     got = digest.hexdigest_bytes(data)
     if got != fe.xxh3_128:
         raise codes.error(
-            "CK-F003", f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)", path=rel
+            codes.F003, f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)", path=rel
         )
     return data
 
@@ -291,9 +291,9 @@ def open_regular(path: Location, *, rel: str) -> Iterator[io.BufferedReader]:
         UnreadableError: ``CK-F025`` it cannot be read now (a permission, an I/O error).
     """
     try:
-        raw = files.open_regular(str(path), code="CK-F022", rel=rel)
+        raw = files.open_regular(str(path), code=codes.F022, rel=rel)
     except FileNotFoundError:
-        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
+        raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel) from None
     except OSError as e:  # a permission or I/O error is not damage: the classifier says
         raise codes.read_error(e, path=rel) from None
     with io.BufferedReader(cast(Any, raw)) as f:
@@ -367,7 +367,7 @@ def coverage(
     except Exception as e:  # untrusted structure: any failure is damage, never a traceback
         return [
             codes.error(
-                "CK-F108",
+                codes.F108,
                 f"DCP metadata has an unexpected structure: {type(e).__name__}: {e}"[:300],
                 path=METADATA_REL,
             )
@@ -376,7 +376,7 @@ def coverage(
     if missing:
         problems.append(
             codes.error(
-                "CK-F105",
+                codes.F105,
                 f"{len(missing)} item(s) of the state dict have no storage entry in "
                 ".metadata, e.g. " + ", ".join(missing[:4]),
                 path=METADATA_REL,
@@ -403,7 +403,7 @@ def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError 
     """Why a load must not read ``it`` (an unlisted shard, a range past its end), or None."""
     if "/" in it.name or "\\" in it.name or it.name in ("", ".", "..", METADATA):
         return codes.error(
-            "CK-F021",
+            codes.F021,
             f"DCP metadata places item {it.fqn} in {it.name!r}, which is not a shard file "
             "of this checkpoint: refusing to read it",
             path=METADATA_REL,
@@ -411,13 +411,13 @@ def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError 
     fe = listed.get(it.name)
     if fe is None:
         return codes.error(
-            "CK-F021",
+            codes.F021,
             "DCP metadata names a shard the manifest does not list: refusing to read it",
             path=it.rel,
         )
     if it.offset < 0 or it.length < 0 or it.offset + it.length > fe.size:
         return codes.error(
-            "CK-F106",
+            codes.F106,
             f"item {it.fqn} lies past the end of the shard ({it.offset}+{it.length} > "
             f"{fe.size} bytes)",
             path=it.rel,
@@ -442,14 +442,14 @@ def load_byte_item(data: bytes, *, fqn: str, rel: str, map_location: Any = None)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "global" in str(e).lower():
             raise codes.error(
-                "CK-F023",
+                codes.F023,
                 f"item {fqn} needs code to unpickle ({first[:200]}); not executed",
                 path=rel,
             ) from None
-        raise codes.error("CK-F108", f"item {fqn} is a damaged pickle: {first[:200]}", path=rel) from None
+        raise codes.error(codes.F108, f"item {fqn} is a damaged pickle: {first[:200]}", path=rel) from None
     except Exception as e:  # untrusted bytes: any failure is damage, never a traceback
         raise codes.error(
-            "CK-F108", f"item {fqn} cannot be read: {type(e).__name__}: {e}"[:300], path=rel
+            codes.F108, f"item {fqn} cannot be read: {type(e).__name__}: {e}"[:300], path=rel
         ) from None
 
 
@@ -604,7 +604,7 @@ def check_file(path: Location, fe: mf.FileEntry, *, rel: str) -> None:
     got = h.hexdigest()
     if got != fe.xxh3_128:
         raise codes.error(
-            "CK-F003", f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)", path=rel
+            codes.F003, f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)", path=rel
         )
 
 
@@ -711,7 +711,7 @@ def _classes() -> tuple[type, type]:
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
                 raise codes.error(
-                    "CK-F106",
+                    codes.F106,
                     f"item {req.storage_index.fqn} has size {tuple(tensor.size())}, the model "
                     f"expects {tuple(target.size())}",
                     path=rel,
@@ -757,7 +757,7 @@ def _classes() -> tuple[type, type]:
                 got = h.hexdigest()
             if got != fe.xxh3_128:
                 raise codes.error(
-                    "CK-F003",
+                    codes.F003,
                     f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)",
                     path=rel,
                 )
@@ -780,16 +780,16 @@ def _shard(path: Location, *, rel: str, expected_size: int) -> Iterator[memoryvi
     """
     if not fs.is_local(path):
         if fs.kind(path) is None:
-            raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel)
+            raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel)
         size = fs.size(path)
         if size != expected_size:
             raise codes.error(
-                "CK-F002", f"size is {size} bytes, the manifest records {expected_size}", path=rel
+                codes.F002, f"size is {size} bytes, the manifest records {expected_size}", path=rel
             )
         buf = bytearray(size)
         got = fs.read_into(path, buf) if size else 0
         if got != size:
-            raise codes.error("CK-F002", f"read {got} of {size} bytes", path=rel)
+            raise codes.error(codes.F002, f"read {got} of {size} bytes", path=rel)
         with memoryview(buf) as mv:
             yield mv
         return
@@ -797,7 +797,7 @@ def _shard(path: Location, *, rel: str, expected_size: int) -> Iterator[memoryvi
         size = os.fstat(f.fileno()).st_size
         if size != expected_size:
             raise codes.error(
-                "CK-F002", f"size is {size} bytes, the manifest records {expected_size}", path=rel
+                codes.F002, f"size is {size} bytes, the manifest records {expected_size}", path=rel
             )
         with _mapped(f, size) as mv:
             yield mv

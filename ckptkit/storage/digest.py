@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ckptkit import codes
 from ckptkit.format.digest import new
 from ckptkit.storage import files
 
@@ -109,7 +110,7 @@ def hash_file(
         >>> hash_file(p) == (hexdigest_bytes(b"abc"), 3)
         True
     """
-    with files.open_regular(path, code="CK-F022", symlink_code="CK-F009") as f:
+    with files.open_regular(path, code=codes.F022, symlink_code=codes.F009) as f:
         return hash_fd(
             f.fileno(), chunk=chunk, on_bytes=on_bytes, on_chunk=on_chunk, read_ahead=read_ahead
         )

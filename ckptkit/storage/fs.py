@@ -48,7 +48,7 @@ from typing import Any, BinaryIO, Literal, TypeAlias
 
 from upath import UPath
 
-from ckptkit import crashpoints
+from ckptkit import codes, crashpoints
 from ckptkit.errors import CkptkitError
 from ckptkit.storage import files
 
@@ -569,38 +569,49 @@ def _s3_get_tagged(fs: Any, path: str, limit: int) -> tuple[bytes, str] | None:
         return None
 
 
-def _s3_put_if_match(fs: Any, path: str, data: bytes, tag: str) -> str | None:
-    bucket, _, key = path.partition("/")
+class _ConditionLost(Exception):
+    """The stored object is not the version the tag names (or is gone): nothing was written."""
+
+
+@contextlib.contextmanager
+def _s3_conditional(fs: Any, path: str) -> Iterator[None]:
+    """Run one conditional S3 request on ``path``: a failed condition (or the object gone)
+    raises :class:`_ConditionLost`, a store without conditional writes
+    :class:`_NoConditionalWrites`; the listing cache forgets ``path`` either way."""
     try:
-        resp = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=tag)
+        yield
     except (OSError, ValueError) as e:
         if isinstance(e, FileNotFoundError) or _s3_code(e) in _LOST_CONDITION:
-            return None
+            raise _ConditionLost from e
         if _s3_code(e) == "NotImplemented":
             raise _NoConditionalWrites from e
         raise
     finally:
         fs.invalidate_cache(path)
+
+
+def _s3_put_if_match(fs: Any, path: str, data: bytes, tag: str) -> str | None:
+    bucket, _, key = path.partition("/")
+    try:
+        with _s3_conditional(fs, path):
+            resp = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=tag)
+    except _ConditionLost:
+        return None
     return str(resp["ETag"])
 
 
 def _s3_delete_if_match(fs: Any, path: str, tag: str) -> bool:
     bucket, _, key = path.partition("/")
     try:
-        fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=tag)
-    except (OSError, ValueError) as e:
-        if isinstance(e, FileNotFoundError) or _s3_code(e) in _LOST_CONDITION:
-            return False
-        if _s3_code(e) == "NotImplemented":
-            raise _NoConditionalWrites from e
-        raise
-    finally:
-        fs.invalidate_cache(path)
+        with _s3_conditional(fs, path):
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=tag)
+    except _ConditionLost:
+        return False
     return True
 
 
 def read_small(
-    p: Location, limit: int, *, hint: str | None = None, code: str = "CK-F022"
+    p: Location, limit: int, *, hint: str | None = None, code: str = codes.F022
 ) -> bytes:
     """Read a whole small file: at most ``limit + 1`` bytes (the caller refuses more).
 
@@ -698,7 +709,7 @@ def check_regular(p: Location, *, hint: str | None = None) -> bool:
         what = None if k == "file" else "a directory" if k == "dir" else "not a regular file"
     if what is None:
         return True
-    raise files.refusal(what, path=url(p), code="CK-F022", hint=hint or _run_file_fix(p))
+    raise files.refusal(what, path=url(p), code=codes.F022, hint=hint or _run_file_fix(p))
 
 
 def _run_file_fix(p: Location) -> str:

@@ -279,7 +279,7 @@ class LeaseLock:
         me = proc.this_process()
         start = time.monotonic()
         deadline = start + self.timeout
-        next_note = start
+        next_note: float | None = None
         collected = False
         while True:
             held, tag = read_lease_tagged(self.root)
@@ -305,12 +305,14 @@ class LeaseLock:
                     proc.collect_own_garbage()
                     continue
             now = time.monotonic()
-            if now >= deadline:
-                raise _held_error(self, read_lease(self.root))
-            if now >= next_note:
+            # A wait is never silent: noted when it starts (even if the deadline passed
+            # during this first attempt: a slow store or a loaded machine), then at intervals.
+            if self.timeout > 0 and (next_note is None or (now >= next_note and now < deadline)):
                 who = held.describe() if held is not None else "an object that is not a lease"
                 proc.note_waiting(fs.url(self.path), who, left=deadline - now, timeout=self.timeout)
                 next_note = now + self.progress_every
+            if now >= deadline:
+                raise _held_error(self, read_lease(self.root))
             time.sleep(max(0.0, min(self.poll, deadline - now)))
 
     def check(self) -> None:

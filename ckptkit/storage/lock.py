@@ -46,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from ckptkit import codes
 from ckptkit.errors import LockHeldError, UnsafeInputError
 from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
@@ -201,7 +202,7 @@ class RunLock:
             pid=os.getpid(), host=socket.gethostname(), created=time.time(), token=uuid.uuid4().hex
         )
         deadline = time.monotonic() + self.timeout
-        next_note = time.monotonic()
+        next_note: float | None = None
         quick_retries = 0
         collected = False
         while True:
@@ -225,12 +226,14 @@ class RunLock:
                 collect_own_garbage()
                 continue
             now = time.monotonic()
-            if now >= deadline:
-                raise self._held_error(holder)
-            if now >= next_note:
+            # A wait is never silent: noted when it starts (even if the deadline passed
+            # during this first attempt: a slow disk or a loaded machine), then at intervals.
+            if self.timeout > 0 and (next_note is None or (now >= next_note and now < deadline)):
                 who = holder.describe() if holder else "another process (lock file being written)"
                 note_waiting(str(self.path), who, left=deadline - now, timeout=self.timeout)
                 next_note = now + self.progress_every
+            if now >= deadline:
+                raise self._held_error(holder)
             time.sleep(max(0.0, min(self.poll, deadline - now)))
 
     def release(self) -> None:
@@ -284,7 +287,7 @@ class RunLock:
             created = False
             try:
                 # A regular file only: a FIFO or device put here is refused, never locked.
-                fd = files.open_fd(self.path, os.O_RDWR, code="CK-F022", hint=_LOCK_FIX)
+                fd = files.open_fd(self.path, os.O_RDWR, code=codes.F022, hint=_LOCK_FIX)
             except FileNotFoundError:
                 return None, None  # released in between
         try:

@@ -129,10 +129,10 @@ def read_file(
     try:
         size = fs.size(loc)  # one request: exists, and its size
     except FileNotFoundError:
-        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
+        raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel) from None
     if size != expected.size:
         raise codes.error(
-            "CK-F002",
+            codes.F002,
             f"size is {size} bytes, the manifest records {expected.size} "
             f"({'truncated' if size < expected.size else 'grown'})",
             path=rel,
@@ -146,13 +146,13 @@ def read_file(
     _fill(loc, [(0, memoryview(head))], rel)
     if len(head) < 8:
         raise codes.error(
-            "CK-F004", "file is shorter than a safetensors header (truncated)", path=rel
+            codes.F004, "file is shorter than a safetensors header (truncated)", path=rel
         )
     (n_head,) = struct.unpack("<Q", head[:8])
     limit = min(tensors.MAX_HEADER, max(size - 8, 0))
     if n_head > limit:
         raise codes.error(
-            "CK-F004",
+            codes.F004,
             f"safetensors header length {n_head} is absurd (file holds at most {limit})",
             path=rel,
         )
@@ -186,7 +186,7 @@ def read_file(
     hexd = str(h.hexdigest())
     if hexd != expected.digest:
         raise codes.error(
-            "CK-F003",
+            codes.F003,
             f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
             path=rel,
         )
@@ -207,7 +207,7 @@ def _fill(loc: Location, segments: list[tuple[int, memoryview]], rel: str) -> No
         if not isinstance(e, OSError) and not codes.transient(e):
             raise
         raise codes.read_error(
-            e, path=rel, damage="CK-F002", what="cannot be read (truncated or rewritten?)"
+            e, path=rel, damage=codes.F002, what="cannot be read (truncated or rewritten?)"
         ) from None
 
 
@@ -283,11 +283,11 @@ def _read_compressed(
     raw = bytearray(expected.size)
     got = fs.read_into(loc, raw)
     if got != expected.size:
-        raise codes.error("CK-F002", f"read {got} of {expected.size} bytes", path=rel)
+        raise codes.error(codes.F002, f"read {got} of {expected.size} bytes", path=rel)
     hexd = fmt_digest.hexdigest_bytes(memoryview(raw))
     if hexd != expected.digest:
         raise codes.error(
-            "CK-F003",
+            codes.F003,
             f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
             path=rel,
         )

@@ -359,7 +359,7 @@ def parse_header(raw: bytes, *, path: str, data_len: int | None) -> dict[str, He
     """
 
     def bad(why: str) -> CkptkitError:
-        return codes.error("CK-F004", f"safetensors header is invalid: {why}", path=path)
+        return codes.error(codes.F004, f"safetensors header is invalid: {why}", path=path)
 
     try:
         hdr = json.loads(raw.decode("utf-8"))
@@ -409,7 +409,7 @@ def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[
     pre = _read_exact(f, 8)
     if len(pre) < 8:
         raise codes.error(
-            "CK-F004",
+            codes.F004,
             "file is shorter than a safetensors header (truncated)",
             path=path,
         )
@@ -417,14 +417,14 @@ def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[
     limit = MAX_HEADER if file_size is None else min(MAX_HEADER, max(file_size - 8, 0))
     if n > limit:
         raise codes.error(
-            "CK-F004",
+            codes.F004,
             f"safetensors header length {n} is absurd (file holds at most {limit})",
             path=path,
         )
     raw = _read_exact(f, n)
     if len(raw) < n:
         raise codes.error(
-            "CK-F004",
+            codes.F004,
             "file ends inside the safetensors header (truncated)",
             path=path,
         )
@@ -505,16 +505,16 @@ def read_file(
     try:
         # Regular files only: a FIFO here would block the read forever, a directory raise
         # IsADirectoryError (CK-F022; a symlink is CK-F009).
-        f = files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009")
+        f = files.open_regular(path, code=codes.F022, rel=rel, symlink_code=codes.F009)
     except (FileNotFoundError, NotADirectoryError):
-        raise codes.error("CK-F001", "file listed in the manifest is missing", path=rel) from None
+        raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel) from None
     except OSError as e:
         raise codes.read_error(e, path=rel) from None
     try:
         size = os.fstat(f.fileno()).st_size
         if size != expected.size:
             raise codes.error(
-                "CK-F002",
+                codes.F002,
                 f"size is {size} bytes, the manifest records {expected.size} "
                 f"({'truncated' if size < expected.size else 'grown'})",
                 path=rel,
@@ -550,7 +550,7 @@ def read_file(
             hexd = hasher.hexdigest()
         if hexd != expected.digest:
             raise codes.error(
-                "CK-F003",
+                codes.F003,
                 f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
                 path=rel,
             )
@@ -590,11 +590,11 @@ def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry],
                 f"is {got.dtype}{list(got.shape)} at {list(got.offsets)} in the file header but "
                 f"{want.dtype}{list(want.shape)} at {list(want.offsets)} in the manifest"
             )
-            raise codes.error("CK-F005", f"tensor '{key}' {what}", path=rel)
+            raise codes.error(codes.F005, f"tensor '{key}' {what}", path=rel)
     extra = sorted(set(header) - set(wanted))
     if extra:
         raise codes.error(
-            "CK-F005",
+            codes.F005,
             f"file header holds tensors the manifest does not list: {extra[:5]}",
             path=rel,
         )
@@ -657,7 +657,7 @@ def _pread_tensors(
             k = os.preadv(fd, [mv[got:]], off + got)
             if k == 0:
                 raise codes.error(
-                    "CK-F002",
+                    codes.F002,
                     f"file ends inside tensor '{key}' (truncated)",
                     path=rel,
                 )
@@ -704,7 +704,7 @@ def read_tensors(
             got = _readinto_exact(src, chunk)
             if got < len(chunk):
                 raise codes.error(
-                    "CK-F002",
+                    codes.F002,
                     f"file ends inside tensor '{key}' (truncated)",
                     path=rel,
                 )
@@ -779,7 +779,7 @@ def scan_file(
         header: dict[str, HeaderEntry] | None = None
         err: tuple[str, str] | None = None
         finite: FiniteScan | None = None
-        with files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009") as f:
+        with files.open_regular(path, code=codes.F022, rel=rel, symlink_code=codes.F009) as f:
             try:
                 fsize = os.fstat(f.fileno()).st_size
                 n, raw = read_header_from(f, path=rel, file_size=fsize)
@@ -787,13 +787,13 @@ def scan_file(
                 if values:
                     finite = FiniteScan(header, 8 + n)
             except (IntegrityError, UnsafeInputError) as e:
-                err = (e.code or "CK-F004", e.what)
+                err = (e.code or codes.F004, e.what)
             hexd, size = digest.hash_fd(
                 f.fileno(), on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
             )
         return hexd, size, header, err, finite
     with (
-        files.open_regular(path, code="CK-F022", rel=rel, symlink_code="CK-F009") as f,
+        files.open_regular(path, code=codes.F022, rel=rel, symlink_code=codes.F009) as f,
         digest.PipelinedHasher() as hasher,
     ):
         hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
@@ -819,9 +819,9 @@ def scan_file(
                     on_bytes(k)
             src.check_exhausted()
             if raw_size is not None and src.produced != raw_size:
-                err = ("CK-F008", f"decompresses to {src.produced} bytes, manifest says {raw_size}")
+                err = (codes.F008, f"decompresses to {src.produced} bytes, manifest says {raw_size}")
         except (IntegrityError, UnsafeInputError) as e:
-            err = (e.code or "CK-F004", e.what)
+            err = (e.code or codes.F004, e.what)
         while buffered.read(digest.CHUNK):
             pass
         return hasher.hexdigest(), size, header, err, None

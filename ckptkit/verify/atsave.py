@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.codes import CODES, ERROR, WARNING, Finding, Severity
 from ckptkit.storage import tensors as tensors_mod
@@ -42,7 +43,7 @@ from ckptkit.verify.findings import CHECKS
 Policy = Literal["raise", "warn"]
 POLICIES: tuple[Policy, ...] = ("raise", "warn")
 
-VALUE_CODES = ("CK-S010", "CK-S011")
+VALUE_CODES = (codes.S010, codes.S011)
 """The consistency checks that read tensor values (NaN/Inf): a verify that does not scan
 values (``scan_values=False``) cannot find them again, so their recorded findings stand."""
 MAX_RECORDED = 100

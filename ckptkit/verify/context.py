@@ -126,9 +126,9 @@ class CheckContext:
                 values=self.options.get("scan_values", True) is not False,
             )
         except UnsafeInputError as e:  # swapped for a symlink or FIFO after the lstat
-            if e.code not in ("CK-F009", "CK-F022"):
+            if e.code not in (codes.F009, codes.F022):
                 raise
-            if e.code == "CK-F009":
+            if e.code == codes.F009:
                 return FileScan(fe, exists=True, outside=True)
             return FileScan(fe, exists=True, not_regular="replaced while being checked")
         except OSError as e:
@@ -161,14 +161,14 @@ class CheckContext:
                     pre = fs.read_ranges(p, [(0, min(8, size))])[0]
                     n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
                     if n < 0 or n > min(tensors.MAX_HEADER, size - 8):
-                        raise codes.error("CK-F004", "safetensors header length is absurd or "
+                        raise codes.error(codes.F004, "safetensors header length is absurd or "
                                           "the file is truncated", path=fe.path)
                     raw = fs.read_ranges(p, [(8, 8 + n)])[0]
                     header = tensors.parse_header(raw, path=fe.path, data_len=size - 8 - n)
                     if self.options.get("scan_values", True) is not False:
                         finite = tensors.FiniteScan(header, 8 + n)
                 except CkptkitError as e:
-                    err = (e.code or "CK-F004", e.what)
+                    err = (e.code or codes.F004, e.what)
             hexd, size = remote.hash_file(
                 p, on_bytes=self.on_bytes, on_chunk=finite.feed if finite is not None else None
             )

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckptkit import _progress, signing
+from ckptkit import _progress, codes, signing
 from ckptkit import manifest as mf
 from ckptkit.catalog import native_evidence
 from ckptkit.checkpoint import manifest_io
@@ -97,7 +97,7 @@ def verify_one(
         # Rotation of a live run deleted it while we read: not damage, and not a finding
         # about the bytes we saw half of.
         findings = [
-            CODES["CK-F020"].finding("deleted while it was being checked (a live run rotated it)")
+            CODES[codes.F020].finding("deleted while it was being checked (a live run rotated it)")
         ]
     comps = empty_components()
     if m is not None:
@@ -140,8 +140,8 @@ def _deleted_meanwhile(
 
 
 _DAMAGE = frozenset(
-    {"CK-F001", "CK-F002", "CK-F003", "CK-F004", "CK-F005", "CK-F008", "CK-F009", "CK-F022",
-     "CK-F025"}  # an unreadable file is not damaged, but proves nothing either
+    {codes.F001, codes.F002, codes.F003, codes.F004, codes.F005, codes.F008, codes.F009, codes.F022,
+     codes.F025}  # an unreadable file is not damaged, but proves nothing either
 )
 
 
@@ -149,7 +149,7 @@ def _proven(m: mf.Manifest, findings: list[Finding]) -> dict[str, mf.Component]:
     """The component table as the bytes prove it: a component whose files are damaged or
     whose bytes are absent (``CK-C010``) is reported not present, whatever the table says."""
     damaged = {f.path for f in findings if f.code in _DAMAGE and f.path}
-    unproven = {f.component for f in findings if f.code == "CK-C010"}
+    unproven = {f.component for f in findings if f.code == codes.C010}
     out: dict[str, mf.Component] = {}
     for name, c in m.components.items():
         if c.present and (name in unproven or any(w in damaged for w in c.where)):

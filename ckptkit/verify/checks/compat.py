@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.errors import CkptkitError
@@ -51,7 +52,7 @@ def _current_env(ctx: CheckContext) -> Mapping[str, Any]:
     return env_capture.capture()
 
 
-@check("CK-R001")
+@check(codes.R001)
 def env_changed(ctx: CheckContext) -> Iterator[Finding]:
     saved = st.manifest(ctx).env
     if not isinstance(saved, Mapping) or not saved:
@@ -63,7 +64,7 @@ def env_changed(ctx: CheckContext) -> Iterator[Finding]:
         # nothing to compare for CUDA-side fields, and "no GPU" is not a version change.
         if before in (None, [], "") or after in (None, [], "") or before == after:
             continue
-        yield CODES["CK-R001"].finding(
+        yield CODES[codes.R001].finding(
             f"{key} changed since the save: {_show(before)} -> {_show(after)}; {effect}"
         )
 
@@ -124,7 +125,7 @@ def _current_parallel(ctx: CheckContext) -> tuple[dict[str, Any], bool]:
     return {"world_size": int(env_ws) if env_ws.isdigit() else 1}, False
 
 
-@check("CK-R002")
+@check(codes.R002)
 def layout_changed(ctx: CheckContext) -> Iterator[Finding]:
     saved = st.summary(ctx, "parallel") or st.mapping(st.tree_part(ctx, "parallel"))
     if not saved:
@@ -136,7 +137,7 @@ def layout_changed(ctx: CheckContext) -> Iterator[Finding]:
         before, after = saved.get(key), now.get(key)
         if key not in saved or after is None or before is None or before == after:
             continue
-        yield CODES["CK-R002"].finding(
+        yield CODES[codes.R002].finding(
             f"{key} changed since the save: {before} -> {after}{source}; {LAYOUT_EFFECTS[key]}"
         )
 
@@ -174,7 +175,7 @@ def _data_effect(key: str) -> str:
     return _DATA_DEFAULT
 
 
-@check("CK-R003")
+@check(codes.R003)
 def data_changed(ctx: CheckContext) -> Iterator[Finding]:
     cur = ctx.options.get("current_data")
     if not isinstance(cur, Mapping) or not cur:
@@ -187,7 +188,7 @@ def data_changed(ctx: CheckContext) -> Iterator[Finding]:
     if not isinstance(saved, Mapping):
         saved = dict(st.summary(ctx, "data"))
     if not saved:
-        yield CODES["CK-R003"].finding(
+        yield CODES[codes.R003].finding(
             f"the checkpoint records no data identity; the resumed run declares "
             f"{sorted(map(str, cur))}: a change cannot be ruled out",
             hint="declare data= in TrainState so the next checkpoints can be compared",
@@ -198,7 +199,7 @@ def data_changed(ctx: CheckContext) -> Iterator[Finding]:
             continue
         before = saved[key]
         if before != after:
-            yield CODES["CK-R003"].finding(
+            yield CODES[codes.R003].finding(
                 f"data {key!r} changed since the save: {before!r} -> {after!r}; "
                 f"{_data_effect(str(key))}"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.codes import UNREADABLE
 from ckptkit.format import tree as tree_mod
@@ -23,7 +24,7 @@ from ckptkit.verify.findings import CODES, WARNING, Finding, check
 _IN_TREE = tuple(n for n in mf.COMPONENTS if n not in ("env",))
 
 
-@check("CK-C001", needs=("state",))
+@check(codes.C001, needs=("state",))
 def required_missing(ctx: CheckContext) -> Iterator[Finding]:
     comps = st.view(ctx).components()
     m = ctx.manifest
@@ -35,18 +36,18 @@ def required_missing(ctx: CheckContext) -> Iterator[Finding]:
             continue
         why = f" ({c.reason})" if c.reason else ""
         if c.present is not True:
-            yield CODES["CK-C001"].finding(
+            yield CODES[codes.C001].finding(
                 f"{name} state is required{why} but missing", component=name
             )
         elif trainstate and name in _IN_TREE and name not in tree and _recorded_required(m, name):
             # The table says present, but the state itself is gone (edited or damaged).
-            yield CODES["CK-C001"].finding(
+            yield CODES[codes.C001].finding(
                 f"{name} is marked present{why} but the state tree holds no '{name}'",
                 component=name,
             )
     env = comps.get("env")
     if m is not None and env is not None and env.required and not m.env:
-        yield CODES["CK-C001"].finding(
+        yield CODES[codes.C001].finding(
             "env is required (always recorded) but the manifest's env record is empty",
             component="env",
         )
@@ -75,20 +76,20 @@ def _absent_unrequired(ctx: CheckContext, name: str) -> mf.Component | None:
     return c
 
 
-@check("CK-C002", needs=("state",))
+@check(codes.C002, needs=("state",))
 def sampler_missing(ctx: CheckContext) -> Iterator[Finding]:
     if not _training(ctx):
         return  # not a training resume (or a plain save): nothing to say
     samp = _absent_unrequired(ctx, "sampler")
     if samp is not None:
         why = f" ({samp.reason})" if samp.reason else ""
-        yield CODES["CK-C002"].finding(
+        yield CODES[codes.C002].finding(
             f"the checkpoint holds optimizer state but no data-loader cursor{why}",
             component="sampler",
         )
 
 
-@check("CK-C003", needs=("state",))
+@check(codes.C003, needs=("state",))
 def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     if not st.present(ctx, "rng"):
         return
@@ -100,7 +101,7 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
     if world is None or world < 1:
         return  # a plain save: no recorded world size to hold the states against
     if par_world is not None and par_world != world:
-        yield CODES["CK-C003"].finding(
+        yield CODES[codes.C003].finding(
             f"the RNG record says world size {world}, the parallel layout {par_world}"
         )
     ranks: set[int] = set()
@@ -123,12 +124,12 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
             r += 1
         n = world - len(inside)
         more = f" … (+{n - len(first)})" if n > len(first) else ""
-        yield CODES["CK-C003"].finding(
+        yield CODES[codes.C003].finding(
             f"RNG state for {n} of {world} rank(s) missing: ranks "
             f"{', '.join(map(str, first))}{more}"
         )
     if extra:
-        yield CODES["CK-C003"].finding(
+        yield CODES[codes.C003].finding(
             f"RNG state for rank(s) {_few(extra)} outside the recorded world size {world}",
             severity=WARNING,
             hint="the checkpoint mixes states of two layouts; check which run wrote it",
@@ -140,33 +141,33 @@ def _few(xs: list[int], n: int = 8) -> str:
     return head + (f" … (+{len(xs) - n})" if len(xs) > n else "")
 
 
-@check("CK-C103", needs=("state",))
+@check(codes.C103, needs=("state",))
 def rng_missing(ctx: CheckContext) -> Iterator[Finding]:
     if not _training(ctx):
         return
     rng = _absent_unrequired(ctx, "rng")
     if rng is not None:
         why = f" ({rng.reason})" if rng.reason else ""
-        yield CODES["CK-C103"].finding(
+        yield CODES[codes.C103].finding(
             f"the checkpoint holds optimizer state but no RNG state{why}", component="rng"
         )
 
 
-@check("CK-C011", needs=("state",))
+@check(codes.C011, needs=("state",))
 def expectation_inferred(ctx: CheckContext) -> Iterator[Finding]:
     expect, why = st.view(ctx).expectation()
     if expect == "weights" and why:
-        yield CODES["CK-C011"].finding(
+        yield CODES[codes.C011].finding(
             f"checked as a weights checkpoint: {why}; only the model is required",
             component="model",
         )
 
 
-@check("CK-C012", needs=("state",))
+@check(codes.C012, needs=("state",))
 def components_inferred(ctx: CheckContext) -> Iterator[Finding]:
     for name, found in st.view(ctx).found().items():
         if found.how == "inferred":
-            yield CODES["CK-C012"].finding(
+            yield CODES[codes.C012].finding(
                 f"{name}: {found.describe()}; no key or file names it as such", component=name
             )
 
@@ -174,7 +175,7 @@ def components_inferred(ctx: CheckContext) -> Iterator[Finding]:
 # --- components proven from bytes -----------------------------------------------------------
 
 _FILE_DAMAGE = frozenset(
-    {"CK-F001", "CK-F002", "CK-F003", "CK-F004", "CK-F005", "CK-F008", "CK-F009", "CK-F022"}
+    {codes.F001, codes.F002, codes.F003, codes.F004, codes.F005, codes.F008, codes.F009, codes.F022}
 )
 """Integrity codes that mean a file does not hold what the manifest says."""
 
@@ -235,7 +236,7 @@ def _tree_at(tree: Any, parts: list[str]) -> tuple[bool, Any]:
     return True, node
 
 
-@check("CK-C010")
+@check(codes.C010)
 def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
     """Every component the table calls present is held by whole files or existing keys."""
     m = st.manifest(ctx)
@@ -246,7 +247,7 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
             continue
         where = [w for w in c.where if isinstance(w, str)]
         if not where:
-            yield CODES["CK-C010"].finding(
+            yield CODES[codes.C010].finding(
                 f"{name} is marked present but the table names no file or key holding it",
                 component=name,
             )
@@ -254,7 +255,7 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
         for w in where:
             if w == "manifest:env":
                 if not m.env:
-                    yield CODES["CK-C010"].finding(
+                    yield CODES[codes.C010].finding(
                         f"{name} lives in the manifest's env record, which is empty",
                         component=name,
                     )
@@ -262,7 +263,7 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
             if w.startswith("manifest:tree/"):
                 found, node = _tree_at(m.tree, w.removeprefix("manifest:tree/").split("/"))
                 if not found:
-                    yield CODES["CK-C010"].finding(
+                    yield CODES[codes.C010].finding(
                         f"{name} is marked present at '{w}', but the state tree has no such key",
                         component=name,
                     )
@@ -274,7 +275,7 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                         else _file_problem(ctx, rel)
                     )
                     if why is not None:
-                        yield CODES["CK-C010"].finding(
+                        yield CODES[codes.C010].finding(
                             f"{name}: tensor '{key}' "
                             + (why if rel is None else f"lives in {rel}, which {why}"),
                             component=name,
@@ -284,11 +285,11 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                 continue
             why = _file_problem(ctx, w)
             if why is not None:
-                yield CODES["CK-C010"].finding(
+                yield CODES[codes.C010].finding(
                     f"{name} is held by {w}, which {why}", component=name, path=w
                 )
         if any(w.startswith(f"{DCP_DIR}/") for w in where) and not _dcp_has(ctx, name):
-            yield CODES["CK-C010"].finding(
+            yield CODES[codes.C010].finding(
                 f"{name} is marked as stored with DCP, but {dcp_meta} is not listed, cannot "
                 f"be read safely, or holds no '{name}.' items",
                 component=name,

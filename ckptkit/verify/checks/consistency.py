@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from ckptkit import catalog, guard
+from ckptkit import catalog, codes, guard
 from ckptkit.capture import fp8 as fp8_capture
 from ckptkit.capture import progress as progress_capture
 from ckptkit.capture import rng as rng_capture
@@ -95,7 +95,7 @@ def _stateful(opt: OptimizerView) -> bool:
 # --- optimizer -------------------------------------------------------------------------------
 
 
-@check("CK-S001", needs=("state",))
+@check(codes.S001, needs=("state",))
 def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
     step = st.integer(st.summary(ctx, "progress").get("step"))
     for opt in st.optimizers(ctx):
@@ -108,12 +108,12 @@ def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
             continue
         if len(without) == len(params):
             if step:
-                yield CODES["CK-S001"].finding(
+                yield CODES[codes.S001].finding(
                     f"{kind} holds no state for any of its {len(params)} parameters, but the "
                     f"global step is {step}"
                 )
             continue
-        yield CODES["CK-S001"].finding(
+        yield CODES[codes.S001].finding(
             f"{kind} holds no state for {len(without)} of {len(params)} parameters: "
             f"{_names(without)}",
             severity=WARNING,
@@ -127,7 +127,7 @@ def moments_missing(ctx: CheckContext) -> Iterator[Finding]:
 _FACTORED = ("row", "col", "factored")
 
 
-@check("CK-S002", needs=("state",))
+@check(codes.S002, needs=("state",))
 def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
     model_shape = st.view(ctx).model_shapes()
     for opt in st.optimizers(ctx):
@@ -159,7 +159,7 @@ def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
                         f"{list(ms)} in the model"
                     )
         if bad:
-            yield CODES["CK-S002"].finding(
+            yield CODES[codes.S002].finding(
                 f"{len(bad)} shape mismatch(es): "
                 + "; ".join(bad[:MAX_NAMED])
                 + (f"; and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else "")
@@ -175,7 +175,7 @@ def moment_shapes(ctx: CheckContext) -> Iterator[Finding]:
 # --- counters --------------------------------------------------------------------------------
 
 
-@check("CK-S003", needs=("state",))
+@check(codes.S003, needs=("state",))
 def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     osumm = st.summary(ctx, "optimizer")
     prog = st.summary(ctx, "progress")
@@ -195,13 +195,13 @@ def optimizer_vs_global(ctx: CheckContext) -> Iterator[Finding]:
         msg += f" (accum_steps {accum})"
     if scaler and o < g:
         msg += f"; more than the {skip} steps an fp16 GradScaler may skip"
-    yield CODES["CK-S003"].finding(msg)
+    yield CODES[codes.S003].finding(msg)
 
 
 _PER_STEP_EXEMPT = ("ReduceLROnPlateau", "ChainedScheduler")
 
 
-@check("CK-S004", needs=("state",))
+@check(codes.S004, needs=("state",))
 def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     ssumm = st.summary(ctx, "scheduler")
     prog = st.summary(ctx, "progress")
@@ -221,13 +221,13 @@ def scheduler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
         candidates.add(o)
     if any(abs(last - c) <= 1 for c in candidates):
         return
-    yield CODES["CK-S004"].finding(
+    yield CODES[codes.S004].finding(
         f"scheduler {ssumm.get('type')} is at last_epoch {last} but the global step is {g}"
         + (f" (epoch {epoch})" if epoch else "")
     )
 
 
-@check("CK-S005", needs=("state",))
+@check(codes.S005, needs=("state",))
 def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     gbs = st.integer(st.summary(ctx, "parallel").get("global_batch_size"))
     prog = st.summary(ctx, "progress")
@@ -237,7 +237,7 @@ def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     expected = g * gbs
     consumed = st.integer(prog.get("consumed_samples"))
     if consumed and not expected <= consumed <= expected + gbs:
-        yield CODES["CK-S005"].finding(
+        yield CODES[codes.S005].finding(
             f"progress counts {consumed} consumed samples, but step {g} × global batch "
             f"{gbs} = {expected}",
             component="progress",
@@ -260,7 +260,7 @@ def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
     if expected - gbs <= drawn <= expected + ahead:
         return
     where = "behind" if drawn < expected else "ahead of"
-    yield CODES["CK-S005"].finding(
+    yield CODES[codes.S005].finding(
         f"sampler has drawn {drawn} samples (epoch {epoch}, {pos} into it), {where} step "
         f"{g} × global batch {gbs} = {expected}"
     )
@@ -269,7 +269,7 @@ def sampler_vs_global(ctx: CheckContext) -> Iterator[Finding]:
 # --- per-rank and layout ---------------------------------------------------------------------
 
 
-@check("CK-S006", needs=("state",))
+@check(codes.S006, needs=("state",))
 def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
     prints = st.mapping(st.summary(ctx, "rng").get("fingerprints"))
     by_print: dict[str, list[str]] = {}
@@ -278,12 +278,12 @@ def rng_duplicates(ctx: CheckContext) -> Iterator[Finding]:
             by_print.setdefault(fp, []).append(rank)
     for fp, ranks in sorted(by_print.items()):
         if len(ranks) > 1:
-            yield CODES["CK-S006"].finding(
+            yield CODES[codes.S006].finding(
                 f"{len(ranks)} ranks hold the same RNG state ({fp}): {_names(sorted(ranks), 8)}"
             )
 
 
-@check("CK-S007", needs=("state",))
+@check(codes.S007, needs=("state",))
 def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "parallel")
     problems = summ.get("problems")
@@ -292,13 +292,13 @@ def parallel_layout(ctx: CheckContext) -> Iterator[Finding]:
     # The saving process's own rank is not part of the layout (rank 0 writes the manifest).
     real = [p for p in problems if isinstance(p, str) and p and not p.startswith("rank ")]
     if real:
-        yield CODES["CK-S007"].finding("; ".join(real))
+        yield CODES[codes.S007].finding("; ".join(real))
 
 
 # --- scaling state ---------------------------------------------------------------------------
 
 
-@check("CK-S008", needs=("state",))
+@check(codes.S008, needs=("state",))
 def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "scaler")
     if summ.get("enabled") is not True:
@@ -312,9 +312,9 @@ def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
     if scale is None:
         return
     if not math.isfinite(scale) or scale <= 0:
-        yield CODES["CK-S008"].finding(f"loss scale is {scale}")
+        yield CODES[codes.S008].finding(f"loss scale is {scale}")
     elif scale < COLLAPSED_SCALE:
-        yield CODES["CK-S008"].finding(
+        yield CODES[codes.S008].finding(
             f"loss scale collapsed to {scale:g} (below {COLLAPSED_SCALE:g}): gradients have "
             "been overflowing step after step",
             severity=WARNING,
@@ -323,14 +323,14 @@ def loss_scale(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("CK-S009", needs=("state",))
+@check(codes.S009, needs=("state",))
 def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
     summ = st.summary(ctx, "fp8")
     if not summ:
         return
     n_tensors = st.integer(summ.get("num_tensors"))
     if n_tensors == 0 and not st.items(st.mapping(st.tree_part(ctx, "fp8")).get("state")):
-        yield CODES["CK-S009"].finding("fp8 state is empty: no scale or amax tensors")
+        yield CODES[codes.S009].finding("fp8 state is empty: no scale or amax tensors")
         return
     for key, what in (
         ("nonfinite_scale", "non-finite scale"),
@@ -339,11 +339,11 @@ def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
     ):
         n = st.integer(summ.get(key))
         if n:
-            yield CODES["CK-S009"].finding(f"{n} {what} value(s)")
+            yield CODES[codes.S009].finding(f"{n} {what} value(s)")
     if summ.get("amax_history_empty") is True:
-        yield CODES["CK-S009"].finding("amax history is empty (length 0)")
+        yield CODES[codes.S009].finding("amax history is empty (length 0)")
     elif summ.get("amax_history_all_zero") is True:
-        yield CODES["CK-S009"].finding(
+        yield CODES[codes.S009].finding(
             "amax history is all zeros: FP8 scaling state was never updated",
             severity=WARNING,
             hint="expected only before the first FP8 step; otherwise the state was reset or "
@@ -354,7 +354,7 @@ def fp8_state(ctx: CheckContext) -> Iterator[Finding]:
 # --- tensor values ---------------------------------------------------------------------------
 
 
-@check("CK-S010", needs=("state",))
+@check(codes.S010, needs=("state",))
 def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
     found = st.nonfinite(ctx).get("model", [])
     if not found:
@@ -365,7 +365,7 @@ def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
     hard = [nf for nf in found if nf.nan or any(n in trainable for n in names.get(nf.key, ()))]
     soft = [nf for nf in found if nf not in hard]
     if hard:
-        yield CODES["CK-S010"].finding(
+        yield CODES[codes.S010].finding(
             f"{len(hard)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in hard]),
             component="model",
         )
@@ -373,7 +373,7 @@ def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
         # Known buffers (not trainable parameters) may hold -inf on purpose (attention
         # masks): info. Without a model summary (plain save) nothing is known: warning.
         known = bool(trainable)
-        yield CODES["CK-S010"].finding(
+        yield CODES[codes.S010].finding(
             f"{len(soft)} {'buffer' if known else 'tensor'}(s) hold ±Inf (no NaN): "
             + _names([nf.describe() for nf in soft]),
             component="model",
@@ -383,11 +383,11 @@ def model_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("CK-S011", needs=("state",))
+@check(codes.S011, needs=("state",))
 def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
     found = st.nonfinite(ctx).get("optimizer", [])
     if found:
-        yield CODES["CK-S011"].finding(
+        yield CODES[codes.S011].finding(
             f"{len(found)} tensor(s) hold NaN/Inf: " + _names([nf.describe() for nf in found]),
         )
 
@@ -395,7 +395,7 @@ def optimizer_nonfinite(ctx: CheckContext) -> Iterator[Finding]:
 # --- what the resume guard reads -------------------------------------------------------------
 
 
-@check("CK-S012", needs=("manifest",))
+@check(codes.S012, needs=("manifest",))
 def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     # One rule for verify and restore: restore runs this check before it touches the state.
     man = ctx.manifest
@@ -403,7 +403,7 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
     found = guard.problems(look.get(GUARD_KEY), man.tree)
     if found:
-        yield CODES["CK-S012"].finding("; ".join(found[:MAX_NAMED]))
+        yield CODES[codes.S012].finding("; ".join(found[:MAX_NAMED]))
 
 
 # --- what restore applies ----------------------------------------------------------------------
@@ -418,7 +418,7 @@ _TYPED = ("optimizer", "scheduler")
 _SUMMARIZED = {"sampler": sampler_capture, "progress": progress_capture}
 
 
-@check("CK-S013", needs=("manifest",))
+@check(codes.S013, needs=("manifest",))
 def restorable_as_saved(ctx: CheckContext) -> Iterator[Finding]:
     # One rule for verify and restore: restore runs this check before it reads the files,
     # and TrainState.restore_tree runs the same validators on the values it read.
@@ -450,7 +450,7 @@ def restorable_as_saved(ctx: CheckContext) -> Iterator[Finding]:
     found += _summary_differs(ctx, tree)
     if found:
         more = f"; and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
-        yield CODES["CK-S013"].finding("; ".join(found[:MAX_NAMED]) + more)
+        yield CODES[codes.S013].finding("; ".join(found[:MAX_NAMED]) + more)
 
 
 def _summary_differs(ctx: CheckContext, tree: Mapping[str, object]) -> list[str]:
@@ -502,7 +502,7 @@ def _stand_in_tree(ctx: CheckContext) -> object:
         return None
 
 
-@check("CK-S020")
+@check(codes.S020)
 def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
     """The manifest's step is the step its directory is named for (one rule with the
     catalog's listing: :func:`ckptkit.catalog.misplaced`)."""
@@ -510,7 +510,7 @@ def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
     why = catalog.misplaced(ctx.root.name, ctx.manifest.step)
     if why is not None:
         step = ctx.manifest.step
-        yield CODES["CK-S020"].finding(
+        yield CODES[codes.S020].finding(
             why,
             hint=f"this is a copy or rename of step {step}'s checkpoint: rename it to "
             f"{catalog.step_dir_name(step) if isinstance(step, int) else 'its own step'} "
@@ -519,7 +519,7 @@ def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("CK-S021", needs=())
+@check(codes.S021, needs=())
 def duplicate_step(ctx: CheckContext) -> Iterator[Finding]:
     """A second directory for a step the run holds under another name is ignored by the
     run (:meth:`ckptkit.catalog.Catalog.duplicates`); say so where it is verified."""
@@ -528,7 +528,7 @@ def duplicate_step(ctx: CheckContext) -> Iterator[Finding]:
         return  # the canonical name is never the duplicate (no listing of the run needed)
     for dup, used in catalog.Catalog(ctx.root.parent).duplicates():
         if dup.name == ctx.root.name:
-            yield CODES["CK-S021"].finding(
+            yield CODES[codes.S021].finding(
                 f"{dup.name} is a second directory for step {step}: the run uses "
                 f"{used.name} and ignores this one (never restored, never pruned)",
             )

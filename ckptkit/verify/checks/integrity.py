@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ckptkit import codes
 from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
 from ckptkit.storage import atomic, dcp, fs
@@ -33,11 +34,11 @@ for _code in _MANIFEST_CODES:
     _manifest_check(_code)
 
 
-@check("CK-M012")
+@check(codes.M012)
 def signature_unchecked(ctx: CheckContext) -> Iterator[Finding]:
     sig = ctx.manifest.signature if ctx.manifest is not None else None
     if sig is not None and not ctx.signature_checked:
-        yield CODES["CK-M012"].finding(
+        yield CODES[codes.M012].finding(
             f"the manifest is signed (key id {sig.key_id}) but no key was given: its digests "
             "were checked, its origin was not",
             path=atomic.MANIFEST_NAME,
@@ -47,50 +48,50 @@ def signature_unchecked(ctx: CheckContext) -> Iterator[Finding]:
 # --- files ---------------------------------------------------------------------------------
 
 
-@check("CK-F001", needs=("files",))
+@check(codes.F001, needs=("files",))
 def file_missing(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if not s.exists:
             who = f" (written by rank {s.entry.rank})" if s.entry.rank is not None else ""
-            yield CODES["CK-F001"].finding(
+            yield CODES[codes.F001].finding(
                 f"file listed in the manifest is missing{who}",
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
             )
 
 
-@check("CK-F002", needs=("files",))
+@check(codes.F002, needs=("files",))
 def file_size(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.exists and s.size is not None and s.size != s.entry.size:
             how = "truncated" if s.size < s.entry.size else "grown"
-            yield CODES["CK-F002"].finding(
+            yield CODES[codes.F002].finding(
                 f"size is {s.size} bytes, the manifest records {s.entry.size} ({how})",
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
             )
 
 
-@check("CK-F003", needs=("files",))
+@check(codes.F003, needs=("files",))
 def file_digest(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.digest is not None and s.size == s.entry.size and s.digest != s.entry.xxh3_128:
-            yield CODES["CK-F003"].finding(
+            yield CODES[codes.F003].finding(
                 f"digest mismatch (expected {s.entry.xxh3_128[:12]}…, got {s.digest[:12]}…)",
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
             )
 
 
-@check("CK-F004")
+@check(codes.F004)
 def file_header(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
-        if s.header_error is not None and s.header_error_code != "CK-F008":
-            yield CODES["CK-F004"].finding(
+        if s.header_error is not None and s.header_error_code != codes.F008:
+            yield CODES[codes.F004].finding(
                 s.header_error, path=s.entry.path, component=s.entry.component or "checkpoint"
             )
         if s.io_error is not None and s.io_error_code != UNREADABLE:
-            yield CODES["CK-F004"].finding(
+            yield CODES[codes.F004].finding(
                 s.io_error,
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",
@@ -113,7 +114,7 @@ def unreadable_now(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-@check("CK-F005")
+@check(codes.F005)
 def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     scans = ctx.scan_all()
@@ -125,11 +126,11 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
             continue
         got = s.header.get(te.key)
         if got is None:
-            yield CODES["CK-F005"].finding(
+            yield CODES[codes.F005].finding(
                 f"tensor '{te.key}' is missing from the file header", path=te.file
             )
         elif got != te.header_entry():
-            yield CODES["CK-F005"].finding(
+            yield CODES[codes.F005].finding(
                 f"tensor '{te.key}' is {got.dtype}{list(got.shape)} at {list(got.offsets)} in "
                 f"the file but {te.dtype}{list(te.shape)} at {list(te.offsets)} in the manifest",
                 path=te.file,
@@ -138,41 +139,41 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
         if s.header is not None:
             extra = sorted(set(s.header) - listed.get(path, set()))
             if extra:
-                yield CODES["CK-F005"].finding(
+                yield CODES[codes.F005].finding(
                     f"file header holds {len(extra)} tensor(s) the manifest does not list "
                     f"(e.g. '{extra[0]}')",
                     path=path,
                 )
 
 
-@check("CK-F006")
+@check(codes.F006)
 def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
     listed = {f.path for f in ctx.manifest.files} | {atomic.MANIFEST_NAME}
     for rel in fs.walk_entries(ctx.root):
         if rel not in listed:
-            yield CODES["CK-F006"].finding("file is not listed in the manifest", path=rel)
+            yield CODES[codes.F006].finding("file is not listed in the manifest", path=rel)
 
 
-@check("CK-F007", needs=())
+@check(codes.F007, needs=())
 def leftover_tmp(ctx: CheckContext) -> Iterator[Finding]:
     # Leftovers of *this* checkpoint's saves sit beside it; inside, none should exist.
     for p in atomic.unfinished_saves(ctx.root):
-        yield CODES["CK-F007"].finding("temporary directory of an unfinished save", path=str(p))
+        yield CODES[codes.F007].finding("temporary directory of an unfinished save", path=str(p))
 
 
-@check("CK-F008")
+@check(codes.F008)
 def decompression(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
-        if s.header_error is not None and s.header_error_code == "CK-F008":
-            yield CODES["CK-F008"].finding(s.header_error, path=s.entry.path)
+        if s.header_error is not None and s.header_error_code == codes.F008:
+            yield CODES[codes.F008].finding(s.header_error, path=s.entry.path)
 
 
-@check("CK-F009", needs=("files",))
+@check(codes.F009, needs=("files",))
 def outside(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.outside:
-            yield CODES["CK-F009"].finding(
+            yield CODES[codes.F009].finding(
                 "file is a symlink or resolves outside the checkpoint directory",
                 path=s.entry.path,
             )
@@ -226,51 +227,51 @@ def _dcp_findings(ctx: CheckContext, code: str) -> Iterator[Finding]:
             )
 
 
-@check("CK-F021")
+@check(codes.F021)
 def dcp_metadata_listed(ctx: CheckContext) -> Iterator[Finding]:
     """Every DCP file a load reads is listed: the metadata, and each shard it names."""
     m = ctx.manifest
     assert m is not None
     claims = isinstance(m.tree, dict) and isinstance(m.tree.get("dcp"), dict)
     if claims and m.file(dcp.METADATA_REL) is None:
-        yield CODES["CK-F021"].finding(
+        yield CODES[codes.F021].finding(
             "the state tree says model/optimizer are stored with DCP, but "
             f"{dcp.METADATA_REL} is not listed: a load would have to read an "
             "unlisted file, and refuses to",
             path=dcp.METADATA_REL,
         )
-    yield from _dcp_findings(ctx, "CK-F021")
+    yield from _dcp_findings(ctx, codes.F021)
 
 
-@check("CK-F023")
+@check(codes.F023)
 def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
     """The DCP metadata and its non-tensor items unpickle without any other global."""
-    yield from _dcp_findings(ctx, "CK-F023")
+    yield from _dcp_findings(ctx, codes.F023)
 
 
-@check("CK-F105")
+@check(codes.F105)
 def dcp_items_stored(ctx: CheckContext) -> Iterator[Finding]:
     """Every item of the DCP state dict has a storage entry."""
-    yield from _dcp_findings(ctx, "CK-F105")
+    yield from _dcp_findings(ctx, codes.F105)
 
 
-@check("CK-F106")
+@check(codes.F106)
 def dcp_items_inside(ctx: CheckContext) -> Iterator[Finding]:
     """Every DCP item's byte range lies inside its shard."""
-    yield from _dcp_findings(ctx, "CK-F106")
+    yield from _dcp_findings(ctx, codes.F106)
 
 
-@check("CK-F108")
+@check(codes.F108)
 def dcp_readable(ctx: CheckContext) -> Iterator[Finding]:
     """The DCP metadata and its non-tensor items parse (damage, unexpected structure)."""
-    yield from _dcp_findings(ctx, "CK-F108")
+    yield from _dcp_findings(ctx, codes.F108)
 
 
-@check("CK-F022", needs=("files",))
+@check(codes.F022, needs=("files",))
 def not_regular(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.not_regular is not None:
-            yield CODES["CK-F022"].finding(
+            yield CODES[codes.F022].finding(
                 f"is {s.not_regular}, not a regular file; it was not opened",
                 path=s.entry.path,
                 component=s.entry.component or "checkpoint",

@@ -68,7 +68,6 @@ from ckptkit.capture.state import TrainState, rank_key
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError, IntegrityError, LockHeldError, StateError
 from ckptkit.foreign.adopt import Notes
-from ckptkit.foreign.adopted import adopted_path
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningLayout
 from ckptkit.recorder import Recorder
@@ -157,9 +156,7 @@ class CkptkitIO(TorchCheckpointIO):
         its digests beside it (signed with the run's key), records the outcome and rotates
         (:meth:`ckptkit.run.Run.settle`)."""
         p = Path(path)
-        # An overwrite (last.ckpt at every save): the old digests describe the old bytes,
-        # and a kill before the settle must not leave them beside the new ones.
-        adopted_path(p).unlink(missing_ok=True)
+        self.run(p.parent).overwriting(p)  # last.ckpt: its old digests go before its bytes
         super().save_checkpoint(checkpoint, path, storage_options)
         extra = checkpoint.get(STATE_KEY)
         extra = extra if isinstance(extra, Mapping) else {}

@@ -636,6 +636,16 @@ class Run:
         self.point_latest()
         return out
 
+    def overwriting(self, path: Location) -> None:
+        """A framework is about to write checkpoint ``path`` again in place (Lightning's
+        ``last.ckpt`` at every save): its adopted digests describe the old bytes, so they
+        go first, and a kill before the new bytes are settled leaves a checkpoint that is
+        not adopted (verified from its bytes on resume), never old digests beside new bytes.
+        Needs the writer lock.
+        """
+        self.fence()
+        adopted_path(Path(str(path))).unlink(missing_ok=True)
+
     def discard(self, path: Location) -> bool:
         """Delete the one checkpoint at ``path`` a framework asks to remove (Lightning's
         ``save_top_k``) under retention's rules (:attr:`ckptkit.retain.Policy.only`): never

@@ -5,9 +5,9 @@ beside their files (no second copy of any tensor):
 
 * **digests and the component table** of every checkpoint (an adopted manifest,
   ``checkpoint-N/ckptkit-manifest.json``), written after a full verify;
-* **resume selection**: the newest checkpoint that verifies, skipping (and naming)
-  corrupt and incomplete ones, for ``trainer.train(resume_from_checkpoint=...)`` or
-  ``accelerator.load_state(...)``;
+* **resume selection**: the newest complete state, adopted on the spot; newer ones passed
+  over (corrupt, incomplete) are named; chosen once on rank 0 for every rank; for
+  ``trainer.train(resume_from_checkpoint=...)`` or ``accelerator.load_state(...)``;
 * **verified rotation** (:class:`ckptkit.retain.Policy`: keep last K / every N / pinned /
   byte budget) instead of ``save_total_limit`` / ``total_limit``, which delete without
   checking anything: it runs only after the new checkpoint verified and never deletes the
@@ -26,7 +26,7 @@ Trainer (two lines)::
 Accelerate (three lines; see docs/hf.md for the exact-resume recipe)::
 
     ck = AccelerateCheckpoints(accelerator, model, optimizer, scheduler, dataloader, keep=3)
-    step = ck.resume()                      # load_state of the newest verified checkpoint
+    step = ck.resume()                      # load_state of the newest complete state
     ...
         if ck.step_end(step, loss=loss):    # records, watch, saves when due; True: stop
             break
@@ -50,14 +50,14 @@ from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.codes import CODES, error
 from ckptkit.drill.contract import DrillEnv
-from ckptkit.errors import CkptkitError, LockHeldError
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import Adoption, Notes, adopted_path
 from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.hf import Kind, checkpoint_dirs, open_hf
+from ckptkit.layouts.hf import LAYOUTS, Kind, checkpoint_dirs, open_hf
 from ckptkit.manifest import Manifest
 from ckptkit.observe import CopySafeHook
 from ckptkit.recorder import Recorder
-from ckptkit.run import Run
+from ckptkit.run import Run, resume_target
 from ckptkit.run.layout import step_unknown_fix
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
@@ -170,29 +170,20 @@ def check_resumable(path: Path, layout: Kind) -> None:
 
 
 def _pick(root: Path, layout: Kind, run: Run | None = None) -> tuple[Path, int] | None:
-    """The checkpoint of ``root`` to resume from and its real step
-    (:meth:`ckptkit.run.Run.resume_target`: the newest complete state, adopted on the spot
-    when a kill came before its adoption; every newer one passed over is logged).
+    """The checkpoint of ``root`` to resume from and its real step, the same on every rank
+    (:func:`ckptkit.run.resume_target`: rank 0 chooses the newest complete state, adopted
+    on the spot when a kill came before its adoption, and names every newer one passed
+    over; the other ranks are told). Collective: every rank calls it.
 
-    ``run``: this process's writable run of ``root``; else one is opened for the choice,
-    writable unless another live process holds the run (then nothing is adopted).
+    ``run``: rank 0's writable run of ``root``; else one is opened for the choice.
 
     Raises:
         CkptkitError: the newest complete checkpoint's step is unknown (the fix named).
     """
-    if not checkpoint_dirs(root, layout):
-        return None
-    if run is not None:
-        chosen = run.resume_target()
-    else:
-        try:
-            mine = open_hf(root, layout, readonly=False)
-        except LockHeldError:
-            mine = open_hf(root, layout)
-        with mine:
-            chosen = mine.resume_target()
+    chosen = resume_target(root, LAYOUTS[layout](), run=run)
     if chosen.info is None:
-        log.warning("ckptkit: no checkpoint of %s verifies: starting fresh", root)
+        if chosen.passed:
+            log.warning("ckptkit: no checkpoint of %s verifies: starting fresh", root)
         return None
     return Path(str(chosen.info.path)), chosen.info.step
 
@@ -472,13 +463,17 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
 def resume_checkpoint(output_dir: str | Path) -> str | None:
     """The checkpoint to pass to ``trainer.train(resume_from_checkpoint=...)``.
 
-    The newest ``checkpoint-N`` of ``output_dir`` that verifies (digests when adopted,
-    structure and completeness otherwise); corrupt and incomplete ones are skipped and
-    named in a warning. None when there is none (a fresh start). Under ``ckptkit drill``:
-    the drill's checkpoint (verified: a failing one raises), or None for the reference.
+    The newest complete state of ``output_dir``, adopted on the spot (a ``checkpoint-N``
+    a kill left unadopted is verified and adopted now); newer ones passed over are named
+    in a warning. None when there is none (a fresh start). On several ranks rank 0
+    chooses and every rank gets its choice (:func:`ckptkit.run.resume_target`; call it on
+    every rank). Under ``ckptkit drill``: the drill's checkpoint (verified: a failing one
+    raises), or None for the reference.
 
     Raises:
-        CkptkitError: the drill's checkpoint does not verify.
+        CkptkitError: the drill's checkpoint does not verify; or the newest complete
+            checkpoint's step is unknown (no adopted manifest, no intent record): it is
+            never resumed with the step counter at 0, the message names the fix.
 
     Example:
         >>> import tempfile
@@ -573,13 +568,20 @@ class AccelerateCheckpoints:
         return self._keeper.adoptions
 
     def resume(self, *, path: str | Path | None = None) -> int:
-        """``load_state`` of the newest verified checkpoint (or ``path``); its step, or 0.
+        """``load_state`` of the newest complete state (or ``path``); its step, or 0.
 
-        Under ``ckptkit drill``: the drill's checkpoint (verified first), or a fresh start
-        for the reference.
+        The newest complete state is adopted on the spot (a ``checkpoint_I`` a kill left
+        unadopted is verified and adopted now, at the step its intent record holds);
+        newer ones passed over are named in a warning. Rank 0 chooses, every rank loads
+        its choice (:func:`ckptkit.run.resume_target`; call it on every rank). Under
+        ``ckptkit drill``: the drill's checkpoint (verified first), or a fresh start for
+        the reference.
 
         Raises:
-            CkptkitError: the drill's (or the given) checkpoint does not verify.
+            CkptkitError: the drill's (or the given) checkpoint does not verify; or the
+                step of the checkpoint to resume is unknown (no adopted manifest, no intent
+                record): it is never resumed with the step counter at 0, the message names
+                the fix (``ckptkit adopt --step N PATH``).
         """
         k = self._keeper
         step: int | None = None

@@ -66,13 +66,13 @@ from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState, rank_key
 from ckptkit.drill.contract import DrillEnv
-from ckptkit.errors import CkptkitError, IntegrityError, LockHeldError, StateError
+from ckptkit.errors import CkptkitError, IntegrityError, StateError
 from ckptkit.foreign.adopt import Notes
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningLayout
 from ckptkit.recorder import Recorder
 from ckptkit.records import GUARD_KEY
-from ckptkit.run import Resume, Run
+from ckptkit.run import Run, resume_target
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import StabilityWatch
 from ckptkit.storage import fs
@@ -100,8 +100,10 @@ class CkptkitIO(TorchCheckpointIO):
         max_bytes: byte budget for the kept checkpoints.
         verify_on_load: verify a file before Lightning loads it (refuse a damaged one).
         expect: ``training`` (a resume point: optimizer, step... required) or ``weights``.
-        lock_timeout: seconds to wait for the run lock at the first save (another writer
-            fails the save after that: two runs must not rotate one directory).
+        lock_timeout: seconds to wait for the run lock when training starts
+            (:meth:`CkptkitCallback.on_fit_start`, :class:`FabricCheckpoints`), or at the
+            first save of a directory opened no earlier; another live writer is refused
+            after that, holder named: two runs must not rotate one directory.
 
     Example:
         >>> import tempfile, pathlib, torch
@@ -227,10 +229,11 @@ def local_dir(path: str | os.PathLike[str], what: str) -> Path:
         CkptkitError: ``path`` is a URL (``s3://``, ``gs://``, ...), naming the fix.
 
     Example:
-        >>> local_dir("/tmp/ckpt", "dirpath")
-        PosixPath('/tmp/ckpt')
+        >>> local_dir("/tmp/ckpt", "dirpath"), local_dir("file:///tmp/ckpt", "dirpath")
+        (PosixPath('/tmp/ckpt'), PosixPath('/tmp/ckpt'))
     """
-    if fs.local_path(fs.location(path)) is None:
+    local = fs.local_path(fs.location(path))
+    if local is None:
         raise CkptkitError(
             f"{what} {os.fspath(path)} is on an object store: the Lightning and Fabric "
             "integrations keep the run's lock, index and adopted manifests on a local "
@@ -239,38 +242,29 @@ def local_dir(path: str | os.PathLike[str], what: str) -> Path:
             hint="checkpoint to a local or shared POSIX directory (and copy it out after), or "
             "save through CheckpointManager, which runs on s3:// with a lease lock",
         )
-    return Path(os.fspath(path))
+    return local  # file:///tmp/ckpt is /tmp/ckpt, not a relative "file:" directory
 
 
 def resume_checkpoint(dirpath: str | os.PathLike[str]) -> str | None:
     """The checkpoint of ``dirpath`` to pass to ``trainer.fit(..., ckpt_path=...)``.
 
-    The newest complete state (:meth:`ckptkit.run.Run.resume_target`): a file a kill left
-    unadopted (after Lightning wrote it, before its adoption) is verified and adopted on
-    the spot; every newer file passed over is named in a warning. None for a fresh start.
+    The newest complete state, adopted on the spot: a file a kill left unadopted (after
+    Lightning wrote it, before its adoption) is verified and adopted now; every newer file
+    passed over is named in a warning. None for a fresh start. On several ranks rank 0
+    chooses and every rank gets its choice (:func:`ckptkit.run.resume_target`; call it on
+    every rank).
+
+    Raises:
+        CkptkitError: the newest complete file's step is unknown (the fix named), or
+            ``dirpath`` is on an object store.
 
     Example:
         >>> import tempfile
         >>> resume_checkpoint(tempfile.mkdtemp()) is None
         True
     """
-    chosen = _resume_target(Path(dirpath))
+    chosen = resume_target(local_dir(dirpath, "dirpath"), LightningLayout())
     return None if chosen.path is None else str(chosen.path)
-
-
-def _resume_target(d: Path, run: Run | None = None) -> Resume:
-    """What to resume ``d`` from: through ``run`` (this process's writer), else a run
-    opened writable for the moment (read-only while another live process holds it)."""
-    if not d.is_dir():
-        return Resume(None)
-    if run is not None:
-        return run.resume_target()
-    try:
-        mine = Run(d, LightningLayout(), readonly=False)
-    except LockHeldError:
-        mine = Run(d, LightningLayout())
-    with mine:
-        return mine.resume_target()
 
 
 def check_before_load(path: str | os.PathLike[str], *, expect: str | None = None) -> None:
@@ -604,10 +598,20 @@ class CkptkitCallback(Callback):
     # Lightning hooks --------------------------------------------------------------------
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for mc in trainer.checkpoint_callbacks:  # refused before the first step, not at a save
+        # Refused before the first step, not at a save: an object-store directory, and a
+        # directory another live writer holds (rank 0 takes the run lock of each directory
+        # CkptkitIO will write now; LockHeldError names the holder).
+        dirs = []
+        for mc in trainer.checkpoint_callbacks:
             where = getattr(mc, "dirpath", None)
             if where:
-                local_dir(where, "ModelCheckpoint(dirpath=...)")
+                dirs.append(local_dir(where, "ModelCheckpoint(dirpath=...)"))
+        if self._dir is not None:
+            dirs.append(Path(self._dir))  # the drill's saves go there
+        io = trainer.strategy.checkpoint_io
+        if trainer.is_global_zero and isinstance(io, CkptkitIO):
+            for d in dirs:
+                io.run(d)
         # Before the fit loop builds the loader's iterator: workers pull indices at once.
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.track_delivery()
@@ -852,6 +856,10 @@ class FabricCheckpoints:
             io = CkptkitIO(keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes)
             fabric.strategy.checkpoint_io = io  # type: ignore[misc]
         self.io: CkptkitIO = io
+        if fabric.is_global_zero:
+            # The run lock now, before any step: a second live writer of this directory
+            # is refused here (LockHeldError names the holder), not at its first save.
+            io.run(self.dir)
 
     def path(self, step: int) -> Path:
         """The file of ``step`` (``step=N.ckpt``: the run layout reads the step from the name)."""
@@ -878,21 +886,29 @@ class FabricCheckpoints:
 
     def latest(self) -> Path | None:
         """The checkpoint to resume from (None: a fresh start): the newest complete state,
-        adopted on the spot (rank 0) when a kill came between ``fabric.save`` and its
-        adoption; every newer one passed over is named in a warning."""
-        run = self.io.run(self.dir) if self.fabric.is_global_zero and self.dir.is_dir() else None
-        chosen = _resume_target(self.dir, run)
+        adopted on the spot when a kill came between ``fabric.save`` and its adoption;
+        every newer one passed over is named in a warning. Rank 0 chooses, every rank gets
+        its choice (:func:`ckptkit.run.resume_target`; call it on every rank).
+
+        Raises:
+            CkptkitError: the newest complete file's step is unknown (the fix named).
+        """
+        run = self.io.run(self.dir) if self.fabric.is_global_zero else None
+        chosen = resume_target(self.dir, LightningLayout(), run=run)
         return None if chosen.path is None else Path(str(chosen.path))
 
     def resume(self, state: dict[str, Any], path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
         """Verify and load the checkpoint to resume from into ``state``; restore RNG and cursor.
 
         ``path`` defaults to ``$CKPTKIT_DRILL_RESUME_FROM`` in a drill, else the newest
-        verified file of the directory. Returns what ``fabric.load`` returns (the
-        remainder: ``step`` and the like), or None for a fresh start.
+        complete state of the directory, adopted on the spot; newer ones passed over are
+        named (:meth:`latest`). Returns what ``fabric.load`` returns (the remainder:
+        ``step`` and the like), or None for a fresh start.
 
         Raises:
             IntegrityError: the file fails its verify (never loaded).
+            CkptkitError: the newest complete file's step is unknown (no adopted manifest):
+                it is never resumed with the step counter at 0; the message names the fix.
         """
         if path is None:
             src = self.env.resume_from if self.env.resume_from is not None else self.latest()

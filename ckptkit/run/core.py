@@ -299,8 +299,10 @@ class Run:
         """Every checkpoint, oldest first (``ckptkit ls``).
 
         Args:
-            verify: verify every checkpoint that is not incomplete from its bytes first and
-                record the outcome where this run may.
+            verify: verify every checkpoint that is not incomplete from its bytes first
+                (corrupt and unreadable ones too: a failure may have been transient) and
+                record the outcome where this run may. The one re-verify rule of
+                ``ckptkit ls --verify`` and ``CheckpointManager.list(verify=True)``.
         """
         if verify:
             for c in self.checkpoints():

@@ -71,9 +71,11 @@ def test_an_unreadable_or_invalid_manifest_says_no_step(tmp_path: Path) -> None:
 def test_adopting_again_never_takes_the_step_of_another_keys_manifest(tmp_path: Path) -> None:
     p = _adopted_under_another_key(tmp_path)
     before = adopted_path(p).read_bytes()
-    with open_hf(p.parent, "accelerate", readonly=False, key=KEY) as run:
-        with pytest.raises(CkptkitError, match="step is unknown") as ei:
-            run.adopt(p, force=True, expect="weights")
+    with (
+        open_hf(p.parent, "accelerate", readonly=False, key=KEY) as run,
+        pytest.raises(CkptkitError, match="step is unknown") as ei,
+    ):
+        run.adopt(p, force=True, expect="weights")
     assert "ckptkit adopt --step N" in (ei.value.hint or "")
     assert adopted_path(p).read_bytes() == before  # not signed again at its claimed step
 

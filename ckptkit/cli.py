@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from ckptkit._version import __version__
-from ckptkit.errors import CkptkitError, LockHeldError
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign.detect import FORMATS
 from ckptkit.signing import resolve_key
 from ckptkit.storage import fs
@@ -435,12 +435,9 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
     from ckptkit.runs import ignored, listing, open_run
 
     _must_be_a_run(run_dir)
-    try:
-        run = open_run(run_dir, readonly=not reverify, key=_key(key_file))
-    except LockHeldError:
-        # A live writer holds the run (a writer takes the lock at open): verify anyway, as
-        # a reader; the writer keeps the records.
-        run = open_run(run_dir, readonly=True, key=_key(key_file))
+    # Lazy (open_run): --verify records only while no live writer holds the run lock; a
+    # writer's run is verified all the same, and the writer keeps the records.
+    run = open_run(run_dir, readonly=not reverify, key=_key(key_file))
     try:
         infos = listing(run, verify=reverify)
         left = run.leftovers()

@@ -228,8 +228,10 @@ class CheckpointManager:
         manager's background job, so it sees the outcome of its own last save.
 
         Args:
-            verify: re-verify every committed checkpoint now (reads every byte) and
-                record the outcome when no other writer holds the run.
+            verify: re-verify every checkpoint that is not incomplete now (reads every
+                byte; corrupt and unreadable ones too: a failure may have been transient)
+                and record the outcome when no other writer holds the run
+                (:meth:`ckptkit.run.Run.listing`, as ``ckptkit ls --verify``).
 
         Example:
             >>> import tempfile, torch, ckptkit
@@ -239,11 +241,7 @@ class CheckpointManager:
             [(3, 'verified')]
         """
         self._join()
-        if verify:
-            for c in self.run.checkpoints():
-                if c.status in ("verified", "committed", "corrupt", "unreadable"):
-                    self.run.verify(c.path)
-        return self.run.checkpoints()
+        return self.run.listing(verify=verify)
 
     def latest(self) -> CheckpointInfo | None:
         """The checkpoint ``latest`` names: the newest verified one (None when there is none).
@@ -255,8 +253,8 @@ class CheckpointManager:
             >>> ckptkit.CheckpointManager(tempfile.mkdtemp()).latest() is None
             True
         """
-        good = [c for c in self.list() if c.status in self.run.good]
-        return good[-1] if good else None
+        self._join()
+        return self.run.latest()
 
     def leftovers(self) -> builtins.list[Location]:
         """Temporary directories of unfinished saves or deletions (never checkpoints)."""

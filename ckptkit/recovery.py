@@ -767,7 +767,8 @@ def emergency_checkpoint(host: Host, state: TrainState, verdict: Any = None) -> 
     host.wait()  # a save of this very step may still be settling
     if host.trajectory.holds(state.step):
         path = host.root / step_dir_name(state.step)
-        host.run.pin(path, policy.pin)
+        if current().rank == 0:  # the lock holder; holds() agreed on every rank
+            host.run.pin(path, policy.pin)
     else:
         path = host.save(state, pin=policy.pin)
     policy.saved(state.step)

@@ -341,10 +341,11 @@ def adopt(
 
     Through the run (:meth:`ckptkit.run.Run.adopt`): its real step (an adopted step is
     never rewritten; an Accelerate checkpoint needs one: its intent record, or ``step``),
-    signed with the run's key, the outcome recorded in its index when no live writer holds
-    the run. On its own: signed with ``key`` (default: the environment's).
+    signed with the run's key, the outcome recorded in its index; it takes the run lock
+    first. On its own: signed with ``key`` (default: the environment's).
 
     Raises:
+        LockHeldError: a live writer (a training run) holds the run: nothing is written.
         CkptkitError: the layout is not recognised, or its step is unknown.
     """
     loc = fs.location(path)

@@ -233,10 +233,11 @@ def adopt(
     return a.manifest
 
 
-def recorded_step(target: Path) -> int | None:
+def recorded_step(target: Path, *, key: bytes | None = None) -> int | None:
     """The step the adopted manifest of ``target`` records; None without one (or one that
-    cannot be read, or records no step). Read without a key: it only keeps a step from
-    being rewritten.
+    cannot be read, or records no step). Without ``key`` it only keeps a step from being
+    rewritten; with ``key`` (a step to act on: adopt at it, resume at it) a manifest not
+    signed with that key records none.
 
     Example:
         >>> import tempfile, pathlib
@@ -244,7 +245,7 @@ def recorded_step(target: Path) -> int | None:
         True
     """
     with contextlib.suppress(CkptkitError, OSError):
-        man = load_adopted(Path(target))
+        man = load_adopted(Path(target), key=key)
         if man is not None and man.step is not None:
             return int(man.step)
     return None

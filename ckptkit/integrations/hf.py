@@ -58,7 +58,7 @@ from ckptkit.manifest import Manifest
 from ckptkit.observe import CopySafeHook
 from ckptkit.recorder import Recorder
 from ckptkit.run import Run, resume_target
-from ckptkit.run.layout import step_unknown_fix
+from ckptkit.run.layout import step_unknown
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
 
@@ -636,12 +636,7 @@ class AccelerateCheckpoints:
                 run = stack.enter_context(open_hf(target.parent, "accelerate"))
             step = run.step_of(target)
         if step is None:
-            raise CkptkitError(
-                f"the step of {target.name} is unknown (no adopted manifest, no intent "
-                "record): it is never resumed with the step counter at 0",
-                path=target,
-                hint=step_unknown_fix(target),
-            )
+            raise step_unknown(target, resuming=True)
         return step
 
     def save(self, step: int) -> Path:

@@ -11,7 +11,8 @@ Two layouts, read from files only (neither library is imported):
     ``save_state`` writes the RNG files (``random_states_<rank>.pkl``) after the model,
     optimizer, scheduler and data-loader files, so a folder without one is an interrupted
     save. The step of a checkpoint is the one its adopted manifest records (the
-    integration records the optimizer step), else ``I``.
+    integration records the optimizer step), else its intent record's, else unknown
+    (never ``I``: see below).
 
 A checkpoint's status, without reading file contents:
 
@@ -197,14 +198,17 @@ class _HFLayout(FrameworkLayout):
         verified_at = None
         try:
             man = load_adopted(p, key=catalog.key)
-        except UnreadableError as e:  # a permission or I/O error: not damage
-            return CheckpointInfo(number, p, "unreadable", size, mtime, tuple(sorted(pins)),
-                                  problem=f"{e.code}: adopted manifest: {e.what}")
-        except CkptkitError as e:  # invalid, or not signed with the run's key
+        except CkptkitError as e:
+            # Unreadable (a permission or I/O error: not damage), invalid, or not signed
+            # with the run's key: the manifest says no step worth trusting; the intent
+            # record may (the save count in the name never does).
             step = self._step(p, None, catalog, index)
-            return CheckpointInfo(number if step is None else step, p, "corrupt", size, mtime,
-                                  tuple(sorted(pins)),
-                                  problem=f"{e.code}: adopted manifest: {e.what}")
+            return CheckpointInfo(
+                number if step is None else step, p,
+                "unreadable" if isinstance(e, UnreadableError) else "corrupt", size, mtime,
+                tuple(sorted(pins)), problem=f"{e.code}: adopted manifest: {e.what}",
+                step_known=step is not None,
+            )
         step = self._step(p, man, catalog, index)
         known = step is not None
         if not complete(p, self.kind):
@@ -262,7 +266,7 @@ class _HFLayout(FrameworkLayout):
         p = Path(str(path))
         man = None
         with contextlib.suppress(CkptkitError, OSError):
-            man = load_adopted(p)
+            man = load_adopted(p, key=catalog.key)  # another key's step is no step
         return self._step(p, man, catalog, index)
 
     def identity(self, path: Location, catalog: Catalog) -> str | None:

@@ -162,7 +162,7 @@ class LightningLayout(FrameworkLayout):
 
     def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
         f = Path(str(path))
-        man, _bad = _read_adopted(f, None)
+        man, _bad = _read_adopted(f, catalog.key)  # another key's step is no step
         return self._step(f, man)
 
     def identity(self, path: Location, catalog: Catalog) -> str | None:

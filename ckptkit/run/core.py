@@ -4,7 +4,7 @@ A run owns, for every layout (:mod:`ckptkit.run.layout`):
 
 * **the lock** (:func:`ckptkit.storage.lock.lock_for`: flock on a local disk, a lease on
   an object store). A writable run takes it when it opens (a
-  :class:`~ckptkit.CheckpointManager` at its first save or prune). A run opened
+  :class:`~ckptkit.CheckpointManager` too: its :meth:`Run.tidy` at open). A run opened
   ``readonly`` can never delete, pin or record: :meth:`Run.fence` raises, always, also
   when no other process holds the lock.
 * **the run index** (``.ckptkit-index.json``): verify outcomes, pins and intent records.
@@ -42,20 +42,19 @@ import builtins
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from ckptkit import codes, crashpoints, retain, rotation, signing
 from ckptkit.catalog import Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.collective import current
-from ckptkit.errors import CkptkitError, LockHeldError, NotWritableError
+from ckptkit.errors import LockHeldError, NotWritableError
 from ckptkit.foreign.adopt import Adoption, Notes, recorded_step
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.recovery import ABANDONED
-from ckptkit.run.layout import Layout, step_unknown_fix
+from ckptkit.run.layout import Checked, Layout, step_unknown
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
@@ -121,8 +120,9 @@ class Run:
             are signed with it, and every manifest and index record must check under it.
         lock_timeout: seconds to wait for the run lock.
         lease_ttl: on an object store, the lease's time to live.
-        lazy: a writable run takes its lock at the first write (a
-            :class:`~ckptkit.CheckpointManager`), not when it opens.
+        lazy: a writable run takes its lock at its first write, not when it opens (a
+            :class:`~ckptkit.CheckpointManager` takes it right after, in :meth:`tidy` on
+            rank 0; ``ckptkit adopt`` and ``ls --verify`` only if they write).
         good: statuses that count as good (``committed`` too when the run does not verify).
         recheck: verify the newest kept good checkpoint from its bytes before rotation
             deletes anything (:func:`ckptkit.retain.apply`).
@@ -199,35 +199,6 @@ class Run:
         nothing while it holds none (a commit's fence on ranks that own no lock)."""
         if self._lock is not None:
             self._lock.check()
-
-    def clean_leftovers(self, *, before: Callable[[], None] | None = None) -> str | None:
-        """Remove what interrupted saves and deletions left, under the lock (taken for the
-        moment when this run does not hold it); ``before`` runs first once it may.
-
-        Returns:
-            None when cleaned; else why not (another live writer holds the run).
-
-        Raises:
-            NotWritableError: the run was opened read-only.
-        """
-        if self._lock is not None:
-            if before is not None:
-                before()
-            self._clean()
-            return None
-        self._refuse_readonly()
-        lock = lock_for(self.meta, timeout=0.0, lease_ttl=self.lease_ttl)
-        try:
-            lock.acquire()
-        except LockHeldError as e:
-            return e.what
-        try:
-            if before is not None:
-                before()
-            self._clean()
-        finally:
-            lock.release()
-        return None
 
     def tidy(self) -> None:
         """On open (rank 0, which owns the run directory's housekeeping): a writable run
@@ -328,8 +299,10 @@ class Run:
         """Every checkpoint, oldest first (``ckptkit ls``).
 
         Args:
-            verify: verify every checkpoint that is not incomplete from its bytes first and
-                record the outcome where this run may.
+            verify: verify every checkpoint that is not incomplete from its bytes first
+                (corrupt and unreadable ones too: a failure may have been transient) and
+                record the outcome where this run may. The one re-verify rule of
+                ``ckptkit ls --verify`` and ``CheckpointManager.list(verify=True)``.
         """
         if verify:
             for c in self.checkpoints():
@@ -447,13 +420,20 @@ class Run:
         """Verify one checkpoint from its bytes, record the outcome, return its errors."""
         path = fs.location(path)
         chk = self.strategy.verify(path, self.catalog, key=self.key, scan_values=scan_values)
-        why = "; ".join(f"{f.code} {f.message}" for f in chk.errors[:3]) or None
+        self._record_check(path, chk, ident=ident)
+        return chk.errors
+
+    def _record_check(self, path: Location, chk: Checked, *, ident: str | None) -> codes.Outcome:
+        """Record what a verify of ``path`` found (keyed by ``ident``, else what the verify
+        read; nothing when neither is known: gone, or its manifest cannot be read) and
+        return its outcome; a clean one counts as verified from every byte by this run."""
+        outcome = codes.outcome(f.code for f in chk.errors)
         if chk.ident is not None or ident is not None:
-            self.record(path, codes.outcome(f.code for f in chk.errors), why=why,
-                        ident=ident or chk.ident)
+            why = "; ".join(f"{f.code} {f.message}" for f in chk.errors[:3]) or None
+            self.record(path, outcome, why=why, ident=ident or chk.ident)
         if not chk.errors:
             self._fresh.add(path.name)
-        return chk.errors
+        return outcome
 
     def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
         """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
@@ -476,28 +456,44 @@ class Run:
         is refused, ``Adoption.refused`` naming both); else ``step``; else what the files
         or the intent record say (:meth:`Layout.step_of`).
 
+        It writes beside the run's checkpoints, so it needs the writer lock, always: a
+        live training run that holds it refuses ``ckptkit adopt`` before anything is
+        written (it adopts its own saves).
+
         Raises:
+            NotWritableError, LockHeldError: this run may not write.
             CkptkitError: the layout needs a step (Accelerate) and nothing says it (the
                 fix: ``ckptkit adopt --step N PATH``).
         """
         path = fs.location(path)
+        a = self._adopt(path, step=step, notes=notes, force=force, expect=expect)
+        self._record_adoption(path, a)
+        return a
+
+    def _adopt(
+        self,
+        path: Location,
+        *,
+        step: int | None,
+        notes: Notes | None,
+        force: bool,
+        expect: Expect | None,
+    ) -> Adoption:
+        """:meth:`adopt` up to the adopted manifest written, nothing recorded yet (the
+        settle step has a crash point in between). A recorded step counts only when its
+        manifest checks under the run's key: a manifest signed with another key says
+        nothing trustworthy, least of all the step to sign again."""
+        self.fence()
         if step is None:
-            step = recorded_step(Path(str(path)))
+            step = recorded_step(Path(str(path)), key=self.key)
         if step is None:
             step = self.step_of(path)
         if step is None and getattr(self.strategy, "needs_step", False):
-            raise CkptkitError(
-                f"the step of {path.name} is unknown: no adopted manifest and no intent "
-                "record say it, and its name counts saves, not steps",
-                path=path,
-                hint=step_unknown_fix(path),
-            )
-        a = self.strategy.adopt(
+            raise step_unknown(path)
+        return self.strategy.adopt(
             path, notes=replace(notes or Notes(), step=step), key=self.key, force=force,
             expect=expect,
         )
-        self._record_adoption(path, a)
-        return a
 
     def _record_adoption(self, path: Location, a: Adoption) -> codes.Outcome | None:
         """Record what an adoption found; nothing for a refusal that says nothing about
@@ -556,10 +552,7 @@ class Run:
             # The framework just wrote these files: digests recorded for what was here
             # before describe other bytes.
             adopted_path(Path(str(path))).unlink(missing_ok=True)
-            out.adoption = self.strategy.adopt(
-                path, notes=replace(notes or Notes(), step=step), key=self.key, force=force,
-                expect=expect,
-            )
+            out.adoption = self._adopt(path, step=step, notes=notes, force=force, expect=expect)
             crashpoints.reached("settle.adopted")
             out.outcome = self._record_adoption(path, out.adoption)
             out.errors = [f for f in out.adoption.report.findings if f.severity is ERROR]
@@ -570,9 +563,7 @@ class Run:
             chk = self.strategy.verify(path, self.catalog, key=self.key, scan_values=scan_values)
             crashpoints.reached("settle.adopted")
             out.errors = chk.errors
-            out.outcome = codes.outcome(f.code for f in chk.errors)
-            why = "; ".join(f"{f.code} {f.message}" for f in chk.errors[:3]) or None
-            self.record(path, out.outcome, why=why, ident=ident or chk.ident)
+            out.outcome = self._record_check(path, chk, ident=ident)
         out.verify_seconds = time.perf_counter() - t0
         if out.errors:
             return out
@@ -693,19 +684,13 @@ class Run:
         adopted = False
         for c in sorted(self.checkpoints(), key=self.strategy.order, reverse=True):
             name = c.path.name
-            if c.status == "incomplete" or (c.status == "corrupt" and c.problem and c.step_known):
-                passed.append(f"{name}: {c.status}: {c.problem}")
+            if c.status in ("incomplete", "corrupt"):
+                # Damaged or unfinished is passed over whatever its step: only a complete
+                # checkpoint's unknown step stops the resume.
+                passed.append(f"{name}: {c.status}: {c.problem or 'verify failed'}")
                 continue
             if not c.step_known:
-                older = f"; passed over before it: {'; '.join(passed)}" if passed else ""
-                raise CkptkitError(
-                    f"{name} is the newest complete checkpoint, but its step is unknown (no "
-                    "adopted manifest, no intent record): it is never resumed with the step "
-                    f"counter at 0{older}",
-                    path=c.path,
-                    hint=step_unknown_fix(c.path)
-                    + ", or move it out of the run to resume from an older checkpoint",
-                )
+                raise step_unknown(c.path, resuming=True, passed=passed)
             if c.status == "committed" and self.strategy.adopts and not self.readonly:
                 a = self.adopt(c.path, step=c.step)
                 bad = [f for f in a.report.findings if f.severity is ERROR]
@@ -731,14 +716,6 @@ class Run:
         if chosen is not None:
             log.info("ckptkit: resuming from %s at step %d (verified)", chosen.path, chosen.step)
         return Resume(chosen, passed, adopted)
-
-    # --- what lies in the directory but is not the run's --------------------------------------
-
-    def ignored(self) -> builtins.list[Any]:
-        """Entries of the directory that are not its checkpoints (the layout's own
-        ``ignored``; see :func:`ckptkit.runs.ignored`)."""
-        find = getattr(self.strategy, "ignored", None)
-        return list(find(self.root, self.catalog)) if callable(find) else []
 
 
 def _leftovers_note(root: Location, left: builtins.list[str]) -> str:

@@ -22,13 +22,15 @@ of a :class:`~ckptkit.CheckpointManager`), :class:`ckptkit.layouts.hf.TrainerLay
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ckptkit.catalog import Catalog, CheckpointInfo
 from ckptkit.codes import Finding
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import Adoption, Notes
+from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.view import Expect
 
@@ -129,4 +131,34 @@ def step_unknown_fix(path: Location) -> str:
     return f"'ckptkit adopt --step N {path}' with N the optimizer step it holds"
 
 
-__all__ = ["Checked", "Index", "Layout", "step_unknown_fix"]
+def step_unknown(
+    path: str | Location, *, resuming: bool = False, passed: Sequence[str] = ()
+) -> CkptkitError:
+    """The refusal for a checkpoint whose step no file or record says (one place: an
+    adoption, a resume and the integrations refuse it alike, naming the same fix).
+
+    Args:
+        resuming: a resume would load it (the newest complete checkpoint, or the one
+            named): the message says it is never resumed at step 0, and the fix also
+            offers moving it out of the run.
+        passed: ``"name: why"`` per newer checkpoint already passed over.
+
+    Example:
+        >>> print(step_unknown("p/checkpoints/checkpoint_1"))  # doctest: +ELLIPSIS
+        p/checkpoints/checkpoint_1: its step is unknown: no adopted manifest and no intent ...
+    """
+    path = fs.location(path)
+    what = (
+        "its step is unknown: no adopted manifest and no intent record say it, and its "
+        "name counts saves, not steps"
+    )
+    hint = step_unknown_fix(path)
+    if resuming:
+        what += ": it is never resumed with the step counter at 0"
+        hint += ", or move it out of the run to resume from an older checkpoint"
+    if passed:
+        what += f"; passed over before it: {'; '.join(passed)}"
+    return CkptkitError(what, path=path, hint=hint)
+
+
+__all__ = ["Checked", "Index", "Layout", "step_unknown", "step_unknown_fix"]

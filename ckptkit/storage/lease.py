@@ -69,6 +69,15 @@ from ckptkit.storage import fs, proc
 LOCK_NAME = ".ckptkit.lock"
 log = logging.getLogger("ckptkit")
 
+SAME_PROCESS_FIX = (
+    "a writable run holds the run lock from the moment it opens until it closes (a "
+    "CheckpointManager, or the run of a Trainer callback, AccelerateCheckpoints, a Lightning "
+    "callback or FabricCheckpoints): use one writer per run directory (or 'with "
+    "CheckpointManager(...) as mgr:'), close the first before opening another, and open "
+    "managers that only list or restore with readonly=True"
+)
+"""The fix named when this very process already holds the run lock (flock and lease alike)."""
+
 _LEASE_FIX = (
     "the lease object is written by ckptkit only; remove it once no ckptkit process writes "
     "to the run (the next writer creates it again)"
@@ -287,6 +296,7 @@ class LeaseLock:
                 mine = self._new(me, fence=1)
                 if fs.put_if_absent(self.path, _dump(mine)):
                     return self._won(mine)
+                continue  # another writer created it since we read: judge its lease now
             elif held is not None:
                 why = why_take_over(held, me=me, job=self.job, now=time.time(), grace=self.grace)
                 if why is not None:
@@ -497,12 +507,10 @@ def _held_error(lock: LeaseLock, holder: Lease | None) -> LockHeldError:
         )
     if proc.alive_here(holder.process, proc.this_process()) and holder.pid == os.getpid():
         return LockHeldError(
-            f"run is locked by {holder.describe()} (this process: a second CheckpointManager "
-            f"on the same run?){waited}",
+            f"run is locked by {holder.describe()} (this process: a second writable run on "
+            f"the same directory?){waited}",
             path=fs.url(lock.path),
-            hint="a writable CheckpointManager holds the run lock from the moment it opens "
-            "until close(): use one per run, close the first before opening another, and open "
-            "managers that only list or restore with readonly=True",
+            hint=SAME_PROCESS_FIX,
         )
     if lock.job is not None and holder.job == lock.job.name:
         rule = (
@@ -524,6 +532,7 @@ def _held_error(lock: LeaseLock, holder: Lease | None) -> LockHeldError:
 
 __all__ = [
     "LOCK_NAME",
+    "SAME_PROCESS_FIX",
     "Job",
     "Lease",
     "LeaseLock",

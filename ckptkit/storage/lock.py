@@ -50,7 +50,7 @@ from ckptkit import codes
 from ckptkit.errors import LockHeldError, UnsafeInputError
 from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
-from ckptkit.storage.lease import LeaseLock
+from ckptkit.storage.lease import SAME_PROCESS_FIX, LeaseLock
 from ckptkit.storage.proc import collect_own_garbage, note_waiting
 from ckptkit.storage.proc import pid_alive as _pid_alive
 
@@ -69,11 +69,6 @@ _LOCK_FIX = (
     "no ckptkit process writes to the run (the next writer creates the lock again)"
 )
 
-_SAME_PROCESS_FIX = (
-    "a writable CheckpointManager holds the run lock from the moment it opens until close(): "
-    "use one per run (or 'with CheckpointManager(...) as mgr:'), close the first before "
-    "opening another, and open managers that only list or restore with readonly=True"
-)
 
 # flock errors that mean "this filesystem cannot do flock", not "somebody holds it".
 _NO_FLOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
@@ -394,8 +389,8 @@ class RunLock:
         else:
             who = holder.describe()
             if holder.pid == os.getpid() and holder.host == socket.gethostname():
-                who += " (this process: a second CheckpointManager on the same directory?)"
-                hint = _SAME_PROCESS_FIX
+                who += " (this process: a second writable run on the same directory?)"
+                hint = SAME_PROCESS_FIX
             elif self.use_flock or holder.host == socket.gethostname():
                 hint = (
                     f"wait for pid {holder.pid} to finish or stop it (kill {holder.pid} on "

@@ -194,3 +194,28 @@ def test_release_keeps_a_lease_someone_else_took_over() -> None:
     lock.release()
     held = read_lease(root)
     assert held is not None and held.holder == "other"
+
+
+def test_a_lost_create_race_reads_the_lease_again_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer created the lease between our read and our create, then released it:
+    the next read judges what is there now (free: taken), with no wait logged for "an
+    object that is not a lease" and no refusal at ``timeout=0``."""
+    root = location(f"memory://lease-{uuid.uuid4().hex[:8]}/run")
+    real = fs.put_if_absent
+    lost: list[str] = []
+
+    def racing(path: object, data: bytes) -> bool:
+        if not lost:
+            lost.append(str(path))  # the other writer won this create, and has released since
+            return False
+        return real(path, data)  # type: ignore[arg-type]
+
+    notes: list[str] = []
+    monkeypatch.setattr(fs, "put_if_absent", racing)
+    monkeypatch.setattr(proc, "note_waiting", lambda url, who, **kw: notes.append(who))
+    for timeout in (0.0, 5.0):
+        lost.clear()
+        lock = LeaseLock(root, timeout=timeout, poll=0.05)
+        assert lock.acquire() is not None, timeout
+        lock.release()
+        assert lost and notes == [], (timeout, notes)

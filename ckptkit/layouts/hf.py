@@ -238,7 +238,13 @@ class _HFLayout(FrameworkLayout):
                 status, problem = "corrupt", needs_code_problem(code, self.kind)
             else:
                 status = "verified"
+        verdict = catalog.verdict(p.name, ident, rec)
         if step is None:
+            if status != "corrupt" and verdict.outcome == "corrupt":
+                status, problem = "corrupt", verdict.problem or "verify failed"
+            if status == "corrupt":  # damaged whatever its step: say what is wrong with it
+                return CheckpointInfo(number, p, status, size, mtime, tuple(sorted(pins)),
+                                      problem=problem, step_known=False)
             # Neither good nor damaged: never resumed at a guessed step, never deleted.
             return CheckpointInfo(
                 number, p, "unreadable", size, mtime, tuple(sorted(pins)),
@@ -246,7 +252,6 @@ class _HFLayout(FrameworkLayout):
                 f"{step_unknown_fix(p)}",
                 step_known=False,
             )
-        verdict = catalog.verdict(p.name, ident, rec)
         if verdict.outcome is not None:
             verified_at = verdict.at
             if verdict.outcome != "verified" and status != "corrupt":

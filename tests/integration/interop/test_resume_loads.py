@@ -108,8 +108,8 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         acc, ck, counter, m, opt = _accelerate(project)
-        # Optimizer steps 0 and 1: the copy, with no manifest, takes step 2 from its name,
-        # so it is the newest checkpoint of the run (as the attacker wants).
+        # Optimizer steps 0 and 1: the copy (no manifest, no intent record: its step is
+        # unknown) is the newest checkpoint of the run by write order (as the attacker wants).
         for step in (0, 1):
             counter.n = step * 10 + 5
             acc.backward(m(torch.ones(1, 2)).sum())
@@ -140,8 +140,12 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
     (project / ".ckptkit-index.json").unlink()  # forget it: the adopted manifest must say so too
 
-    # Adopted with --force (an unsigned manifest): still not good, still not picked.
+    # Its step is known nowhere (no manifest, no intent): adopt never guesses it from the name.
     r = _cli(cli_zygote, "adopt", str(planted), "--force")
+    assert r.returncode == 2 and "--step N" in r.stderr, r.stdout + r.stderr
+    assert not (planted / "ckptkit-manifest.json").exists()
+    # Adopted with --force at a step (an unsigned manifest): still not good, still not picked.
+    r = _cli(cli_zygote, "adopt", str(planted), "--force", "--step", "2")
     assert r.returncode == 1 and (planted / "ckptkit-manifest.json").is_file(), r.stdout + r.stderr
     got = _statuses(cli_zygote, project)
     assert list(got)[-2:] == ["checkpoint_1", "checkpoint_2"]  # the planted one is the newest

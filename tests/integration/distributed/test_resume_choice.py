@@ -9,12 +9,14 @@ adopts) and broadcasts the choice, or its refusal, to every rank
 
 from __future__ import annotations
 
+import random
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from _launch import launch
+from safetensors.torch import save_file
 
 from ckptkit.foreign.adopt import adopted_path
 
@@ -48,11 +50,16 @@ def _lightning_run(d: Path) -> Path:
 
 
 def _step_unknown_run(project: Path) -> Path:
-    """An Accelerate ``checkpoints/`` whose only (complete) checkpoint has no known step."""
+    """An Accelerate ``checkpoints/`` whose only checkpoint is whole (its files verify: a
+    damaged one would be passed over, not refused) but has no known step: no adopted
+    manifest, no intent record, only a save count in its name."""
     ckpt = project / "checkpoints" / "checkpoint_0"
     ckpt.mkdir(parents=True)
-    (ckpt / "model.safetensors").write_bytes(b"x")
-    (ckpt / "random_states_0.pkl").write_bytes(b"")  # Accelerate's last file: complete
+    save_file({"w": torch.ones(2)}, str(ckpt / "model.safetensors"))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    torch.save(opt.state_dict(), ckpt / "optimizer.bin")
+    rng = {"step": 0, "random_state": random.getstate(), "torch_manual_seed": torch.get_rng_state()}
+    torch.save(rng, ckpt / "random_states_0.pkl")  # Accelerate's last file: complete
     return project / "checkpoints"
 
 

@@ -128,6 +128,22 @@ class Harness:
             json.dump(out, f, indent=1, sort_keys=True)
 
 
+def synthetic_data() -> torch.utils.data.TensorDataset:
+    """The matrix's training data: SAMPLES rows of 8 features and 1 target, the same in
+    every script (so every framework trains on the same bytes)."""
+    g = torch.Generator().manual_seed(1)
+    return torch.utils.data.TensorDataset(
+        torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g)
+    )
+
+
+def tiny_mlp() -> torch.nn.Module:
+    """The matrix's model: small, with dropout (so a resumed RNG stream shows bitwise)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
+    )
+
+
 def wrap_framework_writes() -> None:
     """Make every ``torch.save`` / safetensors save pass ``framework.files`` before writing.
 

@@ -12,7 +12,17 @@ import math
 import warnings
 
 import torch
-from _harness import BATCH, KEEP, SAMPLES, SAVE_EVERY, STEPS, Harness, wrap_framework_writes
+from _harness import (
+    BATCH,
+    KEEP,
+    SAMPLES,
+    SAVE_EVERY,
+    STEPS,
+    Harness,
+    synthetic_data,
+    tiny_mlp,
+    wrap_framework_writes,
+)
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration, set_seed
 
@@ -29,13 +39,8 @@ accelerator = Accelerator(
                                               use_seedable_sampler=True),
 )
 set_seed(0)
-g = torch.Generator().manual_seed(1)
-data = torch.utils.data.TensorDataset(
-    torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g)
-)
-model = torch.nn.Sequential(
-    torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
-)
+data = synthetic_data()
+model = tiny_mlp()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 dl = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True,

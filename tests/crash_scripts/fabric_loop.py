@@ -12,7 +12,16 @@ import warnings
 
 import lightning as L
 import torch
-from _harness import BATCH, KEEP, SAMPLES, SAVE_EVERY, STEPS, Harness, wrap_framework_writes
+from _harness import (
+    BATCH,
+    KEEP,
+    SAVE_EVERY,
+    STEPS,
+    Harness,
+    synthetic_data,
+    tiny_mlp,
+    wrap_framework_writes,
+)
 
 import ckptkit  ##
 from ckptkit.integrations.lightning import FabricCheckpoints  ##
@@ -22,15 +31,10 @@ h = Harness.from_argv()
 wrap_framework_writes()
 fabric = L.Fabric(accelerator="cpu", devices=1)
 fabric.seed_everything(0, verbose=False)
-g = torch.Generator().manual_seed(1)
-data = torch.utils.data.TensorDataset(
-    torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g)
-)
+data = synthetic_data()
 sampler = ckptkit.ResumableSampler(data, seed=0)  ## (was: shuffle=True)
 loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
-model = torch.nn.Sequential(
-    torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
-)
+model = tiny_mlp()
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 model, opt = fabric.setup(model, opt)

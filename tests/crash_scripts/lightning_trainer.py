@@ -13,7 +13,16 @@ from typing import Any
 
 import lightning as L
 import torch
-from _harness import BATCH, KEEP, SAMPLES, SAVE_EVERY, STEPS, Harness, wrap_framework_writes
+from _harness import (
+    BATCH,
+    KEEP,
+    SAVE_EVERY,
+    STEPS,
+    Harness,
+    synthetic_data,
+    tiny_mlp,
+    wrap_framework_writes,
+)
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import ckptkit  ##
@@ -27,9 +36,7 @@ wrap_framework_writes()
 class Net(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
-        )
+        self.body = tiny_mlp()
 
     def training_step(self, batch: list[torch.Tensor], idx: int) -> torch.Tensor:
         x, y = batch
@@ -58,10 +65,7 @@ class Matrix(L.Callback):
 
 
 L.seed_everything(0, verbose=False)
-g = torch.Generator().manual_seed(1)
-data = torch.utils.data.TensorDataset(
-    torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g)
-)
+data = synthetic_data()
 sampler = ckptkit.ResumableSampler(data, seed=0)  ## (was: shuffle=True)
 loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
 cb = CkptkitCallback(sampler=sampler)  ##

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import torch
-from _harness import BATCH, KEEP, SAMPLES, SAVE_EVERY, STEPS, Harness
+from _harness import BATCH, KEEP, SAVE_EVERY, STEPS, Harness, synthetic_data, tiny_mlp
 
 import ckptkit
 
@@ -18,13 +18,8 @@ h = Harness.from_argv()
 random.seed(0)  # every global generator seeded: the RNG a restart restores is comparable
 np.random.seed(0)
 torch.manual_seed(0)
-g = torch.Generator().manual_seed(1)
-data = torch.utils.data.TensorDataset(
-    torch.randn(SAMPLES, 8, generator=g), torch.randn(SAMPLES, 1, generator=g)
-)
-model = torch.nn.Sequential(
-    torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
-)
+data = synthetic_data()
+model = tiny_mlp()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 sampler = ckptkit.ResumableSampler(data, seed=0)

@@ -168,7 +168,7 @@ def scrub(run: RunLike, *, since: Since | None = None) -> ScrubReport:
         >>> from ckptkit.runs import open_run
         >>> d = tempfile.mkdtemp()
         >>> with ckptkit.CheckpointManager(d) as mgr:
-        ...     _ = mgr.save({"w": torch.ones(2)}, step=1)
+        ...     _ = mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 1), step=1))
         >>> rep = scrub(open_run(d, readonly=False))
         >>> [(c.name, c.outcome, c.recorded) for c in rep.checked], rep.latest
         ([('step-00000001', 'verified', True)], 'step-00000001')

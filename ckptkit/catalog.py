@@ -17,7 +17,8 @@ A checkpoint's status:
     verify passed for this exact manifest (its digest is recorded in the index) and every
     file it lists is there at its recorded size. File modification times do not count: a
     ``cp -r`` of a run keeps its checkpoints verified. Bit rot that keeps sizes is found
-    by the re-verify that precedes every deletion and by ``ls --verify``.
+    by the re-verify that precedes every deletion, by ``ls --verify`` and by ``ckptkit
+    scrub`` (:mod:`ckptkit.run.scrub`), which record what they find.
 ``committed``
     a valid manifest, not verified yet (or files missing or resized since).
 ``corrupt``

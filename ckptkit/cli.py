@@ -580,6 +580,53 @@ def prune(
         render_prune(plan, sys.stdout, dry_run=dry_run)
 
 
+@main.command()
+@click.argument("run_dir", type=_Where())
+@click.option(
+    "--since",
+    default=None,
+    help="Only checkpoints of this step or later (5000), or saved this recently (36h, 7d, 2w).",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_key_option
+@_edge
+def scrub(run_dir: Path, since: str | None, as_json: bool, key_file: Path | None) -> None:
+    """Re-read a run's kept checkpoints from their bytes and record what they hold now.
+
+    Bit rot happens between saves: a checkpoint verified at save can fail its digests
+    later. Every checkpoint (or those of --since) is verified again from every byte, and
+    the outcome is recorded in the run index, so 'ls', 'prune', 'rollback' and restore see
+    a once-good checkpoint that went bad ('latest' moves off it). Outcomes are recorded
+    through the run lock when it is free; while a training run holds it they are reported,
+    not recorded (the message says so). Exit 0 when every checkpoint read verified, 1
+    otherwise, 2 when RUN_DIR cannot be read.
+
+    \b
+    Example:
+        ckptkit scrub runs/exp1/ckpt
+        ckptkit scrub runs/exp1/ckpt --since 7d --json
+        ckptkit scrub out/ --since 5000          # a Trainer output_dir, step 5000 on
+    """
+    from ckptkit.render.text import render_scrub
+    from ckptkit.run.scrub import Since
+    from ckptkit.run.scrub import scrub as run_scrub
+    from ckptkit.runs import ignored, open_run
+
+    _must_be_a_run(run_dir)
+    which = Since.parse(since) if since is not None else None
+    run = open_run(run_dir, readonly=False, key=_key(key_file))
+    try:
+        _warn_ignored(ignored(run))
+        report = run_scrub(run, since=which)
+    finally:
+        run.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_scrub(report, sys.stdout)
+    sys.exit(0 if report.ok else 1)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option(

@@ -409,6 +409,7 @@ C003: Final = "CK-C003"
 C010: Final = "CK-C010"
 C011: Final = "CK-C011"
 C012: Final = "CK-C012"
+C020: Final = "CK-C020"
 C101: Final = "CK-C101"
 C102: Final = "CK-C102"
 C103: Final = "CK-C103"
@@ -797,6 +798,18 @@ register_code(
     "of its content (e.g. 'state' and 'param_groups' make an optimizer). Check the guess "
     "with 'ckptkit inspect'; a conventional key (model, optimizer, scheduler, sampler, "
     "rng, step, parallel) makes it certain",
+)
+register_code(
+    "CK-C020",
+    family="completeness",
+    severity=WARNING,
+    title="a component the checkpoint's content implies is absent",
+    hint="the state that is saved shows the run used this component (an LR scheduler "
+    "writes 'initial_lr' into the optimizer's param groups when it is attached), but its "
+    "own state is not in the checkpoint, so a resume starts it over (the schedule from its "
+    "first step: warmup replays, or the LR jumps back); save it with the rest "
+    "(ckptkit: TrainState(scheduler=...); a torch.save dict: ckpt['lr_scheduler'] = "
+    "sched.state_dict()) and save again, or resume from a checkpoint that has it",
 )
 register_code(
     "CK-C101",

@@ -261,6 +261,40 @@ def _ago(seconds: float) -> str:
     return f"{int(s)}s ago"
 
 
+def render_scrub(report: Any, out: TextIO) -> None:
+    """Print a scrub (:class:`ckptkit.run.scrub.ScrubReport`): one row per checkpoint read,
+    what its bytes say now against what the index said before, then what was recorded."""
+    con = _console(out)
+    t = Table(show_header=True, header_style="bold", box=None)
+    for col in ("step", "was", "now", "finding"):
+        t.add_column(col, overflow="fold", justify="right" if col == "step" else "left")
+    for c in report.checked:
+        now = f"[{_STATUS_STYLE.get(c.outcome, '')}]{c.outcome}[/]"
+        if c.went_bad:
+            now += " [bold red](went bad since it was verified)[/]"
+        first = f"{c.errors[0].code} {c.errors[0].message}" if c.errors else ""
+        t.add_row(str(c.step), c.before, now, _e(first))
+    con.print(t)
+    bad = [c for c in report.checked if c.outcome != "verified"]
+    went = [c for c in report.checked if c.went_bad]
+    kind = "" if report.layout == "ckptkit" else f" ({_e(report.layout)} run)"
+    con.print(
+        f"scrubbed {len(report.checked)} checkpoint(s) from their bytes{kind}: "
+        f"{len(report.checked) - len(bad)} verified, {len(bad)} not"
+        + (f", {len(went)} went bad since verified" if went else "")
+        + (f"; {len(report.skipped)} skipped" if report.skipped else "")
+    )
+    if report.not_recorded:
+        con.print(f"[yellow]not recorded:[/] {_e(report.not_recorded)}")
+    elif bad:
+        con.print(
+            "recorded in the run index: ls lists them with the finding; retention, "
+            "rollback and restore no longer count them as good"
+        )
+    if report.latest is not None:
+        con.print(f"latest: {_e(report.latest)}")
+
+
 def render_prune(plan: Any, out: TextIO, *, dry_run: bool) -> None:
     """Print a retention plan: every checkpoint, keep or delete, and why."""
     con = _console(out)

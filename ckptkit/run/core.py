@@ -423,17 +423,29 @@ class Run:
         self._record_check(path, chk, ident=ident)
         return chk.errors
 
-    def _record_check(self, path: Location, chk: Checked, *, ident: str | None) -> codes.Outcome:
+    def scrub_one(self, info: CheckpointInfo) -> tuple[builtins.list[Finding], codes.Outcome, bool]:
+        """:meth:`reverify`, saying also what it found and whether the outcome was recorded
+        (``ckptkit scrub``: while a live writer holds the run lock, nothing is recorded and
+        the scrub says so). Returns ``(errors, outcome, recorded)``."""
+        chk = self.strategy.verify(info.path, self.catalog, key=self.key)
+        outcome, recorded = self._record_check(info.path, chk, ident=None)
+        return chk.errors, outcome, recorded
+
+    def _record_check(
+        self, path: Location, chk: Checked, *, ident: str | None
+    ) -> tuple[codes.Outcome, bool]:
         """Record what a verify of ``path`` found (keyed by ``ident``, else what the verify
         read; nothing when neither is known: gone, or its manifest cannot be read) and
-        return its outcome; a clean one counts as verified from every byte by this run."""
+        return its outcome and whether it was recorded; a clean one counts as verified from
+        every byte by this run."""
         outcome = codes.outcome(f.code for f in chk.errors)
+        recorded = False
         if chk.ident is not None or ident is not None:
             why = "; ".join(f"{f.code} {f.message}" for f in chk.errors[:3]) or None
-            self.record(path, outcome, why=why, ident=ident or chk.ident)
+            recorded = self.record(path, outcome, why=why, ident=ident or chk.ident)
         if not chk.errors:
             self._fresh.add(path.name)
-        return outcome
+        return outcome, recorded
 
     def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
         """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
@@ -563,7 +575,7 @@ class Run:
             chk = self.strategy.verify(path, self.catalog, key=self.key, scan_values=scan_values)
             crashpoints.reached("settle.adopted")
             out.errors = chk.errors
-            out.outcome = self._record_check(path, chk, ident=ident)
+            out.outcome, _ = self._record_check(path, chk, ident=ident)
         out.verify_seconds = time.perf_counter() - t0
         if out.errors:
             return out

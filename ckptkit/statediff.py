@@ -491,6 +491,7 @@ def diff(
     key: bytes | None = None,
     tolerance: Tolerance | None = None,
     top: int = 10,
+    roots: tuple[str, str] | None = None,
 ) -> StateDiff:
     """Compare the states of checkpoints ``a`` and ``b`` (native, adopted or foreign).
 
@@ -501,6 +502,9 @@ def diff(
             signature is checked).
         tolerance: when tensors and float values count as equal (default: bitwise).
         top: how many of the tensors that moved most the JSON report lists.
+        roots: the directories the runs of ``a`` and ``b`` wrote into: a text value naming
+            a path under ``a``'s root equals the same path under ``b``'s (a Lightning
+            ``ModelCheckpoint`` records its own directory; the drill's runs each have one).
 
     Returns:
         The :class:`StateDiff` (``equal``, ``different``, ``moved_most(n)``, ``to_dict()``).
@@ -518,10 +522,12 @@ def diff(
     """
     tol = tolerance or Tolerance()
     sa, sb = _read(a, key=key), _read(b, key=key)
-    return _compare(sa, sb, tol, top=top)
+    return _compare(sa, sb, tol, top=top, roots=roots)
 
 
-def _compare(sa: _State, sb: _State, tol: Tolerance, *, top: int = 10) -> StateDiff:
+def _compare(
+    sa: _State, sb: _State, tol: Tolerance, *, top: int = 10, roots: tuple[str, str] | None = None
+) -> StateDiff:
     names = list(dict.fromkeys([*sa.parts, *sa.unread, *sb.parts, *sb.unread]))
     comps: list[ComponentDiff] = []
     for name in names:
@@ -533,14 +539,20 @@ def _compare(sa: _State, sb: _State, tol: Tolerance, *, top: int = 10) -> StateD
         elif name not in sa.parts:
             comps.append(ComponentDiff(name, "only-b", False))
         else:
-            comps.append(_component(name, sa.parts[name], sb.parts[name], tol))
+            comps.append(_component(name, sa.parts[name], sb.parts[name], tol, roots))
     return StateDiff(
         a=sa.path, b=sb.path, components=tuple(comps), tolerance=tol,
         format_a=sa.format, format_b=sb.format, step_a=sa.step, step_b=sb.step, top=top,
     )
 
 
-def _component(name: str, la: Mapping[str, Any], lb: Mapping[str, Any], tol: Tolerance) -> ComponentDiff:
+def _component(
+    name: str,
+    la: Mapping[str, Any],
+    lb: Mapping[str, Any],
+    tol: Tolerance,
+    roots: tuple[str, str] | None,
+) -> ComponentDiff:
     tensors: list[TensorDiff] = []
     values: list[ValueDiff] = []
     for path in dict.fromkeys([*la, *lb]):
@@ -548,7 +560,7 @@ def _component(name: str, la: Mapping[str, Any], lb: Mapping[str, Any], tol: Tol
         if isinstance(va, torch.Tensor) or isinstance(vb, torch.Tensor):
             tensors.append(tensor_diff(path, va, vb, tol))
         else:
-            values.append(_value_diff(path, va, vb, tol))
+            values.append(_value_diff(path, va, vb, tol, roots))
     equal = all(t.equal for t in tensors) and all(v.equal for v in values)
     return ComponentDiff(name, "compared", equal, tuple(tensors), tuple(values))
 
@@ -641,11 +653,16 @@ def _numbers(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> tuple[float | 
     return mx, rel, close
 
 
-def _value_diff(path: str, a: Any, b: Any, tol: Tolerance) -> ValueDiff:
+def _value_diff(
+    path: str, a: Any, b: Any, tol: Tolerance, roots: tuple[str, str] | None
+) -> ValueDiff:
     if a is _MISSING or b is _MISSING:
         status: ValueStatus = "only-b" if a is _MISSING else "only-a"
         return ValueDiff(path, status, False, _show(a), _show(b))
     equal = _same_value(a, b, tol)
+    if not equal and roots is not None and isinstance(a, str) and isinstance(b, str):
+        ra, rb = roots
+        equal = bool(ra and rb and a.replace(ra, "<run>") == b.replace(rb, "<run>"))
     return ValueDiff(path, "equal" if equal else "changed", equal, _show(a), _show(b))
 
 

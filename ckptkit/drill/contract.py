@@ -89,8 +89,6 @@ class DrillEnv:
     """Save a checkpoint exactly after this step."""
     stop_at: int | None = None
     """Stop after this step (overrides the script's step budget)."""
-    save_final: bool = False
-    """Also save after ``stop_at`` (the drill compares both runs' final states)."""
     resume_from: Location | None = None
     """Restore from this checkpoint (or run) directory instead of the newest."""
     metrics: Path | None = None
@@ -103,6 +101,8 @@ class DrillEnv:
     """The intra-op thread count every run of the drill uses."""
     role: str | None = None
     """``reference`` or ``resumed``."""
+    save_final: bool = False
+    """Also save after ``stop_at`` (the drill compares both runs' final states)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DrillEnv:

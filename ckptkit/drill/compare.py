@@ -14,6 +14,10 @@ dict saying what differed first and where.
 * **continuity**: what the checkpoint recorded for the next step (its manifest's
   ``lookahead``, else the component summaries) is what the resumed run's first step does;
   no (epoch, id) of the pre-save window is seen again. Needs no reference.
+* **end_state**: the checkpoints both runs save after the stop step, compared component by
+  component and tensor by tensor (:func:`ckptkit.statediff.diff`): state that does not feed
+  back into training inside the window (an EMA, a scheduler whose next milestone lies
+  beyond it) differs there even when every step record agrees.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from ckptkit._jsonval import encode_float
 from ckptkit.checkpoint import manifest_io
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.records import LookAhead
+from ckptkit.statediff import StateDiff
+from ckptkit.statediff import diff as state_diff
 
 Record = Mapping[str, Any]
 
@@ -861,6 +867,148 @@ def continuity(
     )
 
 
+# ---------------------------------------------------------------------------- end state
+
+
+RECORDS_NOT_STATE = frozenset({"metrics"})
+"""Components that are the run's own records (the Recorder's pre-save window, a Trainer's
+``log_history``), not training state: their timestamps and windows differ between any two
+runs, and the step records they hold are what the twin check compares."""
+
+
+def end_state(
+    references: Sequence[Path | None],
+    resumed: Path | None,
+    *,
+    roots: Sequence[str] = (),
+    thresholds: Mapping[str, float] | None = None,
+) -> CheckResult:
+    """Compare the final checkpoint of the resumed run with reference 0's, every component.
+
+    Exact (bitwise) when the reference runs' final states agree bitwise (always with one
+    reference run); otherwise a tensor may differ by ``noise_factor`` x the largest
+    difference the reference runs show on that same tensor, and a value the reference runs
+    disagree on is not judged. A tensor or value that differs beyond that, or a component
+    one final state lacks, fails the check and is named.
+
+    Args:
+        references: each reference run's final checkpoint (None: it saved none).
+        resumed: the resumed run's final checkpoint (None: it saved none).
+        roots: the runs' own directories, references first then the resumed one: paths
+            under them compare as equal (see :func:`ckptkit.statediff.diff`).
+        thresholds: ``noise_factor`` (default :data:`DEFAULT_NOISE_FACTOR`).
+
+    Returns:
+        A skipped, informational result when a final checkpoint is missing (never a
+        pass); else ``statistic`` = components that differ, ``threshold`` = 0, and
+        ``detail.different``: per component the tensors and values that differ.
+
+    Example:
+        >>> end_state([None], None).skipped
+        True
+    """
+    ref0 = references[0] if references else None
+    if ref0 is None or resumed is None:
+        who = "the reference run" if ref0 is None else "the resumed run"
+        return CheckResult(
+            "end_state", True, None, 0, informational=True, skipped=True,
+            detail={"reason": f"{who} saved no checkpoint after the stop step, so the final "
+                    "states cannot be compared: save when DrillEnv.should_save(step) is True "
+                    "(CKPTKIT_DRILL_SAVE_FINAL, docs/drills.md)"},
+        )
+    factor = float((thresholds or {}).get("noise_factor", DEFAULT_NOISE_FACTOR))
+    root = list(roots)
+
+    def pair(i: int, j: int) -> tuple[str, str] | None:
+        return (root[i], root[j]) if len(root) > max(i, j) else None
+
+    noise_t: dict[str, float] = {}
+    noisy_v: set[str] = set()
+    for i, other in enumerate(references[1:], 1):
+        if other is None:
+            continue
+        nd = state_diff(ref0, other, roots=pair(0, i))
+        for c in nd.components:
+            if c.name in RECORDS_NOT_STATE:
+                continue
+            for t in c.tensors:
+                if not t.equal:
+                    noise_t[f"{c.name}/{t.path}"] = max(
+                        noise_t.get(f"{c.name}/{t.path}", 0.0), t.max_abs or math.inf
+                    )
+            noisy_v |= {f"{c.name}/{v.path}" for v in c.values if not v.equal}
+    sd = state_diff(ref0, resumed, roots=pair(0, len(references)))
+    different, not_compared = _judge(sd, noise_t, noisy_v, factor)
+    names = list(different)
+    mode = ("bitwise" if not noise_t and not noisy_v
+            else f"within {factor:g} x the reference runs' own final-state differences")
+    if names:
+        first = different[names[0]]
+        summary = (f"final states differ in {', '.join(names)} ({names[0]}: "
+                   f"{first['summary']}) while compared {mode}")
+    else:
+        summary = f"{len(sd.components) - len(not_compared)} components equal ({mode})"
+    return CheckResult(
+        name="end_state",
+        ok=not names,
+        statistic=len(names),
+        threshold=0,
+        detail={
+            "reference": str(ref0),
+            "resumed": str(resumed),
+            "mode": mode,
+            "compared": [c.name for c in sd.components if c.name not in not_compared],
+            "different": different,
+            "not_compared": not_compared,
+            "noise": {"tensors": len(noise_t), "values": sorted(noisy_v)},
+            "summary": summary,
+        },
+    )
+
+
+def _judge(
+    sd: StateDiff, noise_t: Mapping[str, float], noisy_v: set[str], factor: float
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The components of ``sd`` that differ beyond the reference runs' own noise, and
+    those that could not be compared (with why)."""
+    different: dict[str, dict[str, Any]] = {}
+    not_compared: dict[str, str] = {}
+    for c in sd.components:
+        if c.name in RECORDS_NOT_STATE:
+            not_compared[c.name] = "the run's step records, not state (the twin check compares them)"
+            continue
+        if c.status == "not-read":
+            not_compared[c.name] = c.note
+            continue
+        if c.status != "compared":
+            side = "reference" if c.status == "only-a" else "resumed run"
+            different[c.name] = {"summary": f"only in the {side}'s final state",
+                                 "tensors": [], "values": []}
+            continue
+        tensors = [
+            t for t in c.changed_tensors
+            if not (t.status == "changed" and t.max_abs is not None
+                    and t.max_abs <= factor * noise_t.get(f"{c.name}/{t.path}", 0.0))
+        ]
+        values = [v for v in c.changed_values if f"{c.name}/{v.path}" not in noisy_v]
+        if tensors or values:
+            parts = []
+            if tensors:
+                worst = max((t.max_abs for t in tensors if t.max_abs is not None), default=None)
+                parts.append(f"{len(tensors)}/{len(c.tensors)} tensors differ"
+                             + (f" (max abs {worst:.3g})" if worst is not None else ""))
+            if values:
+                v = values[0]
+                parts.append(f"{len(values)}/{len(c.values)} values differ ({v.path}: "
+                             f"{v.a!r} → {v.b!r})")
+            different[c.name] = {
+                "summary": ", ".join(parts),
+                "tensors": [t.to_dict() for t in tensors[:20]],
+                "values": [v.to_dict() for v in values[:20]],
+            }
+    return different, not_compared
+
+
 __all__ = [
     "DEFAULT_NOISE_FACTOR",
     "EXACT_FIELDS",
@@ -870,6 +1018,7 @@ __all__ = [
     "NoiseFloor",
     "checkpoint_facts",
     "continuity",
+    "end_state",
     "exposure",
     "jsonable",
     "noise_floor",

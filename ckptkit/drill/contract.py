@@ -7,6 +7,11 @@ A training script that uses :class:`~ckptkit.CheckpointManager` and
     save a checkpoint exactly after step ``W`` (in addition to the script's own saves);
 ``CKPTKIT_DRILL_STOP_AT=S``
     stop after step ``S`` (overrides the script's own step budget);
+``CKPTKIT_DRILL_SAVE_FINAL=1``
+    also save a checkpoint after the stop step ``S``, in every run of the drill: the drill
+    compares the reference's and the resumed run's final states, component by component
+    (:meth:`DrillEnv.should_save` says so at ``S`` too, so a script that saves when it
+    returns True needs no change);
 ``CKPTKIT_DRILL_RESUME_FROM=PATH``
     restore from this checkpoint (a ``step-NNNNNNNN`` directory, or a run directory whose
     newest checkpoint is meant) instead of the newest one of the script's own directory;
@@ -49,6 +54,8 @@ ENV_SAVE_AT = "CKPTKIT_DRILL_SAVE_AT"
 """Save a checkpoint exactly after this step."""
 ENV_STOP_AT = "CKPTKIT_DRILL_STOP_AT"
 """Stop after this step."""
+ENV_SAVE_FINAL = "CKPTKIT_DRILL_SAVE_FINAL"
+"""``1``: also save a checkpoint after the stop step (the drill's end-state comparison)."""
 ENV_RESUME_FROM = "CKPTKIT_DRILL_RESUME_FROM"
 """Restore from this checkpoint directory instead of the newest one."""
 ENV_CKPT_DIR = "CKPTKIT_CKPT_DIR"
@@ -63,6 +70,7 @@ ENV_ROLE = "CKPTKIT_DRILL_ROLE"
 ENV_VARS = (
     ENV_SAVE_AT,
     ENV_STOP_AT,
+    ENV_SAVE_FINAL,
     ENV_RESUME_FROM,
     ENV_METRICS,
     ENV_CKPT_DIR,
@@ -93,6 +101,8 @@ class DrillEnv:
     """The intra-op thread count every run of the drill uses."""
     role: str | None = None
     """``reference`` or ``resumed``."""
+    save_final: bool = False
+    """Also save after ``stop_at`` (the drill compares both runs' final states)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DrillEnv:
@@ -115,6 +125,7 @@ class DrillEnv:
         return cls(
             save_at=_step(env, ENV_SAVE_AT),
             stop_at=_step(env, ENV_STOP_AT),
+            save_final=env.get(ENV_SAVE_FINAL, "").strip() not in ("", "0"),
             resume_from=fs.location(resume) if resume else None,
             metrics=Path(metrics) if metrics else None,
             ckpt_dir=Path(ckpt_dir) if ckpt_dir else None,
@@ -129,13 +140,19 @@ class DrillEnv:
         return any(v is not None for v in (self.save_at, self.stop_at, self.resume_from))
 
     def should_save(self, step: int) -> bool:
-        """Whether the drill wants a checkpoint right after ``step``.
+        """Whether the drill wants a checkpoint right after ``step``: the save step, and
+        with ``save_final`` the stop step (the final state both runs are compared on).
 
         Example:
             >>> DrillEnv(save_at=3).should_save(3)
             True
+            >>> env = DrillEnv(save_at=3, stop_at=6, save_final=True)
+            >>> env.should_save(5), env.should_save(6), DrillEnv(stop_at=6).should_save(6)
+            (False, True, False)
         """
-        return self.save_at is not None and step == self.save_at
+        if self.save_at is not None and step == self.save_at:
+            return True
+        return self.save_final and self.stop_at is not None and step == self.stop_at
 
     def should_stop(self, step: int) -> bool:
         """Whether the drill wants the run to end after ``step``.
@@ -215,6 +232,7 @@ __all__ = [
     "ENV_RESUME_FROM",
     "ENV_ROLE",
     "ENV_SAVE_AT",
+    "ENV_SAVE_FINAL",
     "ENV_STOP_AT",
     "ENV_THREADS",
     "ENV_VARS",

@@ -103,7 +103,9 @@ class Diagnosis:
         'none'
     """
 
-    component: Component
+    component: Component | str
+    """A :data:`Component`, or the name of other state the end-state check found
+    different (an extra of the ``TrainState`` such as ``ema``, a foreign checkpoint's part)."""
     confidence: Confidence
     evidence: list[str] = field(default_factory=list)
     hint: str = ""
@@ -244,6 +246,9 @@ def diagnose(
                 "in those fields (same seeds, threads, data order) or set finite thresholds",
                 fields=sorted(unjudged),
             )
+        es = by_name.get("end_state")
+        if es is not None and not es.ok and not set(failed) & {"exposure", "continuity"}:
+            return _confirm(e, _from_end_state(es))
         return _without_twin(e)
     e.i0 = min(v["first_index"] for v in fields.values())
     e.at = sorted(k for k, v in fields.items() if v["first_index"] == e.i0)
@@ -573,6 +578,41 @@ def _from_continuity(co: CheckResult) -> Diagnosis:
         if w in items
     ]
     return Diagnosis(comp, "medium", ev, HINTS[comp])
+
+
+_END_STATE_ORDER: tuple[str, ...] = (
+    "progress", "scheduler", "scaler", "fp8", "sampler", "data", "rng", "optimizer", "model",
+)
+"""Built-in components in the order a difference in one explains a difference in the next."""
+
+
+def _from_end_state(es: CheckResult) -> Diagnosis:
+    """Every step record agreed, but the final states differ: name what differs there.
+
+    One component alone differing is evidence that excludes every other (each was
+    compared, tensor by tensor): ``high``. Several: ``unknown`` with them as candidates,
+    upstream first (a scheduler before the optimizer, the optimizer before the model).
+    """
+    different: Mapping[str, Any] = es.detail.get("different") or {}
+    names = sorted(different, key=lambda n: (
+        _END_STATE_ORDER.index(n) if n in _END_STATE_ORDER else len(_END_STATE_ORDER), n))
+    comps = [_GUARD_COMPONENT.get(n, n) for n in names]
+    ev = ["every step record agrees, yet the checkpoints both runs saved after the stop step "
+          f"differ (compared {es.detail.get('mode')})"]
+    ev += [f"end state: {n}: {different[n].get('summary')}" for n in names]
+    fields = [f"end_state:{n}" for n in names]
+    if len(comps) == 1:
+        comp = comps[0]
+        return Diagnosis(comp, "high", ev, HINTS.get(comp) or _extra_hint(comp), fields=fields)
+    hint = " | ".join(f"{c}: {HINTS.get(c) or _extra_hint(c)}" for c in comps)
+    return Diagnosis("unknown", "low", ev, hint, fields=fields, candidates=list(comps))
+
+
+def _extra_hint(name: str) -> str:
+    return (f"'{name}' is saved but not restored as it was (e.g. an EMA rebuilt from the "
+            "current weights after the restore): pass it to the TrainState (extra= or its "
+            "own component) and restore it from the checkpoint instead of re-creating it; "
+            "'ckptkit diff' of the two final checkpoints shows every tensor that differs")
 
 
 def _ordinal(n: int) -> str:

@@ -51,6 +51,7 @@ from ckptkit.drill.contract import (
     ENV_RESUME_FROM,
     ENV_ROLE,
     ENV_SAVE_AT,
+    ENV_SAVE_FINAL,
     ENV_STOP_AT,
     ENV_THREADS,
     ENV_VARS,
@@ -354,7 +355,8 @@ def _drill(
 ) -> DrillReport:
     save_at, stop_at = cfg["save_step"], cfg["stop_step"]
     slots = max(1, (os.cpu_count() or 1) // max(1, config.threads))
-    ref_env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at)}
+    # Both runs also save after the stop step: the end-state check compares those.
+    ref_env = {ENV_SAVE_AT: str(save_at), ENV_STOP_AT: str(stop_at), ENV_SAVE_FINAL: "1"}
     if config.from_ckpt is not None:
         loc = fs.location(config.from_ckpt)
         ref_env[ENV_RESUME_FROM] = str(fs.resolved(loc))
@@ -400,7 +402,8 @@ def _drill(
                     "(started as the checkpoint committed)")
                 running.append(_launch(
                     config, "resumed", 0,
-                    {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at)}, workdir,
+                    {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at),
+                     ENV_SAVE_FINAL: "1"}, workdir,
                 ))
             for r in list(running):
                 rc = r.proc.poll()
@@ -462,7 +465,13 @@ def _drill(
     continuity = compare.continuity(
         facts, resumed.records, reference=ref.records, save_step=save_at
     )
-    checks = [twin, exposure, continuity]
+    end_state = compare.end_state(
+        [_final_checkpoint(r, stop_at) for r in refs],
+        _final_checkpoint(resumed, stop_at) if refusal is None else None,
+        roots=[str(r.ckpt_dir) for r in (*refs, resumed)],
+        thresholds=config.thresholds,
+    )
+    checks = [twin, exposure, continuity, end_state]
     if refusal is not None:
         checks.insert(0, refusal)
     if resumed.records:
@@ -772,6 +781,27 @@ def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
             except CkptkitError:
                 continue
     return None
+
+
+def _final_checkpoint(run: RunResult, stop_at: int) -> Path | None:
+    """The checkpoint ``run`` saved after the stop step (``CKPTKIT_DRILL_SAVE_FINAL``), in
+    place (the run has ended: nothing rotates it away now), or None when it saved none:
+    the manager's ``step-NNNNNNNN``, or a framework's (Trainer ``checkpoint-N``,
+    Lightning ``.ckpt``) found through its run layout."""
+    found = find_checkpoint(run.ckpt_dir, stop_at)
+    if found is not None or not run.ckpt_dir.is_dir():
+        return found
+    layout = runs.open_run(run.ckpt_dir)
+    try:
+        if layout.layout == "ckptkit":
+            return None
+        hits = [c for c in layout.checkpoints()
+                if c.step == stop_at and c.status in ("verified", "committed")]
+    finally:
+        layout.close()
+    if not hits:
+        return None
+    return Path(str(max(hits, key=lambda c: c.status == "verified").path))
 
 
 def _start_step(from_ckpt: Path | str | None) -> int:

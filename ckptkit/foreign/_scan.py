@@ -14,6 +14,7 @@ judges completeness, NaN/Inf or shapes itself.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -27,7 +28,7 @@ from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture.parallel import ParallelConfig
-from ckptkit.errors import UnsafeInputError
+from ckptkit.errors import CkptkitError, UnsafeInputError
 from ckptkit.foreign import _load
 from ckptkit.foreign.loads import needs_code_verdict, refused_by_load
 from ckptkit.foreign.structure import (
@@ -239,6 +240,33 @@ class Scan:
                          hint=refusal.hint, severity=ERROR)
         self._cache[rel] = obj
         return obj
+
+    def content(self, rel: str) -> Any | None:
+        """The whole content of file ``rel``, read the safe way its kind allows: a torch file
+        through :meth:`load` (cached, findings recorded), a safetensors file after its
+        header is checked, a JSON file parsed (at most :data:`_load.MAX_PICKLE_BYTES`).
+        None when it cannot be read so (``ckptkit diff`` reports it as not compared).
+        """
+        if not self.readable(rel):
+            return None
+        if rel.endswith(".safetensors"):
+            _hdr, problem = _load.check_safetensors(self.path(rel), rel)
+            if problem is not None:
+                return None
+            try:
+                return _load.load_safetensors(self.path(rel))
+            except Exception:  # safetensors raises its own SafetensorError
+                return None
+        if rel.endswith(".json"):
+            p = self.path(rel)
+            try:
+                if p.stat().st_size > _load.MAX_PICKLE_BYTES:
+                    return None
+                with files.open_regular(p, code=codes.F022, rel=rel) as fh:
+                    return json.loads(fh.read().decode("utf-8"))
+            except (CkptkitError, OSError, UnicodeDecodeError, ValueError, RecursionError):
+                return None
+        return self.load(rel, component="extra")
 
     def refused_pickle(self, rel: str, message: str, *, component: str | None = None) -> None:
         """Record that ``rel`` holds a pickle that needs code (``CK-F103``; nothing was run).

@@ -68,7 +68,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.foreign._load",
         ),
     ),
-    ("verify", ("ckptkit.verify", "ckptkit.verify.*", "ckptkit.foreign.*", "ckptkit.describe")),
+    (
+        "verify",
+        (
+            "ckptkit.verify",
+            "ckptkit.verify.*",
+            "ckptkit.foreign.*",
+            "ckptkit.describe",
+            "ckptkit.statediff",
+        ),
+    ),
     (
         "signals",
         (

@@ -15,7 +15,12 @@ from ckptkit.checkpoint import manifest_io
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "manifests"
-SCHEMAS = ["manifest.schema.json", "verify-report.schema.json", "drill-report.schema.json"]
+SCHEMAS = [
+    "manifest.schema.json",
+    "verify-report.schema.json",
+    "drill-report.schema.json",
+    "diff-report.schema.json",
+]
 
 
 @pytest.mark.parametrize("name", SCHEMAS)

@@ -35,6 +35,7 @@ def test_all_variables() -> None:
     assert set(ENV_VARS) == {
         "CKPTKIT_DRILL_SAVE_AT",
         "CKPTKIT_DRILL_STOP_AT",
+        "CKPTKIT_DRILL_SAVE_FINAL",
         "CKPTKIT_DRILL_RESUME_FROM",
         "CKPTKIT_METRICS",
         "CKPTKIT_CKPT_DIR",
@@ -42,6 +43,15 @@ def test_all_variables() -> None:
         "CKPTKIT_THREADS",
         "CKPTKIT_DRILL_ROLE",
     }
+
+
+def test_save_final_asks_for_a_checkpoint_at_the_stop_step_too() -> None:
+    env = DrillEnv.from_env({"CKPTKIT_DRILL_SAVE_AT": "4", "CKPTKIT_DRILL_STOP_AT": "8",
+                             "CKPTKIT_DRILL_SAVE_FINAL": "1"})
+    assert env.save_final
+    assert [s for s in range(12) if env.should_save(s)] == [4, 8]
+    off = DrillEnv.from_env({"CKPTKIT_DRILL_STOP_AT": "8", "CKPTKIT_DRILL_SAVE_FINAL": "0"})
+    assert not off.save_final and not off.should_save(8)
 
 
 def test_drill_run_settings() -> None:

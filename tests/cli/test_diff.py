@@ -1,0 +1,105 @@
+"""``ckptkit diff A B``: text and --json, on native, adopted and foreign checkpoints.
+
+Real processes (``python -m ckptkit diff``); the checkpoints are real files in tmp_path: a
+native run of two steps saved by the manager, a plain ``torch.save`` file, and a copy of it
+adopted (digests beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+import ckptkit
+from ckptkit.foreign.adopt import adopt_checkpoint
+from ckptkit.statediff import Tolerance, diff
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "schemas" / "diff-report.schema.json").read_text())
+
+
+def ckptkit_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptkit", "diff", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("diff")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[100])
+    ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ts = ckptkit.TrainState(model=model, optimizer=opt, scheduler=sched, step=1,
+                            extra={"ema": ema})
+    out: dict[str, Path] = {}
+    with ckptkit.CheckpointManager(d / "run") as mgr:
+        for step in (1, 2):
+            model(torch.randn(3, 4)).square().mean().backward()
+            opt.step()
+            sched.step()
+            ts.step = step
+            out[f"native{step}"] = mgr.save(ts)  # type: ignore[assignment]
+    # The EMA did not move between the saves: only the trained parts differ.
+    for name in ("a", "b"):
+        sd = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 2}
+        if name == "b":
+            sd["model"] = {k: v + 0.5 if k == "2.bias" else v for k, v in sd["model"].items()}
+        torch.save(sd, d / f"{name}.pt")
+    shutil.copy(d / "a.pt", d / "adopted.pt")
+    assert adopt_checkpoint(d / "adopted.pt").refused is None
+    return {**out, "a": d / "a.pt", "b": d / "b.pt", "adopted": d / "adopted.pt"}
+
+
+def test_native_text_names_what_differs(ckpts: dict[str, Path]) -> None:
+    r = ckptkit_cli(ckpts["native1"], ckpts["native2"], "--top", "3")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("A  ") and "step 1" in lines[0] and "step 2" in lines[1]
+    assert any(line.startswith("≠ model") for line in lines)
+    assert any(line.startswith("= ema") for line in lines)  # an extra is its own component
+    assert any("state_dict/last_epoch: 1 → 2" in line for line in lines)
+    assert "moved most (relative L2 change):" in lines
+    assert lines[-1].startswith("DIFFERENT: model, optimizer, scheduler")
+
+
+def test_native_json_validates_and_filters_components(ckpts: dict[str, Path]) -> None:
+    r = ckptkit_cli(ckpts["native1"], ckpts["native2"], "--json", "--component", "ema",
+                    "--component", "scheduler")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    assert [c["name"] for c in doc["components"]] == ["scheduler", "ema"]
+    assert doc["different"] == ["scheduler"] and doc["a"]["step"] == 1
+    ema = doc["components"][1]
+    assert ema["equal"] and all(t["bitwise"] for t in ema["tensors"])
+
+
+def test_adopted_against_foreign_json_and_text(ckpts: dict[str, Path]) -> None:
+    # adopted (verified against its digests) vs a plain torch.save file: one tensor moved
+    r = ckptkit_cli(ckpts["adopted"], ckpts["b"], "--json", "--top", "1")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    assert (doc["a"]["format"], doc["b"]["format"]) == ("torch-save", "torch-save")
+    assert doc["different"] == ["model"]
+    top = doc["moved_most"]
+    assert [t["path"] for t in top] == ["model/model/2.bias"] and top[0]["max_abs"] == pytest.approx(0.5, abs=1e-6)
+    # equal within a tolerance that covers it; a damaged adopted file cannot be compared
+    assert diff(ckpts["adopted"], ckpts["b"], tolerance=Tolerance(atol=0.6)).equal
+    raw = bytearray(ckpts["adopted"].read_bytes())
+    raw[-30] ^= 0xFF
+    bad = ckpts["adopted"].with_name("bad.pt")
+    bad.write_bytes(raw)
+    shutil.copy(ckpts["adopted"].with_name("adopted.pt.ckptkit-manifest.json"),
+                bad.with_name("bad.pt.ckptkit-manifest.json"))
+    r = ckptkit_cli(ckpts["a"], bad)
+    assert r.returncode == 2 and "bad.pt" in r.stderr and "Traceback" not in r.stderr

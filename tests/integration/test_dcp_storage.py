@@ -257,7 +257,7 @@ def test_cli_verify_and_load_understand_a_dcp_directory_with_a_manifest(tmp_path
         )
 
     report = ckptkit.verify(d)  # the clean case in process; the CLI for the damaged one
-    assert report.ok and report.format == "dcp" and report.step == 7
+    assert report.ok and [(r.format, r.step) for r in report.reports] == [("dcp", 7)]
     _flip(d / "__0_0.distcp")
     bad = verify()
     assert bad.returncode == 1

@@ -9,8 +9,10 @@ output after it. Other evidence then confirms, rules out or breaks a tie:
   content to the data version; "0 replayed, 0 skipped, 0 changed" *rules out* both;
 * **where the RNG fingerprint was taken** (``rng_at`` in records that fill themselves):
   before the batch was fetched (``data``), an RNG difference cannot come from the data, so
-  it is the RNG even when the batch differs too; after it (``forward``), augmentation may
-  carry a data difference into the RNG, so it is not conclusive alone;
+  it is the RNG even when the batch differs too; after it (``forward``, or a fingerprint the
+  loop logs itself), augmentation or masking whose draws depend on the batch carries a data
+  difference into the RNG, so it is conclusive only when the saving run's fetch always drew
+  the same (one ``rng_gaps`` pattern in the look-ahead);
 * **continuity** -- the first resumed step's RNG against the look-ahead saved with the
   checkpoint;
 * **the resume guard's findings** the resumed run wrote into its records (``guard``):
@@ -18,10 +20,13 @@ output after it. Other evidence then confirms, rules out or breaks a tie:
   stepping the optimizer has growth tracker 0";
 * **a refusal at restore** (the ``restore`` check): ckptkit refused the resume and said why.
 
-Confidence is ``high`` only when a signal that only one component controls diverged first
-(or the guard named the component and the records agree); ``medium`` when one component
-remains by elimination; and when two remain, the component is ``unknown`` and
-``candidates`` names both. Measured over the fault matrix in docs/drills.md.
+Confidence is ``high`` only with evidence that excludes every other candidate: a signal
+that only one component controls diverged first, or the guard named the component with
+evidence of its own and the records agree (the guard's RNG draw count, taken where the
+records' fingerprint is, is no more conclusive than the fingerprint). ``medium`` when one
+component remains by elimination; when more remain, the component is ``unknown`` and
+``candidates`` names each one nothing excluded. Measured over the fault × script × logging
+table in docs/drills.md (``tools/diagnosis_table.py``).
 """
 
 from __future__ import annotations
@@ -642,6 +647,20 @@ def _lr(
         return Diagnosis("optimizer", "medium", ev, _hint("unknown", ["optimizer", "scheduler"]),
                          step=step, fields=sorted({*at, "opt_step"}),
                          candidates=["optimizer", "scheduler"])
+    differ = [i for i, (a, b) in enumerate(pairs) if not same(a, b)]
+    if differ and differ[-1] < len(pairs) - 1:
+        # The LR is back on the reference's schedule for the last steps: the scheduler's
+        # state was right (a restarted or shifted schedule stays off), so the LR was set by
+        # hand after the restore and the scheduler's next step overwrote it.
+        back = ref[differ[-1] + 1].get("step") if differ[-1] + 1 < len(ref) else None
+        ev.append(
+            f"LR differs from step {step} (reference {f['reference']}, resumed "
+            f"{f['resumed']}) but equals the reference again from step {back}: the "
+            "schedule is intact, the LR was overridden after the restore"
+        )
+        return Diagnosis("hyperparameters", "medium", ev,
+                         _hint("unknown", ["hyperparameters", "scheduler"]), step=step,
+                         fields=at, candidates=["hyperparameters", "scheduler"])
     ev.append(
         f"LR differs from step {step} (reference {f['reference']}, resumed "
         f"{f['resumed']}) with no constant ratio or shift: the schedule restarted or "

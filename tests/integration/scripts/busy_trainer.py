@@ -6,7 +6,8 @@ sequences, a config dict at the top, an epoch loop over a plain ``DataLoader`` o
 :class:`ckptkit.ResumableSampler` iterated with ``sampler.batches(loader)`` (the documented
 recipe), token masking in the ``collate_fn`` on the *global* torch RNG (the number of draws
 depends on the batch's longest sequence, so a different batch moves the RNG differently),
-Adam with an exponential LR decay per step, and a global step counter kept in the TrainState.
+Adam with a warm-up then linear-decay ``LambdaLR`` stepped per step (the schedule helper
+every fine-tuning tutorial copies), and a global step counter kept in the TrainState.
 
 Logging levels (``--log``):
 
@@ -25,7 +26,7 @@ Faults (``--fault``, applied at or right after a restore):
                          the step by skipping batches
 ``reseed``               ``set_seed(seed)`` after the restore              rng
 ``scheduler-left-out``   the LR scheduler is not in the TrainState         scheduler
-``optimizer-rebuilt``    a new Adam after the restore (moments lost)       optimizer
+``optimizer-left-out``   the optimizer is not in the TrainState            optimizer
 ``data-changed``         the dataset regenerated: same ids, new content    data-version
 ``lr-from-flag``         the relaunch sets the LR from its ``--lr`` flag   hyperparameters
 =======================  ================================================  ===============
@@ -54,7 +55,7 @@ FAULTS = {
     "sampler-drifted-seed": "sampler",
     "reseed": "rng",
     "scheduler-left-out": "scheduler",
-    "optimizer-rebuilt": "optimizer",
+    "optimizer-left-out": "optimizer",
     "data-changed": "data-version",
     "lr-from-flag": "hyperparameters",
 }
@@ -70,7 +71,7 @@ CONFIG: dict[str, Any] = {
     "channels": 8,
     "batch_size": 6,
     "epochs": 100,
-    "gamma": 0.97,
+    "warmup": 5,
     "mask_p": 0.15,
 }
 
@@ -128,6 +129,17 @@ class ConvClassifier(torch.nn.Module):
         return self.head(self.drop(h.mean(dim=2)))
 
 
+def warmup_then_linear(total: int) -> Any:
+    """LR factor: linear warm-up over ``warmup`` steps, then linear decay to 10%."""
+
+    def factor(step: int) -> float:
+        if step < CONFIG["warmup"]:
+            return (step + 1) / CONFIG["warmup"]
+        return max(0.1, 1.0 - (step - CONFIG["warmup"]) / max(1, total))
+
+    return factor
+
+
 def make_loader(data: TokenSeqs, sampler: ckptkit.ResumableSampler) -> Any:
     return torch.utils.data.DataLoader(
         data, batch_size=CONFIG["batch_size"], sampler=sampler, collate_fn=collate
@@ -153,12 +165,12 @@ def main() -> int:
     sampler = ckptkit.ResumableSampler(data if args.log == "full" else len(data), seed=args.seed)
     model = ConvClassifier()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=CONFIG["gamma"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_linear(args.steps))
     rec = ckptkit.Recorder(None)
     sampler_out = fault in ("sampler-left-out", "sampler-drifted-seed")
     state = ckptkit.TrainState(
         model=model,
-        optimizer=opt,
+        optimizer=None if fault == "optimizer-left-out" else opt,
         scheduler=None if fault == "scheduler-left-out" else sched,
         sampler=None if sampler_out else sampler,
         recorder=rec,
@@ -168,10 +180,6 @@ def main() -> int:
     if env.restore(state, mgr) is not None:
         if fault == "reseed":
             set_seed(args.seed)
-        elif fault == "optimizer-rebuilt":
-            opt = torch.optim.Adam(model.parameters(), lr=opt.param_groups[0]["lr"])
-            sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=CONFIG["gamma"])
-            sched.last_epoch = state.step
         elif fault == "lr-from-flag":
             # The relaunch passed --lr again (here a new value) and the loop applies it.
             for group in opt.param_groups:

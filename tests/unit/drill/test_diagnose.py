@@ -164,3 +164,15 @@ def test_sample_ids_that_moved_stay_the_sampler_despite_the_guards_draw_count() 
     d = dg(ref, res)
     assert (d.component, d.confidence) == ("sampler", "high")
     assert d.candidates == []
+
+
+def test_an_lr_that_rejoins_the_schedule_was_set_by_hand_not_a_broken_scheduler() -> None:
+    # A relaunch sets the LR from its flag after the restore; the restored LambdaLR's next
+    # step puts the schedule back. Named "scheduler (high)" before.
+    ref = recs(lr={s: 0.01 * s for s in range(1, 9)})
+    res = recs(W + 1, lr={5: 0.03, 6: 0.06, 7: 0.07, 8: 0.08})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("hyperparameters", "medium")
+    assert d.candidates == ["hyperparameters", "scheduler"]
+    restarted = recs(W + 1, lr={5: 0.05, 6: 0.01, 7: 0.02, 8: 0.03})  # stays off: scheduler
+    assert (dg(ref, restarted).component, dg(ref, restarted).confidence) == ("scheduler", "high")

@@ -207,7 +207,7 @@ class _Evidence:
             return True
         if self.rng_independent_of_data():
             return True
-        return any("re-seeded" in m for m in self.guard.get("rng", []))
+        return any(_reseeded(m) for m in self.guard.get("rng", []))
 
     def guard_named(self) -> list[Component]:
         """The components the resume guard names with evidence of its own (not ``model``)."""
@@ -561,6 +561,16 @@ def _guard_findings(resumed: Sequence[Record]) -> dict[Component, list[str]]:
             if comp is not None:
                 out.setdefault(comp, []).append(f"{g.get('code')} {g.get('message')}")
     return out
+
+
+def _reseeded(message: str) -> bool:
+    """Whether a guard RNG finding says a generator was re-seeded (not merely drew more).
+
+    The guard's finding carries its explanation only as text (``rngtrace.explain``): "torch
+    was re-seeded (torch.manual_seed(3))", "... re-seeded or its state replaced"; a CUDA
+    generator "re-seeded or drew" cannot be told from a draw, so it does not count.
+    """
+    return "re-seeded" in message and "re-seeded or drew" not in message
 
 
 def _draws_fixed(facts: Mapping[str, Any] | None) -> bool:

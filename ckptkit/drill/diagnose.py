@@ -9,8 +9,10 @@ output after it. Other evidence then confirms, rules out or breaks a tie:
   content to the data version; "0 replayed, 0 skipped, 0 changed" *rules out* both;
 * **where the RNG fingerprint was taken** (``rng_at`` in records that fill themselves):
   before the batch was fetched (``data``), an RNG difference cannot come from the data, so
-  it is the RNG even when the batch differs too; after it (``forward``), augmentation may
-  carry a data difference into the RNG, so it is not conclusive alone;
+  it is the RNG even when the batch differs too; after it (``forward``, or a fingerprint the
+  loop logs itself), augmentation or masking whose draws depend on the batch carries a data
+  difference into the RNG, so it is conclusive only when the saving run's fetch always drew
+  the same (one ``rng_gaps`` pattern in the look-ahead);
 * **continuity** -- the first resumed step's RNG against the look-ahead saved with the
   checkpoint;
 * **the resume guard's findings** the resumed run wrote into its records (``guard``):
@@ -18,20 +20,24 @@ output after it. Other evidence then confirms, rules out or breaks a tie:
   stepping the optimizer has growth tracker 0";
 * **a refusal at restore** (the ``restore`` check): ckptkit refused the resume and said why.
 
-Confidence is ``high`` only when a signal that only one component controls diverged first
-(or the guard named the component and the records agree); ``medium`` when one component
-remains by elimination; and when two remain, the component is ``unknown`` and
-``candidates`` names both. Measured over the fault matrix in docs/drills.md.
+Confidence is ``high`` only with evidence that excludes every other candidate: a signal
+that only one component controls diverged first, or the guard named the component with
+evidence of its own and the records agree (the guard's RNG draw count, taken where the
+records' fingerprint is, is no more conclusive than the fingerprint). ``medium`` when one
+component remains by elimination; when more remain, the component is ``unknown`` and
+``candidates`` names each one nothing excluded. Measured over the fault × script × logging
+table in docs/drills.md (``tools/diagnosis_table.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ckptkit.drill.compare import CheckResult, Record, jsonable, same, window
+from ckptkit.drill.compare import CheckResult, Record, jsonable, same, samples, window
+from ckptkit.records import LookAhead
 
 Component = Literal[
     "none",
@@ -156,6 +162,14 @@ class _Evidence:
     compared: list[str]
     saved: Record | None = None
     """The reference's record of the save step (what both runs stood on at the save)."""
+    draws_fixed: bool = False
+    """The saving run drew the same from the global generators between every two steps
+    (one distinct ``rng_gaps`` pattern in the checkpoint's look-ahead): what a step's data
+    fetch draws does not depend on which batch it fetches."""
+    sampler_saved: bool | None = None
+    """Whether the checkpoint holds sampler / data-loader state (None: no facts)."""
+    content_hashed: bool = False
+    """The resumed records' sample ids carry content hashes (exposure can see content)."""
     ev: list[str] = field(default_factory=list)
 
     def first(self, f: str) -> int | None:
@@ -164,6 +178,42 @@ class _Evidence:
     @property
     def ordinal(self) -> str:
         return _ordinal((self.i0 or 0) + 1)
+
+    def rng_independent_of_data(self) -> bool:
+        """Whether an RNG difference at the first diverging step cannot come from the data.
+
+        The fingerprint is taken at a step's start: before the batch is fetched (``rng_at``
+        ``data``), or at the first forward, after the fetch (``forward``; also assumed when
+        the loop logs ``rng`` itself). After the fetch, a collate or ``__getitem__`` whose
+        draws depend on the batch (random masking over the padded length, a crop of a
+        variable-length sample) turns a data-order fault into an RNG difference: then the
+        RNG is independent of the data only when the saving run drew the same between every
+        two steps, or when the batch is recorded and equal where the RNG first differs.
+        """
+        if self.rng_at == "data" or self.draws_fixed:
+            return True
+        batch_first = self.first("batch_hash")
+        if "batch_hash" not in self.compared:
+            return False
+        return batch_first is None or batch_first > (self.i0 or 0)
+
+    def guard_decisive(self, comp: Component) -> bool:
+        """Whether the resume guard's finding on ``comp`` is evidence of its own.
+
+        The guard counts the draws between the restore and the first resumed step at the
+        same point as the records' RNG fingerprint, so a count that differs is no more
+        conclusive than the fingerprint (:meth:`rng_independent_of_data`); a generator
+        re-seeded after the restore is, whatever the data did.
+        """
+        if comp != "rng" or "rng" not in self.fields:
+            return True
+        if self.rng_independent_of_data():
+            return True
+        return any(_reseeded(m) for m in self.guard.get("rng", []))
+
+    def guard_named(self) -> list[Component]:
+        """The components the resume guard names with evidence of its own (not ``model``)."""
+        return [c for c in self.guard if c != "model" and self.guard_decisive(c)]
 
     def exposure_counts(self) -> tuple[bool, int, int]:
         """(exposure ran, samples moved, samples with changed content)."""
@@ -233,6 +283,9 @@ def diagnose(
         data_declared=bool((facts or {}).get("data_declared")),
         compared=list((tw.detail.get("compared") or []) if tw else []),
         saved=next((r for r in reference if r.get("step") == start), None),
+        draws_fixed=_draws_fixed(facts),
+        sampler_saved=bool((facts or {}).get("sampler")) if facts is not None else None,
+        content_hashed=any(h is not None for _, _, h in samples(resumed)),
     )
     if not fields:
         unjudged = (tw.detail.get("not_judgeable") or {}) if tw is not None else {}
@@ -313,7 +366,6 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
     at = set(e.at)
     rng_diff, batch_diff, cursor_diff = "rng" in at, "batch_hash" in at, "cursor" in at
     rng_known = "rng" in e.compared
-    co_rng = _continuity_rng_failed(e)
 
     def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
         return _confirm(e, Diagnosis(comp, conf, e.ev, _hint(comp, candidates), step=e.step,
@@ -338,19 +390,7 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
     if "data-version" in e.guard:
         return d("data-version", "high")
     if rng_diff:
-        where = {"data": "before the batch was fetched", "forward": "at the first forward "
-                 "(after the batch was fetched)"}.get(e.rng_at or "", "at the start of the step")
-        e.ev.append(f"RNG fingerprint differs at the {e.ordinal} resumed step (step {e.step}), "
-                    f"taken {where}")
-        if co_rng:
-            e.ev.append("the first resumed step's RNG differs from the look-ahead saved with "
-                        "the checkpoint, while the reference's matches it")
-        if not batch_diff or e.rng_at == "data" or co_rng or "rng" in e.guard:
-            return d("rng", "high")
-        if ran:  # ids and content equal: the batch differs through augmentation randomness
-            e.ev.append("same samples and content: the RNG difference changed the batch")
-            return d("rng", "medium", ["rng", "data-version"])
-        return d("unknown", "low", ["rng", "sampler"])
+        return _rng_or_data(e, ran, moved, changed, d)
     # The batch differs while the RNG (where recorded) and the cursor are equal.
     if ran:
         e.ev.append("same sample ids in the same order (exposure 0/0/0): the sampler is ruled "
@@ -373,7 +413,67 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
         e.ev.append("the run declares its data identity and the resume guard found it "
                     "unchanged: the data version is ruled out")
         return d("sampler", "medium", ["sampler"])
-    return d("unknown", "low", ["sampler", "data-version"])
+    if rng_known:
+        return d("unknown", "low", ["sampler", "data-version"])
+    e.ev.append("the records carry no RNG fingerprint, so the RNG cannot be ruled out")
+    return d("unknown", "low", ["sampler", "data-version", "rng"])
+
+
+def _rng_or_data(
+    e: _Evidence, ran: bool, moved: int, changed: int, d: Callable[..., Diagnosis]
+) -> Diagnosis:
+    """The RNG fingerprint differs first (the sample ids and the cursor did not settle it).
+
+    ``rng`` at ``high`` needs an RNG difference the data cannot have caused
+    (:meth:`_Evidence.rng_independent_of_data`) or a re-seed the guard saw. Otherwise each
+    other candidate has to be excluded by evidence of its own: the sampler by the sample
+    ids in the same order (exposure) or an equal data cursor, the data version by equal
+    content hashes or a declared data identity the guard found unchanged. What is not
+    excluded stays a candidate, and with more than one the component is ``unknown``.
+    """
+    where = {"data": "before the batch was fetched", "forward": "at the first forward "
+             "(after the batch was fetched)"}.get(e.rng_at or "", "at the start of the step")
+    e.ev.append(f"RNG fingerprint differs at the {e.ordinal} resumed step (step {e.step}), "
+                f"taken {where}")
+    if _continuity_rng_failed(e):
+        e.ev.append("the first resumed step's RNG differs from the look-ahead saved with "
+                    "the checkpoint, while the reference's matches it")
+    if e.rng_independent_of_data():
+        if e.rng_at != "data" and e.draws_fixed:
+            e.ev.append("the saving run drew the same between every two steps, so what the "
+                        "data fetch draws does not depend on the batch")
+        return d("rng", "high")
+    if e.guard_decisive("rng") and "rng" in e.guard:
+        return d("rng", "high")  # the guard saw a generator re-seeded after the restore
+    e.ev.append("the RNG was fingerprinted after the batch was fetched and the batch differs "
+                "too: draws that depend on the batch (augmentation, random masking) carry a "
+                "data difference into the RNG, so the RNG difference may be a consequence")
+    if "rng" in e.guard:
+        e.ev.append("the resume guard's extra draws were counted at that same point: not "
+                    "evidence of their own")
+    remaining: list[str] = []
+    sampler_out = ran and not moved
+    if not sampler_out and "cursor" in e.compared and "cursor" not in e.fields:
+        e.ev.append("the data cursor is equal at every step")
+        sampler_out = True
+    if not sampler_out:
+        remaining.append("sampler")
+        if e.sampler_saved is False:
+            e.ev.append("the checkpoint holds no sampler or data-loader state: the data "
+                        "order can only resume if the loop rebuilds it")
+    remaining.append("rng")
+    if ran and e.content_hashed and not changed:
+        e.ev.append("the same samples have the same content hashes: the data version is "
+                    "ruled out")
+    elif e.data_declared:
+        e.ev.append("the run declares its data identity and the resume guard found it "
+                    "unchanged: the data version is ruled out")
+    else:
+        remaining.append("data-version")
+    if remaining == ["rng"]:
+        e.ev.append("same samples in the same order: the RNG difference changed the batch")
+        return d("rng", "medium", ["rng"])
+    return d("unknown", "low", remaining)
 
 
 def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
@@ -401,7 +501,7 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
 
 def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     """Weigh the resume guard's findings against the records' verdict."""
-    named: list[Component] = [c for c in e.guard if c != "model"]
+    named = e.guard_named()
     for comp, msgs in e.guard.items():
         for m in msgs[:1]:
             dg.evidence.append(f"resume guard ({comp}): {m}")
@@ -466,6 +566,28 @@ def _guard_findings(resumed: Sequence[Record]) -> dict[Component, list[str]]:
             if comp is not None:
                 out.setdefault(comp, []).append(f"{g.get('code')} {g.get('message')}")
     return out
+
+
+def _reseeded(message: str) -> bool:
+    """Whether a guard RNG finding says a generator was re-seeded (not merely drew more).
+
+    The guard's finding carries its explanation only as text (``rngtrace.explain``): "torch
+    was re-seeded (torch.manual_seed(3))", "... re-seeded or its state replaced"; a CUDA
+    generator "re-seeded or drew" cannot be told from a draw, so it does not count.
+    """
+    return "re-seeded" in message and "re-seeded or drew" not in message
+
+
+def _draws_fixed(facts: Mapping[str, Any] | None) -> bool:
+    """Whether the saving run drew the same between every two steps it observed.
+
+    The resume guard's look-ahead keeps the distinct draw patterns between a step's record
+    and the next step's start (``rng_gaps``, over the last few steps); one pattern means
+    the data fetch draws the same whatever the batch (none at all included).
+    """
+    guard = LookAhead.of((facts or {}).get("lookahead")).guard or {}
+    gaps = guard.get("rng_gaps")
+    return isinstance(gaps, list) and len(gaps) == 1
 
 
 def _continuity_rng_failed(e: _Evidence) -> bool:
@@ -540,6 +662,20 @@ def _lr(
         return Diagnosis("optimizer", "medium", ev, _hint("unknown", ["optimizer", "scheduler"]),
                          step=step, fields=sorted({*at, "opt_step"}),
                          candidates=["optimizer", "scheduler"])
+    differ = [i for i, (a, b) in enumerate(pairs) if not same(a, b)]
+    if differ and differ[-1] < len(pairs) - 1:
+        # The LR is back on the reference's schedule for the last steps: the scheduler's
+        # state was right (a restarted or shifted schedule stays off), so the LR was set by
+        # hand after the restore and the scheduler's next step overwrote it.
+        back = ref[differ[-1] + 1].get("step") if differ[-1] + 1 < len(ref) else None
+        ev.append(
+            f"LR differs from step {step} (reference {f['reference']}, resumed "
+            f"{f['resumed']}) but equals the reference again from step {back}: the "
+            "schedule is intact, the LR was overridden after the restore"
+        )
+        return Diagnosis("hyperparameters", "medium", ev,
+                         _hint("unknown", ["hyperparameters", "scheduler"]), step=step,
+                         fields=at, candidates=["hyperparameters", "scheduler"])
     ev.append(
         f"LR differs from step {step} (reference {f['reference']}, resumed "
         f"{f['resumed']}) with no constant ratio or shift: the schedule restarted or "

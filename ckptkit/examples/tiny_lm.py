@@ -40,7 +40,9 @@ logged after it and of a checkpoint saved after it). With ``--log minimal`` the 
 only ``loss`` (one ``rec.log(step, loss=...)`` per step, no look-ahead): the Recorder bound
 to the TrainState fills the rest itself (RNG at step start, LR used, optimizer step, loss
 scale and growth tracker, batch hash, sample ids with content hashes from
-:meth:`Corpus.sample_hash`, data cursor; see :mod:`ckptkit.observe`). With ``--log full``
+:meth:`Corpus.sample_hash`, data cursor; see :mod:`ckptkit.observe`). ``--log busy`` logs
+what a busy user logs (``loss``, ``grad_norm``, ``lr``) and lets the Recorder fill the rest.
+With ``--log full``
 (the default) each record holds ``loss``,
 ``grad_norm`` (before clipping), ``lr`` (used for this step), ``loss_scale`` (with
 ``--amp fp16``), ``tokens``, ``seq_lens``, ``sample_ids``, ``epoch``, ``sample_hashes``
@@ -465,10 +467,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--log",
-        choices=("full", "minimal"),
+        choices=("full", "busy", "minimal"),
         default="full",
-        help="what the loop logs itself: every field docs/drills.md lists, or only the loss "
-        "(the bound Recorder fills the rest)",
+        help="what the loop logs itself: every field docs/drills.md lists, loss + grad_norm "
+        "+ lr (busy), or only the loss (the bound Recorder fills the rest)",
     )
     p.add_argument(
         "--fault",
@@ -680,6 +682,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         due = (args.save_every and ts.step % args.save_every == 0) or drill.should_save(ts.step)
         if args.log == "minimal":
             rec.log(ts.step, loss=loss_value)  # the bound Recorder fills the rest
+            if due:
+                mgr.save(ts)
+        elif args.log == "busy":
+            # What a busy user logs for a dashboard; the bound Recorder fills the rest.
+            rec.log(ts.step, loss=loss_value, grad_norm=float(grad_norm), lr=lr)
             if due:
                 mgr.save(ts)
         else:

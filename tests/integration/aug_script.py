@@ -11,7 +11,8 @@ a user ports a script to ckptkit from the docs alone:
 * SGD with Nesterov momentum (no step counter in its state), a cosine LR per step;
 * fp16 autocast on CPU with a ``GradScaler("cpu")`` of short growth interval.
 
-``--log minimal`` logs only the loss; ``--log full`` logs every field docs/drills.md lists
+``--log minimal`` logs only the loss; ``--log busy`` the loss, grad norm and LR (what a busy
+user logs); ``--log full`` logs every field docs/drills.md lists
 (its own RNG fingerprint, batch hash, sample ids with content hashes, LR, grad norm, loss
 scale) and a look-ahead.
 
@@ -32,7 +33,7 @@ without ``generator=`` in every run, which only a mid-epoch resume exposes):
 ``step-from-epoch``      the step counter recomputed from the epoch        progress
 =======================  ================================================  ===============
 
-Usage: ``python aug_script.py [--log minimal|full] [--fault NAME] [--steps N]``.
+Usage: ``python aug_script.py [--log minimal|busy|full] [--fault NAME] [--steps N]``.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def rng_fp() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--log", choices=("minimal", "full"), default="full")
+    ap.add_argument("--log", choices=("minimal", "busy", "full"), default="full")
     ap.add_argument("--fault", choices=sorted(FAULTS), default="none")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seed", type=int, default=3)
@@ -204,6 +205,8 @@ def main() -> int:
             state.step += 1
             if args.log == "minimal":
                 rec.log(state.step, loss=loss.item())
+            elif args.log == "busy":
+                rec.log(state.step, loss=loss.item(), grad_norm=float(gnorm), lr=lr)
             else:
                 fields: dict[str, Any] = {
                     "grad_norm": float(gnorm),

@@ -46,7 +46,8 @@ def test_after_the_batch_rng_and_batch_alone_are_not_conclusive() -> None:
     res = recs(W + 1, rng_at={s: "forward" for s in range(5, 9)}, rng={5: "x"},
                batch_hash={5: "y"}, cursor={s: None for s in range(9)})
     d = dg(ref, res)
-    assert d.component == "unknown" and d.candidates == ["rng", "sampler"]
+    # No sample ids, no cursor, no declared data identity: nothing excludes any of the three.
+    assert d.component == "unknown" and d.candidates == ["sampler", "rng", "data-version"]
     guarded = recs(W + 1, rng_at={s: "forward" for s in range(5, 9)}, rng={5: "x"},
                    batch_hash={5: "y"}, cursor={s: None for s in range(9)},
                    guard={5: [{"code": "CK-D008", "component": "rng", "message": "re-seeded"}]})
@@ -124,3 +125,54 @@ def test_the_guard_breaks_a_tie_between_two_candidates() -> None:
                guard={6: [{"code": "CK-R003", "component": "data", "message": "changed"}]})
     d = dg(ref, res)
     assert (d.component, d.confidence) == ("data-version", "high")
+
+
+FWD = {s: "forward" for s in range(1, 9)}
+NOCUR = {s: None for s in range(9)}
+DRAWS = {"code": "CK-D008", "component": "rng",
+         "message": "torch advanced 66 words more than the saved run drew there; seen at the "
+         "start of the first resumed step (forward)"}
+
+
+def test_extra_draws_counted_after_a_differing_batch_do_not_name_the_rng() -> None:
+    # A sampler fault whose batches make a batch-dependent augmentation draw differently:
+    # the RNG at the first forward, the look-ahead and the guard's count all differ as a
+    # consequence. Named "rng (high)" before; now unknown with sampler and rng.
+    ref = recs(rng_at=FWD, cursor=NOCUR)
+    res = recs(W + 1, rng_at=FWD, cursor=NOCUR, rng={5: "x"}, batch_hash={5: "y"},
+               guard={5: [DRAWS]})
+    d = dg(ref, res, facts={"data_declared": True,
+                            "lookahead": {"guard": {"rng_gaps": [{"torch": 72}, {"torch": 42}]}}})
+    assert (d.component, d.confidence) == ("unknown", "low")
+    assert d.candidates == ["sampler", "rng"]  # the data identity is pinned and unchanged
+    assert "sampler:" in d.to_dict()["hint"] and "rng:" in d.to_dict()["hint"]
+
+
+def test_a_fetch_that_always_draws_the_same_makes_the_rng_difference_conclusive() -> None:
+    ref = recs(rng_at=FWD, cursor=NOCUR)
+    res = recs(W + 1, rng_at=FWD, cursor=NOCUR, rng={5: "x"}, batch_hash={5: "y"},
+               guard={5: [DRAWS]})
+    d = dg(ref, res, facts={"lookahead": {"guard": {"rng_gaps": [{"torch": 64}]}}})
+    assert (d.component, d.confidence) == ("rng", "high")
+
+
+def test_sample_ids_that_moved_stay_the_sampler_despite_the_guards_draw_count() -> None:
+    ids = {s: [[0, s, "h"]] for s in range(1, 9)}
+    ref = recs(rng_at=FWD, cursor=NOCUR, sample_ids=ids)
+    res = recs(W + 1, rng_at=FWD, cursor=NOCUR, rng={5: "x"}, batch_hash={5: "y"},
+               sample_ids={**ids, 5: [[0, 1, "h"]]}, guard={5: [DRAWS]})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("sampler", "high")
+    assert d.candidates == []
+
+
+def test_an_lr_that_rejoins_the_schedule_was_set_by_hand_not_a_broken_scheduler() -> None:
+    # A relaunch sets the LR from its flag after the restore; the restored LambdaLR's next
+    # step puts the schedule back. Named "scheduler (high)" before.
+    ref = recs(lr={s: 0.01 * s for s in range(1, 9)})
+    res = recs(W + 1, lr={5: 0.03, 6: 0.06, 7: 0.07, 8: 0.08})
+    d = dg(ref, res)
+    assert (d.component, d.confidence) == ("hyperparameters", "medium")
+    assert d.candidates == ["hyperparameters", "scheduler"]
+    restarted = recs(W + 1, lr={5: 0.05, 6: 0.01, 7: 0.02, 8: 0.03})  # stays off: scheduler
+    assert (dg(ref, restarted).component, dg(ref, restarted).confidence) == ("scheduler", "high")

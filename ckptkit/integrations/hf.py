@@ -405,8 +405,9 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
             k.open(Path(args.output_dir))
             k.bind(model, kw.get("optimizer"), kw.get("lr_scheduler"))
             obs = k.recorder.observer if k.recorder is not None else None
-            if obs is not None and isinstance(getattr(dl, "num_workers", None), int):
-                obs.num_workers = dl.num_workers  # records carry it (the workers' RNG)
+            workers = getattr(dl, "num_workers", None)
+            if obs is not None and isinstance(workers, int):
+                obs.num_workers = workers  # records carry it (the workers' RNG)
             if model is not None and k.recorder is not None:
                 # Copy-safe: an EMA's deepcopy of the model must not copy this callback
                 # (and the Recorder's open file) along with the hook.

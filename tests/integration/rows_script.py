@@ -106,10 +106,7 @@ def main() -> int:
                     break
     else:
         for epoch in range(ts.progress.epoch, 1000):
-            if case == "chained":
-                gen = chain
-            else:
-                gen = torch.Generator().manual_seed(100 + epoch)
+            gen = chain if case == "chained" else torch.Generator().manual_seed(100 + epoch)
             loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True,
                                                  generator=gen)
             for i, (x, y) in enumerate(loader):

@@ -238,8 +238,8 @@ def test_ema_helpers_copy_the_model_and_optimizer_with_a_recorder_bound(tmp_path
 
 def test_a_sample_has_the_same_row_in_any_batch_whatever_its_padding() -> None:
     a = [5, 3, 8]
-    wide = torch.tensor([a + [0, 0, 0], [7, 1, 2, 9, 4, 6], [4, 0, 0, 0, 0, 0]])
-    narrow = torch.tensor([[1, 1, 1, 1], a + [0]])  # a batch of two, one row padded
+    wide = torch.tensor([[*a, 0, 0, 0], [7, 1, 2, 9, 4, 6], [4, 0, 0, 0, 0, 0]])
+    narrow = torch.tensor([[1, 1, 1, 1], [*a, 0]])  # a batch of two, one row padded
     labels = torch.tensor([[8, -100, -100], [2, 9, 4]])  # labels padded with the ignore index
     alone = torch.tensor([a])
     assert observe.row_hashes(wide)[0] == observe.row_hashes(narrow)[1] == observe.row_hashes(alone)[0]

@@ -10,6 +10,7 @@ from typing import Any
 
 from ckptkit.drill.compare import exposure, row_evidence, twin
 from ckptkit.drill.diagnose import WORKERS_RNG, diagnose
+from ckptkit.render.drill import _check_summary
 
 W, N = 4, 4
 
@@ -71,3 +72,13 @@ def test_new_rows_from_a_loader_with_workers_name_the_workers_rng_never_data_ver
     # The main RNG differing too: augmentation in the main process; the RNG rules decide.
     d = _diagnose(ref, [{**r, "rng": "other"} for r in new])
     assert d.component != "data-version" and "rng" in (d.component, *d.candidates)
+
+
+def test_the_report_says_what_the_rows_show_when_no_ids_were_recorded() -> None:
+    ref = _run(_seq)
+    ex = exposure(ref, _run(lambda s: _seq(s - W), steps=range(W + 1, W + N + 1)),
+                  start=W, stop=W + N)
+    assert not ex.ok and ex.detail["basis"] == "rows"
+    line = _check_summary(ex.to_dict())
+    assert "8 seen by the reference at other positions" in line and "(order)" in line
+    assert exposure([{"step": 1}], [{"step": 2}], start=1, stop=2).skipped

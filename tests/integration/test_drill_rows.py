@@ -56,3 +56,21 @@ def test_rows_tell_order_from_content(case: str, tmp_path: Path) -> None:
         assert diag["confidence"] in ("medium", "high")
         assert WORKERS_RNG in diag["hint"], diag
         assert any(WORKERS_RNG in line for line in diag["evidence"]), diag
+
+
+def test_a_lightning_trainer_over_a_plain_shuffled_loader_names_the_sampler(
+    tmp_path: Path,
+) -> None:
+    """The Trainer restarts a plain ``DataLoader(shuffle=True)``'s epoch after a mid-epoch
+    resume; the callback's records carry the batch's rows (was ``unknown (low)``)."""
+    pytest.importorskip("lightning")
+    script = Path(__file__).parent / "interop" / "scripts" / "lit_tiny.py"
+    report = run_drill(DrillConfig(command=[sys.executable, str(script), "--fault",
+                                            "plain-shuffle"],
+                                   steps_before=3, steps_after=4, isolate=True,
+                                   workdir=tmp_path / "lit", timeout=300))
+    d = report.to_dict()
+    assert not d["ok"]
+    exposure = next(c for c in d["checks"] if c["name"] == "exposure")
+    assert exposure["detail"]["rows"]["verdict"] == "order", exposure["detail"]
+    assert d["diagnosis"]["component"] == "sampler", d["diagnosis"]

@@ -13,9 +13,13 @@ fills, in each record the loop logs, every field the loop did not log itself:
 ``loss_scale``,          the GradScaler's scale and growth tracker after the step (the
 ``scale_growth``         ``TrainState``'s scaler, else the one that called ``optimizer.step``)
 ``batch_hash``           xxh3 of the tensors the model was called with in training mode
+``rows``                 a short hash per batch row of those tensors (:func:`row_hashes`):
+                         which samples a step saw, without sample ids
 ``sample_ids``           ``[epoch, id, content hash]`` per sample the sampler handed out in
                          this step (the hash when the dataset has ``sample_hash(index)``)
 ``cursor``               fingerprint of the sampler's / data loader's ``state_dict()``
+``num_workers``          the data loader's worker count, where ckptkit sees the loader
+                         (the state's loader, or the one ``ResumableSampler.batches`` runs)
 ``guard``                resume-guard findings raised since the last record
 ======================  ===============================================================
 
@@ -37,10 +41,11 @@ import logging
 import sys
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 import xxhash
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -58,6 +63,9 @@ GAP_WINDOW = 8
 """Steps over which the draws between consecutive steps are kept for the look-ahead."""
 _HASH_LIMIT = 1 << 24
 """Largest CUDA input (bytes) copied to the host to hash; bigger ones hash by shape only."""
+ROWS_LIMIT = 256
+"""Most rows per step :func:`row_hashes` hashes (the first ones: a bigger batch keeps its
+first ``ROWS_LIMIT``); the record stays small (9 bytes a row in JSON) and the cost bounded."""
 _FRAMES = 8
 """How far up the stack ``optimizer.step`` is searched for the GradScaler that called it."""
 
@@ -69,8 +77,10 @@ AUTO_FIELDS = (
     "loss_scale",
     "scale_growth",
     "batch_hash",
+    "rows",
     "sample_ids",
     "cursor",
+    "num_workers",
 )
 """Record fields a bound observer fills when the loop does not log them."""
 
@@ -128,21 +138,133 @@ def _calling_scaler() -> Any:
     return None
 
 
-def _hash_inputs(h: xxhash.xxh3_64, items: Iterable[Any], depth: int = 0) -> None:
+def _host_inputs(items: Iterable[Any], out: list[torch.Tensor], depth: int = 0) -> None:
+    """Collect the tensors of a model call, on the host, in call order (nested up to 2).
+
+    A CUDA tensor over :data:`_HASH_LIMIT` bytes stays on the device: it is hashed by dtype
+    and shape only (the copy would cost more than the step it describes)."""
     for x in items:
         if isinstance(x, torch.Tensor):
             t = x.detach()
-            h.update(f"{t.dtype}:{tuple(t.shape)}|".encode())
-            if t.device.type != "cpu":
-                if t.numel() * t.element_size() > _HASH_LIMIT:
-                    continue
+            if t.device.type != "cpu" and t.numel() * t.element_size() <= _HASH_LIMIT:
                 t = t.cpu()
-            if t.numel():
-                h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            out.append(t)
         elif depth < 2 and isinstance(x, list | tuple):
-            _hash_inputs(h, x, depth + 1)
+            _host_inputs(x, out, depth + 1)
         elif depth < 2 and isinstance(x, Mapping):
-            _hash_inputs(h, (x[k] for k in sorted(x, key=str)), depth + 1)
+            _host_inputs((x[k] for k in sorted(x, key=str)), out, depth + 1)
+
+
+def _hash_tensors(h: xxhash.xxh3_64, tensors: Iterable[torch.Tensor]) -> None:
+    for t in tensors:
+        h.update(f"{t.dtype}:{tuple(t.shape)}|".encode())
+        if t.device.type == "cpu" and t.numel():
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""Integer dtype of each element size: rows are compared bit for bit (bfloat16, NaN)."""
+
+
+_COMMON_PADS = (0, -100)
+"""Pad values preferred when the bytes leave a choice: pad ids and masks of 0, and the
+ignore index of labels."""
+
+
+def _pad_value(a: np.ndarray) -> Any:
+    """The value a batch's rows are padded with (rows of ``a`` as integers), or None.
+
+    A candidate ends at least half of the rows and is no row's only value (the longest
+    row of a padded batch is not padding). When two remain (a batch of two, one padded),
+    0 or -100 is taken if it is one of them; otherwise the batch is hashed uncut, and its
+    padded rows differ from the same samples elsewhere (the limit in docs/drills.md)."""
+    values, counts = np.unique(a[:, -1], return_counts=True)
+    candidates = [
+        v for v, c in zip(values, counts, strict=True)
+        if c * 2 >= len(a) and not (a == v).all(axis=1).any()
+    ]
+    if len(candidates) > 1:
+        candidates = [v for v in candidates if v in _COMMON_PADS]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _row_bytes(t: torch.Tensor, n: int) -> list[bytes]:
+    """The first ``n`` rows of ``t`` (dim 0) as bytes, each without its trailing padding.
+
+    Padding depends on the batch a sample lands in (a collate pads to the batch's longest
+    sequence), so the same sample must give the same bytes in any batch: a row ending with
+    the batch's pad value (:func:`_pad_value`) is cut before that run."""
+    flat = t[:n].contiguous().reshape(n, -1)
+    width = flat.shape[1]
+    a = flat.view(_INT_VIEW.get(flat.element_size(), torch.uint8)).reshape(n, -1).numpy()
+    if n < 2 or width < 2:
+        return [a[i].tobytes() for i in range(n)]
+    pad = _pad_value(a)
+    if pad is None:
+        return [a[i].tobytes() for i in range(n)]
+    body = a != pad
+    # index after the last element that is not the pad (0: all padding)
+    end = np.where(body.any(axis=1), width - np.argmax(body[:, ::-1], axis=1), 0)
+    return [a[i, : end[i]].tobytes() for i in range(n)]
+
+
+def _rows_of(tensors: Sequence[torch.Tensor], limit: int) -> list[str]:
+    """:func:`row_hashes` of tensors already on the host."""
+    batch = next((t for t in tensors if t.dim() >= 1), None)
+    if batch is None or limit <= 0:
+        return []
+    size = batch.shape[0]
+    n = min(size, limit)
+    try:
+        parts = [
+            (str(t.dtype).encode(), _row_bytes(t, n))
+            for t in tensors
+            if t.dim() >= 1 and t.shape[0] == size and t.device.type == "cpu"
+        ]
+    except (RuntimeError, TypeError, ValueError) as e:  # sparse, nested: no rows, no crash
+        log.debug("ckptkit: no row hashes: %s", e)
+        return []
+    if not parts:
+        return []  # only device inputs too big to copy: rows would all hash alike
+    out = []
+    for i in range(n):
+        h = xxhash.xxh3_64()
+        for dtype, rows in parts:
+            h.update(dtype)
+            h.update(len(rows[i]).to_bytes(8, "little"))
+            h.update(rows[i])
+        out.append(h.hexdigest()[:8])
+    return out
+
+
+def row_hashes(inputs: Any, *, limit: int = ROWS_LIMIT) -> list[str]:
+    """A short hash of each batch row of a model call's inputs: the ``rows`` record field.
+
+    Row ``i`` hashes the ``i``-th element along dim 0 of every input tensor whose dim 0 is
+    the batch size (that of the first tensor with a dim; others, such as shared position
+    ids, are left out), each without its trailing padding (see :func:`_row_bytes`).
+    8 hex digits of xxh3-64, at most ``limit`` rows (the first ones). The drill matches
+    them between two runs to tell a data-order fault (the same rows at other positions)
+    from a content fault (rows never seen) without sample ids
+    (:func:`ckptkit.drill.compare.row_evidence`). Every recorder of rows calls this.
+
+    Args:
+        inputs: a tensor or a (nested, depth 2) list/tuple/dict of them and other values,
+            as the model receives them (a dict's tensors in sorted key order).
+        limit: the most rows hashed.
+
+    Returns:
+        One hash per row, in batch order; ``[]`` when no input has a batch dim.
+
+    Example:
+        >>> a = row_hashes({"input_ids": torch.tensor([[5, 3, 0, 0], [7, 1, 2, 0], [4, 0, 0, 0]])})
+        >>> b = row_hashes({"input_ids": torch.tensor([[9, 9, 9], [5, 3, 0]])})
+        >>> len(a), a[0] == b[1]
+        (3, True)
+    """
+    tensors: list[torch.Tensor] = []
+    _host_inputs(inputs if isinstance(inputs, list | tuple) else [inputs], tensors)
+    return _rows_of(tensors, limit)
 
 
 _NOT_POSITION = frozenset({"_base_seed", "_shared_seed"})
@@ -231,7 +353,7 @@ class StepObserver:
         >>> ts = ckptkit.TrainState(model=m, optimizer=opt, recorder=rec)
         >>> m(torch.ones(1, 2)).sum().backward(); opt.step(); rec.log(1, loss=0.5)
         >>> sorted(k for k in rec.records[-1] if k in AUTO_FIELDS)
-        ['batch_hash', 'lr', 'opt_step', 'rng', 'rng_at']
+        ['batch_hash', 'lr', 'opt_step', 'rng', 'rng_at', 'rows']
     """
 
     def __init__(self, state: TrainState) -> None:
@@ -244,6 +366,9 @@ class StepObserver:
         )
         self.point: str | None = None
         """Where steps start: ``data`` or ``forward`` (the last one seen)."""
+        self.num_workers: int | None = None
+        """The training loader's worker count, set by an integration that sees the loader
+        (the ``num_workers`` record field; None: found from the state, if it can be)."""
         self._params = {id(p) for p in state.model.parameters()}
         self._findings: list[dict[str, Any]] = []
         self._warned_scaler = False
@@ -268,6 +393,7 @@ class StepObserver:
         self._lr_used: float | None = None
         self._stepped: torch.optim.Optimizer | None = None
         self._batch: xxhash.xxh3_64 | None = None
+        self._rows: list[str] = []
         self._ids: list[list[Any]] = []
 
     def close(self) -> None:
@@ -355,7 +481,12 @@ class StepObserver:
             self._start("forward")
         if self._batch is None:
             self._batch = xxhash.xxh3_64()
-        _hash_inputs(self._batch, (*args, kwargs))
+        tensors: list[torch.Tensor] = []
+        _host_inputs((*args, kwargs), tensors)
+        _hash_tensors(self._batch, tensors)
+        room = ROWS_LIMIT - len(self._rows)
+        if room > 0:  # several forwards a step (accumulation): rows of each, in order
+            self._rows.extend(_rows_of(tensors, room))
 
     def _on_optimizer_step(self, opt: torch.optim.Optimizer) -> None:
         mine = opt is self.state.optimizer
@@ -406,7 +537,7 @@ class StepObserver:
             >>> _ = ckptkit.TrainState(model=m, recorder=rec)
             >>> _ = m(torch.ones(1, 1))
             >>> sorted(rec.observer.finish({"loss": 1.0}))
-            ['batch_hash', 'rng', 'rng_at']
+            ['batch_hash', 'rng', 'rng_at', 'rows']
         """
         out: dict[str, Any] = {}
 
@@ -427,9 +558,12 @@ class StepObserver:
             put("scale_growth", st[1])
         if self._batch is not None:
             put("batch_hash", self._batch.hexdigest())
+        if self._rows:
+            put("rows", self._rows)
         if self._ids:
             put("sample_ids", self._ids)
         put("cursor", self.cursor())
+        put("num_workers", self.loader_workers())
         if self._findings:
             out["guard"] = self._findings
             self._findings = []
@@ -459,6 +593,31 @@ class StepObserver:
         except Exception as e:  # an exotic state: the record goes without a cursor
             log.debug("ckptkit: no cursor fingerprint: %s", e)
             return None
+
+    def loader_workers(self) -> int | None:
+        """The training DataLoader's ``num_workers``, where ckptkit sees the loader.
+
+        Set by an integration (:attr:`num_workers`), else the state's sampler when it is a
+        loader (a StatefulDataLoader), else the loader its ResumableSampler's
+        ``batches()`` runs; None when none of them says. The drill names the workers'
+        RNG from it (:func:`ckptkit.drill.compare.row_evidence`).
+
+        Example:
+            >>> import ckptkit
+            >>> rec = ckptkit.Recorder(None)
+            >>> s = ckptkit.ResumableSampler(4)
+            >>> _ = ckptkit.TrainState(model=torch.nn.Linear(1, 1), sampler=s, recorder=rec)
+            >>> loader = torch.utils.data.DataLoader(range(4), sampler=s, num_workers=0)
+            >>> _ = next(s.batches(loader)); rec.observer.loader_workers()
+            0
+        """
+        if self.num_workers is not None:
+            return self.num_workers
+        for source in (self.state.sampler, *self._samplers):
+            n = getattr(source, "num_workers", None)
+            if isinstance(n, int) and not isinstance(n, bool):
+                return n
+        return None
 
     def gap_patterns(self) -> list[dict[str, int | None]]:
         """The distinct draws made between a step's record and the next step's start.
@@ -505,9 +664,11 @@ def bind(state: TrainState, recorder: Any) -> StepObserver | None:
 __all__ = [
     "AUTO_FIELDS",
     "GAP_WINDOW",
+    "ROWS_LIMIT",
     "CopySafeHook",
     "StepListener",
     "StepObserver",
     "bind",
+    "row_hashes",
     "scaler_state",
 ]

@@ -176,6 +176,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         # epoch leaves it alone (see set_epoch).
         self._live: object | None = None
         self._observers: list[Callable[[int, int | None], None]] = []
+        self.num_workers: int | None = None
+        """``num_workers`` of the loader the last :meth:`batches` ran (step records carry
+        it: the drill names the workers' RNG from it); None before one."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
         # The dataset is shared (not copied) and observers stay with the original: a copy
@@ -368,6 +371,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             )
         if self._batching:
             raise RuntimeError("batches(): another batches() iteration of this sampler is running")
+        workers = getattr(loader, "num_workers", None)
+        self.num_workers = workers if isinstance(workers, int) else None
         self._give_back()
         if self.position >= self.num_samples:
             if self._restored:

@@ -36,7 +36,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ckptkit.drill.compare import CheckResult, Record, jsonable, same, samples, window
+from ckptkit.drill.compare import (
+    CheckResult,
+    Record,
+    RowEvidence,
+    jsonable,
+    same,
+    samples,
+    window,
+)
 from ckptkit.records import LookAhead
 
 Component = Literal[
@@ -170,6 +178,8 @@ class _Evidence:
     """Whether the checkpoint holds sampler / data-loader state (None: no facts)."""
     content_hashed: bool = False
     """The resumed records' sample ids carry content hashes (exposure can see content)."""
+    rows: RowEvidence | None = None
+    """The batch rows' evidence (the exposure check's ``detail["rows"]``), if recorded."""
     ev: list[str] = field(default_factory=list)
 
     def first(self, f: str) -> int | None:
@@ -218,8 +228,8 @@ class _Evidence:
     def exposure_counts(self) -> tuple[bool, int, int]:
         """(exposure ran, samples moved, samples with changed content)."""
         ex = self.exposure
-        if ex is None or ex.skipped:
-            return False, 0, 0
+        if ex is None or ex.skipped or ex.detail.get("basis") == "rows":
+            return False, 0, 0  # no sample ids: the rows speak for themselves (_rows)
         d = ex.detail
         moved = int(d.get("replayed", 0)) + int(d.get("skipped", 0)) + int(d.get("unexpected", 0))
         changed = int(d.get("content_changed", 0))
@@ -287,6 +297,8 @@ def diagnose(
         sampler_saved=bool((facts or {}).get("sampler")) if facts is not None else None,
         content_hashed=any(h is not None for _, _, h in samples(resumed)),
     )
+    ex = by_name.get("exposure")
+    e.rows = RowEvidence.of(ex.detail) if ex is not None else None
     if not fields:
         unjudged = (tw.detail.get("not_judgeable") or {}) if tw is not None else {}
         if unjudged:
@@ -335,7 +347,8 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
     data_or_rng = {"batch_hash", "cursor", "rng"} & set(at)
     ran, moved, changed = e.exposure_counts()
     ex_first_step = _exposure_first_step(e)
-    if data_or_rng or (ran and (moved or changed) and ex_first_step):
+    rows_first = e.rows is not None and e.rows.differing_steps > 0 and e.rows.first_step == e.step
+    if data_or_rng or rows_first or (ran and (moved or changed) and ex_first_step):
         return _data_or_rng(e, ran, moved, changed)
     if "opt_step" in at:
         return _opt_step(e, ref, res)
@@ -389,6 +402,9 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
         return d("data-version", "high")
     if "data-version" in e.guard:
         return d("data-version", "high")
+    by_rows = _rows(e)
+    if by_rows is not None:
+        return by_rows
     if rng_diff:
         return _rng_or_data(e, ran, moved, changed, d)
     # The batch differs while the RNG (where recorded) and the cursor are equal.
@@ -474,6 +490,80 @@ def _rng_or_data(
         e.ev.append("same samples in the same order: the RNG difference changed the batch")
         return d("rng", "medium", ["rng"])
     return d("unknown", "low", remaining)
+
+
+WORKERS_RNG = "DataLoader workers' RNG (base seed)"
+"""What a content fault of a loader with workers is named after (component ``rng``)."""
+_WORKERS_HINT = (
+    "the DataLoader's workers restart their random streams from a base seed drawn at every "
+    "iter(), so random augmentation in Dataset.__getitem__ with num_workers > 0 differs "
+    "after a resume while the main process's RNG is equal: make it a function of the sample "
+    "(a torch.Generator seeded by the index, and the epoch if it should vary), or augment "
+    "in the main process"
+)
+
+
+def _rows(e: _Evidence) -> Diagnosis | None:
+    """Name order or content from the batch rows when the first diverging step's rows differ.
+
+    Rows the reference saw at other positions are the same data in another order: the
+    sampler. Rows it never saw are content: the data version, or random augmentation that
+    did not repeat; with ``num_workers > 0`` and the main process's RNG equal, the workers'
+    RNG. New rows say "content" only when something shows the order is the same (a clean
+    exposure of ids, an equal cursor, or a reference whose rows repeat: it passed over the
+    samples again and they gave the same rows); otherwise they may be samples the reference
+    never reached, and both stay candidates. None: the rows do not decide (an RNG
+    difference at the same step explains new content better; the RNG rules take it).
+    """
+    rows = e.rows
+    if rows is None or rows.verdict not in ("order", "content") or rows.first_step != e.step:
+        return None
+    at = set(e.at)
+    rng_diff, rng_known = "rng" in at, "rng" in e.compared
+
+    def d(comp: Component, conf: Confidence, candidates: Sequence[str] = (),
+          hint: str = "") -> Diagnosis:
+        return _confirm(e, Diagnosis(comp, conf, e.ev, hint or _hint(comp, candidates),
+                                     step=e.step, fields=e.at, candidates=list(candidates)))
+
+    if rows.verdict == "order":
+        e.ev.append(f"{rows.summary()}: the resumed run got data the reference also trained on, "
+                    "in another order")
+        if rng_diff or not rng_known:
+            e.ev.append("the RNG differs at the same step (or is not recorded): a loader that "
+                        "shuffles from the global RNG moves both")
+            return d("sampler", "medium", ["sampler", "rng"])
+        return d("sampler", "high")
+    if rng_diff:
+        return None
+    e.ev.append(f"{rows.summary()}: the resumed run got rows the reference never saw")
+    ran, _, _ = e.exposure_counts()
+    cursor_same = "cursor" in e.compared and "cursor" not in e.fields
+    if rows.repeats:
+        e.ev.append(f"the reference saw {rows.repeats} rows again at later steps: its rows are a "
+                    "function of the sample (no random augmentation) and it passed over the "
+                    "data again, so new rows are new data")
+        if ran or cursor_same:
+            return d("data-version", "high")
+        return d("data-version", "medium", ["data-version"])
+    if not (ran or cursor_same):
+        e.ev.append("nothing shows the order is the same (no sample ids, no data cursor) and "
+                    "no row of the reference repeats: the new rows may be samples the "
+                    "reference did not reach")
+        workers = ["rng"] if (rows.num_workers or 0) > 0 else []
+        return d("unknown", "low", ["data-version", "sampler", *workers])
+    e.ev.append("the same sample ids in the same order" if ran
+                else "the data cursor is equal at every step: the order is the same")
+    if (rows.num_workers or 0) > 0:
+        e.ev.append(f"{WORKERS_RNG}: the loader runs {rows.num_workers} workers and the main "
+                    "process's RNG is equal, so random augmentation in the workers is the "
+                    "likely source of the new rows")
+        return d("rng", "medium", ["rng", "data-version"], hint=f"{WORKERS_RNG}: {_WORKERS_HINT}")
+    if rows.num_workers == 0 and rng_known:
+        e.ev.append("the loader runs no workers and the RNG is equal at every step: random "
+                    "augmentation drew the same, so the data changed")
+        return d("data-version", "medium", ["data-version"])
+    return d("data-version", "medium", ["data-version", "rng"])
 
 
 def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:

@@ -47,7 +47,8 @@ With ``--log full``
 ``grad_norm`` (before clipping), ``lr`` (used for this step), ``loss_scale`` (with
 ``--amp fp16``), ``tokens``, ``seq_lens``, ``sample_ids``, ``epoch``, ``sample_hashes``
 (xxh3-64 of each sample's tokens, 8 hex), ``batch_hash`` (xxh3-64 of the input tensor fed to
-the model), ``rng`` (fingerprint of the torch RNG state before the step) and ``opt_step``
+the model), ``rows`` (:func:`ckptkit.observe.row_hashes` of the batch's padded sequences),
+``rng`` (fingerprint of the torch RNG state before the step) and ``opt_step``
 (AdamW's step count after the step). Every checkpoint also records a ``lookahead`` in its
 manifest: what the next step will use (``next_step``, ``lr``, ``loss_scale``, ``opt_step``,
 ``rng``, ``sample_ids``, ``epoch``), in the same units as the records, for the resume guard.
@@ -89,8 +90,8 @@ script joins a process group (gloo on CPU, NCCL on CUDA), wraps the model in
 ``DistributedDataParallel``, gives each rank its share of the epoch through the
 ``ResumableSampler`` (``--batch-size`` is per rank) and seeds each rank's dropout stream
 differently. Rank 0 writes the metrics: ``loss`` is averaged over ranks, ``sample_ids``,
-``sample_hashes`` and ``seq_lens`` are every rank's batch in rank order (``rank_sample_ids``
-keeps them per rank), ``batch_hash`` and ``rng`` cover every rank. So a drill compares the
+``sample_hashes``, ``rows`` and ``seq_lens`` are every rank's batch in rank order
+(``rank_sample_ids`` keeps them per rank), ``batch_hash`` and ``rng`` cover every rank. So a drill compares the
 exposure of each rank::
 
     ckptkit drill -- torchrun --standalone --nproc-per-node 2 -m ckptkit.examples.tiny_lm
@@ -125,6 +126,7 @@ from torch import nn
 import ckptkit
 from ckptkit.capture.rng import fingerprint
 from ckptkit.drill.contract import DrillEnv
+from ckptkit.observe import row_hashes
 from ckptkit.records import Health
 from ckptkit.recovery import RecoveryPolicy
 from ckptkit.recovery import describe as describe_recovery
@@ -636,6 +638,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         seqs = [corpus[i] for i in ids]
         x, y = collate(seqs)
         batch_hash = xxhash.xxh3_64_hexdigest(x.numpy().tobytes())
+        # Rows of the whole sequences (the model's input drops each one's last token, so a
+        # sample's input row depends on the batch's width; its padded sequence does not).
+        rows = row_hashes(nn.utils.rnn.pad_sequence(list(seqs), batch_first=True,
+                                                    padding_value=PAD))
         x, y = x.to(device), y.to(device)
         rng = rng_fingerprint(device)
         lr = opt.param_groups[0]["lr"]
@@ -661,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "lens": [len(s) for s in seqs],
             "hashes": [xxhash.xxh3_64_hexdigest(s.numpy().tobytes())[:8] for s in seqs],
             "batch_hash": batch_hash,
+            "rows": rows,
             "rng": rng,
             "tokens": tokens,
             "loss": loss_value,
@@ -702,6 +709,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 epoch=sampler.epoch,
                 sample_hashes=[h for r in ranks for h in r["hashes"]],
                 batch_hash=combine([r["batch_hash"] for r in ranks]),
+                rows=[h for r in ranks for h in r["rows"]],
                 rng=combine([r["rng"] for r in ranks]),
                 opt_step=opt_step_count(opt),
                 **extra,

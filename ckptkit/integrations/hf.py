@@ -404,6 +404,10 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         if state.is_world_process_zero:
             k.open(Path(args.output_dir))
             k.bind(model, kw.get("optimizer"), kw.get("lr_scheduler"))
+            obs = k.recorder.observer if k.recorder is not None else None
+            workers = getattr(dl, "num_workers", None)
+            if obs is not None and isinstance(workers, int):
+                obs.num_workers = workers  # records carry it (the workers' RNG)
             if model is not None and k.recorder is not None:
                 # Copy-safe: an EMA's deepcopy of the model must not copy this callback
                 # (and the Recorder's open file) along with the hook.

@@ -70,6 +70,7 @@ from ckptkit.errors import CkptkitError, IntegrityError, StateError
 from ckptkit.foreign.adopt import Notes
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningLayout
+from ckptkit.observe import row_hashes
 from ckptkit.recorder import Recorder
 from ckptkit.records import GUARD_KEY
 from ckptkit.run import Run, resume_target
@@ -569,6 +570,8 @@ class CkptkitCallback(Callback):
         self._fp: str | None = None
         self._ids: list[list[Any]] = []
         self._hash: str | None = None
+        self._rows: list[str] = []
+        self._workers: int | None = None
         self._outside: dict[str, Any] | None = None
 
     # the drill contract ---------------------------------------------------------------
@@ -629,7 +632,9 @@ class CkptkitCallback(Callback):
         self._ids_hook()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        _quiet_loaders(_loaders(trainer.train_dataloader), self.seed, trainer.current_epoch)
+        loaders = _loaders(trainer.train_dataloader)
+        _quiet_loaders(loaders, self.seed, trainer.current_epoch)
+        self._workers = max((int(dl.num_workers) for dl in loaders), default=None)
 
     # Validation runs in its own RNG bubble: its loader's iter() (and any draw of the
     # validation steps) leaves the training streams as they were. Otherwise a resumed run,
@@ -664,6 +669,7 @@ class CkptkitCallback(Callback):
             self._saved_lookahead = None
         self._deliver(trainer)
         self._hash = _batch_hash(batch)
+        self._rows = row_hashes(batch)
         self._fp = rngtrace.RngSnapshot.take().fingerprint()
 
     def on_train_batch_end(
@@ -678,6 +684,10 @@ class CkptkitCallback(Callback):
         fields: dict[str, Any] = {"rng": self._fp, "rng_at": "batch"}
         if self._hash is not None:
             fields["batch_hash"] = self._hash
+        if self._rows:
+            fields["rows"] = self._rows
+        if self._workers is not None:
+            fields["num_workers"] = self._workers
         if self._ids:
             fields["sample_ids"] = self._ids
         cursor = self._cursor()

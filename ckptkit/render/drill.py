@@ -46,6 +46,8 @@ def _check_summary(c: dict[str, Any]) -> str:
             f"{k}: {_fmt(v['reference'])} → {_fmt(v['resumed'])}" for k, v in fd["values"].items()
         )
         return f"first divergence at step {fd['step']}: {vals}"
+    if c["name"] == "exposure" and d.get("basis") == "rows":
+        return str(d.get("summary", ""))  # no sample ids: the rows' verdict
     if c["name"] == "exposure":
         return (
             f"{d['samples']['resumed']}/{d['samples']['reference']} samples; replayed "

@@ -231,3 +231,46 @@ def test_ema_helpers_copy_the_model_and_optimizer_with_a_recorder_bound(tmp_path
     last = rec.records[-1]
     assert last["opt_step"] == 2 and "batch_hash" in last and "sample_ids" in last
     assert watch.updates == 2
+
+
+# --- rows: a hash per batch row -----------------------------------------------------------
+
+
+def test_a_sample_has_the_same_row_in_any_batch_whatever_its_padding() -> None:
+    a = [5, 3, 8]
+    wide = torch.tensor([[*a, 0, 0, 0], [7, 1, 2, 9, 4, 6], [4, 0, 0, 0, 0, 0]])
+    narrow = torch.tensor([[1, 1, 1, 1], [*a, 0]])  # a batch of two, one row padded
+    labels = torch.tensor([[8, -100, -100], [2, 9, 4]])  # labels padded with the ignore index
+    alone = torch.tensor([a])
+    assert observe.row_hashes(wide)[0] == observe.row_hashes(narrow)[1] == observe.row_hashes(alone)[0]
+    assert len(set(observe.row_hashes(wide))) == 3
+    # Every tensor with the batch dim counts; one without it (shared positions) does not.
+    both = observe.row_hashes({"input_ids": wide[:2, :3], "labels": labels[:, :3],
+                       "positions": torch.arange(3)[None]})
+    assert both != observe.row_hashes({"input_ids": wide[:2, :3]})
+    assert len(both) == 2 and len(both[0]) == 8
+
+
+def test_rows_are_capped_and_odd_inputs_give_none() -> None:
+    assert len(observe.row_hashes(torch.zeros(observe.ROWS_LIMIT + 5, 2))) == observe.ROWS_LIMIT
+    assert observe.row_hashes(torch.tensor(1.0)) == [] and observe.row_hashes("text") == []
+    assert len(observe.row_hashes(torch.randn(3, 2, dtype=torch.bfloat16))) == 3
+
+
+def test_the_observer_records_rows_of_every_forward_of_a_step_and_the_loader_workers() -> None:
+    import ckptkit
+    m = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    data = torch.randn(8, 2)
+    sampler = ckptkit.ResumableSampler(data, shuffle=False)
+    loader = torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler)
+    rec = ckptkit.Recorder(None)
+    ckptkit.TrainState(model=m, optimizer=opt, sampler=sampler, recorder=rec)
+    batches = sampler.batches(loader)
+    for _ in range(2):  # two micro-batches, one optimizer step
+        m(next(batches)).sum().backward()
+    opt.step()
+    rec.log(1, loss=0.0)
+    r = rec.records[-1]
+    assert r["rows"] == observe.row_hashes(data[:2]) + observe.row_hashes(data[2:4])
+    assert r["num_workers"] == 0

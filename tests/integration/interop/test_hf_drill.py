@@ -44,6 +44,8 @@ def assert_bitwise(rep: DrillReport) -> None:
     assert set(twin["modes"].values()) == {"bitwise"}, twin["modes"]
     for f in ("loss", "lr", "opt_step", "rng", "batch_hash"):
         assert f in twin["compared"], twin["compared"]
+    # The records carry a hash per batch row, equal in both runs.
+    assert checks["exposure"].detail["rows"]["verdict"] == "equal", checks["exposure"].detail
     # The drill resumed the framework's own folder, through its adopted manifest.
     assert rep.checkpoint is not None and rep.checkpoint.name.startswith("checkpoint")
     assert (rep.checkpoint / "ckptkit-manifest.json").is_file()

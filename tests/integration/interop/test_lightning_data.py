@@ -173,6 +173,8 @@ def _fit(tmp_path: Path, *, steps: int, ckpt: str | None = None, restart_epoch: 
 def test_a_trainer_resume_that_restarts_the_epoch_is_reported_by_the_guard(tmp_path: Path) -> None:
     _, first = _fit(tmp_path, steps=6)
     assert all(r.get("batch_hash") for r in first), "Trainer records carry no batch hash"
+    # A hash per batch row (the drill tells order from content by them) and the workers.
+    assert all(len(r.get("rows", [])) == 4 and r.get("num_workers") == 0 for r in first), first
     ckpt = str(tmp_path / "ckpt" / "epoch=0-step=6.ckpt")
     clean, _ = _fit(tmp_path / "clean", steps=10, ckpt=ckpt)
     assert clean.guard is not None, "the resume was not guarded"

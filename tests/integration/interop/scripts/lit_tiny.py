@@ -1,7 +1,10 @@
 """A tiny Lightning Trainer script, drillable with the documented ckptkit lines (marked ##).
 
 Dropout, a shuffled ResumableSampler, an LR schedule, Adam; 40 samples in batches of 4
-(10 steps an epoch). ``--fault`` seeds a resume fault in the resumed run only.
+(10 steps an epoch). ``--fault`` seeds a resume fault in the resumed run only;
+``--fault plain-shuffle`` is a variant of every run instead: the newcomer's
+``DataLoader(shuffle=True)`` and no sampler given to the callback (a mid-epoch resume
+restarts the epoch's order).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import ckptkit  ##
 from ckptkit.integrations.lightning import CkptkitCallback, CkptkitIO  ##
 
 warnings.filterwarnings("ignore")  # Lightning's tips about workers and loggers
-FAULTS = ("none", "no-rng", "no-sampler", "fresh-optimizer", "lr-changed", "data-version")
+FAULTS = ("none", "no-rng", "no-sampler", "fresh-optimizer", "lr-changed", "data-version",
+          "plain-shuffle")
 
 
 class Net(L.LightningModule):
@@ -49,15 +53,19 @@ def main() -> None:
     p.add_argument("--out", default="lit_run")
     a = p.parse_args()
     resumed = bool(os.environ.get("CKPTKIT_DRILL_RESUME_FROM"))
-    fault = a.fault if resumed else "none"
+    plain = a.fault == "plain-shuffle"
+    fault = a.fault if resumed and not plain else "none"
     L.seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(7 if fault != "data-version" else 8)
     x = torch.randn(40, 8, generator=g)
     data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).tanh())
     sampler = ckptkit.ResumableSampler(data, seed=0)  ## (was: shuffle=True)
     loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+    if plain:
+        loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
     cb = CkptkitCallback(  ##
-        sampler=None if fault == "no-sampler" else sampler, restore_rng=fault != "no-rng"
+        sampler=None if fault == "no-sampler" or plain else sampler,
+        restore_rng=fault != "no-rng",
     )
     model = Net(lr=1e-2)
     if fault == "no-sampler":

@@ -69,6 +69,7 @@ from ckptkit.run.layout import Index, step_unknown_fix
 from ckptkit.run.registry import register
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.view import Expect
 
 log = logging.getLogger("ckptkit")
 
@@ -164,7 +165,7 @@ class _HFLayout(FrameworkLayout):
     """What both HF layouts share: one folder per checkpoint, adopted inside it."""
 
     kind: Kind
-    expect = "training"
+    expect: Expect | None = "training"
 
     def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
         """``(number in the name, folder)`` of every checkpoint folder, by number."""

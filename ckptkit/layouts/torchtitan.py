@@ -53,6 +53,7 @@ from ckptkit.run.layout import Index
 from ckptkit.run.registry import register
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.view import Expect
 
 NAME = "torchtitan"
 """The layout's name (``ckptkit ls`` shows it)."""
@@ -137,7 +138,7 @@ class TorchtitanLayout(_HFLayout):
     """
 
     name = NAME
-    expect = None  # inferred per step: a full step is training state, a model-only one weights
+    expect: Expect | None = None  # inferred per step: a full step is training state, a model-only one weights
 
     def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
         return step_dirs(Path(str(root)))

@@ -26,6 +26,7 @@ import gc
 import json
 import math
 import numbers
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
@@ -50,6 +51,11 @@ from ckptkit.signing import Signature
 
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name inside a checkpoint: written last, it is the commit marker."""
+ADOPTED_SUFFIX = "ckptkit-manifest.json"
+"""The name of a ckptkit manifest inside a checkpoint another tool laid out (a DCP
+directory, an HF ``checkpoint-N/``), or the suffix of one beside a single-file checkpoint
+(``<file>.ckptkit-manifest.json``): written by ``ckptkit adopt``, the integrations and
+:mod:`ckptkit.dcp`; its ``user.adopted`` lists the files' digests."""
 SCHEMA_VERSION = 1
 FORMAT = "ckptkit"
 MAX_MANIFEST_BYTES = 256 << 20
@@ -413,6 +419,59 @@ class Manifest:
         """Parse and fully validate manifest text (see :func:`parse`)."""
         with _gc_paused():
             return cls.from_dict(parse(text, path=path, key=key))
+
+
+def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry, ...]:
+    """The files an adopted manifest (:data:`ADOPTED_SUFFIX`) records, checked.
+
+    An adopted manifest keeps its files' digests in ``user.adopted.files`` (foreign names
+    fall outside the native ``files[].path`` grammar). The one check of that record: verify
+    (:mod:`ckptkit.foreign.adopted`) and :mod:`ckptkit.dcp` both call it.
+
+    Raises:
+        ManifestError: ``CK-M003`` no ``user.adopted.files`` record, or a malformed entry.
+        UnsafeInputError: ``CK-M005`` a path escapes the checkpoint.
+
+    Example:
+        >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
+        ...     user={"adopted": {"files": [{"path": ".metadata", "size": 3,
+        ...     "xxh3_128": "0" * 32}]}})
+        >>> adopted_files(m)[0].path
+        '.metadata'
+    """
+    adopted = (m.user or {}).get("adopted")
+    if not isinstance(adopted, Mapping) or not isinstance(adopted.get("files"), list):
+        raise ManifestError(
+            "adopted manifest has no user.adopted.files record", path=path, code=codes.M003,
+            hint=_M002_HINT,
+        )
+    out = []
+    for f in adopted["files"]:
+        ok = (
+            isinstance(f, Mapping)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("size"), int)
+            and not isinstance(f.get("size"), bool)
+            and f["size"] >= 0
+            and isinstance(f.get("xxh3_128"), str)
+            and _HEX32.match(f["xxh3_128"]) is not None
+        )
+        if not ok:
+            raise ManifestError(
+                f"adopted manifest has a malformed file entry: {str(f)[:120]}",
+                path=path, code=codes.M003, hint=_M002_HINT,
+            )
+        pp = PurePosixPath(f["path"])
+        if pp.is_absolute() or ".." in pp.parts or not f["path"]:
+            raise UnsafeInputError(
+                f"adopted manifest path {f['path']!r} escapes the checkpoint",
+                path=path, code=codes.M005, hint=_UNSAFE_HINT,
+            )
+        out.append(FileEntry(path=f["path"], size=f["size"], xxh3_128=f["xxh3_128"]))
+    return tuple(out)
+
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
 @contextlib.contextmanager

@@ -43,14 +43,15 @@ from ckptkit.foreign.structure import (
     value,
 )
 from ckptkit.foreign.view import ForeignState, count_tensors, optimizer_facts, optimizer_view
+from ckptkit.manifest import ADOPTED_SUFFIX
 from ckptkit.storage import digest, files
 from ckptkit.verify.context import FileScan
 from ckptkit.verify.findings import CODES, ERROR, Finding, Severity
 from ckptkit.verify.view import RESUME_STATE, Expect, Found, NonFinite, count_nonfinite
 
-ADOPTED_SUFFIX = "ckptkit-manifest.json"
-"""Name of the manifest ``ckptkit adopt`` writes (never ``manifest.json``: the foreign
-directory must not look like a native checkpoint)."""
+# ADOPTED_SUFFIX (re-exported): the name of the manifest ``ckptkit adopt`` and
+# ``ckptkit.dcp`` write (never ``manifest.json``: the foreign directory must not look like
+# a native checkpoint); it lives in the format layer so the writers below verify see it.
 
 STEP_ORDER = (
     "global_step",

@@ -9,8 +9,7 @@ here; :mod:`ckptkit.foreign.adopt` writes it.
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from ckptkit import codes
@@ -20,7 +19,6 @@ from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.foreign.loads import needs_code_verdict
 
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _READOPT = "remove it, then " + codes.ADOPT
 
 
@@ -89,30 +87,12 @@ def read_adopted(s: Scan, *, key: bytes | None = None) -> dict[str, Any] | None:
         return {}
     if m is None:
         return None
-    adopted = (m.user or {}).get("adopted")
-    if not isinstance(adopted, dict) or not isinstance(adopted.get("files"), list):
-        s.add(codes.M003, "adopted manifest has no user.adopted.files record", path=rel)
+    try:
+        mf.adopted_files(m, path=rel)  # the one check of the record (ckptkit.dcp's too)
+    except CkptkitError as e:
+        s.add(e.code or codes.M003, e.what, path=rel)
         return {}
-    for f in adopted["files"]:
-        ok = (
-            isinstance(f, dict)
-            and isinstance(f.get("path"), str)
-            and isinstance(f.get("size"), int)
-            and isinstance(f.get("xxh3_128"), str)
-            and _HEX32.match(f["xxh3_128"])
-        )
-        if not ok:
-            s.add(
-                codes.M003, f"adopted manifest has a malformed file entry: {str(f)[:120]}", path=rel
-            )
-            return {}
-        pp = PurePosixPath(f["path"])
-        if pp.is_absolute() or ".." in pp.parts or not f["path"]:
-            s.add(
-                codes.M005, f"adopted manifest path {f['path']!r} escapes the checkpoint", path=rel
-            )
-            return {}
-    return adopted
+    return dict((m.user or {})["adopted"])
 
 
 def recorded_files(s: Scan, adopted: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -122,32 +122,57 @@ def loads_metadata(data: bytes) -> Any:
 
 def save(
     state_dict: dict[str, Any], root: Location, *, fsync: bool = True, process_group: Any = None
-) -> dict[str, tuple[str, int]] | None:
+) -> dict[str, tuple[str, int]]:
     """Write ``state_dict`` (DTensors stay sharded) with DCP into ``root/dcp`` (collective).
 
     Without a process group this is a one-process DCP save (``no_dist``), the world of one.
-    On an object store DCP's own fsspec writer uploads the files, and every byte is hashed
-    on the way out.
+    Every byte is hashed on its way to the file (:class:`HashingFileSystem`), locally and
+    on an object store alike: nothing is read back.
 
     Returns:
-        For an object store, ``{name inside dcp/: (xxh3-128, size)}`` of the files this
-        rank wrote (no read-back); locally None (the caller hashes the written files).
+        ``{name inside dcp/: (xxh3-128, size)}`` of the files this rank wrote (the
+        coordinator's include ``.metadata``).
 
     Raises:
         CkptkitError: DCP failed (its ``CheckpointException`` translated).
     """
     import torch.distributed.checkpoint as dcp
 
-    digests: dict[str, tuple[str, int]] | None = None
-    if fs.is_local(root):
-        writer: Any = dcp.FileSystemWriter(
-            str(root / DCP_DIR), sync_files=fsync, thread_count=2
-        )
-    else:
-        writer, digests = _hashing_fsspec_writer(fs.url(root / DCP_DIR))
-    with _translated("DCP save"), _quiet():
+    writer = writer_for(root / DCP_DIR, sync_files=fsync, thread_count=2)
+    with translated("DCP save"), quiet():
         dcp.save(state_dict, storage_writer=writer, process_group=process_group)
-    return digests
+    return dict(writer.fs.digests)
+
+
+def writer_for(where: Location, **kwargs: Any) -> Any:
+    """DCP's file writer for ``where``, with every file it writes hashed on the way out
+    (``writer.fs.digests``)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    writer: Any = FileSystemWriter(fs.url(where), **kwargs)
+    writer.path, writer.fs = hashing_filesystem(where)
+    return writer
+
+
+def hashing_filesystem(where: Location) -> tuple[Any, HashingFileSystem]:
+    """DCP's path and filesystem for the DCP directory ``where`` (its local filesystem, or
+    its fsspec one on an object store, as ``FsspecWriter`` sets up), hashing every file
+    written through it.
+
+    Returns:
+        ``(path as DCP's writer keeps it, filesystem)``: assign them to a DCP writer's
+        ``path`` and ``fs``.
+    """
+    inner: Any
+    if fs.is_local(where):
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        inner = FileSystem()
+    else:
+        from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
+
+        inner = FsspecFileSystem()
+    return inner.init_path(fs.url(where)), HashingFileSystem(inner)
 
 
 def files_of(root: Location, rank: int) -> list[str]:
@@ -160,34 +185,39 @@ def files_of(root: Location, rank: int) -> list[str]:
     return rels
 
 
-def _hashing_fsspec_writer(url: str) -> tuple[Any, dict[str, tuple[str, int]]]:
-    """DCP's fsspec writer, with every stream it writes hashed on the way out."""
-    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+class HashingFileSystem:
+    """A DCP filesystem (local or fsspec) that hashes every stream written through it.
 
-    digests: dict[str, tuple[str, int]] = {}
+    DCP writes each ``.distcp`` file and ``.metadata`` through ``writer.fs.create_stream``;
+    wrapping that one call gives the digest of every byte as it goes to the file, in the
+    same pass (``digests``: ``{file name: (xxh3-128, size)}``). ``.metadata`` is written as
+    ``.metadata.tmp`` and renamed: its digest follows the rename. Every other call is the
+    wrapped filesystem's own.
+    """
 
-    class HashingFileSystem(FileSystem):  # type: ignore[misc]
-        @contextlib.contextmanager
-        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-            with super().create_stream(path, mode) as stream:
-                if "w" not in mode:
-                    yield stream
-                    return
-                tee = _HashingStream(stream)
-                yield tee
-            digests[PurePosixPath(os.fspath(path)).name] = (tee.hexdigest(), tee.size)
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.digests: dict[str, tuple[str, int]] = {}
 
-        def rename(self, path: Any, new_path: Any) -> None:
-            super().rename(path, new_path)  # .metadata is written as .metadata.tmp, renamed
-            old = PurePosixPath(os.fspath(path)).name
-            if old in digests:
-                digests[PurePosixPath(os.fspath(new_path)).name] = digests.pop(old)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
-    writer: Any = FsspecWriter(url, thread_count=2)
-    hashing: Any = HashingFileSystem()
-    hashing.fs = writer.fs.fs
-    writer.fs = hashing
-    return writer, digests
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with self.inner.create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            tee = _HashingStream(stream)
+            yield tee
+        # Recorded only once the stream closed cleanly: a failed write leaves no digest.
+        self.digests[PurePosixPath(os.fspath(path)).name] = (tee.hexdigest(), tee.size)
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        self.inner.rename(path, new_path)
+        old = PurePosixPath(os.fspath(path)).name
+        if old in self.digests:
+            self.digests[PurePosixPath(os.fspath(new_path)).name] = self.digests.pop(old)
 
 
 class _HashingStream(io.RawIOBase):
@@ -211,6 +241,11 @@ class _HashingStream(io.RawIOBase):
 
     def tell(self) -> int:
         return self.size
+
+    def fileno(self) -> int:
+        # DCP fsyncs each file through ``stream.fileno()``; without it, it falls back to a
+        # whole-system ``os.sync()``.
+        return int(self._inner.fileno())
 
     def flush(self) -> None:
         self._inner.flush()
@@ -238,15 +273,26 @@ def read_metadata(root: Location, man: mf.Manifest) -> Any:
         UnsafeInputError: not a regular file (``CK-F022``) or it names a global outside
             the allow-list (``CK-F023``).
     """
-    rel = f"{DCP_DIR}/{METADATA}"
-    fe = entries(man).get(METADATA)
+    return read_metadata_file(root / METADATA_REL, entries(man).get(METADATA), rel=METADATA_REL)
+
+
+def read_metadata_file(path: Location, fe: mf.FileEntry | None, *, rel: str) -> Any:
+    """Read a DCP ``.metadata`` at ``path`` against its manifest entry ``fe``: listed,
+    digest-checked, then unpickled with the allow-list (:func:`loads_metadata`).
+
+    The one way ckptkit opens a ``.metadata`` it will act on: the native reader and
+    verify (through :func:`read_metadata`) and :mod:`ckptkit.dcp`.
+
+    Raises:
+        As :func:`read_metadata`; ``rel`` is the path the errors name.
+    """
     if fe is None:
         raise codes.error(
             codes.F021, "DCP metadata is not listed in the manifest: refusing to read it", path=rel
         )
     if fe.size > MAX_METADATA_BYTES:
         raise codes.error(codes.M006, f"DCP metadata declares {fe.size} bytes", path=rel)
-    data = read_verified(root / rel, fe, rel=rel)
+    data = read_verified(path, fe, rel=rel)
     try:
         return loads_metadata(data)
     except pickle.UnpicklingError as e:
@@ -317,10 +363,23 @@ class Item:
     """A non-tensor value (DCP's ``BYTE_IO``): loaded as a whole ``torch.save`` blob."""
     descriptors: tuple[str, ...]
     """DCP stream transforms applied to the stored bytes (none for what ckptkit writes)."""
+    prefix: str = DCP_DIR
+    """Where the DCP directory lies inside the checkpoint (``dcp`` in a native one; empty
+    when the checkpoint is the DCP directory itself, as :mod:`ckptkit.dcp` writes it)."""
 
     @property
     def rel(self) -> str:
-        return f"{DCP_DIR}/{self.name}"
+        return rel_in(self.prefix, self.name)
+
+
+def rel_in(prefix: str, name: str) -> str:
+    """The path of ``name`` of a DCP directory at ``prefix`` inside a checkpoint.
+
+    Example:
+        >>> rel_in("dcp", ".metadata"), rel_in("", ".metadata")
+        ('dcp/.metadata', '.metadata')
+    """
+    return f"{prefix}/{name}" if prefix else name
 
 
 ItemBytes = Callable[[Item], "bytes | None"]
@@ -329,7 +388,11 @@ not parsed."""
 
 
 def coverage(
-    md: Any, listed: Mapping[str, mf.FileEntry], *, item_bytes: ItemBytes | None = None
+    md: Any,
+    listed: Mapping[str, mf.FileEntry],
+    *,
+    item_bytes: ItemBytes | None = None,
+    prefix: str = DCP_DIR,
 ) -> list[CkptkitError]:
     """Everything a load of ``md`` would refuse, checked before any shard is opened.
 
@@ -353,6 +416,8 @@ def coverage(
             fields can hold anything).
         listed: the manifest's DCP entries (:func:`entries`).
         item_bytes: reads an item's bytes from a proven shard; None checks structure only.
+        prefix: where the DCP directory lies inside the checkpoint (:attr:`Item.prefix`):
+            the paths the problems name.
 
     Returns:
         The problems as ckptkit errors (code, path, message), in metadata order; empty
@@ -362,14 +427,15 @@ def coverage(
         >>> coverage(torch.Size([1]), {})[0].code
         'CK-F108'
     """
+    md_rel = rel_in(prefix, METADATA)
     try:
-        items, missing = _layout(md)
+        items, missing = _layout(md, prefix)
     except Exception as e:  # untrusted structure: any failure is damage, never a traceback
         return [
             codes.error(
                 codes.F108,
                 f"DCP metadata has an unexpected structure: {type(e).__name__}: {e}"[:300],
-                path=METADATA_REL,
+                path=md_rel,
             )
         ]
     problems: list[CkptkitError] = []
@@ -379,7 +445,7 @@ def coverage(
                 codes.F105,
                 f"{len(missing)} item(s) of the state dict have no storage entry in "
                 ".metadata, e.g. " + ", ".join(missing[:4]),
-                path=METADATA_REL,
+                path=md_rel,
             )
         )
     for it in items:
@@ -406,7 +472,7 @@ def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError 
             codes.F021,
             f"DCP metadata places item {it.fqn} in {it.name!r}, which is not a shard file "
             "of this checkpoint: refusing to read it",
-            path=METADATA_REL,
+            path=rel_in(it.prefix, METADATA),
         )
     fe = listed.get(it.name)
     if fe is None:
@@ -454,7 +520,7 @@ def load_byte_item(data: bytes, *, fqn: str, rel: str, map_location: Any = None)
 
 
 def read_item(root: Location, it: Item) -> bytes:
-    """The stored bytes of one item, read from its shard under ``root/dcp`` (no digest).
+    """The stored bytes of one item, read from its shard under ``root`` (no digest).
 
     Callers read only shards whose digest they proved; the range was checked by
     :func:`entry_problem`.
@@ -464,7 +530,7 @@ def read_item(root: Location, it: Item) -> bytes:
         UnsafeInputError: ``CK-F022`` it is not a regular file.
         OSError: reading failed.
     """
-    path = root / DCP_DIR / it.name
+    path = root / it.rel
     if not fs.is_local(path):
         return fs.read_ranges(path, [(it.offset, it.offset + it.length)])[0]
     with open_regular(path, rel=it.rel) as f:
@@ -472,7 +538,7 @@ def read_item(root: Location, it: Item) -> bytes:
         return f.read(it.length)
 
 
-def _layout(md: Any) -> tuple[list[Item], list[str]]:
+def _layout(md: Any, prefix: str = DCP_DIR) -> tuple[list[Item], list[str]]:
     """The storage entries of ``md`` and the state-dict items that have none.
 
     Raises:
@@ -511,13 +577,13 @@ def _layout(md: Any) -> tuple[list[Item], list[str]]:
     for idx, info in storage.items():
         if not isinstance(idx, MetadataIndex) or not isinstance(info, _StorageInfo):
             raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
-        it = _item(idx, info, byte_io=idx.fqn in byte_io and idx.offset is None)
+        it = _item(idx, info, byte_io=idx.fqn in byte_io and idx.offset is None, prefix=prefix)
         registry.from_descriptor_list(list(it.descriptors))  # ValueError: unknown to DCP
         items.append(it)
     return items, missing
 
 
-def _item(idx: Any, info: Any, *, byte_io: bool = False) -> Item:
+def _item(idx: Any, info: Any, *, byte_io: bool = False, prefix: str = DCP_DIR) -> Item:
     """One storage entry (``MetadataIndex`` → ``_StorageInfo``) as an :class:`Item`.
 
     Raises:
@@ -536,6 +602,7 @@ def _item(idx: Any, info: Any, *, byte_io: bool = False) -> Item:
         length=_byte_count(info.length, fqn),
         byte_io=byte_io,
         descriptors=descriptors,
+        prefix=prefix,
     )
 
 
@@ -588,12 +655,31 @@ def load(
         raise problems[0]
     planner_cls, reader_cls = _classes()
     reader = reader_cls(root / DCP_DIR, md, listed)
-    with _translated("DCP load"), _quiet():
+    with translated("DCP load"), quiet():
         dcp.load(state_dict, storage_reader=reader, planner=planner_cls())
-    mine = sorted(n for n in listed if n != METADATA)[verify_rank::verify_world]
+    check_unread(reader, root / DCP_DIR, listed, rank=verify_rank, world=verify_world)
+
+
+def check_unread(
+    reader: Any,
+    where: Location,
+    listed: Mapping[str, mf.FileEntry],
+    *,
+    rank: int,
+    world: int,
+    prefix: str = DCP_DIR,
+) -> None:
+    """After a load, hash the listed shards no rank's plan read (a partial load reads only
+    some): each is assigned to one rank (``rank`` of ``world``), so every listed file is
+    checked by someone. ``reader`` is the :class:`VerifyingReader` of the load.
+
+    Raises:
+        CkptkitError: ``CK-F001/F002/F003/F022`` as :func:`check_file`.
+    """
+    mine = sorted(n for n in listed if n != METADATA)[rank::world]
     for name in mine:
         if name not in reader.checked:
-            check_file(root / DCP_DIR / name, listed[name], rel=f"{DCP_DIR}/{name}")
+            check_file(where / name, listed[name], rel=rel_in(prefix, name))
 
 
 def check_file(path: Location, fe: mf.FileEntry, *, rel: str) -> None:
@@ -620,6 +706,26 @@ def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
     return cast(torch.Tensor, narrow_tensor_by_index(tensor, offsets, lengths))
 
 
+def _place(planner: Any, read_item: Any, obj: Any) -> None:
+    """Put a parsed non-tensor item into the state dict a DCP default planner loads,
+    as its ``load_bytes`` does, without its ``torch.load(weights_only=False)``."""
+    if planner.flatten_state_dict:
+        _set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], obj)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _places_plainly(planner: Any) -> bool:
+    """Whether ``planner`` loads non-tensor items as DCP's default planner does (so
+    :func:`_place` may put them in place for it)."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    return isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes in (
+        DefaultLoadPlanner.load_bytes,
+        cast(Any, _classes()[0]).load_bytes,
+    )
+
+
 @functools.cache
 def _classes() -> tuple[type, type]:
     """The DCP reader and planner subclasses, built on first use.
@@ -635,31 +741,33 @@ def _classes() -> tuple[type, type]:
 
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             fqn = read_item.storage_index.fqn
-            self.place(read_item, load_byte_item(value.getvalue(), fqn=fqn, rel=DCP_DIR))
-
-        def place(self, read_item: Any, obj: Any) -> None:
-            """Put a parsed non-tensor item into the state dict being loaded."""
-            if self.flatten_state_dict:
-                _set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = obj
+            _place(self, read_item, load_byte_item(value.getvalue(), fqn=fqn, rel=DCP_DIR))
 
     class VerifyingReader(FileSystemReader):  # type: ignore[misc]
         """A DCP ``FileSystemReader`` that reads each listed shard once, hashing as it goes.
 
         Args:
-            path: the ``dcp/`` directory.
-            metadata: the already verified and safely unpickled ``.metadata``.
-            listed: the manifest's entries of the DCP files, keyed by name inside ``dcp/``.
+            path: the DCP directory.
+            metadata: the already verified and safely unpickled ``.metadata`` (a subclass
+                that reads it itself sets ``_metadata`` and ``_listed`` before DCP asks).
+            listed: the manifest's entries of the DCP files, keyed by name inside it.
+            prefix: where the DCP directory lies inside the checkpoint (the paths errors
+                name: :attr:`Item.prefix`).
         """
 
         def __init__(
-            self, path: Location, metadata: Any, listed: Mapping[str, mf.FileEntry]
+            self,
+            path: Location,
+            metadata: Any,
+            listed: Mapping[str, mf.FileEntry],
+            *,
+            prefix: str = DCP_DIR,
         ) -> None:
             super().__init__(fs.url(path))
             self._metadata = metadata
             self._listed = dict(listed)
             self._dir = path
+            self._prefix = prefix
             self.checked: set[str] = set()
             """Shard names whose digest was checked by a read."""
 
@@ -721,11 +829,12 @@ def _classes() -> tuple[type, type]:
 
         def _read_file(self, name: str, reqs: Sequence[Any], planner: Any) -> None:
 
-            rel = f"{DCP_DIR}/{name}"
+            rel = rel_in(self._prefix, name)
             # The same rule coverage() applied to every entry before the load began.
             for req in reqs:
                 idx = req.storage_index
-                problem = entry_problem(_item(idx, self.storage_data[idx]), self._listed)
+                info = self.storage_data[idx]
+                problem = entry_problem(_item(idx, info, prefix=self._prefix), self._listed)
                 if problem is not None:
                     raise problem
             fe = self._listed[name]
@@ -764,7 +873,14 @@ def _classes() -> tuple[type, type]:
             self.checked.add(name)
             for req, data in deferred:  # parsed only now that the bytes are proven
                 fqn = req.storage_index.fqn
-                planner.place(req, load_byte_item(data, fqn=fqn, rel=rel))
+                obj = load_byte_item(data, fqn=fqn, rel=rel)
+                if _places_plainly(planner):
+                    _place(planner, req, obj)
+                else:
+                    # A planner with its own load_bytes (it may transform what it loads):
+                    # it gets the bytes just parsed with weights_only=True, so whatever
+                    # it unpickles names only globals on torch's allow-list.
+                    planner.load_bytes(req, io.BytesIO(data))
 
     return SafeLoadPlanner, VerifyingReader
 
@@ -859,7 +975,7 @@ class _MemReader(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
+def translated(what: str) -> Iterator[None]:
     """Turn DCP's ``CheckpointException`` (a ``BaseException``) into a ckptkit error."""
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -909,7 +1025,7 @@ def translate(exc: BaseException, what: str) -> CkptkitError:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     # DCP warns once per call without a process group ("assuming the intent is to load in a
     # single process"): that is exactly the world-size-1 save/resume we mean to do.
     with warnings.catch_warnings():
@@ -924,21 +1040,27 @@ __all__ = [
     "DCP_DIR",
     "METADATA",
     "METADATA_REL",
+    "HashingFileSystem",
     "Item",
     "ItemBytes",
     "MetadataUnpickler",
     "check_file",
+    "check_unread",
     "coverage",
     "entries",
     "entry_problem",
     "files_of",
+    "hashing_filesystem",
     "load",
     "load_byte_item",
     "loads_metadata",
     "open_regular",
     "read_item",
     "read_metadata",
+    "read_metadata_file",
     "read_verified",
+    "rel_in",
     "save",
     "translate",
+    "writer_for",
 ]

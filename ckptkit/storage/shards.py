@@ -30,7 +30,7 @@ from ckptkit import manifest as mf
 from ckptkit.collective import Collective
 from ckptkit.format import tree
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import codec, dcp, digest, fs, remote, tensors
+from ckptkit.storage import codec, dcp, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -270,8 +270,8 @@ class SafetensorsShards:
 class DcpShards:
     """Model and optimizer state written with ``torch.distributed.checkpoint`` into ``dcp/``.
 
-    Collective: every rank must call :meth:`write`. Each rank then hashes the files it
-    wrote (rank 0 also ``.metadata``); the manifest lists them all.
+    Collective: every rank must call :meth:`write`. Each rank hashes the files it writes
+    as it writes them (rank 0 also ``.metadata``); the manifest lists them all.
     """
 
     state_dict: dict[str, Any]
@@ -282,10 +282,7 @@ class DcpShards:
         hashed = dcp.save(self.state_dict, tmp, fsync=self.fsync, process_group=self.process_group)
         out = RankFiles()
         for rel in dcp.files_of(tmp, coll.rank):
-            if hashed is not None:  # an object store: hashed on the way out, never read back
-                hexd, size = hashed[rel.split("/", 1)[1]]
-            else:
-                hexd, size = digest.hash_file(str(tmp / rel))
+            hexd, size = hashed[rel.split("/", 1)[1]]  # hashed on the way out, never read back
             out.files.append(
                 mf.FileEntry(
                     path=rel,

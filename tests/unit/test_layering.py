@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.fit",
             "ckptkit.commit",
             "ckptkit.io",
+            "ckptkit.dcp",
             "ckptkit.catalog",
             "ckptkit.whatis",
             "ckptkit.foreign",

@@ -110,6 +110,7 @@ class CheckpointManager(TitanCheckpointManager):
         to_hf: bool = False,
     ) -> Future[Any] | AsyncSaveResponse | None:
         """torchtitan's save, through :class:`ckptkit.dcp.Writer` (see the module docstring)."""
+        ret: Future[Any] | AsyncSaveResponse | None = None
         if to_hf:
             ret = super().dcp_save(
                 state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf
@@ -117,7 +118,6 @@ class CheckpointManager(TitanCheckpointManager):
             self._adopt_hf(checkpoint_id)
             return ret
         key, step = self._ck_key, step_of(checkpoint_id)
-        ret: Future[Any] | AsyncSaveResponse | None = None
         if async_mode == AsyncMode.ASYNC:
             ret = ckdcp.async_save(state_dict, checkpoint_id, key=key, step=step, process_group=self.pg)
         elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:

@@ -64,7 +64,7 @@ MANIFEST_NAME = mf.ADOPTED_SUFFIX
 WRITER = "ckptkit.dcp"
 """``user.adopted.writer`` of a manifest written at save time (``ckptkit adopt`` writes none)."""
 
-_SafeLoadPlanner, _VerifyingReader = store._classes()
+_SafeLoadPlanner, _VerifyingReader = store.classes()
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,9 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
             if any (with none configured, signatures are not required).
 
     With plain ``dcp.load`` a refusal reaches the caller inside DCP's
-    ``CheckpointException``; :func:`load` raises the ckptkit error itself.
+    ``CheckpointException`` (a refused manifest or ``.metadata`` as DCP's
+    ``AssertionError`` with the finding code in its text, kept in :attr:`refusal`; a
+    refused shard as the ckptkit error itself); :func:`load` raises the ckptkit error.
 
     Example:
         >>> import tempfile, warnings, torch, torch.distributed.checkpoint as dcp
@@ -272,6 +274,20 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
         self.key = signing.resolve_key(key)
         self.manifest: mf.Manifest | None = None
         """The manifest the load was checked against (after DCP read the metadata)."""
+        self.refusal: CkptkitError | None = None
+        """Why the checkpoint was refused before any shard was read (plain ``dcp.load``
+        reports it as an ``AssertionError`` naming the code inside its
+        ``CheckpointException``)."""
+
+    @property
+    def location(self) -> Location:
+        """The checkpoint being read."""
+        return cast(Location, self._dir)
+
+    @property
+    def listed(self) -> dict[str, mf.FileEntry]:
+        """The manifest's files (after DCP read the metadata), by name."""
+        return dict(self._listed)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)
@@ -279,10 +295,18 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
             self._dir = fs.location(checkpoint_id)
         self.checked.clear()
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        man, md, listed = open_checked(self._dir, key=self.key)
+    def read_metadata(self, *args: Any) -> Any:
+        # No ``**kwargs``: DCP then never retries with rank-local metadata (``__0.metadata``,
+        # which a manifest does not cover) after the global one was refused.
+        try:
+            man, md, listed = open_checked(self._dir, key=self.key)
+        except CkptkitError as e:
+            # DCP turns a metadata failure into an AssertionError carrying only its text;
+            # the error itself stays here for :func:`load` (and any caller) to raise.
+            self.refusal = e
+            raise
         self.manifest, self._metadata, self._listed = man, md, listed
-        return super().read_metadata(*args, **kwargs)
+        return super().read_metadata(*args)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -456,18 +480,23 @@ def load(
         (5, [1.0, 1.0])
     """
     reader = Reader(path, key=key)
-    with store.translated("DCP load"), store.quiet():
-        _dcp.load(
-            state_dict,
-            storage_reader=reader,
-            planner=_SafeLoadPlanner(),
-            process_group=process_group,
-        )
+    try:
+        with store.translated("DCP load"), store.quiet():
+            _dcp.load(
+                state_dict,
+                storage_reader=reader,
+                planner=_SafeLoadPlanner(),
+                process_group=process_group,
+            )
+    except CkptkitError:
+        if reader.refusal is not None:
+            raise reader.refusal from None
+        raise
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
     else:
         rank, world = 0, 1
-    store.check_unread(reader, reader._dir, reader._listed, rank=rank, world=world, prefix="")
+    store.check_unread(reader, reader.location, reader.listed, rank=rank, world=world, prefix="")
     assert reader.manifest is not None
     return cast(mf.Manifest, reader.manifest)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from ckptkit.catalog import step_of
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign.detect import FORMATS, detect
+from ckptkit.manifest import ADOPTED_SUFFIX
 from ckptkit.storage.atomic import MANIFEST_NAME, is_temporary
 
 MAX_LISTED = 3
@@ -71,8 +72,19 @@ def not_a_checkpoint(
         )
     if os.path.lexists(p / MANIFEST_NAME):
         return None
-    if foreign_ok and detect(p) is not None:
+    fmt = detect(p)
+    if foreign_ok and fmt is not None:
         return None
+    if fmt == "dcp":
+        signed = os.path.lexists(p / ADOPTED_SUFFIX)
+        return IncompleteCheckpointError(
+            f"a {FORMATS[fmt]}"
+            + (" with a ckptkit manifest" if signed else "")
+            + ", not a ckptkit.save checkpoint",
+            path=p,
+            hint="load it with ckptkit.dcp.load(state_dict, PATH) (or dcp.load with "
+            "storage_reader=ckptkit.dcp.Reader(PATH)); 'ckptkit verify PATH' checks it",
+        )
     inner = _checkpoints_under(p)
     if inner:
         return _run_directory(p, inner)

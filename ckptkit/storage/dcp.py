@@ -653,7 +653,7 @@ def load(
     problems = coverage(md, listed)
     if problems:
         raise problems[0]
-    planner_cls, reader_cls = _classes()
+    planner_cls, reader_cls = classes()
     reader = reader_cls(root / DCP_DIR, md, listed)
     with translated("DCP load"), quiet():
         dcp.load(state_dict, storage_reader=reader, planner=planner_cls())
@@ -722,12 +722,12 @@ def _places_plainly(planner: Any) -> bool:
 
     return isinstance(planner, DefaultLoadPlanner) and type(planner).load_bytes in (
         DefaultLoadPlanner.load_bytes,
-        cast(Any, _classes()[0]).load_bytes,
+        cast(Any, classes()[0]).load_bytes,
     )
 
 
 @functools.cache
-def _classes() -> tuple[type, type]:
+def classes() -> tuple[type, type]:
     """The DCP reader and planner subclasses, built on first use.
 
     ``torch.distributed.checkpoint`` takes about a second to import; a run that never
@@ -1046,6 +1046,7 @@ __all__ = [
     "MetadataUnpickler",
     "check_file",
     "check_unread",
+    "classes",
     "coverage",
     "entries",
     "entry_problem",

@@ -167,8 +167,9 @@ def native_evidence(root: Location) -> str | None:
     * ``manifest.json`` in ``root`` (one native checkpoint, not a framework's run);
     * the ``latest`` pointer, a regular file naming a step directory;
     * a step directory (:data:`STEP_RE`) holding ``manifest.json`` (a committed checkpoint),
-      or, on a local disk, one without that holds no foreign checkpoint either (an
-      interrupted native save; torchtitan names its DCP folders ``step-N`` too, and those
+      or, on a local disk, one without that holds no foreign checkpoint either and bears
+      ckptkit's own zero-padded name (an interrupted native save; torchtitan names its DCP
+      folders ``step-N`` too, unpadded, and creates them empty before it writes: those
       are no evidence).
 
     The run index and the run lock are no evidence: framework runs keep them too.
@@ -201,6 +202,7 @@ def native_evidence(root: Location) -> str | None:
             local = fs.local_path(p)  # the foreign-format detector reads local files
             if (
                 interrupted is None
+                and p.name == step_dir_name(step_of(p.name) or 0)  # ckptkit names its own
                 and local is not None
                 and fs.kind(p) == "dir"
                 and foreign_format(local) is None

@@ -14,16 +14,33 @@ torchtitan's, with three hooks changed:
 * **which step to load** (``_find_load_step``): the newest step that verifies from its
   bytes (:func:`ckptkit.run.resume_target`, the choice every ckptkit integration makes,
   made once on rank 0 for every rank): a truncated or flipped newer step is passed over,
-  and a WARNING names each one and why. A whole step saved without ckptkit (``.metadata``,
-  no manifest) is verified and adopted on the spot. When steps exist but none verifies,
-  the load is refused (torchtitan would start fresh, and its ``keep_latest_k`` would then
-  delete the new steps, numbered below the damaged ones, first);
+  and a WARNING names each one and why. A model-only step (torchtitan's default last
+  step, ``last_save_model_only``), which a full-state load cannot take, is passed over the
+  same way. A whole step saved without ckptkit (``.metadata``, no manifest) is verified and
+  adopted on the spot. When steps exist but none can be resumed, the load is refused
+  (torchtitan would start fresh, and its ``keep_latest_k`` would then delete the new
+  steps, numbered below the damaged ones, first);
 * **load** (``dcp_load``): through :class:`ckptkit.dcp.Reader`, which checks every byte
   it loads against the manifest. An ``initial_load_path`` without a manifest (weights
   converted elsewhere) is loaded by plain DCP, with a WARNING that nothing vouches for it.
+  The load leaves the global generators as it found them (torchtitan saves none, and its
+  dataloader's restore draws a DataLoader base seed: a resumed run's workers would then
+  be seeded unlike an uninterrupted run's).
+
+While it trains, rank 0 holds the run's writer lock (``.ckptkit.lock`` in the checkpoint
+folder, taken when the manager is built, released at ``close``): ``ckptkit prune`` and
+``rollback --apply`` are refused meanwhile, as for every ckptkit integration.
+
+Under ``ckptkit drill`` it honours the drill contract (:mod:`ckptkit.drill.contract`):
+checkpoints go to ``$CKPTKIT_CKPT_DIR``, a full step is saved after
+``$CKPTKIT_DRILL_SAVE_AT``, the run stops after ``$CKPTKIT_DRILL_STOP_AT`` (the
+``Trainer``'s ``training.steps`` is lowered to it; the LR schedule, already built, is
+unchanged), the resumed run loads ``$CKPTKIT_DRILL_RESUME_FROM`` (checked byte by byte),
+and rank 0 records every step to ``$CKPTKIT_METRICS`` (RNG, LR, optimizer step, batch
+hash; the parameters' digest at the stop step) for the drill to compare.
 
 The folders stay torchtitan's: plain torchtitan loads them, ``ckptkit ls/verify/prune/
-rollback`` read them (:mod:`ckptkit.layouts.torchtitan`).
+rollback/drill`` work on them (:mod:`ckptkit.layouts.torchtitan`).
 
 Use (two lines: the import, and the checkpoint config's class)::
 
@@ -56,11 +73,18 @@ from torchtitan.tools.utils import GarbageCollection
 
 from ckptkit import dcp as ckdcp
 from ckptkit import signing
-from ckptkit.catalog import STEP_RE
+from ckptkit.capture import rng as rng_capture
+from ckptkit.capture import tree_fingerprint
+from ckptkit.capture.state import TrainState
+from ckptkit.catalog import STEP_RE, CheckpointInfo
+from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError
+from ckptkit.foreign._load import read_dcp_metadata
 from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.layouts.torchtitan import TorchtitanLayout
-from ckptkit.run import resume_target
+from ckptkit.layouts.torchtitan import HF_INDEX, METADATA, TorchtitanLayout, open_torchtitan
+from ckptkit.recorder import Recorder
+from ckptkit.run import Run, resume_target
+from ckptkit.storage import fs
 
 log = logging.getLogger("ckptkit")
 
@@ -96,7 +120,116 @@ class CheckpointManager(TitanCheckpointManager):
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         self._ck_key = signing.resolve_key(None)
+        self._drill = DrillEnv.from_env()
+        self._run: Run | None = None
+        self._recorder: Recorder | None = None
+        self._drill_state: TrainState | None = None
+        self._built: dict[str, Any] = {}
         super().__init__(config, **kwargs)
+        if not self.enable:
+            return
+        if self._drill.ckpt_dir is not None:
+            log.info("ckptkit drill: checkpoints go to %s", self._drill.ckpt_dir)
+            self.folder = str(self._drill.ckpt_dir)
+        if not self.load_only and _rank() == 0 and fs.is_local(fs.location(self.folder)):
+            # As every ckptkit integration: no prune deletes while this run saves. The
+            # lock holder also adopts a step a kill left without its manifest.
+            self._run = open_torchtitan(self.folder, readonly=False, key=self._ck_key)
+        if self._drill.active or self._drill.metrics is not None:
+            self._drill_setup(kwargs)
+
+    # --- the drill contract -------------------------------------------------------------------
+
+    def _drill_setup(self, built: dict[str, Any]) -> None:
+        """Stop at ``$CKPTKIT_DRILL_STOP_AT``; record every step to ``$CKPTKIT_METRICS``."""
+        if self._drill.stop_at is not None:
+            # torchtitan's Trainer is its own ``train_state``; its loop runs while
+            # ``step < config.training.steps``, and the last step is the one equal to it.
+            trainer = self.states.get("train_state")
+            training = getattr(getattr(trainer, "config", None), "training", None)
+            if training is not None and hasattr(training, "steps"):
+                training.steps = self._drill.stop_at
+                log.info("ckptkit drill: training.steps=%d", self._drill.stop_at)
+            else:
+                log.warning(
+                    "ckptkit drill: no Trainer config to stop the run at step %d: the "
+                    "script must stop after $CKPTKIT_DRILL_STOP_AT itself",
+                    self._drill.stop_at,
+                )
+        if self._drill.metrics is None or _rank() != 0:
+            return
+        self._recorder = Recorder(None)  # $CKPTKIT_METRICS: the drill's records
+        self._built = built
+
+    def _observe(self) -> None:
+        """Bind the drill's recorder to the model and optimizer: every record then gets
+        the RNG, LR, optimizer step and batch hash. Bound after the load, not before:
+        torchtitan's load steps each optimizer once at lr 0 to create its state, which
+        is no training step."""
+        if self._recorder is None or self._drill_state is not None:
+            return
+        parts = self._built.get("model_parts") or []
+        opts = getattr(self._built.get("optimizers"), "optimizers", None) or [None]
+        scheds = getattr(self._built.get("lr_schedulers"), "schedulers", None) or [None]
+        if parts:
+            self._drill_state = TrainState(
+                model=parts[0], optimizer=opts[0], scheduler=scheds[0], recorder=self._recorder
+            )
+
+    def _record(self, step: int) -> None:
+        """Record ``step`` (the Trainer calls ``save`` after every step)."""
+        if self._recorder is None:
+            return
+        self._observe()  # a loop that never called load(): from the next step on
+        fields: dict[str, Any] = {}
+        if self._drill.should_stop(step) and self._drill_state is not None:
+            fields["param_hash"] = _param_hash(self._drill_state.model)
+        self._recorder.log(step, **fields)
+
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        drill = not self.load_only and self._drill.should_save(curr_step)
+        return drill or bool(super()._should_save(curr_step, last_step))
+
+    def _should_purge(self) -> bool:
+        # The drill copies step W a moment after it is written: keep_latest_k must not
+        # take it first (a drill's checkpoint folder is its own, thrown away after).
+        return not self._drill.active and bool(super()._should_purge())
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        self._record(curr_step)
+        return bool(super()._save(curr_step, last_step))
+
+    def _load(self, step: int = -1) -> bool:
+        # torchtitan checkpoints no generator state, and its load draws from the global
+        # ones (the dataloader's restore builds an iterator: a DataLoader base seed): the
+        # resumed run would then draw differently from an uninterrupted one (its workers'
+        # seeds first). The load leaves every generator as it found it.
+        outside = rng_capture.capture()
+        try:
+            if step != -1 or self._drill.resume_from is None:
+                return bool(super()._load(step))
+            # The drill's resumed run: its checkpoint, not the newest of its (empty) folder.
+            checkpoint_id = str(self._drill.resume_from)
+            log.info("ckptkit drill: loading %s", checkpoint_id)
+            states = self._states_to_load(model_only=step_of(checkpoint_id) == 0)
+            self.dcp_load(states, checkpoint_id=checkpoint_id, from_hf=False, from_quantized=False)
+            return True
+        finally:
+            rng_capture.restore(outside)
+            self._observe()
+
+    def _close(self) -> None:
+        super()._close()
+        if self._drill_state is not None and self._recorder is not None:
+            if self._recorder.observer is not None:
+                self._recorder.observer.close()
+            self._drill_state = None
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
+        if self._run is not None:
+            self._run.close()  # releases the run lock
+            self._run = None
 
     # --- save -------------------------------------------------------------------------------
 
@@ -152,22 +285,52 @@ class CheckpointManager(TitanCheckpointManager):
             CkptkitError: steps exist and none verifies (each named with why).
         """
         folder = folder or self.folder
-        chosen = resume_target(folder, TorchtitanLayout(), key=self._ck_key)
+        run = self._run if folder == self.folder else None
+        chosen = resume_target(
+            folder, TorchtitanLayout(), run=run, key=self._ck_key, reject=self._not_full
+        )
         if chosen.info is not None:
             if chosen.passed:
                 log.warning(
-                    "ckptkit: loading step-%d, the newest step that verifies, instead of "
+                    "ckptkit: loading step-%d, the newest full step that verifies, instead of "
                     "%s", chosen.info.step, "; ".join(chosen.passed),
                 )
             return chosen.info.step
         if chosen.passed:
             raise CkptkitError(
-                f"no step of this checkpoint folder verifies: {'; '.join(chosen.passed)}",
+                "no step of this checkpoint folder verifies as a full training state: "
+                f"{'; '.join(chosen.passed)}",
                 path=folder,
                 hint="restore the damaged steps from a copy, or move them out of the folder "
-                "(ckptkit ls FOLDER lists them) to start fresh",
+                "(ckptkit ls FOLDER lists them) to start fresh; to start from a model-only "
+                "step's weights, move it out and name it in checkpoint.initial_load_path",
             )
         return -1
+
+    def _not_full(self, info: CheckpointInfo) -> str | None:
+        """Why the full-state load torchtitan makes of a step > 0 cannot take ``info``:
+        it holds the model only (``last_save_model_only``: none of the other states this
+        load asks for); None otherwise, or when its ``.metadata`` cannot be read (its
+        verify then says why)."""
+        if info.step == 0:
+            return None  # torchtitan loads step 0 (the seed checkpoint) as the model only
+        needed = sorted(k for k in self.states if k != MODEL and k not in self.exclude_from_loading)
+        if not needed:
+            return None
+        path = Path(str(info.path))
+        if not (path / METADATA).is_file() and (path / HF_INDEX).is_file():
+            keys: list[str] = []  # a last_save_in_hf step: Hugging Face weights only
+        else:
+            md, _ = read_dcp_metadata(path / METADATA)
+            if md is None or not hasattr(md, "state_dict_metadata"):
+                return None
+            keys = list(md.state_dict_metadata)
+        if any(k == n or k.startswith(n + ".") for k in keys for n in needed):
+            return None
+        return (
+            "holds the model only (torchtitan's last_save_model_only): a full-state "
+            f"resume needs {', '.join(needed)}"
+        )
 
     def dcp_load(
         self,
@@ -196,6 +359,17 @@ class CheckpointManager(TitanCheckpointManager):
         checkpoint that carries a ckptkit manifest."""
         inside = Path(checkpoint_id).parent == Path(self.folder)
         return inside or (Path(checkpoint_id) / ckdcp.MANIFEST_NAME).exists()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _param_hash(model: torch.nn.Module) -> str:
+    """A digest of this rank's parameters and buffers (its local shards)."""
+    return tree_fingerprint(
+        {k: v.to_local() if hasattr(v, "to_local") else v for k, v in model.state_dict().items()}
+    )
 
 
 __all__ = ["CheckpointManager", "step_of"]

@@ -2,17 +2,23 @@
 
 torchtitan's ``Trainer`` and model zoo need ``triton``; its ``CheckpointManager``,
 ``OptimizersContainer``, ``LRSchedulersContainer`` and ``ParallelAwareDataloader`` do not,
-so this script wires those to a small ``nn.Module`` the way ``Trainer`` does (the states
-``{"train_state": ...}``, ``checkpointer.load()`` before the loop, ``save(step,
-last_step=...)`` after each step) on a gloo world of one.
+so this script wires those to a small ``nn.Module`` the way ``Trainer`` does (the
+``Trainer`` itself is the ``train_state``, with ``config.training.steps``;
+``checkpointer.load()`` before the loop, which runs while ``step < training.steps``;
+``save(step, last_step=step == training.steps)`` after each step) on a gloo world of one.
+Nothing else of ckptkit is added: under ``ckptkit drill`` the integration alone honours the
+drill contract.
 
 Usage::
 
-    titan_train.py --manager {ckptkit,torchtitan} train DUMP --steps 4 --interval 2 [--full-last]
+    titan_train.py --manager {ckptkit,torchtitan} train DUMP --steps 4 --interval 2 [--full-last] [--probe-prune]
     titan_train.py --manager {ckptkit,torchtitan} load DUMP [DUMP ...]
 
 Prints one JSON object per line: ``{"saved": N, "digest": ...}`` after each save;
-``{"dump": ..., "chosen": N, "loaded": N|null, "digest": ..., "error": ...}`` per load.
+``{"prune_rc": ..., "prune_err": ...}`` with ``--probe-prune`` (``ckptkit prune`` run
+while the run trains, after its first save);
+``{"dump": ..., "chosen": N, "loaded": N|null, "digest": ..., "rng_moved": bool, "error":
+...}`` per load (``rng_moved``: the load drew from torch's global generator).
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -45,10 +55,15 @@ class Numbers(IterableDataset):  # type: ignore[type-arg]
 
 
 class TrainState:
-    """What torchtitan's ``Trainer`` checkpoints as ``train_state`` (its step)."""
+    """What torchtitan's ``Trainer`` checkpoints as ``train_state``: the Trainer itself
+    (its step, and the config whose ``training.steps`` bounds its loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: int) -> None:
         self.step = 0
+        self.config = SimpleNamespace(training=SimpleNamespace(steps=steps))
+
+    def should_continue_training(self) -> bool:
+        return self.step < self.config.training.steps
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": torch.tensor(self.step, dtype=torch.int32)}
@@ -65,7 +80,11 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def build(manager: str, dump: str, *, interval: int, full_last: bool) -> tuple[Any, ...]:
+def build(manager: str, dump: str, *, interval: int, full_last: bool, steps: int = 0) -> tuple[Any, ...]:
+    # torchtitan's debug.seed seeds torch only; the drill's RNG check also sees Python's and
+    # NumPy's global generators, so a drillable script seeds them too.
+    random.seed(0)
+    np.random.seed(0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
     groups = [ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-2})]
@@ -78,7 +97,7 @@ def build(manager: str, dump: str, *, interval: int, full_last: bool) -> tuple[A
         from ckptkit.integrations.torchtitan import CheckpointManager
     else:
         from torchtitan.components.checkpoint import CheckpointManager
-    state = TrainState()
+    state = TrainState(steps)
     cfg = CheckpointManager.Config(
         enable=True, folder="checkpoint", interval=interval, keep_latest_k=0,
         last_save_model_only=not full_last,
@@ -98,6 +117,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--interval", type=int, default=2)
     ap.add_argument("--full-last", action="store_true")
+    ap.add_argument("--probe-prune", action="store_true")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,27 +127,39 @@ def main() -> None:
     try:
         if args.command == "train":
             model, opt, sched, loader, state, ck = build(
-                args.manager, args.dumps[0], interval=args.interval, full_last=args.full_last
+                args.manager, args.dumps[0], interval=args.interval, full_last=args.full_last,
+                steps=args.steps,
             )
+            ck.load()
             batches = iter(loader)
-            for step in range(1, args.steps + 1):
+            while state.should_continue_training():
+                state.step += 1
                 loss = model(next(batches)).pow(2).mean()
                 loss.backward()
                 opt.step()
                 sched.step()
                 opt.zero_grad()
-                state.step = step
-                if ck.save(step, last_step=step == args.steps):
-                    print(json.dumps({"saved": step, "digest": digest(model)}), flush=True)
+                if ck.save(state.step, last_step=state.step == state.config.training.steps):
+                    print(json.dumps({"saved": state.step, "digest": digest(model)}), flush=True)
+                    if args.probe_prune:
+                        args.probe_prune = False
+                        p = subprocess.run(
+                            [sys.executable, "-m", "ckptkit", "prune", args.dumps[0], "--keep-last", "1"],
+                            capture_output=True, text=True, timeout=120,
+                        )
+                        print(json.dumps({"prune_rc": p.returncode, "prune_err": p.stderr}), flush=True)
             ck.close()
+            print(json.dumps({"final_step": state.step, "param_hash": digest(model)}), flush=True)
             return
         for dump in args.dumps:
             model, opt, sched, loader, state, ck = build(args.manager, dump, interval=2, full_last=True)
             out: dict[str, Any] = {"dump": dump, "chosen": None, "loaded": None, "error": None}
             try:
                 out["chosen"] = ck._find_load_step()
+                before = torch.random.get_rng_state()
                 ck.load()
                 out["loaded"], out["digest"] = state.step, digest(model)
+                out["rng_moved"] = not torch.equal(before, torch.random.get_rng_state())
             except BaseException as e:  # DCP's CheckpointException is a BaseException
                 if isinstance(e, KeyboardInterrupt):
                     raise

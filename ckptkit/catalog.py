@@ -182,6 +182,11 @@ def native_evidence(root: Location) -> str | None:
         >>> os.mkdir(d + "/step-00000010"); open(d + "/step-00000010/manifest.json", "w").close()
         >>> native_evidence(fs.location(d))
         'step-00000010/manifest.json'
+        >>> t = tempfile.mkdtemp(); os.mkdir(t + "/step-5")  # torchtitan, killed at once
+        >>> native_evidence(fs.location(t)) is None
+        True
+        >>> os.mkdir(t + "/step-00000007"); native_evidence(fs.location(t))
+        'step-00000007/ (an interrupted save)'
     """
     if fs.kind(root / atomic.MANIFEST_NAME) is not None:
         return atomic.MANIFEST_NAME

@@ -131,7 +131,8 @@ class CheckpointManager(TitanCheckpointManager):
         if self._drill.ckpt_dir is not None:
             log.info("ckptkit drill: checkpoints go to %s", self._drill.ckpt_dir)
             self.folder = str(self._drill.ckpt_dir)
-        if not self.load_only and _rank() == 0 and fs.is_local(fs.location(self.folder)):
+        local = fs.local_path(fs.location(self.folder)) is not None  # the layout reads local folders
+        if not self.load_only and _rank() == 0 and local:
             # As every ckptkit integration: no prune deletes while this run saves. The
             # lock holder also adopts a step a kill left without its manifest.
             self._run = open_torchtitan(self.folder, readonly=False, key=self._ck_key)

@@ -80,7 +80,12 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def build(manager: str, dump: str, *, interval: int, full_last: bool, steps: int = 0) -> tuple[Any, ...]:
+def build(
+    manager: str, dump: str, *, interval: int, full_last: bool, steps: int = 0,
+    async_mode: str = "disabled",
+) -> tuple[Any, ...]:
+    """The model, the containers and the checkpointer, as torchtitan's ``Trainer`` wires
+    them (each data-parallel rank its own share of the data)."""
     # torchtitan's debug.seed seeds torch only; the drill's RNG check also sees Python's and
     # NumPy's global generators, so a drillable script seeds them too.
     random.seed(0)
@@ -92,7 +97,9 @@ def build(manager: str, dump: str, *, interval: int, full_last: bool, steps: int
         model_parts=[model]
     )
     sched = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=opt, training_steps=100)
-    loader = ParallelAwareDataloader(Numbers(), dp_rank=0, dp_world_size=1, batch_size=2)
+    loader = ParallelAwareDataloader(
+        Numbers(), dp_rank=dist.get_rank(), dp_world_size=dist.get_world_size(), batch_size=2
+    )
     if manager == "ckptkit":
         from ckptkit.integrations.torchtitan import CheckpointManager
     else:
@@ -100,7 +107,7 @@ def build(manager: str, dump: str, *, interval: int, full_last: bool, steps: int
     state = TrainState(steps)
     cfg = CheckpointManager.Config(
         enable=True, folder="checkpoint", interval=interval, keep_latest_k=0,
-        last_save_model_only=not full_last,
+        last_save_model_only=not full_last, async_mode=async_mode,
     )
     ck = cfg.build(
         dataloader=loader, model_parts=[model], optimizers=opt, lr_schedulers=sched,

@@ -79,9 +79,8 @@ from ckptkit.capture.state import TrainState
 from ckptkit.catalog import STEP_RE, CheckpointInfo
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign._load import read_dcp_metadata
 from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.layouts.torchtitan import HF_INDEX, METADATA, TorchtitanLayout, open_torchtitan
+from ckptkit.layouts.torchtitan import TorchtitanLayout, holds_any, open_torchtitan
 from ckptkit.recorder import Recorder
 from ckptkit.run import Run, resume_target
 from ckptkit.storage import fs
@@ -318,15 +317,7 @@ class CheckpointManager(TitanCheckpointManager):
         needed = sorted(k for k in self.states if k != MODEL and k not in self.exclude_from_loading)
         if not needed:
             return None
-        path = Path(str(info.path))
-        if not (path / METADATA).is_file() and (path / HF_INDEX).is_file():
-            keys: list[str] = []  # a last_save_in_hf step: Hugging Face weights only
-        else:
-            md, _ = read_dcp_metadata(path / METADATA)
-            if md is None or not hasattr(md, "state_dict_metadata"):
-                return None
-            keys = list(md.state_dict_metadata)
-        if any(k == n or k.startswith(n + ".") for k in keys for n in needed):
+        if holds_any(Path(str(info.path)), needed) is not False:
             return None
         return (
             "holds the model only (torchtitan's last_save_model_only): a full-state "

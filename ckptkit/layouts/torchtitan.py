@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ckptkit.catalog import STEP_RE, Catalog, CheckpointInfo
+from ckptkit.foreign._load import read_dcp_metadata
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.layouts.hf import _HFLayout
@@ -63,6 +65,8 @@ HF_INDEX = "model.safetensors.index.json"
 """What a ``last_save_in_hf`` step holds instead of ``.metadata`` (torchtitan's other test)."""
 DEFAULT_FOLDER = "checkpoint"
 """torchtitan's default ``checkpoint.folder`` under the dump folder."""
+TRAINING_STATES = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+"""The states besides the model a torchtitan ``Trainer`` saves in a full step."""
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -95,6 +99,30 @@ def complete(path: Path) -> bool:
         False
     """
     return (path / METADATA).is_file() or (path / HF_INDEX).is_file()
+
+
+def holds_any(path: Path, names: Iterable[str]) -> bool | None:
+    """Whether step folder ``path`` holds any of the top-level states ``names`` (a DCP key
+    ``name`` or ``name.…``, as ``dcp.save`` flattens a state), from its ``.metadata``
+    (read with the restricted unpickler); a ``last_save_in_hf`` step holds none. None when
+    it cannot tell (no readable ``.metadata``: its verify says why).
+
+    A step > 0 that holds none of :data:`TRAINING_STATES` is model-only (torchtitan's
+    ``last_save_model_only``): torchtitan's load of it asks for them and fails.
+
+    Example:
+        >>> import tempfile
+        >>> holds_any(Path(tempfile.mkdtemp()), TRAINING_STATES) is None
+        True
+    """
+    wanted = tuple(names)
+    if not (path / METADATA).is_file():
+        return False if (path / HF_INDEX).is_file() else None
+    md, _ = read_dcp_metadata(path / METADATA)
+    keys = getattr(md, "state_dict_metadata", None)
+    if not isinstance(keys, dict):
+        return None
+    return any(k == n or k.startswith(n + ".") for k in keys for n in wanted)
 
 
 def _is_titan_step(path: Path) -> bool:
@@ -171,6 +199,13 @@ class TorchtitanLayout(_HFLayout):
         return fs.remove_dir_aside(path, marker=ADOPTED_SUFFIX, aside=f"{atomic.TMP_SUFFIX}.del-")
 
     def resume_hint(self, info: CheckpointInfo) -> str:
+        if info.step > 0 and holds_any(Path(str(info.path)), TRAINING_STATES) is False:
+            return (
+                f"none: step-{info.step} holds the model only (last_save_model_only), which "
+                "torchtitan cannot resume training from; to start a new run from its "
+                "weights, move it out of the folder and name it in "
+                "checkpoint.initial_load_path"
+            )
         return (
             f"checkpoint.load_step={info.step} (torchtitan; with the ckptkit integration "
             "the newest step that verifies is loaded by default)"
@@ -204,9 +239,11 @@ __all__ = [
     "HF_INDEX",
     "METADATA",
     "NAME",
+    "TRAINING_STATES",
     "TorchtitanLayout",
     "complete",
     "detect",
+    "holds_any",
     "open_torchtitan",
     "open_torchtitan_run",
     "step_dirs",

@@ -102,7 +102,7 @@ def test_an_empty_step_folder_is_an_interrupted_titan_save_not_a_native_run(
     shutil.copytree(trained[0], dump)
     (dump / "checkpoint" / "step-6").mkdir()
     r = cli("ls", dump / "checkpoint", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # a run with an incomplete checkpoint
     doc = json.loads(r.output)
     assert doc["layout"] == "torchtitan"
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]][-2:] == [
@@ -177,11 +177,15 @@ def test_prune_and_rollback_work_on_the_step_folders(
 ) -> None:
     dump = tmp_path / "dump"
     shutil.copytree(trained[0], dump)
-    r = cli("rollback", dump)
+    r = cli("rollback", dump)  # the newest good step is the model-only last one: said so
     assert r.exit_code == 0, r.output
-    assert "step-5" in r.output and "checkpoint.load_step=5" in r.output
+    assert "step-5 holds the model only (last_save_model_only)" in r.output
+    shutil.rmtree(dump / "checkpoint" / "step-5")
+    r = cli("rollback", dump)  # a full step: torchtitan's own setting to resume from it
+    assert r.exit_code == 0, r.output
+    assert "step-4" in r.output and "checkpoint.load_step=4" in r.output
     with open_torchtitan(dump / "checkpoint", readonly=False):  # a training run holds the lock
         assert cli("prune", dump, "--keep-last", "1").exit_code == 2
     r = cli("prune", dump, "--keep-last", "1")
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in (dump / "checkpoint").iterdir() if p.is_dir()) == ["step-5"]
+    assert sorted(p.name for p in (dump / "checkpoint").iterdir() if p.is_dir()) == ["step-4"]

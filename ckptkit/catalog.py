@@ -168,8 +168,9 @@ def native_evidence(root: Location) -> str | None:
     * ``manifest.json`` in ``root`` (one native checkpoint, not a framework's run);
     * the ``latest`` pointer, a regular file naming a step directory;
     * a step directory (:data:`STEP_RE`) holding ``manifest.json`` (a committed checkpoint),
-      or, on a local disk, one without that holds no foreign checkpoint either (an
-      interrupted native save; torchtitan names its DCP folders ``step-N`` too, and those
+      or, on a local disk, one without that holds no foreign checkpoint either and bears
+      ckptkit's own zero-padded name (an interrupted native save; torchtitan names its DCP
+      folders ``step-N`` too, unpadded, and creates them empty before it writes: those
       are no evidence).
 
     The run index and the run lock are no evidence: framework runs keep them too.
@@ -182,6 +183,11 @@ def native_evidence(root: Location) -> str | None:
         >>> os.mkdir(d + "/step-00000010"); open(d + "/step-00000010/manifest.json", "w").close()
         >>> native_evidence(fs.location(d))
         'step-00000010/manifest.json'
+        >>> t = tempfile.mkdtemp(); os.mkdir(t + "/step-5")  # torchtitan, killed at once
+        >>> native_evidence(fs.location(t)) is None
+        True
+        >>> os.mkdir(t + "/step-00000007"); native_evidence(fs.location(t))
+        'step-00000007/ (an interrupted save)'
     """
     if fs.kind(root / atomic.MANIFEST_NAME) is not None:
         return atomic.MANIFEST_NAME
@@ -202,6 +208,7 @@ def native_evidence(root: Location) -> str | None:
             local = fs.local_path(p)  # the foreign-format detector reads local files
             if (
                 interrupted is None
+                and p.name == step_dir_name(step_of(p.name) or 0)  # ckptkit names its own
                 and local is not None
                 and fs.kind(p) == "dir"
                 and foreign_format(local) is None

@@ -499,8 +499,9 @@ class StepObserver:
         if not self.started:
             self._start("optimizer")
         self._stepped = opt
-        if opt.param_groups:
-            self._lr_used = float(opt.param_groups[0]["lr"])
+        lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+        if lr is not None:  # a wrapper (torchtitan's OptimizersContainer) has none: its own optimizers step next
+            self._lr_used = float(lr)
         scaler = _calling_scaler()
         if scaler_state(scaler) is None:
             scaler = None  # none, or a disabled one (fp32/bf16 runs keep the call for symmetry)

@@ -38,7 +38,11 @@ from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.view import Expect
 
-BUILTIN_LAYOUTS: tuple[str, ...] = ("ckptkit.layouts.hf", "ckptkit.layouts.lightning")
+BUILTIN_LAYOUTS: tuple[str, ...] = (
+    "ckptkit.layouts.hf",
+    "ckptkit.layouts.lightning",
+    "ckptkit.layouts.torchtitan",
+)
 """Modules of :mod:`ckptkit.layouts` that :func:`open_run` imports (each registers itself)."""
 
 _loaded = False

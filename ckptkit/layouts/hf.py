@@ -69,6 +69,7 @@ from ckptkit.run.layout import Index, step_unknown_fix
 from ckptkit.run.registry import register
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.view import Expect
 
 log = logging.getLogger("ckptkit")
 
@@ -164,7 +165,7 @@ class _HFLayout(FrameworkLayout):
     """What both HF layouts share: one folder per checkpoint, adopted inside it."""
 
     kind: Kind
-    expect = "training"
+    expect: Expect | None = "training"
 
     def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
         """``(number in the name, folder)`` of every checkpoint folder, by number."""
@@ -211,12 +212,11 @@ class _HFLayout(FrameworkLayout):
             )
         step = self._step(p, man, catalog, index)
         known = step is not None
-        if not complete(p, self.kind):
-            marker = "trainer_state.json" if self.kind == "hf-trainer" else "random_states_0.pkl"
+        if not self.finished(p):
             return CheckpointInfo(
                 number if step is None else step, p, "incomplete", size, mtime,
                 tuple(sorted(pins)),
-                problem=f"no {marker}: the framework did not finish this save",
+                problem=f"no {self.marker}: the framework did not finish this save",
                 step_known=known,
             )
         if man is None:
@@ -235,7 +235,7 @@ class _HFLayout(FrameworkLayout):
                     f"{', '.join(changed[:3])} missing or resized since it was adopted"
                 )
             elif code:
-                status, problem = "corrupt", needs_code_problem(code, self.kind)
+                status, problem = "corrupt", needs_code_problem(code, self.format_of(p) or self.kind)
             else:
                 status = "verified"
         verdict = catalog.verdict(p.name, ident, rec)
@@ -258,6 +258,15 @@ class _HFLayout(FrameworkLayout):
                 status, problem = verdict.outcome, verdict.problem or "verify failed"
         return CheckpointInfo(step, p, status, size, mtime, tuple(sorted(pins)), health,
                               problem, verified_at, health_rec)
+
+    def finished(self, p: Path) -> bool:
+        """Whether the framework finished writing folder ``p`` (its own last file is there)."""
+        return complete(p, self.kind)
+
+    @property
+    def marker(self) -> str:
+        """The framework's last file of a save, as an incomplete checkpoint names it."""
+        return "trainer_state.json" if self.kind == "hf-trainer" else "random_states_0.pkl"
 
     @abstractmethod
     def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:

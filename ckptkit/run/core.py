@@ -42,7 +42,7 @@ import builtins
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -676,7 +676,9 @@ class Run:
 
     # --- resume -------------------------------------------------------------------------------
 
-    def resume_target(self) -> Resume:
+    def resume_target(
+        self, reject: Callable[[CheckpointInfo], str | None] | None = None
+    ) -> Resume:
         """The newest complete state to resume from, and what newer ones were passed over.
 
         Checkpoints are tried newest first (in the order they were written). Each is read
@@ -685,6 +687,10 @@ class Run:
         the framework's write and its adoption) is adopted on the spot at its real step
         when this run is writable and its files check. Every checkpoint passed over is
         logged at WARNING and returned.
+
+        ``reject``: the caller's own test, asked before a checkpoint's bytes are read: a
+        reason it cannot resume from this one (e.g. a model-only save for a full-state
+        resume), which passes it over like a damaged one; None to consider it.
 
         Raises:
             CkptkitError: the newest complete checkpoint's step is unknown (no adopted
@@ -700,6 +706,10 @@ class Run:
                 # Damaged or unfinished is passed over whatever its step: only a complete
                 # checkpoint's unknown step stops the resume.
                 passed.append(f"{name}: {c.status}: {c.problem or 'verify failed'}")
+                continue
+            why_not = reject(c) if reject is not None else None
+            if why_not:
+                passed.append(f"{name}: {why_not}")
                 continue
             if not c.step_known:
                 # Its files are judged first: one that fails (a planted file that needs

@@ -34,6 +34,11 @@ class FrameworkLayout(ABC):
     def order(self, info: CheckpointInfo) -> tuple[int, ...]:
         return (info.step,)
 
+    def format_of(self, path: Location) -> str | None:
+        """The foreign format (:data:`ckptkit.foreign.detect.FORMATS`) of the checkpoint
+        at ``path``: the layout's name; None: detected from its files."""
+        return self.name
+
     @abstractmethod
     def identity(self, path: Location, catalog: Catalog) -> str | None:
         """What a verify record of ``path`` is keyed by (see :class:`ckptkit.run.Layout`)."""
@@ -41,7 +46,7 @@ class FrameworkLayout(ABC):
     def verify(
         self, path: Location, catalog: Catalog, *, key: bytes | None, scan_values: bool = True
     ) -> Checked:
-        rep = verify_foreign(Path(str(path)), self.name, expect=self.expect, key=key)
+        rep = verify_foreign(Path(str(path)), self.format_of(path), expect=self.expect, key=key)
         return Checked(
             errors=[f for f in rep.findings if f.severity is ERROR],
             ident=self.identity(path, catalog),
@@ -57,7 +62,7 @@ class FrameworkLayout(ABC):
         expect: Expect | None = None,
     ) -> Adoption:
         return adopt_checkpoint(
-            Path(str(path)), self.name, force=force, expect=expect or self.expect, notes=notes,
+            Path(str(path)), self.format_of(path), force=force, expect=expect or self.expect, notes=notes,
             key=key,
         )
 

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ckptkit import signing
+from ckptkit.catalog import CheckpointInfo
 from ckptkit.collective import Collective, current, describe
 from ckptkit.errors import CkptkitError, DistributedError, LockHeldError
 from ckptkit.run.core import Resume, Run
@@ -49,6 +51,7 @@ def resume_target(
     run: Run | None = None,
     key: signing.KeyLike | None = None,
     coll: Collective | None = None,
+    reject: Callable[[CheckpointInfo], str | None] | None = None,
 ) -> Resume:
     """The checkpoint of ``root`` every rank resumes from (the same one on every rank).
 
@@ -60,6 +63,10 @@ def resume_target(
         key: the HMAC key of a run opened here (default: ``CKPTKIT_HMAC_KEY``).
         coll: the ranks (default: :func:`ckptkit.collective.current`). Collective: every
             rank must call this at the same point.
+        reject: the caller's own test of a candidate (asked on rank 0 only, before its
+            bytes are read): a reason it cannot be resumed from, which passes it over like
+            a damaged one (:meth:`Run.resume_target <ckptkit.run.core.Run.resume_target>`);
+            None to consider it.
 
     Returns:
         Rank 0's :class:`~ckptkit.run.core.Resume` (``info`` None: a fresh start). On the
@@ -73,11 +80,11 @@ def resume_target(
     """
     coll = current() if coll is None else coll
     if coll.world_size == 1:
-        return _choose(root, layout, run=run, key=key, writable=_launch_rank() == 0)
+        return _choose(root, layout, run=run, key=key, writable=_launch_rank() == 0, reject=reject)
     if coll.rank != 0:
         return _received(coll.broadcast(None))
     try:
-        chosen = _choose(root, layout, run=run, key=key, writable=True)
+        chosen = _choose(root, layout, run=run, key=key, writable=True, reject=reject)
     except Exception as e:
         coll.broadcast(_failure(e))
         raise
@@ -94,10 +101,11 @@ def _choose(
     run: Run | None,
     key: signing.KeyLike | None,
     writable: bool,
+    reject: Callable[[CheckpointInfo], str | None] | None = None,
 ) -> Resume:
     """The choice itself (one process): through ``run``, else a run opened here."""
     if run is not None:
-        return run.resume_target()
+        return run.resume_target(reject)
     where = fs.location(root)
     if fs.kind(fs.resolved(where)) != "dir":  # a symlinked run directory counts
         return Resume(None)  # nothing saved yet (and no directory made for a reader)
@@ -110,7 +118,7 @@ def _choose(
     if mine is None:
         mine = Run(where, layout, key=key)
     with mine:
-        return mine.resume_target()
+        return mine.resume_target(reject)
 
 
 def _launch_rank() -> int:

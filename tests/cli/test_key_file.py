@@ -23,7 +23,7 @@ from ckptkit.catalog import step_dir_name
 from ckptkit.cli import main
 
 KEY = b"k" * 32
-KEY_COMMANDS = ("verify", "inspect", "ls", "prune", "rollback")
+KEY_COMMANDS = ("verify", "inspect", "ls", "prune", "rollback", "scrub", "diff")
 """Every command that reads manifests or the verdicts listed from them."""
 SIGNING_COMMANDS = ("adopt",)
 """Commands that take the key to sign what they write (issue 24: one trust domain)."""
@@ -33,6 +33,17 @@ def _env(**extra: str) -> Env:
     """No key variables but ``extra``'s (a key in the test's own environment must not count)."""
     return {signing.ENV_KEY: None, signing.ENV_KEY_FILE: None, "CKPTKIT_NO_PROGRESS": "1",
             **extra}
+
+
+def _operands(command: str, run: Path) -> list[str]:
+    """What ``command`` is given besides the key: a checkpoint, two, or the run."""
+    if command == "inspect":
+        return [str(run / step_dir_name(20))]
+    if command == "diff":
+        return [str(run / step_dir_name(10)), str(run / step_dir_name(20))]
+    if command == "prune":
+        return [str(run), "--keep-last", "1", "--dry-run"]
+    return [str(run)]
 
 
 def _ckptkit(z: Zygote, *args: str, **env: str) -> Result:
@@ -131,9 +142,7 @@ def test_empty_key_file_option_is_an_error_naming_the_file(
 ) -> None:
     empty = tmp_path / "empty.key"
     empty.write_bytes(b"\n")
-    target = run / step_dir_name(20) if command == "inspect" else run
-    args = ["--keep-last", "1", "--dry-run"] if command == "prune" else []
-    p = _ckptkit(cli_zygote, command, str(target), *args, "--key-file", str(empty))
+    p = _ckptkit(cli_zygote, command, *_operands(command, run), "--key-file", str(empty))
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert str(empty) in p.stderr and "empty" in p.stderr and "--key-file" in p.stderr
     assert "Traceback" not in p.stderr
@@ -146,9 +155,7 @@ def test_empty_key_variable_is_an_error_not_signatures_off(
 ) -> None:
     """Before: an empty variable read as "no key"; ls/verify said all verified, the
     unsigned step 30 included."""
-    target = run / step_dir_name(20) if command == "inspect" else run
-    args = ["--keep-last", "1", "--dry-run"] if command == "prune" else []
-    p = _ckptkit(cli_zygote, command, str(target), *args, **{variable: ""})
+    p = _ckptkit(cli_zygote, command, *_operands(command, run), **{variable: ""})
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert variable in p.stderr and f"unset {variable}" in p.stderr
     assert "Traceback" not in p.stderr

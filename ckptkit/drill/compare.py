@@ -1094,6 +1094,7 @@ def end_state(
     *,
     roots: Sequence[str] = (),
     thresholds: Mapping[str, float] | None = None,
+    resumed_failed: str | None = None,
 ) -> CheckResult:
     """Compare the final checkpoint of the resumed run with reference 0's, every component.
 
@@ -1109,10 +1110,12 @@ def end_state(
         roots: the runs' own directories, references first then the resumed one: paths
             under them compare as equal (see :func:`ckptkit.statediff.diff`).
         thresholds: ``noise_factor`` (default :data:`DEFAULT_NOISE_FACTOR`).
+        resumed_failed: why the resumed run failed after its last step, before its final
+            checkpoint was saved (the references saved theirs): the check fails with it.
 
     Returns:
-        A skipped, informational result when a final checkpoint is missing (never a
-        pass); else ``statistic`` = components that differ, ``threshold`` = 0, and
+        A failed result when the resumed run failed to save its final state; a skipped,
+        informational result when a final checkpoint is missing (never a pass); else ``statistic`` = components that differ, ``threshold`` = 0, and
         ``detail.different``: per component the tensors and values that differ.
 
     Example:
@@ -1120,6 +1123,9 @@ def end_state(
         True
     """
     ref0 = references[0] if references else None
+    if resumed_failed is not None and ref0 is not None:
+        return CheckResult("end_state", False, None, 0,
+                           detail={"reason": resumed_failed, "different": {}})
     if ref0 is None or resumed is None:
         who = "the reference run" if ref0 is None else "the resumed run"
         return CheckResult(

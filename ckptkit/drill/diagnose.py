@@ -823,6 +823,12 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
     names = sorted(different, key=lambda n: (
         _END_STATE_ORDER.index(n) if n in _END_STATE_ORDER else len(_END_STATE_ORDER), n))
     comps = [_GUARD_COMPONENT.get(n, n) for n in names]
+    if not different:
+        why = str(es.detail.get("reason") or "the final states could not be compared")
+        return Diagnosis("unknown", "low", ["every step record agrees", why],
+                         "run the resumed command by hand from the checkpoint and read why its "
+                         "final save failed (ckptkit verify names what the state holds)",
+                         fields=["end_state"])
     ev = ["every step record agrees, yet the checkpoints both runs saved after the stop step "
           f"differ (compared {es.detail.get('mode')})"]
     ev += [f"end state: {n}: {different[n].get('summary')}" for n in names]

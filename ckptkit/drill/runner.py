@@ -433,8 +433,10 @@ def _drill(
     runs[:] = [*refs, resumed]
     stage[0] = "resumed"
     refusal = _refusal(resumed)
-    if resumed.returncode != 0 and refusal is None:
-        raise _crash(resumed, timed_out=resumed.returncode == -9 and config.timeout is not None)
+    timed_out = resumed.returncode == -9 and config.timeout is not None
+    late = None if refusal is not None or timed_out else _failed_after_last_step(resumed, stop_at)
+    if resumed.returncode != 0 and refusal is None and late is None:
+        raise _crash(resumed, timed_out=timed_out)
     if refusal is None and not resumed.records:
         raise DrillError(
             "the resumed run wrote no metrics records" + _tail_text(resumed),
@@ -467,9 +469,10 @@ def _drill(
     )
     end_state = compare.end_state(
         [_final_checkpoint(r, stop_at) for r in refs],
-        _final_checkpoint(resumed, stop_at) if refusal is None else None,
+        _final_checkpoint(resumed, stop_at) if refusal is None and late is None else None,
         roots=[str(r.ckpt_dir) for r in (*refs, resumed)],
         thresholds=config.thresholds,
+        resumed_failed=late,
     )
     checks = [twin, exposure, continuity, end_state]
     if refusal is not None:
@@ -690,6 +693,23 @@ def _result(r: _Running, rc: int) -> RunResult:
         method=r.proc.method,
         warm_s=r.proc.warm_s,
     )
+
+
+def _failed_after_last_step(run: RunResult, stop_at: int) -> str | None:
+    """Why ``run`` exited with an error after it recorded its stop step, or None.
+
+    A run that trained and recorded every step and then failed in its final save (the
+    state it reached cannot be saved: NaN weights under ``on_inconsistent="raise"``, a
+    full disk) is a comparable run whose end state is missing, not a crash that stops the
+    drill: its records are compared and the failed final save fails ``end_state``.
+    """
+    if run.returncode == 0 or not run.records:
+        return None
+    last = run.records[-1].get("step")
+    if last != stop_at:
+        return None
+    return f"the resumed run recorded step {stop_at}, then exited with status " \
+        f"{run.returncode} before its final checkpoint was saved" + _tail_text(run)
 
 
 def _crash(run: RunResult, *, timed_out: bool) -> DrillError:

@@ -6,9 +6,11 @@ step record inside the drill's window (the loss, LR, batches and RNG all agree):
 * ``ema``: the EMA of the weights is kept in the ``TrainState`` (``extra={"ema": ...}``) but
   rebuilt from the current weights after the restore instead of taken from it;
 * ``milestone``: the ``MultiStepLR`` is built afresh after the restore (its state is never
-  loaded); its next milestone lies after the window, so the LR does not show it.
+  loaded); its next milestone lies after the window, so the LR does not show it;
+* ``nan-final``: after its last step the resumed run's weights turn NaN, so its final save
+  raises (``on_inconsistent="raise"``) and the process exits with an error.
 
-Usage: ``python end_state_script.py [--fault none|ema|milestone]``.
+Usage: ``python end_state_script.py [--fault none|ema|milestone|nan-final]``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ SAMPLES, BATCH, MILESTONE = 32, 4, 1000
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=("none", "ema", "milestone"), default="none")
+    ap.add_argument("--fault", choices=("none", "ema", "milestone", "nan-final"), default="none")
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
     env = DrillEnv.from_env()
@@ -65,6 +67,9 @@ def main() -> int:
                     ema[k].mul_(0.9).add_(v, alpha=0.1)
             ts.step += 1
             rec.log(ts.step, loss=loss.item())
+            if resumed and args.fault == "nan-final" and ts.step == total:
+                with torch.no_grad():
+                    model[0].weight.fill_(float("nan"))
             if env.should_save(ts.step):
                 mgr.save(ts)
             if ts.step >= total:

@@ -47,6 +47,21 @@ def test_plain_pytorch_end_state(fault: str, component: str | None, tmp_path: Pa
     assert rep.to_dict()["diagnosis"]["component"] == component
 
 
+def test_a_resumed_run_whose_final_save_fails_is_compared_and_fails_end_state(
+    tmp_path: Path,
+) -> None:
+    """Every record agrees, then the resumed run's final save raises (NaN weights): the drill
+    compares the records and fails on the missing end state; it is not a crashed drill."""
+    rep = drill(PLAIN, "nan-final", tmp_path)
+    by = {c.name: c for c in rep.checks}
+    assert by["twin"].ok, by["twin"].detail
+    es = by["end_state"]
+    assert not es.ok and not es.informational
+    assert "before its final checkpoint was saved" in es.detail["reason"]
+    assert rep.exit_code == 1
+    assert (rep.diagnosis.component, rep.diagnosis.confidence) == ("unknown", "low")
+
+
 def test_trainer_ema_not_restored_is_named(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     rep = drill(SCRIPTS / "hf_ema.py", "ema", tmp_path, isolate=True)

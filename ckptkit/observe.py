@@ -115,8 +115,15 @@ def scaler_state(scaler: Any) -> tuple[float, int] | None:
     return float(sd["scale"]), int(sd["_growth_tracker"])
 
 
-def _calling_scaler() -> Any:
-    """The GradScaler whose ``step`` is calling ``optimizer.step`` right now, if any."""
+def calling_scaler() -> Any:
+    """The GradScaler whose ``step`` is calling ``optimizer.step`` right now, if any.
+
+    Called from an optimizer step pre-hook (the observer's, the resume guard's own).
+
+    Example:
+        >>> calling_scaler() is None
+        True
+    """
     frame: FrameType | None = sys._getframe(2)
     for _ in range(_FRAMES):
         if frame is None:
@@ -370,7 +377,7 @@ class StepObserver:
         self._stepped = opt
         if opt.param_groups:
             self._lr_used = float(opt.param_groups[0]["lr"])
-        scaler = _calling_scaler()
+        scaler = calling_scaler()
         if scaler_state(scaler) is None:
             scaler = None  # none, or a disabled one (fp32/bf16 runs keep the call for symmetry)
         if scaler is not None:
@@ -509,5 +516,6 @@ __all__ = [
     "StepListener",
     "StepObserver",
     "bind",
+    "calling_scaler",
     "scaler_state",
 ]

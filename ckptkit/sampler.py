@@ -176,6 +176,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         # epoch leaves it alone (see set_epoch).
         self._live: object | None = None
         self._observers: list[Callable[[int, int | None], None]] = []
+        # Called once by the first pass over a restored cursor (see on_resumed_pass).
+        self._on_resume: Callable[[ResumableSampler], None] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
         # The dataset is shared (not copied) and observers stay with the original: a copy
@@ -188,6 +190,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         new._undelivered = None
         new._batching = new._fetching = False
         new._live = new._rewind = None
+        new._on_resume = None
         return new
 
     def __getstate__(self) -> dict[str, Any]:
@@ -196,6 +199,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         state["_undelivered"] = None
         state["_batching"] = state["_fetching"] = False
         state["_live"] = state["_rewind"] = None
+        state["_on_resume"] = None
         return state
 
     def add_observer(self, fn: Callable[[int, int | None], None]) -> None:
@@ -211,6 +215,25 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         """
         if fn not in self._observers:
             self._observers.append(fn)
+
+    def on_resumed_pass(self, fn: Callable[[ResumableSampler], None] | None) -> None:
+        """Call ``fn(self)`` once, when the first pass over the restored cursor starts.
+
+        The resume guard sets it at a restore: the pass starts inside the ``DataLoader``
+        iterator that asks for it (its ``iter()`` has drawn its workers' base seed by then),
+        before the first index is handed out, so ``fn`` can see whether the global RNG
+        moved since the restore and put the loader's draw back. ``set_epoch`` of another
+        epoch first drops the restored cursor, and ``fn`` with it (the uninterrupted run
+        built a new iterator there too). None clears it.
+
+        Example:
+            >>> s, seen = ResumableSampler(4, shuffle=False), []
+            >>> s.load_state_dict({**s.state_dict(), "position": 1})
+            >>> s.on_resumed_pass(lambda sampler: seen.append(sampler.position))
+            >>> list(s), seen
+            ([1, 2, 3], [1])
+        """
+        self._on_resume = fn
 
     def remove_observer(self, fn: Callable[[int, int | None], None]) -> None:
         """Stop calling ``fn`` (no error when it was not registered).
@@ -312,6 +335,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             torch.set_rng_state(self._rewind)
             self._rewind = None
         self._give_back()  # a new pass: what the last one handed out but never delivered
+        hook, self._on_resume = self._on_resume, None
+        if hook is not None and self._restored:
+            # The first pass over the restored cursor: the DataLoader's iterator that asks
+            # for it was just built (its base seed already drawn), no index is out yet.
+            hook(self)
         self.offset, self.position = self._cursor()
         self._restored = False
         indices = self._rank_indices(self.offset).tolist()
@@ -532,6 +560,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.offset = 0
         self.position = 0
         self._restored = False
+        self._on_resume = None
         if self._undelivered:
             self._undelivered.clear()  # in flight from the epoch left behind: never trained
 

@@ -330,6 +330,7 @@ class ResumeGuard:
     _rng_told: bool = False
     _step_hook: Any = None
     _foreign_steps: int = 0
+    _cursor0: Mapping[str, Any] | None = None
 
     def _add(self, code: str, message: str, *, hint: str | None = None) -> None:
         f = CODES[code].finding(message, hint=hint)
@@ -439,6 +440,7 @@ class ResumeGuard:
         arm = getattr(ts.sampler, "on_resumed_pass", None)
         if callable(arm):
             arm(self.on_resumed_pass)
+            self._cursor0 = ts.sampler.state_dict()
         if self._step_hook is None:
             self._step_hook = register_optimizer_step_pre_hook(self._on_any_step)
 
@@ -515,6 +517,31 @@ class ResumeGuard:
                       f"(sample {index} differs under two seeds): every augmented sample "
                       "until the epoch's end differs from the uninterrupted run")
 
+    def _check_first_ids(self, sampler: Any) -> None:
+        """CK-D002 when the restored sampler's first pass is not the one the checkpoint named.
+
+        The ids it handed out since the restore (in the pass running now: a loop that
+        skipped to another epoch counts from that epoch's start) are compared with the
+        saved next ids; none at all means the loop iterates another sampler.
+        """
+        start = self._cursor0
+        if start is None or not callable(getattr(sampler, "consumed_between", None)):
+            return
+        now = sampler.state_dict()
+        if (now["epoch"], now["offset"]) != (start["epoch"], start["offset"]):
+            start = {**now, "position": 0}
+        got = [i for _, i in sampler.consumed_between(start, now, limit=MAX_K)]
+        want = list(self.saved["sample_ids"])
+        if not got:
+            self._add(codes.D002, "the restored sampler handed out no sample before the first "
+                      "optimizer step: the DataLoader iterates another sampler (a new one "
+                      "built after the restore starts the data order over)")
+            return
+        n = min(len(got), len(want))
+        if got[:n] != want[:n]:
+            self._add(codes.D002, "the first resumed step: " + _ids_message(want[:n], got[:n])
+                      + f" (the restored sampler is in epoch {now['epoch']})")
+
     def _on_any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
             self.on_first_step(optimizer)
@@ -574,13 +601,8 @@ class ResumeGuard:
         if codes.D005 not in told and isinstance(want, int) and step is not None and step < want:
             self._add(codes.D005, f"optimizer step count {step} at the first resumed step, the "
                       f"checkpoint recorded {want}: its state was reset after the restore")
-        sampler = ts.sampler
-        if (self.per_rank and codes.D002 not in told
-                and getattr(sampler, "_on_resume", None) == self.on_resumed_pass):
-            sampler.on_resumed_pass(None)
-            self._add(codes.D002, "the restored sampler handed out no sample before the first "
-                      "optimizer step: the DataLoader iterates another sampler (a new one "
-                      "built after the restore starts the data order over)")
+        if self.per_rank and codes.D002 not in told and "sample_ids" in self.saved:
+            self._check_first_ids(ts.sampler)
         if not self._stepped:
             self.on_optimizer_step(None, optimizer, calling_scaler())
 

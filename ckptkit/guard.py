@@ -462,7 +462,8 @@ class ResumeGuard:
         The DataLoader iterator asking for the pass was just built: its ``iter()`` drew its
         workers' base seed from the global torch generator (one 64-bit draw, 2 words),
         which the uninterrupted run, still inside its epoch, did not draw here. That very
-        draw, and only it, is put back: the rest of the epoch then sees the saved streams,
+        draw (the iterator's base seed is the first draw from the restored state), and only
+        it, is put back: the rest of the epoch then sees the saved streams,
         bitwise (with ``num_workers=0``, augmentation included). Any other move is
         CK-D008 with the call that likely drew. With workers, a dataset that draws from the
         global RNG cannot resume bitwise mid-epoch: CK-D090 (:meth:`_check_workers`).
@@ -476,7 +477,7 @@ class ResumeGuard:
             # iterator (and drew) here too; nothing to compare.
             draws = rngtrace.draws_between(self._restored, rngtrace.RngSnapshot.take(),
                                            seeds=self.seeds)
-            if it is not None and rngtrace.pattern(draws) == {"torch": 2}:
+            if rngtrace.pattern(draws) == {"torch": 2} and _drew_base_seed(it, self._restored):
                 state = torch.frombuffer(bytearray(self._restored.torch_cpu), dtype=torch.uint8)
                 torch.set_rng_state(state)
                 log.info("ckptkit resume guard: put back the DataLoader's base-seed draw from "
@@ -719,6 +720,18 @@ def _loader_iterator() -> Any:
             return owner
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _drew_base_seed(it: Any, restored: rngtrace.RngSnapshot) -> bool:
+    """Whether the DataLoader iterator ``it`` drew its base seed from the restored global
+    torch RNG: its ``_base_seed`` is the first 64-bit draw from that state (a loader with
+    a ``generator=`` drew from its own, and a draw by anything else leaves another value)."""
+    seed = getattr(it, "_base_seed", None)
+    if seed is None:
+        return False
+    g = torch.Generator()
+    g.set_state(torch.frombuffer(bytearray(restored.torch_cpu), dtype=torch.uint8))
+    return bool(torch.empty((), dtype=torch.int64).random_(generator=g).item() == seed)
 
 
 def draws_in_getitem(dataset: Any, index: int) -> bool | None:

@@ -213,12 +213,24 @@ def _saved_at_4(tmp_path, **kw: Any) -> None:  # type: ignore[no-untyped-def]
     a["mgr"].close()
 
 
-def test_an_iterator_created_after_restore_is_reported_with_the_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_iterator_created_after_restore_gets_its_base_seed_draw_put_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    saved = b["mgr"].restore(b["ts"]).guard.saved
+    plain = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"])
+    _train_loop(b, plain, 1)  # iter() without generator= draws the base seed from the global RNG
+    assert _codes(b) == []
+    assert b["rec"].records[0]["rng"] == saved["rng"]  # the first step starts where the save stood
+
+
+def test_a_two_word_draw_that_is_not_the_loaders_is_reported_with_the_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
     _saved_at_4(tmp_path)
     b = _loop_state(tmp_path)
     b["mgr"].restore(b["ts"])
-    plain = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"])
-    _train_loop(b, plain, 1)  # iter() without generator= draws the base seed from the global RNG
+    torch.empty((), dtype=torch.int64).random_()  # one 64-bit draw, by the script itself
+    loader = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"],
+                                         generator=torch.Generator())
+    _train_loop(b, loader, 1)
     assert _codes(b) == ["CK-D008"]
     msg = b["rec"].records[0]["guard"][0]["message"]
     assert "2 words" in msg and "iter(DataLoader)" in msg

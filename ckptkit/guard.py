@@ -20,6 +20,7 @@ Cost: a look-ahead peeks the sampler (no data is loaded) and hashes the RNG stat
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -35,14 +36,15 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ckptkit import codes, rngtrace
+from ckptkit import lookahead as lookahead_seam
 from ckptkit.capture import is_real, tree_fingerprint
+from ckptkit.capture.state import TrainState
 from ckptkit.format.tree import TAG
 from ckptkit.observe import StepObserver, calling_scaler, scaler_state
 from ckptkit.records import LookAhead
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
-    from ckptkit.capture.state import TrainState
     from ckptkit.recorder import Logged
 
 log = logging.getLogger("ckptkit")
@@ -229,6 +231,53 @@ def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, An
         la = compute(state, k=min(state.guard_k, MAX_K), probe=state.probe)
         la["world_size"] = state.parallel.world_size
     return LookAhead(guard=la, user=dict(user or {})).to_dict()
+
+
+def lookahead_of(
+    state: TrainState | None = None,
+    *,
+    step: int | None = None,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    data: Mapping[str, Any] | None = None,
+    user: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A save's look-ahead from a TrainState, or from whatever objects a writer has.
+
+    The one computation behind every save path: the manager and ``ckptkit.save`` of a
+    TrainState pass the state, a writer without one (the DCP writer: a state dict, the
+    step, maybe the optimizer and scheduler) passes what it has, and the look-ahead then
+    holds the facts those objects give (an RNG fingerprint always). Writers of the
+    checkpoint layer reach it through :func:`ckptkit.lookahead.record`.
+
+    Example:
+        >>> import torch
+        >>> m = torch.nn.Linear(2, 1)
+        >>> la = lookahead_of(step=9, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
+        >>> la["guard"]["next_step"], la["guard"]["lr"], la["user"]
+        (10, [0.5], {})
+    """
+    if state is None:
+        state = TrainState(
+            model=model if model is not None else torch.nn.Module(),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            sampler=sampler,
+            step=int(step or 0),
+            data=data,
+        )
+    elif step is not None and step != state.step:
+        state = copy.copy(state)
+        state.progress = copy.copy(state.progress)
+        state.step = int(step)
+    return lookahead(state, user)
+
+
+lookahead_seam.provide(lookahead_of)
 
 
 def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None) -> dict[str, Any]:

@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.fit",
             "ckptkit.commit",
             "ckptkit.io",
+            "ckptkit.lookahead",
             "ckptkit.catalog",
             "ckptkit.whatis",
             "ckptkit.foreign",

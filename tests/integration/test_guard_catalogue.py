@@ -22,7 +22,6 @@ verdicts; :func:`test_the_docs_table_matches` keeps the two in step.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import re

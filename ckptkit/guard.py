@@ -257,8 +257,8 @@ def lookahead_of(
         >>> import torch
         >>> m = torch.nn.Linear(2, 1)
         >>> la = lookahead_of(step=9, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
-        >>> la["guard"]["next_step"], la["guard"]["lr"], la["user"]
-        (10, [0.5], {})
+        >>> la["guard"]["next_step"], la["guard"]["lr"]
+        (10, [0.5])
     """
     if state is None:
         state = TrainState(
@@ -380,6 +380,7 @@ class ResumeGuard:
     _step_hook: Any = None
     _foreign_steps: int = 0
     _cursor0: Mapping[str, Any] | None = None
+    _epoch_end: bool = False
 
     def _add(self, code: str, message: str, *, hint: str | None = None) -> None:
         f = CODES[code].finding(message, hint=hint)
@@ -536,6 +537,9 @@ class ResumeGuard:
                 self._rng_told = True
                 self._add(codes.D008, f"{what}; seen at the first iter() over the restored "
                           "sampler", hint=fix)
+        # Restored at the end of an epoch: the saved run's next step came after the next
+        # epoch's iter(), which draws its base seed (the step-start check allows that draw).
+        self._epoch_end = it is not None and int(sampler.position) >= int(sampler.num_samples)
         if it is not None and mid_epoch and int(getattr(it, "_num_workers", 0)) > 0:
             self._check_workers(it, sampler)
 
@@ -618,12 +622,16 @@ class ResumeGuard:
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         trained = [p for p in ts.model.parameters() if p.requires_grad]
         unused = bool(trained) and all(p.grad is None for p in trained)
+        model_params = {id(p) for p in trained}
+        if ts.optimizer is None and params & model_params and not unused:
+            self.close()  # an optimizer the TrainState does not hold: the restore said so
+            return
         if not mine:
             restored = (
                 {id(p) for g in ts.optimizer.param_groups for p in g["params"]}
                 if ts.optimizer is not None else set()
             )
-            if not params & restored and not (unused and not params & {id(p) for p in trained}):
+            if not params & restored and not (unused and not params & model_params):
                 self._foreign_steps += 1  # another model's optimizer: wait for ours
                 if self._foreign_steps >= FOREIGN_STEPS:
                     self._note_unknown("the first resumed step: the restored optimizer did not "
@@ -679,6 +687,8 @@ class ResumeGuard:
                 return  # the saving run did not say what it draws between steps
             if rngtrace.pattern(draws) in (expected or [{}]):
                 return
+            if self._epoch_end and rngtrace.pattern(draws) == {"torch": 2}:
+                return  # the next epoch's iter(DataLoader): the saved run drew it there too
         what, fix = rngtrace.explain(draws)
         at = observer.point or "the first step"
         usual = ""

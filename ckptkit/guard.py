@@ -24,7 +24,6 @@ import copy
 import logging
 import math
 import random
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,6 @@ import numpy as np
 import torch
 import xxhash
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ckptkit import codes, rngtrace
 from ckptkit import lookahead as lookahead_seam
@@ -42,6 +40,7 @@ from ckptkit.capture.state import TrainState
 from ckptkit.format.tree import TAG
 from ckptkit.observe import StepObserver, calling_scaler, scaler_state
 from ckptkit.records import LookAhead
+from ckptkit.sampler import loader_iterator
 from ckptkit.verify.findings import CODES, Finding
 
 if TYPE_CHECKING:
@@ -66,8 +65,6 @@ FOREIGN_STEPS = 16
 restored optimizer's first step (and says so, as unknown)."""
 _WATCHING: ResumeGuard | None = None
 """The guard whose one-shot hooks are installed (:meth:`ResumeGuard.watch`), if any."""
-_LOADER_FRAMES = 8
-"""Frames walked up from the sampler's first pass to the DataLoader iterator asking for it."""
 
 
 # --- what the guard reads from a checkpoint, checked before anything is restored -------------
@@ -120,6 +117,7 @@ _LOOKAHEAD: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epoch": (_int, "an integer"),
     "data_id": (_str, "a string"),
     "probe_loss": (_real, "a finite number"),
+    "cursor_ahead": (lambda v: isinstance(v, bool), "true or false"),
     "world_size": (_int, "an integer"),
 }
 """Every look-ahead key the guard reads, with the type it reads it as (:func:`compute`
@@ -315,6 +313,8 @@ def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None)
     if callable(peek):
         out["sample_ids"] = [int(i) for i in peek(k)]
         out["epoch"] = int(getattr(ts.sampler, "epoch", 0))
+    if getattr(ts.sampler, "counts_ahead", False) is True:
+        out["cursor_ahead"] = True
     if ts.data:
         out["data_id"] = tree_fingerprint(dict(ts.data))
     if obs is not None and obs.point is not None:
@@ -417,6 +417,13 @@ class ResumeGuard:
                 self._add(codes.D004, f"GradScaler growth tracker {now.get('scale_growth')}, "
                           f"the checkpoint recorded {s['scale_growth']}: the scale will grow "
                           "(or back off) at other steps than in the saved run")
+        if s.get("cursor_ahead") is True:
+            self._add(codes.D002, "the checkpoint's sampler cursor counted the indices the "
+                      "DataLoader's workers had prefetched, not the batches the loop had "
+                      "trained on: this resume skips the prefetched ones",
+                      hint="iterate with 'for batch in sampler.batches(loader)' (or "
+                      "track_delivery() + delivered(n)): the cursor then counts only the "
+                      "batches the loop received")
         if shared_loader_generator(ts.sampler):
             self._add(codes.D009, "the StatefulDataLoader draws its workers' base seed from "
                       "the generator its RandomSampler shuffles with, and saves only the "
@@ -520,7 +527,7 @@ class ResumeGuard:
         """
         if self._restored is None:
             return
-        it = _loader_iterator()
+        it = loader_iterator()
         mid_epoch = 0 < int(sampler.position) < int(sampler.num_samples)
         if int(sampler.position) > 0:
             # Position 0: the saved run had not started this epoch's pass, so it built an
@@ -761,24 +768,6 @@ class ResumeGuard:
                 self._add(codes.D002, _ids_message(want, flat[: len(want)]))
                 self._seen_steps = k  # one report is enough
         return self.findings[before:]
-
-
-def _loader_iterator() -> Any:
-    """The DataLoader iterator whose sampler pass is starting, if a caller up the stack is one.
-
-    The sampler's ``__iter__`` runs inside the iterator's first ``next()`` (or, with
-    workers, its prefetch at ``iter()``); the iterator is the ``self`` of a frame a few
-    levels up. Like :func:`ckptkit.observe.calling_scaler`: no other handle reaches it.
-    """
-    frame = sys._getframe(1)
-    for _ in range(_LOADER_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, _BaseDataLoaderIter):
-            return owner
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
 
 
 def _drew_base_seed(it: Any, restored: rngtrace.RngSnapshot) -> bool:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import torch
 import xxhash
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ckptkit.capture import is_int, refuse, show
 from ckptkit.errors import StateError
@@ -25,6 +27,31 @@ from ckptkit.errors import StateError
 STATE_VERSION = 1
 
 _COUNTERS = ("epoch", "position", "offset", "consumed", "rank", "num_samples", "data_len")
+_LOADER_FRAMES = 8
+"""Frames walked up from a pass's start to the DataLoader iterator asking for it."""
+
+
+def loader_iterator(frame: Any = None) -> Any:
+    """The ``torch.utils.data`` DataLoader iterator a caller up the stack is, if any.
+
+    A sampler's pass runs inside the iterator's first ``next()`` (or, with workers, its
+    prefetch at ``iter()``); the iterator is the ``self`` of a frame a few levels up. No
+    other handle reaches it from the sampler (like :func:`ckptkit.observe.calling_scaler`
+    for the GradScaler). ``frame``: where to start (default: the caller's frame).
+
+    Example:
+        >>> loader_iterator() is None
+        True
+    """
+    frame = frame if frame is not None else sys._getframe(1)
+    for _ in range(_LOADER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _BaseDataLoaderIter):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -178,6 +205,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self._observers: list[Callable[[int, int | None], None]] = []
         # Called once by the first pass over a restored cursor (see on_resumed_pass).
         self._on_resume: Callable[[ResumableSampler], None] | None = None
+        # The last pass was handed to a DataLoader with workers, without delivery tracking
+        # (see counts_ahead).
+        self._ahead = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
         # The dataset is shared (not copied) and observers stay with the original: a copy
@@ -215,6 +245,23 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         """
         if fn not in self._observers:
             self._observers.append(fn)
+
+    @property
+    def counts_ahead(self) -> bool:
+        """Whether the cursor counts indices a prefetching DataLoader took but the loop may
+        not have trained on yet.
+
+        True after a pass handed to a ``DataLoader`` with ``num_workers > 0`` that is
+        iterated directly (``for batch in loader``): the workers take indices ahead of the
+        loop, so a checkpoint's cursor is ahead of the batches trained on and a resume
+        skips the difference. :meth:`batches` and :meth:`track_delivery` count only what
+        the loop received. The resume guard reports it (``CK-D002``).
+
+        Example:
+            >>> ResumableSampler(4).counts_ahead
+            False
+        """
+        return self._ahead and self._undelivered is None
 
     def on_resumed_pass(self, fn: Callable[[ResumableSampler], None] | None) -> None:
         """Call ``fn(self)`` once, when the first pass over the restored cursor starts.
@@ -342,6 +389,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             hook(self)
         self.offset, self.position = self._cursor()
         self._restored = False
+        if self._undelivered is None:
+            it = loader_iterator()
+            self._ahead = it is not None and int(getattr(it, "_num_workers", 0)) > 0
         indices = self._rank_indices(self.offset).tolist()
         me = self._live = object()
         try:
@@ -561,6 +611,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.position = 0
         self._restored = False
         self._on_resume = None
+        self._ahead = False
         if self._undelivered:
             self._undelivered.clear()  # in flight from the epoch left behind: never trained
 
@@ -744,6 +795,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.offset = min(offset + position * saved_w, self.data_len)
             self.position = 0
         self._restored = True
+        self._ahead = False
         if self._undelivered:
             self._undelivered.clear()  # handed out before the restore: not of this cursor
 
@@ -800,4 +852,4 @@ def state_problems(state: Any) -> list[str]:
     return out
 
 
-__all__ = ["ResumableSampler", "state_problems"]
+__all__ = ["ResumableSampler", "loader_iterator", "state_problems"]

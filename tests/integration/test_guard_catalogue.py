@@ -228,7 +228,7 @@ CATALOGUE: dict[str, Mistake] = {
     "augmentation on the global RNG, num_workers=2": Mistake(
         loop=Loop(aug=True, workers=2, batches=True), guard=frozenset({codes.D090})),
     "num_workers=2 iterated directly (prefetch runs the cursor ahead)": Mistake(
-        loop=Loop(workers=2)),
+        loop=Loop(workers=2), guard=frozenset({codes.D002})),
     "EMA kept outside the TrainState": Mistake(loop=Loop(ema=True)),
     "grad-accumulation counter reset (saved mid-accumulation)": Mistake(
         loop=Loop(accum=2)),

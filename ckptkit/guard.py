@@ -632,10 +632,16 @@ class ResumeGuard:
             self.close()
             return
         mine = optimizer is ts.optimizer
-        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        stepping = [p for g in optimizer.param_groups for p in g["params"]]
+        params = {id(p) for p in stepping}
         trained = [p for p in ts.model.parameters() if p.requires_grad]
         unused = bool(trained) and all(p.grad is None for p in trained)
         model_params = {id(p) for p in trained}
+        # A model rebuilt after the restore: an optimizer over other parameters of the very
+        # shapes of the restored model's, which has no gradient. (Another model in this
+        # process, say the next experiment of a notebook, rarely has the same shapes; and
+        # the watch stops after FOREIGN_STEPS steps of other optimizers.)
+        rebuilt = unused and not params & model_params and _shapes(stepping) == _shapes(trained)
         if ts.optimizer is None and params & model_params and not unused:
             self.close()  # an optimizer the TrainState does not hold: the restore said so
             return
@@ -644,7 +650,7 @@ class ResumeGuard:
                 {id(p) for g in ts.optimizer.param_groups for p in g["params"]}
                 if ts.optimizer is not None else set()
             )
-            if not params & restored and not (unused and not params & model_params):
+            if not params & restored and not rebuilt:
                 self._foreign_steps += 1  # another model's optimizer: wait for ours
                 if self._foreign_steps >= FOREIGN_STEPS:
                     self._note_unknown("the first resumed step: the restored optimizer did not "
@@ -774,6 +780,10 @@ class ResumeGuard:
                 self._add(codes.D002, _ids_message(want, flat[: len(want)]))
                 self._seen_steps = k  # one report is enough
         return self.findings[before:]
+
+
+def _shapes(params: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
+    return sorted(tuple(p.shape) for p in params)
 
 
 def _drew_base_seed(it: Any, restored: rngtrace.RngSnapshot) -> bool:

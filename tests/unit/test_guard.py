@@ -466,3 +466,18 @@ def test_unknown_next_ids_at_restore_are_checked_against_the_first_records() -> 
     assert g.check_restored(a["ts"]) == []
     g.observe(saved["next_step"], {"sample_ids": [0, 1]})  # the steps got others: replay
     assert [f.code for f in g.findings] == ["CK-D002"]
+
+
+def test_another_models_training_after_a_restore_is_not_taken_for_a_rebuilt_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Restore to inspect, then train something else in the same process (a notebook's next
+    # experiment): no finding, and the first-step watch lets go after FOREIGN_STEPS steps.
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    g = b["mgr"].restore(b["ts"]).guard
+    other = torch.nn.Linear(3, 5)
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    for _ in range(guard.FOREIGN_STEPS):
+        other(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert g.findings == [] and g._step_hook is None
+    assert "did not step" in g.unknown[-1]

@@ -510,7 +510,7 @@ class ResumeGuard:
         ts = self._state
         arm = getattr(ts.sampler, "on_resumed_pass", None) if ts is not None else None
         if ts is not None and callable(arm) and (
-            getattr(ts.sampler, "_on_resume", None) == self.on_resumed_pass
+            getattr(ts.sampler, "resumed_pass_hook", None) == self.on_resumed_pass
         ):
             arm(None)
 

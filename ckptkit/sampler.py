@@ -263,6 +263,16 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         """
         return self._ahead and self._undelivered is None
 
+    @property
+    def resumed_pass_hook(self) -> Callable[[ResumableSampler], None] | None:
+        """What :meth:`on_resumed_pass` set and the first pass has not called yet, if any.
+
+        Example:
+            >>> ResumableSampler(4).resumed_pass_hook is None
+            True
+        """
+        return self._on_resume
+
     def on_resumed_pass(self, fn: Callable[[ResumableSampler], None] | None) -> None:
         """Call ``fn(self)`` once, when the first pass over the restored cursor starts.
 

@@ -444,6 +444,8 @@ D006: Final = "CK-D006"
 D007: Final = "CK-D007"
 D008: Final = "CK-D008"
 D009: Final = "CK-D009"
+D090: Final = "CK-D090"
+D091: Final = "CK-D091"
 D010: Final = "CK-D010"
 D011: Final = "CK-D011"
 
@@ -1105,6 +1107,26 @@ register_code(
     hint="give the StatefulDataLoader's sampler a generator of its own "
     "(sampler=RandomSampler(ds, generator=g1)) and the loader another (generator=g2)",
     component="sampler",
+)
+register_code(
+    "CK-D090",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: the DataLoader workers' RNG differs after a mid-epoch resume",
+    hint="draw augmentation from a generator seeded by the sample (in __getitem__: "
+    "g = torch.Generator().manual_seed(seed * 1_000_003 + index), then torch.rand(..., "
+    "generator=g)), or resume at epoch boundaries, or use num_workers=0: the workers' "
+    "streams depend on where each worker was in the epoch, which no checkpoint can restore",
+    component="rng",
+)
+register_code(
+    "CK-D091",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: the first step trains objects that were not restored",
+    hint="build the model and optimizer once, pass them to TrainState, restore, and train "
+    "those very objects: a model or optimizer built after mgr.restore() starts from scratch",
+    component="model",
 )
 register_code(
     "CK-D010",

@@ -14,9 +14,10 @@ from typing import Any, Literal, overload
 
 import torch
 
-from ckptkit import commit, signing
+from ckptkit import commit, lookahead, signing
 from ckptkit import manifest as mf
 from ckptkit._repr import short
+from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint import manifest_io
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.fit import FitReport
@@ -46,7 +47,9 @@ def save(
     mix.
 
     Args:
-        state: what to save.
+        state: what to save; a :class:`~ckptkit.TrainState` is captured whole, as
+            :meth:`CheckpointManager.save` captures it (with the look-ahead of its next
+            step, which the resume guard checks), into this one directory.
         path: the checkpoint directory (created; its parent too).
         compress: ``"zstd"`` for streaming multithreaded compression of each file.
         shard_bytes: the largest file before a group is split.
@@ -76,6 +79,9 @@ def save(
         >>> [f.path for f in m.files], m.step
         (['model.safetensors'], 3)
     """
+    if isinstance(state, TrainState):
+        return _save_train_state(state, path, compress=compress, overwrite=overwrite, step=step,
+                                 user=user, key=signing.resolve_key(key))
     step = _step_of(state) if step is None else mf.check_step(step)
     return commit.save_tree(
         state,
@@ -88,6 +94,35 @@ def save(
         manifest_fields={"user": user} if user is not None else None,
         key=signing.resolve_key(key),
     )
+
+
+def _save_train_state(
+    state: TrainState,
+    path: str | Path,
+    *,
+    compress: codec.Compression | None,
+    overwrite: bool,
+    step: int | None,
+    user: dict[str, Any] | None,
+    key: bytes | None,
+) -> Manifest:
+    """``save`` of a whole TrainState: the manager's capture and commit, without its run.
+
+    Like every save path, it records the look-ahead of the next step (the resume guard's
+    :func:`ckptkit.guard.lookahead_of`, reached through :mod:`ckptkit.lookahead`), so a
+    resume from it is checked as one from the manager is.
+    """
+    at = state.step if step is None else mf.check_step(step)
+    fields: dict[str, Any] = {}
+    la = lookahead.record(state, step=at)
+    if la is not None:
+        fields["lookahead"] = la
+    if user is not None:
+        fields["user"] = user
+    man = commit.save_state(state, path, step=at, fields=fields, compress=compress,
+                            overwrite=overwrite, key=key)
+    assert man is not None  # one process: this rank commits
+    return man
 
 
 def _step_of(state: Any) -> int | None:

@@ -125,8 +125,15 @@ def scaler_state(scaler: Any) -> tuple[float, int] | None:
     return float(sd["scale"]), int(sd["_growth_tracker"])
 
 
-def _calling_scaler() -> Any:
-    """The GradScaler whose ``step`` is calling ``optimizer.step`` right now, if any."""
+def calling_scaler() -> Any:
+    """The GradScaler whose ``step`` is calling ``optimizer.step`` right now, if any.
+
+    Called from an optimizer step pre-hook (the observer's, the resume guard's own).
+
+    Example:
+        >>> calling_scaler() is None
+        True
+    """
     frame: FrameType | None = sys._getframe(2)
     for _ in range(_FRAMES):
         if frame is None:
@@ -502,7 +509,7 @@ class StepObserver:
         lr = opt.param_groups[0].get("lr") if opt.param_groups else None
         if lr is not None:  # a wrapper (torchtitan's OptimizersContainer) has none: its own optimizers step next
             self._lr_used = float(lr)
-        scaler = _calling_scaler()
+        scaler = calling_scaler()
         if scaler_state(scaler) is None:
             scaler = None  # none, or a disabled one (fp32/bf16 runs keep the call for symmetry)
         if scaler is not None:
@@ -670,6 +677,7 @@ __all__ = [
     "StepListener",
     "StepObserver",
     "bind",
+    "calling_scaler",
     "row_hashes",
     "scaler_state",
 ]

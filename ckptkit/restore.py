@@ -149,6 +149,7 @@ def restore_candidate(
         else:
             result.guard = rg
             guard_mod.attach(state.recorder, rg)
+            rg.watch(state)  # the first resumed step, with or without a Recorder
     try:
         consensus(coll, err, what=f"restore of {path.name}")
     except CkptkitError as e:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import torch
 import xxhash
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ckptkit.capture import is_int, refuse, show
 from ckptkit.errors import StateError
@@ -25,6 +27,31 @@ from ckptkit.errors import StateError
 STATE_VERSION = 1
 
 _COUNTERS = ("epoch", "position", "offset", "consumed", "rank", "num_samples", "data_len")
+_LOADER_FRAMES = 8
+"""Frames walked up from a pass's start to the DataLoader iterator asking for it."""
+
+
+def loader_iterator(frame: Any = None) -> Any:
+    """The ``torch.utils.data`` DataLoader iterator a caller up the stack is, if any.
+
+    A sampler's pass runs inside the iterator's first ``next()`` (or, with workers, its
+    prefetch at ``iter()``); the iterator is the ``self`` of a frame a few levels up. No
+    other handle reaches it from the sampler (like :func:`ckptkit.observe.calling_scaler`
+    for the GradScaler). ``frame``: where to start (default: the caller's frame).
+
+    Example:
+        >>> loader_iterator() is None
+        True
+    """
+    frame = frame if frame is not None else sys._getframe(1)
+    for _ in range(_LOADER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _BaseDataLoaderIter):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -179,6 +206,11 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.num_workers: int | None = None
         """``num_workers`` of the loader the last :meth:`batches` ran (step records carry
         it: the drill names the workers' RNG from it); None before one."""
+        # Called once by the first pass over a restored cursor (see on_resumed_pass).
+        self._on_resume: Callable[[ResumableSampler], None] | None = None
+        # The last pass was handed to a DataLoader with workers, without delivery tracking
+        # (see counts_ahead).
+        self._ahead = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResumableSampler:
         # The dataset is shared (not copied) and observers stay with the original: a copy
@@ -191,6 +223,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         new._undelivered = None
         new._batching = new._fetching = False
         new._live = new._rewind = None
+        new._on_resume = None
         return new
 
     def __getstate__(self) -> dict[str, Any]:
@@ -199,6 +232,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         state["_undelivered"] = None
         state["_batching"] = state["_fetching"] = False
         state["_live"] = state["_rewind"] = None
+        state["_on_resume"] = None
         return state
 
     def add_observer(self, fn: Callable[[int, int | None], None]) -> None:
@@ -214,6 +248,52 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         """
         if fn not in self._observers:
             self._observers.append(fn)
+
+    @property
+    def counts_ahead(self) -> bool:
+        """Whether the cursor counts indices a prefetching DataLoader took but the loop may
+        not have trained on yet.
+
+        True after a pass handed to a ``DataLoader`` with ``num_workers > 0`` that is
+        iterated directly (``for batch in loader``): the workers take indices ahead of the
+        loop, so a checkpoint's cursor is ahead of the batches trained on and a resume
+        skips the difference. :meth:`batches` and :meth:`track_delivery` count only what
+        the loop received. The resume guard reports it (``CK-D002``).
+
+        Example:
+            >>> ResumableSampler(4).counts_ahead
+            False
+        """
+        return self._ahead and self._undelivered is None
+
+    @property
+    def resumed_pass_hook(self) -> Callable[[ResumableSampler], None] | None:
+        """What :meth:`on_resumed_pass` set and the first pass has not called yet, if any.
+
+        Example:
+            >>> ResumableSampler(4).resumed_pass_hook is None
+            True
+        """
+        return self._on_resume
+
+    def on_resumed_pass(self, fn: Callable[[ResumableSampler], None] | None) -> None:
+        """Call ``fn(self)`` once, when the first pass over the restored cursor starts.
+
+        The resume guard sets it at a restore: the pass starts inside the ``DataLoader``
+        iterator that asks for it (its ``iter()`` has drawn its workers' base seed by then),
+        before the first index is handed out, so ``fn`` can see whether the global RNG
+        moved since the restore and put the loader's draw back. ``set_epoch`` of another
+        epoch first drops the restored cursor, and ``fn`` with it (the uninterrupted run
+        built a new iterator there too). None clears it.
+
+        Example:
+            >>> s, seen = ResumableSampler(4, shuffle=False), []
+            >>> s.load_state_dict({**s.state_dict(), "position": 1})
+            >>> s.on_resumed_pass(lambda sampler: seen.append(sampler.position))
+            >>> list(s), seen
+            ([1, 2, 3], [1])
+        """
+        self._on_resume = fn
 
     def remove_observer(self, fn: Callable[[int, int | None], None]) -> None:
         """Stop calling ``fn`` (no error when it was not registered).
@@ -315,8 +395,16 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             torch.set_rng_state(self._rewind)
             self._rewind = None
         self._give_back()  # a new pass: what the last one handed out but never delivered
+        hook, self._on_resume = self._on_resume, None
+        if hook is not None and self._restored:
+            # The first pass over the restored cursor: the DataLoader's iterator that asks
+            # for it was just built (its base seed already drawn), no index is out yet.
+            hook(self)
         self.offset, self.position = self._cursor()
         self._restored = False
+        if self._undelivered is None:
+            it = loader_iterator()
+            self._ahead = it is not None and int(getattr(it, "_num_workers", 0)) > 0
         indices = self._rank_indices(self.offset).tolist()
         me = self._live = object()
         try:
@@ -537,6 +625,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.offset = 0
         self.position = 0
         self._restored = False
+        self._on_resume = None
+        self._ahead = False
         if self._undelivered:
             self._undelivered.clear()  # in flight from the epoch left behind: never trained
 
@@ -720,6 +810,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.offset = min(offset + position * saved_w, self.data_len)
             self.position = 0
         self._restored = True
+        self._ahead = False
         if self._undelivered:
             self._undelivered.clear()  # handed out before the restore: not of this cursor
 
@@ -776,4 +867,4 @@ def state_problems(state: Any) -> list[str]:
     return out
 
 
-__all__ = ["ResumableSampler", "state_problems"]
+__all__ = ["ResumableSampler", "loader_iterator", "state_problems"]

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ckptkit import codes, retain
+from ckptkit import guard as guard_mod
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint.manifest_io import read_path
@@ -57,6 +58,7 @@ from ckptkit.layouts.hf import LAYOUTS, Kind, checkpoint_dirs, open_hf
 from ckptkit.manifest import Manifest
 from ckptkit.observe import CopySafeHook
 from ckptkit.recorder import Recorder
+from ckptkit.records import LookAhead
 from ckptkit.run import Run, resume_target
 from ckptkit.run.layout import step_unknown
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
@@ -226,6 +228,8 @@ class _Keeper:
         self.run: Run | None = None
         self.pin_next: str | None = None
         self.adoptions: list[Adoption] = []
+        self.guard: guard_mod.ResumeGuard | None = None
+        """The resume guard of the last resume (its ``findings``), when it had a look-ahead."""
 
     def bind(self, model: Any, optimizer: Any, scheduler: Any, sampler: Any = None) -> None:
         """Fill the step records from the live objects (RNG, LR, optimizer step, batch)."""
@@ -275,6 +279,50 @@ class _Keeper:
         if obs is not None:
             obs.note([{"code": codes.R003, "component": "data", "message": msg}])
 
+    def _objects(self, step: int, model: Any, optimizer: Any, scheduler: Any) -> TrainState:
+        """The framework's live objects as a TrainState (accelerate's wrappers unwrapped)."""
+        return TrainState(
+            model=model if isinstance(model, torch.nn.Module) else torch.nn.Module(),
+            optimizer=getattr(optimizer, "optimizer", optimizer),
+            scheduler=getattr(scheduler, "scheduler", scheduler),
+            step=step,
+            data=self.data,
+        )
+
+    def lookahead(self, step: int, model: Any, optimizer: Any, scheduler: Any) -> Any:
+        """The look-ahead of the checkpoint of ``step`` (what its next step will use), from
+        the framework's objects as they stand after that step: the one computation every
+        save path records (:func:`ckptkit.guard.lookahead_of`)."""
+        if optimizer is None:
+            return None
+        try:
+            return guard_mod.lookahead_of(self._objects(step, model, optimizer, scheduler))
+        except Exception as e:  # an exotic optimizer or scheduler: no look-ahead, never a crash
+            log.info("ckptkit: no look-ahead for step %d: %s", step, e)
+            return None
+
+    def check_lookahead(self, ckpt: Path | None, step: int, model: Any, optimizer: Any,
+                        scheduler: Any) -> None:
+        """Compare the resumed objects with the look-ahead ``ckpt``'s adopted manifest
+        recorded (the resume guard, without a Recorder): step, LR of every group, scheduler
+        position, optimizer step count, data identity. The framework restores the RNG and
+        the data position itself, later, so those are not compared here."""
+        if ckpt is None or optimizer is None:
+            return
+        try:
+            man = read_path(adopted_path(ckpt))
+        except CkptkitError:
+            return
+        saved = LookAhead.of(man.lookahead).guard
+        if not saved or guard_mod.problems(saved, {}):
+            return  # none recorded (an older adoption), or unreadable (verify says CK-S012)
+        g = guard_mod.ResumeGuard(saved, per_rank=False)
+        found = g.check_restored(self._objects(step, model, optimizer, scheduler))
+        self.guard = g
+        obs = self.recorder.observer if self.recorder is not None else None
+        if obs is not None and found:
+            obs.note(found)
+
     def log(self, step: int, **metrics: Any) -> bool:
         """Record one step and feed the watch; True when an emergency save is due."""
         if self.recorder is not None:
@@ -293,7 +341,7 @@ class _Keeper:
             return True
         return False
 
-    def saved(self, path: Path, step: int) -> Adoption | None:
+    def saved(self, path: Path, step: int, *, lookahead: Any = None) -> Adoption | None:
         """Settle the checkpoint the framework just wrote (rank 0): the run verifies and
         adopts it (signed with the run's key), records it and rotates
         (:meth:`ckptkit.run.Run.settle`)."""
@@ -309,6 +357,7 @@ class _Keeper:
             health=self.watch.snapshot() if self.watch is not None else None,
             pins=pins,
             data=self.data,
+            lookahead=lookahead,
         )
         self.open(path.parent)
         assert self.run is not None
@@ -426,6 +475,8 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
             if state.global_step > 0 and state.is_world_process_zero:
                 ckpt = _RESUMED.get("hf-trainer") or Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 self._keeper.check_data(ckpt)
+                self._keeper.check_lookahead(ckpt, state.global_step, kw.get("model"),
+                                             kw.get("optimizer"), kw.get("lr_scheduler"))
         self._loss = []
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -454,7 +505,9 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         if not state.is_world_process_zero:
             return
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self._keeper.saved(path, state.global_step)
+        la = self._keeper.lookahead(state.global_step, kw.get("model"), kw.get("optimizer"),
+                                    kw.get("lr_scheduler"))
+        self._keeper.saved(path, state.global_step, lookahead=la)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._hook is not None:
@@ -562,6 +615,7 @@ class AccelerateCheckpoints:
         self.root = Path(pc.project_dir) / "checkpoints"
         self.step = 0
         """The optimizer step restored by :meth:`resume` (0: fresh start)."""
+        self._objects = (model, optimizer, scheduler)
         if accelerator.is_main_process:
             k.open(self.root)
             k.bind(model, optimizer, scheduler, dataloader)
@@ -605,6 +659,8 @@ class AccelerateCheckpoints:
         self.accelerator.load_state(str(target))
         self.step = step
         k.check_data(target)
+        if self.accelerator.is_main_process:
+            k.check_lookahead(target, step, *self._objects)
         log.info("ckptkit: resumed from %s at step %d", target, self.step)
         return self.step
 
@@ -661,7 +717,7 @@ class AccelerateCheckpoints:
         out = Path(self.accelerator.save_state())
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            self._keeper.saved(out, step)
+            self._keeper.saved(out, step, lookahead=self._keeper.lookahead(step, *self._objects))
         return out
 
     def close(self) -> None:

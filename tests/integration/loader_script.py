@@ -7,8 +7,7 @@ TrainState: loss, RNG at step start, batch hash, sample ids, cursor ...) go to
 ``OUT/<config>-<role>-<W>.jsonl``.
 
 Configurations (``CONFIGS``): a plain ``torch.utils.data.DataLoader`` over a
-``ckptkit.ResumableSampler`` iterated with ``for batch in loader`` (needs ``generator=`` and
-``num_workers=0``) or with ``sampler.batches(loader)`` (any workers, any generator), and
+``ckptkit.ResumableSampler`` iterated with ``for batch in loader`` (``num_workers=0``) or with ``sampler.batches(loader)`` (any workers, any generator), and
 torchdata's ``StatefulDataLoader`` (its ``RandomSampler`` with a generator of its own, and
 another ``generator=`` for the loader: torchdata 0.11 saves the sampler generator's state
 but the loader draws its base seed from the same generator when they are shared, so the
@@ -35,11 +34,13 @@ CONFIGS: dict[str, dict[str, object]] = {
     "batches-gen-w2": {"loader": "plain", "gen": True, "workers": 2, "iterate": "batches"},
     "stateful-gen-w0": {"loader": "stateful", "gen": True, "workers": 0, "iterate": "loop"},
     "stateful-gen-w2": {"loader": "stateful", "gen": True, "workers": 2, "iterate": "loop"},
-    # Not exact (the guard says so): iter() draws the workers' base seed from the global RNG.
+    # iter() draws the workers' base seed from the global RNG; the resume guard sees the
+    # restored ResumableSampler's first pass and puts exactly that draw back: exact.
     "loop-w0": {"loader": "plain", "gen": False, "workers": 0, "iterate": "loop"},
+    # Not exact (the guard says so): the same draw, by a loader ckptkit does not see into.
     "stateful-w0": {"loader": "stateful", "gen": False, "workers": 0, "iterate": "loop"},
 }
-EXACT = [k for k in CONFIGS if k not in ("loop-w0", "stateful-w0")]
+EXACT = [k for k in CONFIGS if k != "stateful-w0"]
 N, BATCH, TOTAL = 48, 8, 14
 SAVES = (4, 6, 9)
 """Save steps: mid-epoch 0, the end of epoch 0 (6 batches per epoch), mid-epoch 1."""

@@ -213,12 +213,24 @@ def _saved_at_4(tmp_path, **kw: Any) -> None:  # type: ignore[no-untyped-def]
     a["mgr"].close()
 
 
-def test_an_iterator_created_after_restore_is_reported_with_the_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_iterator_created_after_restore_gets_its_base_seed_draw_put_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    saved = b["mgr"].restore(b["ts"]).guard.saved
+    plain = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"])
+    _train_loop(b, plain, 1)  # iter() without generator= draws the base seed from the global RNG
+    assert _codes(b) == []
+    assert b["rec"].records[0]["rng"] == saved["rng"]  # the first step starts where the save stood
+
+
+def test_a_two_word_draw_that_is_not_the_loaders_is_reported_with_the_call(tmp_path) -> None:  # type: ignore[no-untyped-def]
     _saved_at_4(tmp_path)
     b = _loop_state(tmp_path)
     b["mgr"].restore(b["ts"])
-    plain = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"])
-    _train_loop(b, plain, 1)  # iter() without generator= draws the base seed from the global RNG
+    torch.empty((), dtype=torch.int64).random_()  # one 64-bit draw, by the script itself
+    loader = torch.utils.data.DataLoader(b["ds"], batch_size=4, sampler=b["sampler"],
+                                         generator=torch.Generator())
+    _train_loop(b, loader, 1)
     assert _codes(b) == ["CK-D008"]
     msg = b["rec"].records[0]["guard"][0]["message"]
     assert "2 words" in msg and "iter(DataLoader)" in msg
@@ -454,3 +466,18 @@ def test_unknown_next_ids_at_restore_are_checked_against_the_first_records() -> 
     assert g.check_restored(a["ts"]) == []
     g.observe(saved["next_step"], {"sample_ids": [0, 1]})  # the steps got others: replay
     assert [f.code for f in g.findings] == ["CK-D002"]
+
+
+def test_another_models_training_after_a_restore_is_not_taken_for_a_rebuilt_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Restore to inspect, then train something else in the same process (a notebook's next
+    # experiment): no finding, and the first-step watch lets go after FOREIGN_STEPS steps.
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    g = b["mgr"].restore(b["ts"]).guard
+    other = torch.nn.Linear(3, 5)
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    for _ in range(guard.FOREIGN_STEPS):
+        other(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert g.findings == [] and g._step_hook is None
+    assert "did not step" in g.unknown[-1]

@@ -62,6 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.commit",
             "ckptkit.io",
             "ckptkit.dcp",
+            "ckptkit.lookahead",
             "ckptkit.catalog",
             "ckptkit.whatis",
             "ckptkit.foreign",

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from ckptkit import retain, runs
+from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.errors import CkptkitError, LockHeldError
 from ckptkit.foreign.adopt import adopt_checkpoint
 from ckptkit.layouts.hf import open_hf
@@ -173,6 +174,11 @@ def test_resume_continues_the_run(trainer_run: Path, tmp_path: Path) -> None:
     tr = train(out, steps=12, callbacks=[cb], resume=ckpt)
     assert tr.state.global_step == 12
     assert statuses(runs.open_run(out)) == [(10, "verified"), (12, "verified")]
+    # Every save records the look-ahead of its next step, and the resume is checked
+    # against it (no Recorder): an exact resume has no finding.
+    saved = read_path(out / "checkpoint-10" / "ckptkit-manifest.json").lookahead["guard"]
+    assert saved["next_step"] == 11 and saved["opt_step"] == 10 and saved["sched_epoch"] == 10
+    assert cb._keeper.guard is not None and cb._keeper.guard.findings == []
 
 
 def test_emergency_save_on_a_stability_warning(tmp_path: Path) -> None:
@@ -280,8 +286,11 @@ def test_accelerate_adopts_rotates_and_resumes(tmp_path: Path) -> None:
     # in their names: load_state() without a path would fail on a lock or index file).
     assert all(p.name.startswith("checkpoint_") for p in (project / "checkpoints").iterdir())
     assert (project / ".ckptkit-index.json").is_file()
-    _, start = acc_loop(project, steps=10, keep=3, total_limit=None, resume=True)
+    ck, start = acc_loop(project, steps=10, keep=3, total_limit=None, resume=True)
     assert start == 8
+    saved = read_path(project / "checkpoints" / "checkpoint_3" / "ckptkit-manifest.json")
+    assert saved.lookahead["guard"]["next_step"] == 9  # the look-ahead, checked at the resume
+    assert ck._keeper.guard is not None and ck._keeper.guard.findings == []
     names = [Path(str(c.path)).name for c in runs.open_run(project).checkpoints()]
     assert names == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]  # counts on, never overwrites
 

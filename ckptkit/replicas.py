@@ -13,7 +13,8 @@ rank holds, and comparing costs one all-gather of a fixed 48-byte record per ran
    set means the same tensors), the digest of its (key, digest) pairs, and their count
    (:func:`check`, through :func:`ckptkit.collective.all_gather_fixed`);
 2. ranks holding the same set must send the same digest of digests; only when some do not,
-   the ranks concerned send their per-tensor tables (an object all-gather), and every rank
+   one rank of each distinct digest of digests in those groups sends its per-tensor table
+   (an object all-gather: typically two tables, whatever the world size), and every rank
    names the divergent tensors and the ranks outside the majority copy.
 
 Every rank computes the same :class:`~ckptkit.records.Replicas` from the same gathered
@@ -178,13 +179,14 @@ def check(
     compared = sum(rows[ranks[0]][3] for ranks in shared)
     if not bad:
         return records.Replicas(coll.world_size, len(shared), compared, policy)
-    suspects = {r for ranks in bad for r in ranks}
+    # Ranks with the same digest of digests hold the same per-tensor digests: one table
+    # per distinct copy of the state is enough to name every tensor and every rank.
+    classes = [_classes(ranks, rows) for ranks in bad]
+    senders = {members[0] for cls in classes for members in cls.values()}
     tables = coll.all_gather(
-        {k: d.hex() for k, d in mine.items()} if coll.rank in suspects else None
+        {k: d.hex() for k, d in mine.items()} if coll.rank in senders else None
     )
-    found = sorted(
-        (d for ranks in bad for d in _divergent(ranks, tables)), key=lambda d: d.key
-    )
+    found = sorted((d for cls in classes for d in _divergent(cls, tables)), key=lambda d: d.key)
     return records.Replicas(
         coll.world_size,
         len(shared),
@@ -211,15 +213,27 @@ def _combined(mine: Mapping[str, bytes]) -> bytes:
     return h.digest()
 
 
-def _divergent(ranks: list[int], tables: list[Any]) -> list[records.Divergence]:
-    """The tensors whose copies differ among ``ranks`` (which hold the same tensors)."""
+def _classes(ranks: list[int], rows: list[tuple[Any, ...]]) -> dict[bytes, list[int]]:
+    """The ranks of one replica group by the digest of digests they sent."""
+    out: dict[bytes, list[int]] = {}
+    for r in ranks:
+        out.setdefault(rows[r][2], []).append(r)
+    return out
+
+
+def _divergent(classes: dict[bytes, list[int]], tables: list[Any]) -> list[records.Divergence]:
+    """The tensors whose copies differ within one replica group (``classes``: its ranks by
+    digest of digests; the first rank of each sent its table)."""
     out = []
-    for key in tables[ranks[0]]:
+    first = next(iter(classes.values()))[0]
+    ranks = sorted(r for members in classes.values() for r in members)
+    for key in tables[first]:
         copies: dict[str, list[int]] = {}
-        for r in ranks:
-            copies.setdefault(tables[r][key], []).append(r)
+        for members in classes.values():
+            copies.setdefault(tables[members[0]][key], []).extend(members)
         if len(copies) == 1:
             continue
+        copies = {d: sorted(rs) for d, rs in copies.items()}
         sizes = sorted((len(v) for v in copies.values()), reverse=True)
         minority: tuple[int, ...] | None = None
         if sizes[0] > sizes[1]:

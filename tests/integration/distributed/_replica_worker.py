@@ -62,7 +62,11 @@ def main() -> None:
     ts = ckptkit.TrainState(model=model, optimizer=opt)
     watch = StabilityWatch()
     mgr = ckptkit.CheckpointManager(
-        spec["ckpt"], keep_last=5, watch=watch, on_divergence=spec["on_divergence"]
+        spec["ckpt"],
+        keep_last=5,
+        watch=watch,
+        on_divergence=spec["on_divergence"],
+        replica_check_every=int(spec.get("every", 1)),
     )
     xs = data()
     flips = {int(f["at"]): f for f in spec.get("flips", [])}

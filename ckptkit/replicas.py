@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -56,6 +56,7 @@ def replicated(
     *,
     spread: tuple[str, ...],
     dcp_state: Mapping[str, Any] | None = None,
+    buffers: Collection[str] = (),
 ) -> dict[str, torch.Tensor]:
     """The tensors of a save that other ranks hold copies of, by a key that names the copy.
 
@@ -65,18 +66,27 @@ def replicated(
         dcp_state: the state written through DCP: a plain tensor is replicated on every
             rank (DCP writes it once), a DTensor's local shard is replicated on the ranks
             holding the same shard (key ``dcp/FQN@offsets``).
+        buffers: the model's buffer names, left out: DDP keeps parameters in step through
+            the gradients, not buffers (it broadcasts them from rank 0 before a forward,
+            and the forward updates BatchNorm's running statistics from each rank's own
+            batch), so their copies differ between healthy ranks.
 
     Example:
         >>> import torch
-        >>> sorted(replicated({"model/w": torch.ones(1), "rng/rank0/x": torch.ones(1)},
-        ...                   spread=("model",)))
+        >>> sorted(replicated({"model/w": torch.ones(1), "model/bn.running_mean": torch.ones(1),
+        ...                    "rng/rank0/x": torch.ones(1)},
+        ...                   spread=("model",), buffers={"bn.running_mean"}))
         ['model/w']
     """
-    out = {k: t for k, t in tensors.items() if k.split("/", 1)[0] in spread}
+    skip = {f"model/{b}" for b in buffers}
+    out = {
+        k: t for k, t in tensors.items() if k.split("/", 1)[0] in spread and k not in skip
+    }
     if dcp_state is not None:
+        skip = {f"dcp/{k}" for k in skip}
         for fqn, value in _flatten(dcp_state, "dcp"):
             local = _local_shard(value)
-            if local is not None:
+            if local is not None and fqn not in skip:
                 out[fqn if local[0] is None else f"{fqn}@{local[0]}"] = local[1]
     return out
 

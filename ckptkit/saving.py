@@ -347,7 +347,10 @@ class SavePipeline:
             written.append(tmp)
             if check:
                 mine = replicas.replicated(
-                    snap.encoded.tensors, spread=SPREAD, dcp_state=snap.dcp_state
+                    snap.encoded.tensors,
+                    spread=SPREAD,
+                    dcp_state=snap.dcp_state,
+                    buffers=snap.buffers,
                 )
                 stats.replicas = replicas.check(coll, mine, policy=self.on_divergence)
             return snap.write(tmp, coll)

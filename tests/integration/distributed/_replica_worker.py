@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _worker import Net, data
+from _worker import data
 
 import ckptkit
 from ckptkit.stability import StabilityWatch
@@ -24,6 +24,20 @@ from ckptkit.stability import StabilityWatch
 BIT = 20
 """The float32 bit flipped: high in the mantissa, so the copies still differ after Adam's
 next update (a flip of the lowest bits could round away)."""
+
+
+class Net(torch.nn.Module):
+    """A small MLP with a BatchNorm: its running statistics differ between DDP ranks
+    (each rank's forward updates them from its own batch), legitimately."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 32)
+        self.norm = torch.nn.BatchNorm1d(32)
+        self.b = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.norm(self.a(x))))
 
 
 def flip(t: torch.Tensor) -> None:

@@ -197,6 +197,9 @@ class SavePipeline:
         self.watch = watch
         self._count = 0
         """Saves started by this pipeline (the same on every rank: saves are collective)."""
+        self._diverged: tuple[Location, int, records.Replicas] | None = None
+        """What an async save's replica check found, acted on by the training thread at the
+        next :meth:`wait` (the watch is not thread-safe; the raise belongs to that thread)."""
         self.last = SaveStats()
         """The timings of the last save that got past its capture (the background job
         fills in the rest of them)."""
@@ -207,11 +210,15 @@ class SavePipeline:
     # --- the background job ------------------------------------------------------------------
 
     def wait(self) -> None:
-        """Join the background job and raise what it failed with (then forget it)."""
+        """Join the background job and raise what it failed with (then forget it); then act
+        on replicas an async save found divergent (``on_divergence``: raise or warn)."""
         self.join()
         job, self._job = self._job, None
         if job is not None and job.error is not None:
             raise job.error
+        diverged, self._diverged = self._diverged, None
+        if diverged is not None:
+            self._on_replicas(*diverged)
 
     def idle(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the background job; True when none runs.
@@ -406,7 +413,8 @@ class SavePipeline:
         man = self._commit(snap, coll, final, overwrite, stats, check)
         if man is not None:
             self._settle(final, man, stats, t0)
-        self._on_replicas(final, snap.step, stats.replicas)
+        if stats.replicas is not None and not stats.replicas.agree:
+            self._diverged = (final, snap.step, stats.replicas)
 
     def _on_replicas(self, final: Location, step: int, rec: records.Replicas | None) -> None:
         """Every rank, once the checkpoint is committed: act on replicas that disagreed.

@@ -30,6 +30,11 @@ A checkpoint's status:
     the last verify or restore could not read it for a reason that is not damage (a
     permission, an I/O error, the store unreachable: :func:`ckptkit.codes.transient`).
     Neither good nor corrupt: a restore tries it again, retention never deletes it.
+``replica-divergent``
+    whole bytes of a state the ranks did not agree on: at its save, the replicas of a
+    tensor held different bytes (``CK-F120``, recorded in its manifest's ``replicas``;
+    :mod:`ckptkit.replicas`). Never verified, never ``latest``, never restored or rolled
+    back to; retention keeps it as evidence, like a corrupt one.
 ``incomplete``
     a step directory without a manifest.
 
@@ -62,7 +67,7 @@ from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnreadableError
 from ckptkit.foreign.detect import detect as foreign_format
 from ckptkit.format import digest
-from ckptkit.records import health_level
+from ckptkit.records import health_level, replica_problem
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 
@@ -78,7 +83,7 @@ LATEST = "latest"
 INDEX = ".ckptkit-index.json"
 """Run-level record of verify outcomes (and pins added after a save); written under the lock."""
 
-Status = Literal["verified", "committed", "corrupt", "unreadable", "incomplete"]
+Status = Literal["verified", "committed", "corrupt", "unreadable", "incomplete", "replica-divergent"]
 
 
 def step_dir_name(step: int) -> str:
@@ -447,6 +452,10 @@ class Catalog:
                 )
             else:
                 status = "verified"
+        diverged = replica_problem(man.replicas)
+        if diverged is not None and status in ("verified", "committed", "replica-divergent"):
+            # Whole bytes of a state the replicas disagreed on: the manifest says so.
+            status, problem = "replica-divergent", f"{codes.F120}: {diverged}"
         pins = set(man.pins)
         if isinstance(pins_extra, list):
             pins |= {x for x in pins_extra if isinstance(x, str)}
@@ -491,7 +500,7 @@ class Catalog:
         at = rec.get("at")
         raw = rec.get("outcome")
         outcome: codes.Outcome
-        if raw in ("verified", "corrupt", "unreadable"):
+        if raw in ("verified", "corrupt", "unreadable", "replica-divergent"):
             outcome = raw
         elif isinstance(rec.get("ok"), bool):  # written before outcomes had names
             outcome = "verified" if rec["ok"] else "corrupt"

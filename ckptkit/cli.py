@@ -511,7 +511,8 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
         render_ls(infos, sys.stdout, leftovers=left, layout=run.layout, recoveries=recs)
         if not infos:
             _say_what_else(run_dir)
-    sys.exit(1 if any(c.status in ("corrupt", "unreadable", "incomplete") for c in infos) else 0)
+    bad = ("corrupt", "unreadable", "incomplete", "replica-divergent")
+    sys.exit(1 if any(c.status in bad for c in infos) else 0)
 
 
 def _warn_ignored(strays: list[Any]) -> None:

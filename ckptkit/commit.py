@@ -334,6 +334,10 @@ class StateSave:
     fsync: bool = True
     process_group: Any = None
     """The process group DCP uses (a dedicated one when the save runs in the background)."""
+    buffers: frozenset[str] = frozenset()
+    """The model's buffer names (state-dict keys): not kept in step by DDP's gradient sync
+    (BatchNorm's running statistics are updated by each rank's own forward), so never
+    compared between replicas (:mod:`ckptkit.replicas`)."""
 
     @classmethod
     def capture(
@@ -370,6 +374,9 @@ class StateSave:
             step=step,
             fields=dict(fields),
             compress=compress,
+            buffers=frozenset(n for n, _ in state.model.named_buffers())
+            if isinstance(state.model, torch.nn.Module)
+            else frozenset(),
         )
 
     def staged(self, stager: Stager) -> StateSave:

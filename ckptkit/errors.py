@@ -160,6 +160,13 @@ class DistributedError(CkptkitError, RuntimeError):
     """A collective save or restore failed on another rank (every rank raises together)."""
 
 
+class ReplicaDivergenceError(CkptkitError, RuntimeError):
+    """Replicas of the same tensor held different bytes at a save (silent data corruption
+    or a non-deterministic kernel on one rank); raised on every rank under
+    ``CheckpointManager(on_divergence="raise")`` after the checkpoint was committed and
+    recorded ``replica-divergent``."""
+
+
 class CommittedError(CkptkitError, OSError):
     """A save committed its checkpoint, then a later step failed (verify, record, rotate).
 
@@ -244,6 +251,7 @@ __all__ = [
     "ManifestError",
     "NotWritableError",
     "RecoveryError",
+    "ReplicaDivergenceError",
     "SignatureError",
     "StateError",
     "UnreadableError",

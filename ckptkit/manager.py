@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptkit import codes, retain, rotation, saving, signing, trajectory
+from ckptkit import codes, records, retain, rotation, saving, signing, trajectory
 from ckptkit import manifest as mf
 from ckptkit.capture.state import RestoreResult, TrainState
 from ckptkit.catalog import CheckpointInfo
@@ -88,6 +88,18 @@ class CheckpointManager:
             verifies report the findings as warnings, and ``ls`` and the restore notes say
             what was accepted (see :mod:`ckptkit.verify.atsave`).
         recovery: automatic recovery (:mod:`ckptkit.recovery`, :meth:`recover`), needs ``watch``.
+        on_divergence: what a multi-rank save does when the replicas of a tensor held
+            different bytes (one rank's parameters or optimizer moments changed silently:
+            see ``docs/distributed.md``). Either way the checkpoint is committed, recorded
+            ``replica-divergent`` (never ``latest``, never restored, kept as evidence),
+            ``watch`` hears of it and ``last_save.replicas`` names the tensors and ranks.
+            ``"raise"`` (default): every rank raises
+            :class:`~ckptkit.errors.ReplicaDivergenceError` (``CK-F120``) from that
+            ``save`` (an async one: from the next ``save``/:meth:`wait`). ``"warn"``: a
+            warning is logged and training goes on.
+        replica_check_every: compare the replicas at every N-th save of this manager (the
+            first included; 1: every save; 0: never). Each rank hashes its copy of the
+            replicated state once per checked save (``benchmarks/replica_bench.py``).
 
     A writer (not ``readonly``) takes the run lock when it opens, so another live writer
     is refused before any training, not at the first save; it then removes leftovers of an
@@ -128,6 +140,8 @@ class CheckpointManager:
         emergency: EmergencyPolicy | None = None,
         on_inconsistent: atsave.Policy = "raise",
         recovery: RecoveryPolicy | None = None,
+        on_divergence: records.ReplicaPolicy = "raise",
+        replica_check_every: int = 1,
     ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the newest checkpoint is always kept")
@@ -167,6 +181,9 @@ class CheckpointManager:
             compress=compress,
             on_inconsistent=on_inconsistent,
             background_verify=background_verify,
+            on_divergence=on_divergence,
+            replica_check_every=replica_check_every,
+            watch=watch,
         )
         with opening_run_writable(self.root, readonly=readonly):
             if not readonly:

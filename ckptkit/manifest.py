@@ -261,6 +261,8 @@ class Manifest:
     user: Mapping[str, Any] | None = None
     recoveries: Mapping[str, Any] | None = None
     """Automatic recoveries in the history of this state (:mod:`ckptkit.recovery`)."""
+    replicas: Mapping[str, Any] | None = None
+    """The replica agreement check made at save (:class:`ckptkit.records.Replicas`)."""
     signature: Signature | None = None
     """HMAC of the canonical content under the user's key (see :mod:`ckptkit.signing`)."""
 
@@ -306,7 +308,7 @@ class Manifest:
             },
             "env": dict(self.env),
         }
-        for k in ("lookahead", "health", "findings", "user", "recoveries"):
+        for k in ("lookahead", "health", "findings", "user", "recoveries", "replicas"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = dict(v)
@@ -404,6 +406,7 @@ class Manifest:
             pins=tuple(d.get("pins", ())),
             user=d.get("user"),
             recoveries=d.get("recoveries"),
+            replicas=d.get("replicas"),
             signature=Signature.from_dict(d["signature"]) if "signature" in d else None,
         )
         if "manifest_digest" in d:

@@ -1,10 +1,11 @@
-"""Typed records that travel in manifests and run logs: health, look-ahead, recoveries.
+"""Typed records that travel in manifests and run logs: health, look-ahead, recoveries, replicas.
 
-Three records cross module boundaries as JSON: the stability watch's **health** (a
+Four records cross module boundaries as JSON: the stability watch's **health** (a
 manifest's ``health``, read by the catalog, the layouts, rollback and recovery), the
 **look-ahead** (a manifest's ``lookahead``: the resume guard's automatic part and the
-user's own keys) and the **recoveries** (a manifest's ``recoveries`` summary and each
-record of the run's recoveries log). This module says what they are, in one place.
+user's own keys), the **recoveries** (a manifest's ``recoveries`` summary and each
+record of the run's recoveries log) and the **replicas** check made at save (a manifest's
+``replicas``, read by the catalog and verify). This module says what they are, in one place.
 
 Each record is a frozen dataclass with ``to_dict()`` (the JSON written today, key for
 key: the on-disk format does not change) and ``from_dict()``, which is tolerant: a field
@@ -430,13 +431,180 @@ class Recoveries:
         return out
 
 
+# --- replicas ----------------------------------------------------------------------------------
+
+MAX_DIVERGENT = 100
+"""Divergent tensors a manifest records at most (the rest are counted in ``more``)."""
+ReplicaPolicy = Literal["raise", "warn"]
+REPLICA_POLICIES: tuple[ReplicaPolicy, ...] = ("raise", "warn")
+"""``CheckpointManager(on_divergence=...)``: what a save does when replicas disagree."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One replicated tensor whose copies differ between ranks."""
+
+    key: str
+    """The tensor: its manifest key (``model/a.weight``) or, for DCP state, its
+    fully-qualified name and the offsets of the shard the ranks share."""
+    copies: Mapping[str, tuple[int, ...]]
+    """Each distinct digest (xxh3-128 hex of the copy's bytes) -> the ranks holding it."""
+    minority: tuple[int, ...] | None
+    """The ranks outside the one copy most ranks hold; None when no copy is held by more
+    ranks than every other (two replicas that differ: either may be the faulty one)."""
+
+    def describe(self) -> str:
+        """One line naming the tensor and the ranks.
+
+        Example:
+            >>> Divergence("model/w", {"aa": (0, 1, 3), "bb": (2,)}, (2,)).describe()
+            'model/w: rank 2 differs from ranks 0, 1, 3'
+            >>> Divergence("model/w", {"aa": (0,), "bb": (1,)}, None).describe()
+            'model/w: ranks 0 | 1 hold different copies (no majority: any of them may be the faulty one)'
+        """
+        if self.minority is not None:
+            rest = sorted(r for rs in self.copies.values() for r in rs if r not in self.minority)
+            return f"{self.key}: {_ranks(self.minority)} differ{'s' if len(self.minority) == 1 else ''} from {_ranks(rest)}"
+        sides = " | ".join(", ".join(str(r) for r in rs) for rs in sorted(self.copies.values()))
+        return (
+            f"{self.key}: ranks {sides} hold different copies (no majority: any of them may be "
+            "the faulty one)"
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Divergence:
+        copies = _map(d.get("copies"))
+        minority = d.get("minority")
+        return cls(
+            key=str(d.get("key", "")),
+            copies={
+                str(k): tuple(int(r) for r in v if isinstance(r, int))
+                for k, v in copies.items()
+                if isinstance(v, list | tuple)
+            },
+            minority=tuple(int(r) for r in minority if isinstance(r, int))
+            if isinstance(minority, list | tuple)
+            else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "copies": {k: list(v) for k, v in sorted(self.copies.items())},
+            "minority": list(self.minority) if self.minority is not None else None,
+        }
+
+
+def _ranks(rs: tuple[int, ...] | list[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(str(r) for r in rs)
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """The replica agreement check made at a save (a manifest's ``replicas``).
+
+    Every rank hashed its copy of each replicated tensor; the digests were compared
+    (:mod:`ckptkit.replicas`). Absent from a manifest when no check ran (one process, or a
+    save the sampling ``replica_check_every`` skipped).
+
+    Example:
+        >>> r = Replicas.of({"ranks": 2, "groups": 1, "tensors": 4, "policy": "warn",
+        ...                  "divergent": [{"key": "model/w", "copies": {"aa": [0], "bb": [1]},
+        ...                                 "minority": None}]})
+        >>> r.agree, r.divergent[0].key, Replicas.of(None)
+        (False, 'model/w', None)
+    """
+
+    ranks: int
+    """World size of the save."""
+    groups: int
+    """Sets of two or more ranks that hold the same replicated tensors (1 for DDP)."""
+    tensors: int
+    """Replicated tensors compared (counted once per group)."""
+    policy: str = "raise"
+    """The saver's ``on_divergence``."""
+    divergent: tuple[Divergence, ...] = ()
+    """The tensors whose copies differ (the first :data:`MAX_DIVERGENT`)."""
+    more: int = 0
+    """Divergent tensors beyond those listed."""
+
+    @property
+    def agree(self) -> bool:
+        """Whether every compared copy matched."""
+        return not self.divergent and not self.more
+
+    def summary(self) -> str:
+        """One line for ``ls`` and the findings: what differed, and on which ranks.
+
+        Example:
+            >>> Replicas(4, 1, 8).summary()
+            'replicas agree: 8 tensor(s) on 4 ranks'
+        """
+        if self.agree:
+            return f"replicas agree: {self.tensors} tensor(s) on {self.ranks} ranks"
+        shown = "; ".join(d.describe() for d in self.divergent[:3])
+        rest = len(self.divergent) - 3 + self.more
+        return (
+            f"replicas disagree at save: {shown}"
+            + (f"; and {rest} more tensor(s)" if rest > 0 else "")
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Replicas:
+        div = d.get("divergent")
+        return cls(
+            ranks=_int(d.get("ranks")) or 0,
+            groups=_int(d.get("groups")) or 0,
+            tensors=_int(d.get("tensors")) or 0,
+            policy=_str(d.get("policy")) or "raise",
+            divergent=tuple(Divergence.from_dict(x) for x in div if isinstance(x, Mapping))
+            if isinstance(div, list | tuple)
+            else (),
+            more=_int(d.get("more")) or 0,
+        )
+
+    @classmethod
+    def of(cls, obj: Any) -> Replicas | None:
+        """Read whatever a manifest's ``replicas`` holds: None when no check ran."""
+        return cls.from_dict(obj) if isinstance(obj, Mapping) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ranks": self.ranks,
+            "groups": self.groups,
+            "tensors": self.tensors,
+            "policy": self.policy,
+            "divergent": [d.to_dict() for d in self.divergent],
+        }
+        if self.more:
+            out["more"] = self.more
+        return out
+
+
+def replica_problem(obj: Any) -> str | None:
+    """Why a manifest's ``replicas`` record makes its checkpoint ``replica-divergent``, or None.
+
+    Example:
+        >>> replica_problem(None), replica_problem({"ranks": 2, "groups": 1, "tensors": 3})
+        (None, None)
+    """
+    rec = Replicas.of(obj)
+    return None if rec is None or rec.agree else rec.summary()
+
+
 __all__ = [
     "GUARD_KEY",
     "HEALTH_LEVELS",
+    "MAX_DIVERGENT",
+    "REPLICA_POLICIES",
+    "Divergence",
     "Health",
     "HealthLevel",
     "LookAhead",
     "Recoveries",
     "Recovery",
+    "ReplicaPolicy",
+    "Replicas",
     "health_level",
+    "replica_problem",
 ]

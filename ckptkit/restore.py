@@ -171,8 +171,18 @@ def candidates(
         IncompleteCheckpointError: none qualifies (``step`` missing, no healthy one, or
             every step directory incomplete).
     """
+    diverged = [c for c in infos if c.status == "replica-divergent"]
     infos = [c for c in infos if c.status in ("verified", "committed", "corrupt", "unreadable")]
     notes: list[str] = []
+    if step is not None and any(c.step == step for c in diverged):
+        c = next(c for c in diverged if c.step == step)
+        why = (c.problem or "").removeprefix(f"{codes.F120}: ")
+        raise codes.error(codes.F120, f"step {step} is replica-divergent: {why}", path=c.path)
+    newest = max((c.step for c in infos), default=-1)
+    for c in diverged:
+        if c.step > newest:  # what a resume would have taken, had its replicas agreed
+            log.warning("ckptkit: restore: %s passed over: %s", c.path.name, c.problem)
+            notes.append(f"{c.path.name}: skipped, replica-divergent ({c.problem})")
     if healthy:
         pick = rotation.choose_rollback(infos)
         for why in pick.reasons[:-1] if pick.checkpoint is not None else pick.reasons:

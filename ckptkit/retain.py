@@ -266,7 +266,9 @@ def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
         step=c.step,
         size=c.size,
         verified=c.status in policy.good,
-        corrupt=c.status in ("corrupt", "incomplete"),
+        # A replica-divergent checkpoint is whole but not trustworthy: kept as evidence
+        # like a corrupt one (delete_corrupt removes it), never counted as good.
+        corrupt=c.status in ("corrupt", "incomplete", "replica-divergent"),
         unreadable=c.status == "unreadable",
         pinned=frozenset({*c.pins, ONLY_PIN} if spared else c.pins),
         health=c.health,

@@ -7,9 +7,10 @@ rest to :class:`SavePipeline`:
 1. capture the state on every rank (:class:`ckptkit.commit.StateSave`); every rank has
    captured before any rank enters a collective write;
 2. commit (:func:`ckptkit.commit.commit`): rank 0 first becomes the run's writer and
-   branches its trajectory (:mod:`ckptkit.trajectory`), the consistency checks run before
-   the manifest is written (:mod:`ckptkit.verify.atsave`), and the run lock is checked
-   again right before the rename;
+   branches its trajectory (:mod:`ckptkit.trajectory`), every rank compares its copies of
+   the replicated state with the other ranks' (:mod:`ckptkit.replicas`), the consistency
+   checks run before the manifest is written (:mod:`ckptkit.verify.atsave`), and the run
+   lock is checked again right before the rename;
 3. hand the committed checkpoint to the run's settle step (verify by reading back,
    record, point ``latest``, rotate) through the one hook the manager passes in
    (:data:`Settle`).
@@ -32,13 +33,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptkit import codes, guard, retain
+from ckptkit import codes, guard, records, replicas, retain
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.capture.state import TrainState
 from ckptkit.catalog import step_dir_name
 from ckptkit.collective import Collective, TorchGroup, consensus, current
-from ckptkit.commit import Stager, StateSave, commit
+from ckptkit.commit import SPREAD, Stager, StateSave, commit
 from ckptkit.errors import CkptkitError, CommittedError
 from ckptkit.recovery import AutoRecovery
 from ckptkit.run import Run
@@ -71,6 +72,8 @@ class SaveStats:
     values_scanned: bool = False
     """Every tensor's values were scanned in memory before the commit (one process, all
     tensors in the manifest): the read-back verify checks digests only, not values again."""
+    replicas: records.Replicas | None = None
+    """The replica agreement check of this save (None: one process, or not sampled)."""
 
     def __repr__(self) -> str:
         times = {k: round(getattr(self, k), 4) for k in ("blocked", "capture", "write", "verify", "total")}
@@ -133,6 +136,14 @@ class SavePipeline:
             (:mod:`ckptkit.verify.atsave`).
         background_verify: settle in a background thread, joined by the next save; False
             settles inside :meth:`save`.
+        on_divergence: what a multi-rank save does when the replicas of a tensor disagree
+            (:mod:`ckptkit.replicas`); either way the checkpoint is recorded
+            ``replica-divergent`` and ``watch`` hears of it. ``"raise"``: every rank raises
+            :class:`~ckptkit.errors.ReplicaDivergenceError` once it is committed (an async
+            save: at the next ``save``/``wait``). ``"warn"``: log it and go on.
+        replica_check_every: compare the replicas at every N-th save (the first
+            included); 0 never.
+        watch: the stability watch told of a divergence.
 
     Example:
         >>> import tempfile, torch, ckptkit
@@ -159,9 +170,19 @@ class SavePipeline:
         compress: codec.Compression | None = None,
         on_inconsistent: atsave.Policy = "raise",
         background_verify: bool = True,
+        on_divergence: records.ReplicaPolicy = "raise",
+        replica_check_every: int = 1,
+        watch: StabilityWatch | None = None,
     ) -> None:
         if on_inconsistent not in atsave.POLICIES:
             raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
+        if on_divergence not in records.REPLICA_POLICIES:
+            raise ValueError(f"on_divergence must be 'raise' or 'warn', not {on_divergence!r}")
+        every = replica_check_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(
+                f"replica_check_every must be an int >= 0 (0: never), not {replica_check_every!r}"
+            )
         self.root = root
         self.trajectory = trajectory
         self._writer = writer
@@ -171,6 +192,14 @@ class SavePipeline:
         self.compress = compress
         self.on_inconsistent: atsave.Policy = on_inconsistent
         self.background_verify = background_verify
+        self.on_divergence: records.ReplicaPolicy = on_divergence
+        self.replica_check_every = replica_check_every
+        self.watch = watch
+        self._count = 0
+        """Saves started by this pipeline (the same on every rank: saves are collective)."""
+        self._diverged: tuple[Location, int, records.Replicas] | None = None
+        """What an async save's replica check found, acted on by the training thread at the
+        next :meth:`wait` (the watch is not thread-safe; the raise belongs to that thread)."""
         self.last = SaveStats()
         """The timings of the last save that got past its capture (the background job
         fills in the rest of them)."""
@@ -181,11 +210,15 @@ class SavePipeline:
     # --- the background job ------------------------------------------------------------------
 
     def wait(self) -> None:
-        """Join the background job and raise what it failed with (then forget it)."""
+        """Join the background job and raise what it failed with (then forget it); then act
+        on replicas an async save found divergent (``on_divergence``: raise or warn)."""
         self.join()
         job, self._job = self._job, None
         if job is not None and job.error is not None:
             raise job.error
+        diverged, self._diverged = self._diverged, None
+        if diverged is not None:
+            self._on_replicas(*diverged)
 
     def idle(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the background job; True when none runs.
@@ -246,17 +279,21 @@ class SavePipeline:
         assert snap is not None
         stats.capture = time.perf_counter() - t0
         final = self.root / step_dir_name(step)
+        every = self.replica_check_every
+        check = coll.world_size > 1 and every > 0 and self._count % every == 0
+        self._count += 1
         if async_:
             bg = self._background(coll)
             snap = snap.staged(self._stager)
             snap.process_group = getattr(bg, "group", None)
             self._start(
-                step, lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0)
+                step,
+                lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0, check),
             )
             stats.blocked = time.perf_counter() - t0
             self.last = stats
             return final
-        man = self._commit(snap, coll, final, overwrite, stats)
+        man = self._commit(snap, coll, final, overwrite, stats, check)
         stats.blocked = time.perf_counter() - t0
         self.last = stats
         if man is not None:  # rank 0
@@ -264,13 +301,20 @@ class SavePipeline:
                 self._start(step, lambda: self._settle(final, man, stats, t0))
             else:
                 self._settle(final, man, stats, t0)
+        self._on_replicas(final, step, stats.replicas)
         return final
 
     def _commit(
-        self, snap: StateSave, coll: Collective, final: Location, overwrite: bool, stats: SaveStats
+        self,
+        snap: StateSave,
+        coll: Collective,
+        final: Location,
+        overwrite: bool,
+        stats: SaveStats,
+        check: bool = False,
     ) -> mf.Manifest | None:
         tw = time.perf_counter()
-        write, build = self._checked(snap, coll, stats)
+        write, build = self._checked(snap, coll, stats, check)
         man = commit(
             final,
             coll,
@@ -293,20 +337,34 @@ class SavePipeline:
         self.trajectory.branch(step)
 
     def _checked(
-        self, snap: StateSave, coll: Collective, stats: SaveStats
+        self, snap: StateSave, coll: Collective, stats: SaveStats, check: bool = False
     ) -> tuple[Callable[[Location], Any], Callable[[list[Any]], mf.Manifest]]:
-        """The commit's write and build, with the consistency checks before the manifest.
+        """The commit's write and build, with the replica check and the consistency checks
+        before the manifest.
 
-        Rank 0 checks the manifest it built against the files just written, the tensor
-        values scanned in memory, and records the findings in it (with the policy).
+        With ``check``, every rank first compares its copies of the replicated state with
+        the other ranks' (the same result on every rank, in ``stats.replicas``); rank 0
+        records it in the manifest. Rank 0 checks the manifest it built against the files
+        just written, the tensor values scanned in memory, and records the findings in it
+        (with the policy).
         """
         written: list[Location] = []
 
         def write(tmp: Location) -> Any:
             written.append(tmp)
+            if check:
+                mine = replicas.replicated(
+                    snap.encoded.tensors,
+                    spread=SPREAD,
+                    dcp_state=snap.dcp_state,
+                    buffers=snap.buffers,
+                )
+                stats.replicas = replicas.check(coll, mine, policy=self.on_divergence)
             return snap.write(tmp, coll)
 
         def build(parts: list[Any]) -> mf.Manifest:
+            if stats.replicas is not None:
+                snap.fields["replicas"] = stats.replicas.to_dict()
             man = snap.build(parts)
             try:
                 out = atsave.check_before_commit(
@@ -350,10 +408,33 @@ class SavePipeline:
         overwrite: bool,
         stats: SaveStats,
         t0: float,
+        check: bool = False,
     ) -> None:
-        man = self._commit(snap, coll, final, overwrite, stats)
+        man = self._commit(snap, coll, final, overwrite, stats, check)
         if man is not None:
             self._settle(final, man, stats, t0)
+        if stats.replicas is not None and not stats.replicas.agree:
+            self._diverged = (final, snap.step, stats.replicas)
+
+    def _on_replicas(self, final: Location, step: int, rec: records.Replicas | None) -> None:
+        """Every rank, once the checkpoint is committed: act on replicas that disagreed.
+
+        The manifest already records the divergence (the checkpoint lists as
+        ``replica-divergent``); the watch hears of it, then ``on_divergence`` decides.
+
+        Raises:
+            ReplicaDivergenceError: ``on_divergence="raise"`` (``CK-F120``).
+        """
+        if rec is None or rec.agree:
+            return
+        if self.watch is not None:
+            self.watch.alert(step, "replicas.divergent", rec.summary())
+        what = f"{rec.summary()}; recorded replica-divergent (never latest, never restored)"
+        if self.on_divergence == "warn":
+            log.warning("ckptkit: %s: %s (on_divergence='warn': training goes on)", final.name, what)
+            return
+        log.error("ckptkit: %s: %s", final.name, what)
+        raise codes.error(codes.F120, what, path=final)
 
     def _start(self, step: int, fn: Callable[[], None]) -> None:
         def run() -> None:
@@ -410,8 +491,11 @@ def settle_in(run: Run, *, policy: Callable[[], retain.Policy], verify: bool) ->
                 "Fix the cause (disk space, permissions) and the next save records it",
             ) from e
         stats.verify = settled.verify_seconds
-        if settled.errors:
-            first = settled.errors[0]
+        # Replicas that disagreed (CK-F120) are whole bytes the save already acted on
+        # (on_divergence); the run records the checkpoint replica-divergent.
+        damage = [f for f in settled.errors if f.code != codes.F120]
+        if damage:
+            first = damage[0]
             raise CommittedError(
                 f"{final.name} committed, but its read-back verify failed: "
                 f"{first.code} {first.message}; it is recorded corrupt and never "

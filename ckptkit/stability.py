@@ -629,6 +629,23 @@ class StabilityWatch:
             fired.extend(tr.push(x, self))
         return self._decide(step, fired)
 
+    def alert(self, step: int, name: str, detail: str, *, level: Level = "critical") -> Verdict:
+        """Hear of an event the scalars cannot show; return the verdict for ``step``.
+
+        The event is a signal of the current episode like any other: the level, the
+        health record of the next checkpoint, rollback and every listener (emergency
+        checkpoint, recovery) see it. The manager calls it when the replicas of a tensor
+        disagree at a save (``replicas.divergent``, :mod:`ckptkit.replicas`).
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> w.alert(40, "replicas.divergent", "model/w: rank 1 differs").level
+            'critical'
+            >>> w.health().signals["replicas.divergent"]["detail"]
+            'model/w: rank 1 differs'
+        """
+        return self._decide(step, [Signal(name, level, 1.0, 0.0, detail)])
+
     def __call__(self, step: int, /, **metrics: Any) -> Verdict:
         """Alias of :meth:`update`."""
         return self.update(step, **metrics)

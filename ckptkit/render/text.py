@@ -195,6 +195,7 @@ _STATUS_STYLE = {
     "corrupt": "bold red",
     "unreadable": "magenta",
     "incomplete": "red",
+    "replica-divergent": "bold red",
 }
 
 

@@ -578,6 +578,10 @@ class Run:
             out.outcome, _ = self._record_check(path, chk, ident=ident)
         out.verify_seconds = time.perf_counter() - t0
         if out.errors:
+            if policy is not None and all(f.code == codes.F120 for f in out.errors):
+                # Whole bytes of a state the replicas disagreed on: never latest, but
+                # retention runs (it keeps this one as evidence, like a corrupt one).
+                out.rotation = self.rotate(policy)
             return out
         self._fresh.add(path.name)
         crashpoints.reached("settle.verified")

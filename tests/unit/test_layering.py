@@ -60,6 +60,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.sampler",
             "ckptkit.fit",
             "ckptkit.commit",
+            "ckptkit.replicas",
             "ckptkit.io",
             "ckptkit.dcp",
             "ckptkit.lookahead",

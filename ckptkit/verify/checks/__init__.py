@@ -6,6 +6,7 @@ families in spec order (integrity, completeness, consistency, compat).
 
 # isort: off
 from ckptkit.verify.checks import integrity  # noqa: F401
+from ckptkit.verify.checks import replicas  # noqa: F401
 from ckptkit.verify.checks import completeness  # noqa: F401
 from ckptkit.verify.checks import implied  # noqa: F401
 from ckptkit.verify.checks import consistency  # noqa: F401

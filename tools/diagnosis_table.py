@@ -180,8 +180,8 @@ def _cell(r: Row | None) -> str:
     if r.error is not None:
         return "**error**"
     named = f"{r.component} ({r.confidence})"
-    if r.candidates and r.component == "unknown":
-        named += f" [{', '.join(r.candidates)}]"
+    if r.component == "unknown" or len(r.candidates) > 1:
+        named += f" [{', '.join(r.candidates)}]"  # what the diagnosis did not exclude
     if r.wrong:
         named = f"**{named}**"
     return named if r.detected else f"**missed**: {named}"

@@ -85,6 +85,12 @@ INDEX = ".ckptkit-index.json"
 
 Status = Literal["verified", "committed", "corrupt", "unreadable", "incomplete", "replica-divergent"]
 
+UNUSABLE: frozenset[Status] = frozenset({"corrupt", "incomplete", "replica-divergent"})
+"""Statuses a run never resumes from nor counts as good, known without reading bytes again:
+damaged, unfinished, or whole but with replicas that disagree (``CK-F120``). Kept as
+evidence until ``prune --delete-corrupt``. (``unreadable``: the step or manifest cannot be
+read, so what it holds is unknown; never deleted, judged from its bytes when it matters.)"""
+
 
 def step_dir_name(step: int) -> str:
     """Directory name of a step.

@@ -477,6 +477,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
         ckptkit ls runs/exp1/ckpt --verify --json
         ckptkit ls runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key   # unsigned: corrupt
     """
+    from ckptkit.catalog import UNUSABLE
     from ckptkit.recovery_log import iter_records
     from ckptkit.render.text import render_ls
     from ckptkit.runs import ignored, listing, open_run
@@ -511,8 +512,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
         render_ls(infos, sys.stdout, leftovers=left, layout=run.layout, recoveries=recs)
         if not infos:
             _say_what_else(run_dir)
-    bad = ("corrupt", "unreadable", "incomplete", "replica-divergent")
-    sys.exit(1 if any(c.status in bad for c in infos) else 0)
+    sys.exit(1 if any(c.status in UNUSABLE or c.status == "unreadable" for c in infos) else 0)
 
 
 def _warn_ignored(strays: list[Any]) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -142,7 +142,7 @@ def digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
 
 def check(
     coll: Collective,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]],
     *,
     policy: records.ReplicaPolicy,
 ) -> records.Replicas | None:
@@ -154,7 +154,9 @@ def check(
 
     Args:
         coll: the ranks of the save.
-        tensors: this rank's replicated tensors (:func:`replicated`).
+        tensors: this rank's replicated tensors (:func:`replicated`), or a function that
+            selects them: it is called inside the check, so a rank that fails to select
+            its tensors still takes part in the collective (as a rank that failed to hash).
         policy: the saver's ``on_divergence``, recorded with the result.
 
     Returns:
@@ -168,8 +170,9 @@ def check(
         return None
     mine: dict[str, bytes] = {}
     try:
-        mine = digests(tensors)
-        record = RECORD.pack(1, _key_set(tensors), _combined(mine), len(mine))
+        held = tensors() if callable(tensors) else tensors
+        mine = digests(held)
+        record = RECORD.pack(1, _key_set(held), _combined(mine), len(mine))
     except Exception as e:  # a diagnostic must never cost the save
         log.error("ckptkit: rank %d could not hash its replicas (%s: %s)", coll.rank, type(e).__name__, e)
         record = _FAILED

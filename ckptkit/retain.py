@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ckptkit import codes, crashpoints, rotation
-from ckptkit.catalog import CheckpointInfo
+from ckptkit.catalog import UNUSABLE, CheckpointInfo
 from ckptkit.codes import Finding
 
 log = logging.getLogger("ckptkit")
@@ -268,7 +268,7 @@ def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
         verified=c.status in policy.good,
         # A replica-divergent checkpoint is whole but not trustworthy: kept as evidence
         # like a corrupt one (delete_corrupt removes it), never counted as good.
-        corrupt=c.status in ("corrupt", "incomplete", "replica-divergent"),
+        corrupt=c.status in UNUSABLE,
         unreadable=c.status == "unreadable",
         pinned=frozenset({*c.pins, ONLY_PIN} if spared else c.pins),
         health=c.health,

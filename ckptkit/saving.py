@@ -353,12 +353,16 @@ class SavePipeline:
         def write(tmp: Location) -> Any:
             written.append(tmp)
             if check:
-                mine = replicas.replicated(
-                    snap.encoded.tensors,
-                    spread=SPREAD,
-                    dcp_state=snap.dcp_state,
-                    buffers=snap.buffers,
-                )
+                def mine() -> Mapping[str, Any]:
+                    return replicas.replicated(
+                        snap.encoded.tensors,
+                        spread=SPREAD,
+                        dcp_state=snap.dcp_state,
+                        buffers=snap.buffers,
+                    )
+
+                # The selection runs inside the check: a rank that fails there still joins
+                # the collective, so the other ranks never wait for it.
                 stats.replicas = replicas.check(coll, mine, policy=self.on_divergence)
             return snap.write(tmp, coll)
 

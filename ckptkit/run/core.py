@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckptkit import codes, crashpoints, retain, rotation, signing
-from ckptkit.catalog import Catalog, CheckpointInfo, Status
+from ckptkit.catalog import UNUSABLE, Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.collective import current
 from ckptkit.errors import LockHeldError, NotWritableError
@@ -706,9 +706,10 @@ class Run:
         adopted = False
         for c in sorted(self.checkpoints(), key=self.strategy.order, reverse=True):
             name = c.path.name
-            if c.status in ("incomplete", "corrupt"):
-                # Damaged or unfinished is passed over whatever its step: only a complete
-                # checkpoint's unknown step stops the resume.
+            if c.status in UNUSABLE:
+                # Damaged, unfinished or replica-divergent is passed over whatever its step
+                # (no bytes read again): only a complete checkpoint's unknown step stops the
+                # resume.
                 passed.append(f"{name}: {c.status}: {c.problem or 'verify failed'}")
                 continue
             why_not = reject(c) if reject is not None else None

@@ -53,7 +53,8 @@ class Rank:
         return out
 
 
-def check_all(held: list[Mapping[str, torch.Tensor]]) -> tuple[list[Any], World]:
+def check_all(held: list[Any]) -> tuple[list[Any], World]:
+    """Run the check on one thread per rank; ``held[r]`` is rank r's tensors or selector."""
     world = World(len(held))
     out: list[Any] = [None] * len(held)
 
@@ -129,6 +130,19 @@ def test_a_rank_that_cannot_hash_skips_the_check_on_every_rank_without_a_hang() 
     assert world.gathers == [1, 1, 1]
 
 
+def test_a_rank_that_cannot_select_its_replicas_still_joins_the_collective() -> None:
+    """The save passes a selector (``replicas.replicated`` over its state): a rank where it
+    raises (an unusual DTensor) sends the failed record instead of skipping the gather,
+    which left the other ranks waiting in it while that rank entered the commit's."""
+
+    def broken() -> Mapping[str, torch.Tensor]:
+        raise RuntimeError("__create_chunk_list__ is not supported here")
+
+    out, world = check_all([lambda: dict(STATE), broken, lambda: dict(STATE)])
+    assert out == [None, None, None]
+    assert world.gathers == [1, 1, 1]
+
+
 def test_one_process_has_no_replicas_to_compare() -> None:
     assert replicas.check(Solo(), STATE, policy="raise") is None
     assert all_gather_fixed(Solo(), b"abc") == [b"abc"]
@@ -187,6 +201,23 @@ def test_restore_passes_over_it_and_refuses_it_by_step(run: Any) -> None:
     assert any("step-00000003: skipped, replica-divergent" in n for n in res.notes)
     with pytest.raises(ckptkit.ReplicaDivergenceError, match="step 3 is replica-divergent"):
         mgr.restore(ts, step=3)
+
+
+def test_the_resume_choice_passes_over_it_without_reading_it_again(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its status already says it is not resumable: the choice reads no byte of it (it
+    re-read every file only to meet CK-F120 again)."""
+    from ckptkit.run import Run
+
+    mgr, _ = run
+    read: list[str] = []
+    real = Run.reverify
+    monkeypatch.setattr(Run, "reverify", lambda self, c: read.append(c.path.name) or real(self, c))
+    choice = mgr.run.resume_target()
+    assert choice.info is not None and choice.info.step == 2
+    assert any("step-00000003: replica-divergent" in p for p in choice.passed)
+    assert "step-00000003" not in read
 
 
 def test_retention_keeps_it_as_evidence_until_asked(run: Any) -> None:

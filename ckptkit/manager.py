@@ -33,7 +33,7 @@ from typing import Any
 
 from ckptkit import codes, records, retain, rotation, saving, signing, trajectory
 from ckptkit import manifest as mf
-from ckptkit.capture.state import RestoreResult, TrainState
+from ckptkit.capture.state import RestoreResult, TrainState, expect_train_state
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.errors import (
     opening_run_writable,
@@ -322,6 +322,7 @@ class CheckpointManager:
             DistributedError: the save failed on another rank.
         """
         t0 = time.perf_counter()
+        expect_train_state(state, "CheckpointManager.save")
         step = mf.check_step(state.step if step is None else step)  # before anything is written
         self.wait()  # one save in flight at most; surfaces a failed background job
         fields = saving.signal_fields(

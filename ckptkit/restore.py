@@ -18,7 +18,7 @@ from typing import Any
 from ckptkit import codes, rotation
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
-from ckptkit.capture.state import RestoreResult, TrainState
+from ckptkit.capture.state import RestoreResult, TrainState, expect_train_state
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.collective import Collective, consensus, current
@@ -330,6 +330,7 @@ def restore_run(
         >>> c.step, result.step
         (4, 4)
     """
+    expect_train_state(state, "CheckpointManager.restore")
     coll = current()
     infos = coll.broadcast(listing() if coll.rank == 0 else None)
     if not infos and step is None and not healthy:

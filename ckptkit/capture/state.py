@@ -148,6 +148,25 @@ class RestoreResult:
         )
 
 
+def expect_train_state(obj: Any, where: str) -> None:
+    """Refuse anything but a :class:`TrainState` where one is needed, naming the fix.
+
+    A plain dict of tensors has no step, components or look-ahead to record: it failed deep
+    inside the save with an ``AttributeError``.
+
+    Example:
+        >>> expect_train_state({"w": 1}, "CheckpointManager.save")
+        Traceback (most recent call last):
+        ckptkit.errors.StateError: CheckpointManager.save takes a ckptkit.TrainState, not a dict. Fix: wrap what the run trains: TrainState(model=..., optimizer=..., ...); to store a plain dict of tensors use ckptkit.save(obj, path) and ckptkit.load(path).
+    """
+    if not isinstance(obj, TrainState):
+        raise StateError(
+            f"{where} takes a ckptkit.TrainState, not a {type(obj).__name__}",
+            hint="wrap what the run trains: TrainState(model=..., optimizer=..., ...); to "
+            "store a plain dict of tensors use ckptkit.save(obj, path) and ckptkit.load(path)",
+        )
+
+
 class TrainState:
     """The whole training state of one rank, for :class:`~ckptkit.CheckpointManager`.
 

@@ -306,3 +306,13 @@ def test_rotation_works_without_verify_after_save(tmp_path) -> None:  # type: ig
         mgr.save(ts)
     assert [c.step for c in mgr.list()] == [4, 5]
     mgr.close()
+
+
+def test_a_plain_dict_is_refused_with_the_fix_not_an_attribute_error(tmp_path: Path) -> None:
+    """``mgr.save({"w": t})`` failed deep in the look-ahead with ``AttributeError``."""
+    with ckptkit.CheckpointManager(tmp_path / "run") as mgr:
+        with pytest.raises(ckptkit.errors.StateError, match=r"takes a ckptkit.TrainState.*ckptkit.save"):
+            mgr.save({"w": torch.ones(2)}, step=1)
+        with pytest.raises(ckptkit.errors.StateError, match=r"CheckpointManager\.restore takes"):
+            mgr.restore({"w": torch.ones(2)})
+    assert not list((tmp_path / "run").glob("step-*"))

@@ -59,6 +59,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.dcp import item_path
 from ckptkit.foreign.detect import detect
+from ckptkit.foreign.loads import file_load
 from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.foreign.structure import NAMES
 from ckptkit.format import digest as content_digest
@@ -177,6 +178,10 @@ class ComponentDiff:
     values: tuple[ValueDiff, ...] = ()
     note: str = ""
     """Why it was not read, or where it was found."""
+    restored: bool = True
+    """Whether a resume loads it. False for a part the checkpoint's framework never reads
+    back (a Trainer's ``training_args.bin``): a difference there cannot be what a resume
+    got wrong, so the drill does not hold it against its diagnosis when it is not read."""
 
     @property
     def changed_tensors(self) -> list[TensorDiff]:
@@ -215,6 +220,7 @@ class ComponentDiff:
             "status": self.status,
             "equal": self.equal,
             "note": self.note,
+            "restored": self.restored,
             "summary": self.summary(),
             "tensors": [t.to_dict() for t in self.tensors],
             "values": [v.to_dict() for v in self.values],
@@ -324,6 +330,8 @@ class _State:
     """component -> {path inside it: tensor or value}."""
     unread: dict[str, str] = field(default_factory=dict)
     """component -> why its content could not be read."""
+    not_restored: set[str] = field(default_factory=set)
+    """Unread components the checkpoint's framework never loads on resume."""
 
 
 def _read(path: str | Path, *, key: bytes | None) -> _State:
@@ -458,7 +466,11 @@ def _read_foreign(p: Path, *, key: bytes | None) -> _State:
             continue  # never parsed as a torch file: read below, item by item
         content = s.content(rel)
         if content is None:
-            st.unread[_orphan_name(s, rel, ())] = s.why_unread(rel)
+            name = _orphan_name(s, rel, ())
+            st.unread[name] = s.why_unread(rel)
+            load = file_load(s.format, rel)
+            if load is not None and not load.on_resume:
+                st.not_restored.add(name)
             continue
         for inner, leaf in _leaves(content):
             place = f"{rel}:{inner}" if inner else rel
@@ -643,7 +655,8 @@ def _compare(
     for name in names:
         if name in sa.unread or name in sb.unread:
             why = sa.unread.get(name) or sb.unread.get(name) or ""
-            comps.append(ComponentDiff(name, "not-read", False, note=why))
+            restored = name not in sa.not_restored | sb.not_restored
+            comps.append(ComponentDiff(name, "not-read", False, note=why, restored=restored))
         elif name not in sb.parts:
             comps.append(ComponentDiff(name, "only-a", False))
         elif name not in sa.parts:

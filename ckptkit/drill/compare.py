@@ -1161,7 +1161,9 @@ def end_state(
     compared = [c.name for c in sd.components if c.name not in not_compared]
     mode = ("bitwise" if not noise_t and not noisy_v
             else f"within {factor:g} x the reference runs' own final-state differences")
-    unseen = [n for n in not_compared if n not in RECORDS_NOT_STATE]
+    # State a resume restores that could not be read: it may differ, unseen.
+    unseen = [c.name for c in sd.components if c.name in not_compared
+              and c.name not in RECORDS_NOT_STATE and c.restored]
     blind = [n for n in ("model", "optimizer") if n in unseen]
     tail = f"; {' and '.join(blind)} not compared ({not_compared[blind[0]]})" if blind else ""
     if names:
@@ -1177,13 +1179,15 @@ def end_state(
         "compared": compared,
         "different": different,
         "not_compared": not_compared,
+        "not_compared_state": unseen,
         "noise": {"tensors": len(noise_t), "values": sorted(noisy_v),
                   "unbounded": sorted(k for k, v in noise_t.items() if v == math.inf)},
         "summary": summary,
     }
     if not names and not compared:
         # Nothing of the state was read (a format diff cannot read): no evidence either way.
-        why = "; ".join(f"{n}: {not_compared[n]}" for n in unseen) or "both hold no state"
+        why = "; ".join(f"{n}: {v}" for n, v in not_compared.items()
+                        if n not in RECORDS_NOT_STATE) or "both hold no state"
         detail["reason"] = f"no component of the final states could be compared ({why})"
         return CheckResult("end_state", True, None, 0, informational=True, skipped=True,
                            detail=detail)

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ckptkit.drill.compare import (
-    RECORDS_NOT_STATE,
     CheckResult,
     Record,
     RowEvidence,
@@ -817,14 +816,14 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
     """Every step record agreed, but the final states differ: name what differs there.
 
     One component alone differing, with every other component of the state compared
-    tensor by tensor, is evidence that excludes the others: ``high``. When some state could
-    not be compared (``detail.not_compared``, the run's own records aside), it may differ
-    too and be the cause: ``medium``, with it among the candidates. Several differing:
-    ``unknown`` with them as candidates, upstream first (a scheduler before the optimizer,
-    the optimizer before the model).
+    tensor by tensor, is evidence that excludes the others: ``high``. When some state
+    could not be compared (``detail.not_compared_state``: the run's own records and files
+    no resume loads aside), it may differ too and be the cause: ``medium``, with it among
+    the candidates. Several differing: ``unknown`` with them as candidates, upstream first
+    (a scheduler before the optimizer, the optimizer before the model).
     """
     different: Mapping[str, Any] = es.detail.get("different") or {}
-    unseen = [n for n in es.detail.get("not_compared") or {} if n not in RECORDS_NOT_STATE]
+    unseen = list(es.detail.get("not_compared_state") or [])
     names = sorted(different, key=lambda n: (
         _END_STATE_ORDER.index(n) if n in _END_STATE_ORDER else len(_END_STATE_ORDER), n))
     comps = [_GUARD_COMPONENT.get(n, n) for n in names]

@@ -28,11 +28,13 @@ def pt(path: Path, obj: Any) -> Path:
 
 
 def trainer_folder(path: Path, bias: float) -> Path:
-    """A Trainer-shaped ``checkpoint-N`` folder whose optimizer file needs code to load."""
+    """A Trainer-shaped ``checkpoint-N`` folder whose optimizer file needs code to load,
+    as does its ``training_args.bin`` (which no resume loads)."""
     path.mkdir()
     (path / "trainer_state.json").write_text('{"global_step": 8}')
     save_file({"w": torch.ones(3), "b": torch.full((2,), bias)}, str(path / "model.safetensors"))
     torch.save({"state": Blob()}, path / "optimizer.pt")
+    torch.save(Blob(), path / "training_args.bin")
     return path
 
 
@@ -64,7 +66,9 @@ def test_an_uncompared_optimizer_is_said_and_keeps_the_diagnosis_below_high(tmp_
     same = trainer_folder(tmp_path / "same", 0.5)
     es = end_state([ref], same)
     assert es.ok and not es.skipped and "model" in es.detail["compared"]
-    assert "optimizer" in es.detail["not_compared"]
+    assert {"optimizer", "training_args"} <= set(es.detail["not_compared"])
+    # the Trainer never loads training_args.bin on resume: it cannot be the resume's fault
+    assert es.detail["not_compared_state"] == ["optimizer"]
     assert "optimizer not compared" in es.detail["summary"]
     moved = trainer_folder(tmp_path / "moved", 0.75)
     es = end_state([ref], moved)

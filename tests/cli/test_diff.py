@@ -137,6 +137,11 @@ def dcp_ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 dcp.save(titan, checkpoint_id=d / f"titan-{name}" / "step-1")
     out.update({f"writer-{n}": d / f"writer-{n}" for n in "ab"})
     out.update({f"titan-{n}": d / f"titan-{n}" / "step-1" for n in "ab"})
+    for n in "ab":  # a Trainer folder whose FSDP state Accelerate saved with DCP
+        hf = d / f"hf-{n}" / "checkpoint-1"
+        shutil.copytree(out[f"titan-{n}"], hf / "pytorch_model_fsdp_0")
+        (hf / "trainer_state.json").write_text('{"global_step": 1}')
+        out[f"hf-{n}"] = hf
     return out
 
 
@@ -154,6 +159,11 @@ def test_dcp_directories_are_read_item_by_item(dcp_ckpts: dict[str, Path]) -> No
         opt = sd.component("optimizer")
         assert opt is not None and any(v.path == "param_groups/0/lr" and v.a == 0.1 for v in opt.values)
         assert diff(dcp_ckpts[f"{kind}-a"], dcp_ckpts[f"{kind}-a"]).equal
+    # DCP inside a Trainer folder: read the same way, placed under its folder
+    sd = diff(dcp_ckpts["hf-a"], dcp_ckpts["hf-b"])
+    assert sd.complete and [c.name for c in sd.different] == ["optimizer"], sd.to_dict()
+    [moved] = sd.moved_most(5)
+    assert moved.path.startswith("optimizer/pytorch_model_fsdp_0:state/")
 
 
 def test_dcp_diff_cli_and_a_damaged_shard(dcp_ckpts: dict[str, Path], tmp_path: Path) -> None:

@@ -11,6 +11,17 @@ What is read, and how:
   saved tree (``model``, ``optimizer``, ``scheduler``, ``scaler``, ``sampler``, ``rng``,
   ``progress`` ...), and each entry of a ``TrainState``'s ``extra`` is a component of its own
   (an EMA saved as ``extra={"ema": ...}`` is the component ``ema``);
+* a **DCP** directory (``.metadata`` and ``.distcp`` shards: written by :mod:`ckptkit.dcp`,
+  adopted, a torchtitan ``step-N`` folder, a plain ``dcp.save``; or the ``dcp/`` part of a
+  native ``TrainState(storage="dcp")``) through the verifying DCP reader
+  (:func:`ckptkit.storage.dcp.read_state`): ``.metadata`` unpickled with its allow-list,
+  every shard checked against the manifest's digests as it is read, each item parsed on its
+  own (tensors assembled whole on CPU, other values with ``weights_only=True``), never a
+  ``.distcp`` as one torch file. Items are keyed by their state-dict name and split into
+  components by its first segment (``model``, ``optimizer``, ``lr_scheduler``,
+  ``dataloader`` ...); a tensor at the top level is a parameter of a model saved flattened
+  (torchtitan's layout), so it is ``model``'s. A DCP directory without a ckptkit manifest
+  passes verify's integrity checks first, and its bytes are compared as found;
 * a **foreign** checkpoint (Trainer folder, Lightning ``.ckpt``, ``torch.save`` file,
   safetensors) through its format's reader (:mod:`ckptkit.foreign.read`), after the
   integrity checks of ``ckptkit verify`` (an adopted one: every file against the digests
@@ -24,8 +35,8 @@ Tensors are compared bitwise by default (``Tolerance()``), else element-wise wit
 ``atol + rtol * |a|``; every changed tensor gets its largest absolute difference and its
 relative L2 change ``||b - a|| / ||a||``. Other leaves (a scheduler's ``last_epoch``, a
 sampler cursor, RNG words, hyper-parameters) are values, compared exactly (floats within the
-tolerance). What cannot be read (a DCP-stored model, a pickle that needs code) is reported
-as not compared, never as equal.
+tolerance). What cannot be read (a pickle that needs code) is reported as not compared,
+never as equal.
 """
 
 from __future__ import annotations
@@ -33,22 +44,27 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from ckptkit import codes
+from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
 from ckptkit.checkpoint import manifest_io
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import Scan
+from ckptkit.foreign.dcp import item_path
 from ckptkit.foreign.detect import detect
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.foreign.loads import file_load
+from ckptkit.foreign.report import ForeignReport, verify_foreign
 from ckptkit.foreign.structure import NAMES
-from ckptkit.storage import fs
+from ckptkit.format import digest as content_digest
+from ckptkit.storage import dcp as dcp_store
+from ckptkit.storage import digest, fs
 from ckptkit.storage.atomic import MANIFEST_NAME
 from ckptkit.whatis import not_a_checkpoint
 
@@ -162,6 +178,10 @@ class ComponentDiff:
     values: tuple[ValueDiff, ...] = ()
     note: str = ""
     """Why it was not read, or where it was found."""
+    restored: bool = True
+    """Whether a resume loads it. False for a part the checkpoint's framework never reads
+    back (a Trainer's ``training_args.bin``): a difference there cannot be what a resume
+    got wrong, so the drill does not hold it against its diagnosis when it is not read."""
 
     @property
     def changed_tensors(self) -> list[TensorDiff]:
@@ -200,6 +220,7 @@ class ComponentDiff:
             "status": self.status,
             "equal": self.equal,
             "note": self.note,
+            "restored": self.restored,
             "summary": self.summary(),
             "tensors": [t.to_dict() for t in self.tensors],
             "values": [v.to_dict() for v in self.values],
@@ -309,6 +330,8 @@ class _State:
     """component -> {path inside it: tensor or value}."""
     unread: dict[str, str] = field(default_factory=dict)
     """component -> why its content could not be read."""
+    not_restored: set[str] = field(default_factory=set)
+    """Unread components the checkpoint's framework never loads on resume."""
 
 
 def _read(path: str | Path, *, key: bytes | None) -> _State:
@@ -319,6 +342,8 @@ def _read(path: str | Path, *, key: bytes | None) -> _State:
         raise wrong
     if fs.kind(loc / MANIFEST_NAME) == "file":
         return _read_native(loc, key=key)
+    if fs.kind(loc / dcp_store.METADATA) == "file":
+        return _read_dcp_dir(loc, key=key)
     p = Path(str(path))
     if detect(p) is None:
         raise CkptkitError(
@@ -337,13 +362,10 @@ def _read_native(loc: fs.Location, *, key: bytes | None) -> _State:
     if not isinstance(tree, Mapping):
         st.parts["state"] = dict(_leaves(tree))
         return st
-    dcp = tree.get("dcp")
-    stored = dcp.get("keys") if isinstance(dcp, Mapping) else None
-    for name in stored if isinstance(stored, list) else []:
-        st.unread[str(name)] = (
-            "stored by torch.distributed.checkpoint (TrainState(storage='dcp')): diff reads "
-            "safetensors-stored state only"
-        )
+    if isinstance(tree.get("dcp"), Mapping):
+        # TrainState(storage="dcp"): model and optimizer lie in dcp/, listed in the manifest.
+        md = dcp_store.read_metadata(loc, m)
+        st.parts.update(_dcp_parts(dcp_store.read_state(loc / dcp_store.DCP_DIR, md, dcp_store.entries(m)), md))
     for top, node in tree.items():
         if top == "dcp":
             continue
@@ -357,7 +379,69 @@ def _read_native(loc: fs.Location, *, key: bytes | None) -> _State:
     return st
 
 
-def _read_foreign(p: Path, *, key: bytes | None) -> _State:
+def _read_dcp_dir(loc: fs.Location, *, key: bytes | None) -> _State:
+    """A DCP directory: written by :mod:`ckptkit.dcp`, adopted, a torchtitan ``step-N``
+    folder or a plain ``dcp.save``.
+
+    With a ckptkit manifest (:data:`ckptkit.manifest.ADOPTED_SUFFIX`) every byte is read
+    against its digest (:func:`ckptkit.dcp.open_checked`, then
+    :func:`ckptkit.storage.dcp.read_state`). Without one, nothing vouches for the bytes:
+    the directory first passes verify's integrity checks, then its files' digests are taken
+    as found, so the read at least proves they did not change while they were compared.
+    """
+    if fs.kind(loc / mf.ADOPTED_SUFFIX) == "file":
+        # Imported here: ckptkit.dcp imports torch.distributed.checkpoint (over a second),
+        # which only a DCP directory needs; the drill and `ckptkit diff` start without it.
+        from ckptkit.dcp import open_checked
+
+        man, md, listed = open_checked(loc, key=key)
+        st = _State(str(loc), "dcp", man.step)
+    else:
+        p = Path(str(loc))
+        report = _verified(p, key=key)
+        listed = _listing(p)
+        md = dcp_store.read_metadata_file(
+            loc / dcp_store.METADATA, listed.get(dcp_store.METADATA), rel=dcp_store.METADATA
+        )
+        st = _State(str(loc), "dcp", report.detected_step)
+    st.parts.update(_dcp_parts(dcp_store.read_state(loc, md, listed, prefix=""), md))
+    return st
+
+
+def _listing(d: Path, *, prefix: str = "") -> dict[str, mf.FileEntry]:
+    """``.metadata`` and every ``.distcp`` shard of the DCP directory ``d``, with the size
+    and digest they have now (by name inside it; ``prefix``: where ``d`` lies inside the
+    checkpoint, for the paths errors name)."""
+    out: dict[str, mf.FileEntry] = {}
+    for f in sorted(d.iterdir()):
+        if f.name == dcp_store.METADATA or f.name.endswith(".distcp"):
+            hexd, size = digest.hash_file(f)
+            out[f.name] = mf.FileEntry(path=f"{prefix}{f.name}", size=size, xxh3_128=hexd)
+    return out
+
+
+def _dcp_parts(state: Mapping[str, Any], md: Any) -> dict[str, dict[str, Any]]:
+    """The items of a DCP state dict (:func:`ckptkit.storage.dcp.read_state`) split into
+    components by the first segment of their place in the saved nesting (``model``,
+    ``optimizer``, ``lr_scheduler``, ``dataloader`` ...).
+
+    A tensor at the top level is a parameter of a model saved flattened beside the other
+    components (torchtitan's layout): it belongs to ``model``.
+    """
+    planner = md.planner_data if isinstance(md.planner_data, dict) else {}
+    parts: dict[str, dict[str, Any]] = {}
+    for fqn, obj in state.items():
+        where = item_path(fqn, planner)
+        if len(where) == 1 and isinstance(obj, torch.Tensor):
+            comp, inner = "model", fqn
+        else:
+            comp, inner = str(where[0]), "/".join(str(k) for k in where[1:])
+        parts.setdefault(comp, {}).update(_leaves(obj, inner))
+    return parts
+
+
+def _verified(p: Path, *, key: bytes | None) -> ForeignReport:
+    """Verify's integrity checks of a foreign checkpoint; raise when it fails them."""
     report = verify_foreign(p, key=key, families=("integrity",))
     damage = [f for f in report.errors if f.code != codes.F103]
     if damage:
@@ -368,14 +452,25 @@ def _read_foreign(p: Path, *, key: bytes | None) -> _State:
             code=f.code,
             hint=f"'ckptkit verify {p}' lists every finding; compare a checkpoint that verifies",
         )
+    return report
+
+
+def _read_foreign(p: Path, *, key: bytes | None) -> _State:
+    report = _verified(p, key=key)
     s = report.scan
     assert s is not None
     st = _State(str(p), report.format, report.detected_step)
     claims = _claims(s)
     for rel in s.files:
+        if _in_dcp_dir(s, rel):
+            continue  # never parsed as a torch file: read below, item by item
         content = s.content(rel)
         if content is None:
-            st.unread[_orphan_name(s, rel, ())] = s.why_unread(rel)
+            name = _orphan_name(s, rel, ())
+            st.unread[name] = s.why_unread(rel)
+            load = file_load(s.format, rel)
+            if load is not None and not load.on_resume:
+                st.not_restored.add(name)
             continue
         for inner, leaf in _leaves(content):
             place = f"{rel}:{inner}" if inner else rel
@@ -386,7 +481,33 @@ def _read_foreign(p: Path, *, key: bytes | None) -> _State:
             # checkpoint's own name (a.ckpt, b.ckpt) is no part of where a tensor sits.
             within = place if s.target.is_dir() else (inner or "<root>")
             st.parts.setdefault(comp, {})[within] = leaf
+    for sub in _dcp_dirs(s):
+        # A DCP directory inside the checkpoint (an FSDP model or optimizer saved by
+        # Accelerate): its items by their own component names, placed under its folder.
+        d = s.target / sub
+        listed = _listing(d, prefix=f"{sub}/")
+        md = dcp_store.read_metadata_file(
+            fs.location(d / dcp_store.METADATA), listed.get(dcp_store.METADATA),
+            rel=f"{sub}/{dcp_store.METADATA}",
+        )
+        state = dcp_store.read_state(fs.location(d), md, listed, prefix=sub)
+        for comp, leaves in _dcp_parts(state, md).items():
+            st.parts.setdefault(comp, {}).update({f"{sub}:{k}": v for k, v in leaves.items()})
     return st
+
+
+def _dcp_dirs(s: Scan) -> list[str]:
+    """The folders inside a checkpoint folder that hold a DCP ``.metadata``."""
+    return sorted({
+        str(PurePosixPath(rel).parent) for rel in s.files
+        if PurePosixPath(rel).name == dcp_store.METADATA and "/" in rel
+    })
+
+
+def _in_dcp_dir(s: Scan, rel: str) -> bool:
+    """Whether ``rel`` is a DCP file (read only item by item, never as one torch file)."""
+    name = PurePosixPath(rel).name
+    return name == dcp_store.METADATA or name.endswith(".distcp")
 
 
 def _claims(s: Scan) -> list[tuple[str, str]]:
@@ -477,7 +598,8 @@ def _plain(v: Any) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, bytes):
-        return {"bytes": len(v), "hex_prefix": v[:16].hex()}
+        # Compared by their digest (a data loader's pickled state differs anywhere).
+        return {"bytes": len(v), "xxh3_128": content_digest.hexdigest_bytes(v)}
     return repr(v)
 
 
@@ -533,7 +655,8 @@ def _compare(
     for name in names:
         if name in sa.unread or name in sb.unread:
             why = sa.unread.get(name) or sb.unread.get(name) or ""
-            comps.append(ComponentDiff(name, "not-read", False, note=why))
+            restored = name not in sa.not_restored | sb.not_restored
+            comps.append(ComponentDiff(name, "not-read", False, note=why, restored=restored))
         elif name not in sb.parts:
             comps.append(ComponentDiff(name, "only-a", False))
         elif name not in sa.parts:

@@ -37,7 +37,7 @@ from ckptkit._jsonval import encode_float
 from ckptkit.checkpoint import manifest_io
 from ckptkit.foreign.adopted import adopted_path
 from ckptkit.records import LookAhead
-from ckptkit.statediff import StateDiff
+from ckptkit.statediff import StateDiff, TensorDiff
 from ckptkit.statediff import diff as state_diff
 
 Record = Mapping[str, Any]
@@ -1152,36 +1152,63 @@ def end_state(
             for t in c.tensors:
                 if not t.equal:
                     noise_t[f"{c.name}/{t.path}"] = max(
-                        noise_t.get(f"{c.name}/{t.path}", 0.0), t.max_abs or math.inf
+                        noise_t.get(f"{c.name}/{t.path}", 0.0), _noise(t)
                     )
             noisy_v |= {f"{c.name}/{v.path}" for v in c.values if not v.equal}
     sd = state_diff(ref0, resumed, roots=pair(0, len(references)))
     different, not_compared = _judge(sd, noise_t, noisy_v, factor)
     names = list(different)
+    compared = [c.name for c in sd.components if c.name not in not_compared]
     mode = ("bitwise" if not noise_t and not noisy_v
             else f"within {factor:g} x the reference runs' own final-state differences")
+    # State a resume restores that could not be read: it may differ, unseen.
+    unseen = [c.name for c in sd.components if c.name in not_compared
+              and c.name not in RECORDS_NOT_STATE and c.restored]
+    blind = [n for n in ("model", "optimizer") if n in unseen]
+    tail = f"; {' and '.join(blind)} not compared ({not_compared[blind[0]]})" if blind else ""
     if names:
         first = different[names[0]]
         summary = (f"final states differ in {', '.join(names)} ({names[0]}: "
-                   f"{first['summary']}) while compared {mode}")
+                   f"{first['summary']}) while compared {mode}{tail}")
     else:
-        summary = f"{len(sd.components) - len(not_compared)} components equal ({mode})"
+        summary = f"{len(compared)} components equal ({mode}){tail}"
+    detail = {
+        "reference": str(ref0),
+        "resumed": str(resumed),
+        "mode": mode,
+        "compared": compared,
+        "different": different,
+        "not_compared": not_compared,
+        "not_compared_state": unseen,
+        "noise": {"tensors": len(noise_t), "values": sorted(noisy_v),
+                  "unbounded": sorted(k for k, v in noise_t.items() if v == math.inf)},
+        "summary": summary,
+    }
+    if not names and not compared:
+        # Nothing of the state was read (a format diff cannot read): no evidence either way.
+        why = "; ".join(f"{n}: {v}" for n, v in not_compared.items()
+                        if n not in RECORDS_NOT_STATE) or "both hold no state"
+        detail["reason"] = f"no component of the final states could be compared ({why})"
+        return CheckResult("end_state", True, None, 0, informational=True, skipped=True,
+                           detail=detail)
     return CheckResult(
         name="end_state",
         ok=not names,
         statistic=len(names),
         threshold=0,
-        detail={
-            "reference": str(ref0),
-            "resumed": str(resumed),
-            "mode": mode,
-            "compared": [c.name for c in sd.components if c.name not in not_compared],
-            "different": different,
-            "not_compared": not_compared,
-            "noise": {"tensors": len(noise_t), "values": sorted(noisy_v)},
-            "summary": summary,
-        },
+        detail=detail,
     )
+
+
+def _noise(t: TensorDiff) -> float:
+    """How far the reference runs' copies of one tensor lie apart: its largest absolute
+    difference. ``0.0`` when they differ only in bits that compare equal (``-0.0`` against
+    ``0.0``, two NaN payloads): then the resumed run may differ in such bits too, and in
+    nothing else. Unbounded only when no number could be computed (a dtype without CPU
+    arithmetic, a shape that differs between the reference runs themselves): that
+    tensor is not judged, and ``detail.noise.unbounded`` lists it.
+    """
+    return math.inf if t.max_abs is None else t.max_abs
 
 
 def _judge(

@@ -815,11 +815,15 @@ _END_STATE_ORDER: tuple[str, ...] = (
 def _from_end_state(es: CheckResult) -> Diagnosis:
     """Every step record agreed, but the final states differ: name what differs there.
 
-    One component alone differing is evidence that excludes every other (each was
-    compared, tensor by tensor): ``high``. Several: ``unknown`` with them as candidates,
-    upstream first (a scheduler before the optimizer, the optimizer before the model).
+    One component alone differing, with every other component of the state compared
+    tensor by tensor, is evidence that excludes the others: ``high``. When some state
+    could not be compared (``detail.not_compared_state``: the run's own records and files
+    no resume loads aside), it may differ too and be the cause: ``medium``, with it among
+    the candidates. Several differing: ``unknown`` with them as candidates, upstream first
+    (a scheduler before the optimizer, the optimizer before the model).
     """
     different: Mapping[str, Any] = es.detail.get("different") or {}
+    unseen = list(es.detail.get("not_compared_state") or [])
     names = sorted(different, key=lambda n: (
         _END_STATE_ORDER.index(n) if n in _END_STATE_ORDER else len(_END_STATE_ORDER), n))
     comps = [_GUARD_COMPONENT.get(n, n) for n in names]
@@ -833,11 +837,17 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
           f"differ (compared {es.detail.get('mode')})"]
     ev += [f"end state: {n}: {different[n].get('summary')}" for n in names]
     fields = [f"end_state:{n}" for n in names]
+    candidates = list(dict.fromkeys([*comps, *(_GUARD_COMPONENT.get(n, n) for n in unseen)]))
+    if unseen:
+        ev.append(f"not compared, so not ruled out: {', '.join(unseen)}")
     if len(comps) == 1:
         comp = comps[0]
-        return Diagnosis(comp, "high", ev, HINTS.get(comp) or _extra_hint(comp), fields=fields)
+        hint = HINTS.get(comp) or _extra_hint(comp)
+        if not unseen:
+            return Diagnosis(comp, "high", ev, hint, fields=fields)
+        return Diagnosis(comp, "medium", ev, hint, fields=fields, candidates=candidates)
     hint = " | ".join(f"{c}: {HINTS.get(c) or _extra_hint(c)}" for c in comps)
-    return Diagnosis("unknown", "low", ev, hint, fields=fields, candidates=list(comps))
+    return Diagnosis("unknown", "low", ev, hint, fields=fields, candidates=candidates)
 
 
 def _extra_hint(name: str) -> str:

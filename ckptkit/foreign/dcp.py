@@ -130,7 +130,7 @@ def scan(s: Scan) -> None:
             leaf = TensorMeta(shape, dtype, read=reader.reader(where) if where is not None else None)
         else:
             leaf = Lazy(reader.reader(where)) if where is not None else None
-        _insert(tree, _path(fqn, planner), leaf)
+        _insert(tree, item_path(fqn, planner), leaf)
     tree = _listify(tree)
     scan_tree(s, tree, file=META, what="the DCP state dict")
 
@@ -142,7 +142,7 @@ def scan(s: Scan) -> None:
     for ent in entries:
         if ent.rel in bad_files or ent.transformed:
             continue
-        path = _path(ent.fqn, planner)
+        path = item_path(ent.fqn, planner)
         comp = (
             "model" if _under(path, model_keys)
             else "optimizer" if _under(path, opt_keys) else None
@@ -282,7 +282,7 @@ def _nonneg(v: Any) -> int:
     return v
 
 
-def _path(fqn: str, planner: dict[str, Any]) -> tuple[Any, ...]:
+def item_path(fqn: str, planner: dict[str, Any]) -> tuple[Any, ...]:
     """The item's place in the saved state dict (``planner_data``), else its dotted name."""
     p = planner.get(fqn)
     if isinstance(p, tuple | list) and p and all(isinstance(x, str | int) for x in p):

@@ -35,6 +35,7 @@ import contextlib
 import functools
 import importlib
 import io
+import math
 import mmap
 import os
 import pickle
@@ -1035,6 +1036,93 @@ def quiet() -> Iterator[None]:
         yield
 
 
+# --- reading every item (diff) --------------------------------------------------------------------
+
+
+def read_state(
+    where: Location, md: Any, listed: Mapping[str, mf.FileEntry], *, prefix: str = DCP_DIR
+) -> dict[str, Any]:
+    """Every item of the DCP directory ``where``, keyed by its state-dict name (the
+    flattened ``fqn``; ``md.planner_data`` maps it back to its place in the nesting).
+
+    What ``ckptkit diff`` and the drill's end-state check compare: no model or optimizer
+    to load into, so each tensor is built from ``.metadata``'s size and dtype (sharded
+    items are assembled whole, on CPU) and each non-tensor item comes back as it parses
+    with ``weights_only=True``. The same checks as :func:`load`: :func:`coverage` before
+    any shard is opened, each shard read once through :class:`VerifyingReader` (hashed on
+    the way, refused when its digest does not match ``listed``), the shards no item lies
+    in hashed after (:func:`check_unread`). Runs in this process only (``no_dist``), even
+    inside a distributed job.
+
+    Args:
+        where: the DCP directory.
+        md: its ``.metadata``, as :func:`read_metadata_file` returned it.
+        listed: the digests of its files, by name inside it.
+        prefix: where the DCP directory lies inside the checkpoint (the paths errors name).
+
+    Raises:
+        CkptkitError: the first problem, with its finding code; ``CK-F108`` also when a
+            tensor's declared size or dtype is unusable or larger than its stored bytes
+            (a ``.metadata`` must not make the reader allocate what the shards do not hold).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    problems = coverage(md, listed, prefix=prefix)
+    if problems:
+        raise problems[0]
+    stored: dict[str, int] = {}
+    transformed: set[str] = set()
+    for idx, info in md.storage_data.items():
+        stored[idx.fqn] = stored.get(idx.fqn, 0) + info.length
+        if info.transform_descriptors:
+            transformed.add(idx.fqn)
+    state: dict[str, Any] = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if not isinstance(m, TensorStorageMetadata):
+            state[fqn] = None  # a non-tensor item: the planner puts what it parses here
+            continue
+        state[fqn] = _empty_like_stored(m, fqn, stored.get(fqn, 0), fqn in transformed, prefix)
+    planner_cls, reader_cls = classes()
+    reader = reader_cls(where, md, listed, prefix=prefix)
+    with translated("DCP read"), quiet():
+        dcp.load(
+            state,
+            storage_reader=reader,
+            planner=planner_cls(flatten_state_dict=False, flatten_sharded_tensors=False),
+            no_dist=True,
+        )
+    check_unread(reader, where, listed, rank=0, world=1, prefix=prefix)
+    return state
+
+
+def _empty_like_stored(m: Any, fqn: str, stored: int, transformed: bool, prefix: str) -> torch.Tensor:
+    """A CPU tensor of the size and dtype ``.metadata`` declares for ``fqn``.
+
+    Raises:
+        CkptkitError: ``CK-F108`` the declaration is not a size and a dtype, or (for
+            untransformed items) it needs more bytes than the shards store for it.
+    """
+    size, dtype = m.size, getattr(m.properties, "dtype", None)
+    ok = isinstance(size, Sequence) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in size
+    )
+    if not ok or not isinstance(dtype, torch.dtype):
+        raise codes.error(
+            codes.F108,
+            f"item {fqn} declares size {size!r} and dtype {dtype!r}"[:300],
+            path=rel_in(prefix, METADATA),
+        )
+    need = math.prod(size) * dtype.itemsize
+    if not transformed and need > stored:
+        raise codes.error(
+            codes.F108,
+            f"item {fqn} declares {need} bytes of tensor data, its storage entries hold {stored}",
+            path=rel_in(prefix, METADATA),
+        )
+    return torch.empty(tuple(size), dtype=dtype)
+
+
 __all__ = [
     "DCP_COMPONENT",
     "DCP_DIR",
@@ -1059,6 +1147,7 @@ __all__ = [
     "read_item",
     "read_metadata",
     "read_metadata_file",
+    "read_state",
     "read_verified",
     "rel_in",
     "save",

@@ -141,6 +141,9 @@ LAZY_OK = {
     # The drill imports scipy (through its statistics) while the training runs it forked
     # are busy, instead of before them.
     "ckptkit.drill.runner",
+    # ckptkit.dcp imports torch.distributed.checkpoint (over a second); diff needs it only
+    # for a DCP directory, and the drill imports statediff in every run.
+    "ckptkit.statediff",
 }
 """Modules allowed function-local imports of ckptkit modules (never to dodge a cycle)."""
 

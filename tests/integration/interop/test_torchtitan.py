@@ -168,6 +168,10 @@ def test_ckptkit_drill_drills_the_titan_script(tmp_path: Path) -> None:
     assert rep["ok"]
     twin = next(c for c in rep["checks"] if c["name"] == "twin")
     assert twin["statistic"] == 0 and {"rng", "lr", "opt_step", "batch_hash"} <= set(twin["detail"]["compared"])
+    es = next(c for c in rep["checks"] if c["name"] == "end_state")
+    assert es["ok"] and not es["skipped"], es["detail"]
+    # the final step is model-only (torchtitan's last_save_model_only): its model, read from DCP
+    assert "model" in es["detail"]["compared"] and not es["detail"]["not_compared_state"], es["detail"]
     assert Path(rep["checkpoint"]).name == "step-2"  # torchtitan's own step folder, copied
     assert (Path(rep["checkpoint"]) / "ckptkit-manifest.json").is_file()
 

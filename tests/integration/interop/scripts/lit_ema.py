@@ -1,8 +1,12 @@
-"""A tiny Lightning Trainer script with an EMA kept by a callback, drillable (lines marked ##).
+"""A tiny Lightning Trainer script with an EMA kept by a callback and a ``MultiStepLR``
+whose milestone lies beyond the run, drillable (lines marked ##).
 
 The EMA callback saves its shadow weights with every checkpoint (``state_dict``).
 ``--fault ema`` (resumed run only): its ``load_state_dict`` does not take them back, so the
-EMA restarts from the current weights: every step record agrees, only the final state shows it.
+EMA restarts from the current weights. ``--fault milestone`` (resumed run only): the
+module's ``on_load_checkpoint`` drops the scheduler's saved state, so it restarts at step 0
+(its LR stays the same until the milestone). Either way every step record agrees, and only
+the final state shows it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ warnings.filterwarnings("ignore")  # Lightning's tips about workers and loggers
 
 
 class Net(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, drop_scheduler: bool = False) -> None:
         super().__init__()
+        self.drop_scheduler = drop_scheduler
         self.body = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.ReLU(),
                                         torch.nn.Dropout(0.2), torch.nn.Linear(12, 1))
 
@@ -31,8 +36,14 @@ class Net(L.LightningModule):
         x, y = batch
         return torch.nn.functional.mse_loss(self.body(x), y)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=1e-2, momentum=0.9)
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=1e-2, momentum=0.9)
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1000], gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.drop_scheduler:
+            checkpoint["lr_schedulers"] = []  # Lightning restores none: the scheduler restarts
 
 
 class EMA(L.Callback):
@@ -61,7 +72,7 @@ class EMA(L.Callback):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--fault", choices=("none", "ema"), default="none")
+    p.add_argument("--fault", choices=("none", "ema", "milestone"), default="none")
     a = p.parse_args()
     resumed = bool(os.environ.get("CKPTKIT_DRILL_RESUME_FROM"))
     L.seed_everything(0, verbose=False)
@@ -79,7 +90,8 @@ def main() -> None:
         # at that step's end.
         callbacks=[EMA(restore=not (resumed and a.fault == "ema")), cb],  ##
     )
-    trainer.fit(Net(), loader, ckpt_path=cb.ckpt_path())  ##
+    trainer.fit(Net(drop_scheduler=resumed and a.fault == "milestone"), loader,
+                ckpt_path=cb.ckpt_path())  ##
 
 
 if __name__ == "__main__":

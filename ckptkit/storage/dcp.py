@@ -51,7 +51,6 @@ from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, DistributedError
 from ckptkit.format import digest
 from ckptkit.storage import files, fs
-from ckptkit.storage.digest import CHUNK as HASH_CHUNK
 from ckptkit.storage.fs import Location
 
 DCP_DIR = "dcp"
@@ -979,7 +978,7 @@ class Shard:
         ahead of the prefix)."""
         end = min(end, self.size)
         while self.hashed < end:
-            k = min(HASH_CHUNK, end - self.hashed)
+            k = min(SHARD_CHUNK, end - self.hashed)
             if self._scratch is None or len(self._scratch) < k:
                 self._scratch = bytearray(k)
             with memoryview(self._scratch)[:k] as part:

@@ -23,6 +23,7 @@ The files stay in the page cache between a save and the loads (as on a node that
 wrote them); both sides read the same bytes.
 
     python benchmarks/dcp_bench.py                 # 256 MiB, 5 repeats
+    python benchmarks/dcp_bench.py --repeats 15    # a shared machine: more rounds
     python benchmarks/dcp_bench.py --quick         # 32 MiB, 3 repeats
     python benchmarks/dcp_bench.py --size-mb 1024 --dir /mnt/nvme --json out.json
 
@@ -129,15 +130,18 @@ def fresh(size_mb: int, root: Path, repeats: int) -> dict[str, list[float]]:
 
 def table(results: dict[str, dict[str, list[float]]], size_mb: int) -> str:
     lines = [
-        f"ckptkit.dcp vs plain DCP, {size_mb} MiB state, medians (s)",
+        f"ckptkit.dcp vs plain DCP, {size_mb} MiB state, medians (s). 'paired': the median",
+        "of each round's ratio (both sides measured back to back, so a load that comes and",
+        "goes on a shared machine touches both); steadier there than the ratio of medians",
         "",
-        "| setting | op | plain DCP | ckptkit.dcp | ratio |",
-        "|---|---|---:|---:|---:|",
+        "| setting | op | plain DCP | ckptkit.dcp | ratio | paired |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for setting, times in results.items():
         for what, plain, ours in PAIRS:
             p, o = statistics.median(times[plain]), statistics.median(times[ours])
-            lines.append(f"| {setting} | {what} | {p:.3f} | {o:.3f} | {o / p:.3f}x |")
+            paired = statistics.median(a / b for a, b in zip(times[ours], times[plain], strict=True))
+            lines.append(f"| {setting} | {what} | {p:.3f} | {o:.3f} | {o / p:.3f}x | {paired:.3f}x |")
     return "\n".join(lines)
 
 

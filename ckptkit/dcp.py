@@ -382,12 +382,8 @@ def check(path: str | os.PathLike[str], *, key: bytes | str | None = None) -> mf
     """
     where = fs.location(path)
     man, md, listed = open_checked(where, key=signing.resolve_key(key))
-    for name, fe in sorted(listed.items()):
-        if name != store.METADATA:
-            store.check_file(where / name, fe, rel=name)
-    problems = store.coverage(
-        md, listed, prefix="", item_bytes=lambda it: store.read_item(where, it)
-    )
+    item_bytes = store.check_shards(where, md, listed, prefix="")
+    problems = store.coverage(md, listed, prefix="", item_bytes=item_bytes)
     if problems:
         raise problems[0]
     return man

@@ -579,6 +579,11 @@ def read_dcp_metadata(path: Path) -> tuple[Any, Problem | None]:
         data = path.read_bytes()
     except OSError as e:
         return None, failed_read(e, codes.F108, "cannot be read")
+    return loads_dcp_metadata(data)
+
+
+def loads_dcp_metadata(data: bytes) -> tuple[Any, Problem | None]:
+    """:func:`read_dcp_metadata` of bytes already read."""
     if len(data) > MAX_PICKLE_BYTES:
         return None, Problem(codes.F108, f"{len(data)} bytes: absurdly large metadata")
     try:

@@ -133,6 +133,9 @@ class Scan:
     _cache: dict[str, Any] = field(default_factory=dict)
     _refused: dict[str, str] = field(default_factory=dict)
     """What the reader said of each pickle that needs code (before the layout's verdict)."""
+    digests: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """``{file: (xxh3-128, size)}`` of files the reader read whole while scanning them (a
+    DCP shard): the check against an adopted manifest takes these instead of a second read."""
 
     @classmethod
     def start(cls, target: Path | str, fmt: str, *, scan_values: bool = True) -> Scan:
@@ -570,7 +573,9 @@ class Scan:
             return out
         for rel, rec in recorded.items():
             fe = mf.FileEntry(path=rel, size=int(rec["size"]), xxh3_128=str(rec["xxh3_128"]))
-            out[rel] = _scan_recorded(self.root, fe, outside=rel in self.outside)
+            out[rel] = _scan_recorded(
+                self.root, fe, outside=rel in self.outside, read=self.digests.get(rel)
+            )
         for rel in self.outside - set(recorded):
             fe = mf.FileEntry(path=rel, size=0, xxh3_128="")
             out[rel] = FileScan(fe, exists=True, outside=True)
@@ -650,8 +655,14 @@ def _lsize(p: Path) -> int:
         return 0
 
 
-def _scan_recorded(root: Path, fe: mf.FileEntry, *, outside: bool) -> FileScan:
-    """Compare one file with what ``ckptkit adopt`` recorded (size, then xxh3-128)."""
+def _scan_recorded(
+    root: Path, fe: mf.FileEntry, *, outside: bool, read: tuple[str, int] | None = None
+) -> FileScan:
+    """Compare one file with what ``ckptkit adopt`` recorded (size, then xxh3-128).
+
+    ``read``: ``(digest, size)`` of the file taken by the reader's own pass
+    (:attr:`Scan.digests`); used when the file still has that size, else it is hashed.
+    """
     p = root / fe.path
     try:
         st = os.lstat(p)
@@ -666,6 +677,8 @@ def _scan_recorded(root: Path, fe: mf.FileEntry, *, outside: bool) -> FileScan:
         return FileScan(fe, exists=True, not_regular=what)
     if st.st_size != fe.size:
         return FileScan(fe, exists=True, size=st.st_size)
+    if read is not None and read[1] == st.st_size:
+        return FileScan(fe, exists=True, size=read[1], digest=read[0])
     try:
         hexd, size = digest.hash_file(p)
     except UnsafeInputError:  # swapped for a symlink or a FIFO after the lstat: never read

@@ -28,10 +28,13 @@ from typing import Any
 import torch
 
 from ckptkit import codes
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
 from ckptkit.foreign.structure import Lazy, TensorMeta
 from ckptkit.foreign.torch_save import scan_tree
+from ckptkit.format import digest
+from ckptkit.storage import dcp
 
 META = ".metadata"
 
@@ -51,7 +54,15 @@ def scan(s: Scan) -> None:
         )
         s.absent("model", ".metadata is missing: no item of the checkpoint can be located")
         return
-    md, problem = _load.read_dcp_metadata(s.path(META))
+    md: Any = None
+    problem: _load.Problem | None
+    try:
+        data = s.path(META).read_bytes()
+    except OSError as e:
+        problem = _load.failed_read(e, codes.F108, "cannot be read")
+    else:
+        s.digests[META] = (digest.hexdigest_bytes(data), len(data))  # read once
+        md, problem = _load.loads_dcp_metadata(data)
     if problem is not None and problem.code == codes.F103:
         s.refused_pickle(META, f".metadata {problem.message}")
         s.absent("model", f".metadata could not be read ({problem.code})")
@@ -134,13 +145,18 @@ def scan(s: Scan) -> None:
     tree = _listify(tree)
     scan_tree(s, tree, file=META, what="the DCP state dict")
 
-    # Values: per-item CRCs and NaN/Inf in model/optimizer tensors.
+    # Values: per-item CRCs and NaN/Inf in model/optimizer tensors, each shard read once
+    # and hashed in the same pass (the digest an adopted manifest is checked against).
     if not s.scan_values:
         return
     model_keys = _keys_of(s, "model")
     opt_keys = _keys_of(s, "optimizer")
+    wanted: dict[str, list[tuple[_Entry, str, tuple[Any, ...]]]] = {}
     for ent in entries:
-        if ent.rel in bad_files or ent.transformed:
+        if ent.rel in bad_files:
+            continue
+        todo = wanted.setdefault(ent.rel, [])  # every good shard is hashed, values or not
+        if ent.transformed:
             continue
         path = item_path(ent.fqn, planner)
         comp = (
@@ -149,9 +165,9 @@ def scan(s: Scan) -> None:
         )
         if comp is None or not isinstance(sd_meta.get(ent.fqn, (0, None))[1], tuple):
             continue
-        obj = reader.read(ent, component=comp)
-        if isinstance(obj, torch.Tensor):
-            s.scan_tensor(comp, "/".join(str(p) for p in path), obj)
+        todo.append((ent, comp, path))
+    for rel, todo in wanted.items():
+        reader.scan_shard(rel, todo)
 
 
 @dataclass(frozen=True)
@@ -186,6 +202,39 @@ class _Reader:
         except OSError as e:
             s.add(codes.F108, f"item {fqn} cannot be read: {e}", path=rel, component=component)
             return None
+        return self.parse(ent, blob, component=component, critical=critical)
+
+    def scan_shard(self, rel: str, todo: list[tuple[_Entry, str, tuple[Any, ...]]]) -> None:
+        """Read shard ``rel`` once, in file order (:class:`ckptkit.storage.dcp.Shard`, the
+        reader ``ckptkit.dcp`` loads and checks with): scan the values of ``todo``'s items
+        for NaN/Inf as their bytes go by, and keep the file's digest (:attr:`Scan.digests`)
+        for the adopted manifest's check, so no byte is read twice.
+
+        A file that cannot be read here gets no digest (the file check reads it and says
+        why), and its remaining items are read one by one, each failure a finding.
+        """
+        s = self._s
+        todo = sorted(todo, key=lambda t: (t[0].offset, t[0].length))
+        done = 0
+        try:
+            with dcp.open_shard(s.path(rel), rel=rel, expected_size=None) as shard:
+                for ent, comp, path in todo:
+                    blob = bytearray(ent.length)
+                    shard.read_into(ent.offset, memoryview(blob))
+                    done += 1
+                    self._scan(comp, path, self.parse(ent, bytes(blob), component=comp))
+                s.digests[rel] = (shard.hexdigest(), shard.size)
+        except CkptkitError:
+            for ent, comp, path in todo[done:]:
+                self._scan(comp, path, self.read(ent, component=comp))
+
+    def _scan(self, comp: str, path: tuple[Any, ...], obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            self._s.scan_tensor(comp, "/".join(str(p) for p in path), obj)
+
+    def parse(self, ent: _Entry, blob: bytes, *, component: str, critical: bool = True) -> Any:
+        """One item's bytes: zip CRCs checked, then ``torch.load(weights_only=True)``."""
+        s, rel, fqn = self._s, ent.rel, ent.fqn
         if blob[:4] == b"PK\x03\x04":
             zf, why = _load._open_zip(io.BytesIO(blob))
             if zf is None:

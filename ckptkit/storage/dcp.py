@@ -36,7 +36,6 @@ import functools
 import importlib
 import io
 import math
-import mmap
 import os
 import pickle
 import re
@@ -683,16 +682,42 @@ def check_unread(
             check_file(where / name, listed[name], rel=rel_in(prefix, name))
 
 
+def check_shards(
+    where: Location, md: Any, listed: Mapping[str, mf.FileEntry], *, prefix: str = DCP_DIR
+) -> ItemBytes:
+    """Read every listed shard of the DCP directory ``where`` once, checking size and
+    digest, and keep the bytes of its non-tensor items as they go by.
+
+    ``md`` must have passed :func:`coverage` (structure and ranges). What it returns is
+    the ``item_bytes`` of the :func:`coverage` call that parses those items, from bytes
+    already proven: no item is read a second time.
+
+    Raises:
+        CkptkitError: the first file that does not match (``CK-F001/F002/F003/F022/F025``),
+            in name order.
+    """
+    items, _missing = _layout(md, prefix)
+    wanted: dict[str, list[Item]] = {}
+    for it in items:
+        if it.byte_io and entry_problem(it, listed) is None:
+            wanted.setdefault(it.name, []).append(it)
+    got: dict[tuple[str, int, int], bytes] = {}
+    for name, fe in sorted(listed.items()):
+        if name == METADATA:
+            continue
+        with open_shard(where / name, rel=rel_in(prefix, name), expected_size=fe.size) as shard:
+            for it in sorted(wanted.get(name, []), key=lambda i: (i.offset, i.length)):
+                buf = bytearray(it.length)
+                shard.read_into(it.offset, memoryview(buf))
+                got[(it.name, it.offset, it.length)] = bytes(buf)
+            shard.verify(fe)
+    return lambda it: got.get((it.name, it.offset, it.length))
+
+
 def check_file(path: Location, fe: mf.FileEntry, *, rel: str) -> None:
-    """Hash a whole file (streaming) and compare size and digest with its entry."""
-    with _shard(path, rel=rel, expected_size=fe.size) as mv:
-        h = digest.new()
-        h.update(mv)
-    got = h.hexdigest()
-    if got != fe.xxh3_128:
-        raise codes.error(
-            codes.F003, f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)", path=rel
-        )
+    """Hash a whole file (one read, :class:`Shard`) and compare size and digest with its entry."""
+    with open_shard(path, rel=rel, expected_size=fe.size) as shard:
+        shard.verify(fe)
 
 
 def _set_element(root: Any, path: Any, value: Any) -> None:
@@ -796,26 +821,22 @@ def classes() -> tuple[type, type]:
             self,
             req: Any,
             info: Any,
-            item: memoryview,
+            item: IO[bytes],
             planner: Any,
             deferred: list[tuple[Any, bytes]],
             rel: str,
         ) -> None:
-            """Parse one item from the mapped shard: a tensor now, other values later."""
+            """Parse one item from its shard: a tensor now, other values later."""
             from torch.distributed.checkpoint.planner import LoadItemType
 
-            reader = _MemReader(item)
-            try:
-                stream = self.transforms.transform_load_stream(
-                    req, info.transform_descriptors or (), cast(IO[bytes], reader)
-                )
-                if req.type == LoadItemType.BYTE_IO:
-                    deferred.append((req, bytes(stream.read(-1))))
-                    return
-                raw = stream if stream.seekable() else io.BytesIO(stream.read(-1))
-                tensor = cast(torch.Tensor, torch.load(raw, map_location="cpu", weights_only=True))
-            finally:
-                reader.close()
+            stream = self.transforms.transform_load_stream(
+                req, info.transform_descriptors or (), item
+            )
+            if req.type == LoadItemType.BYTE_IO:
+                deferred.append((req, bytes(stream.read(-1))))
+                return
+            raw = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+            tensor = cast(torch.Tensor, torch.load(raw, map_location="cpu", weights_only=True))
             tensor = _narrow(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
@@ -847,30 +868,27 @@ def classes() -> tuple[type, type]:
                 ),
             )
             deferred: list[tuple[Any, bytes]] = []
-            # One read of the shard: locally a memory map (the hash and torch.load read the
-            # same pages, no intermediate copy); on an object store one streamed download.
-            with _shard(self._dir / name, rel=rel, expected_size=fe.size) as mv:
-                size = len(mv)
-                h = digest.new()
-                pos = 0
+            # One read of the shard, in file order: each item's bytes land in the tensor
+            # storage torch.load allocates (as DCP's own reader reads them) and are hashed
+            # right behind (Shard); what no item asks for is hashed in between.
+            with open_shard(self._dir / name, rel=rel, expected_size=fe.size) as shard:
                 for req in spans:
                     info = self.storage_data[req.storage_index]
-                    off, length = info.offset, info.length
-                    if off >= pos:  # overlapping items (never written by DCP) hash once
-                        with mv[pos : off + length] as part:
-                            h.update(part)
-                        pos = off + length
-                    with mv[off : off + length] as item:
-                        self._load_item(req, info, item, planner, deferred, rel)
-                with mv[pos:size] as tail:
-                    h.update(tail)
-                got = h.hexdigest()
-            if got != fe.xxh3_128:
-                raise codes.error(
-                    codes.F003,
-                    f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)",
-                    path=rel,
-                )
+                    shard.hash_to(info.offset)  # bytes this rank's plan skips
+                    with shard.item(info.offset, info.length) as item:
+                        try:
+                            self._load_item(req, info, item, planner, deferred, rel)
+                        except CkptkitError:
+                            raise
+                        except Exception:
+                            # torch.load failed on these bytes: when the file does not
+                            # match its digest, that is what the caller needs to hear.
+                            try:
+                                shard.verify(fe)
+                            except CkptkitError as damaged:
+                                raise damaged from None
+                            raise
+                shard.verify(fe)
             self.checked.add(name)
             for req, data in deferred:  # parsed only now that the bytes are proven
                 fqn = req.storage_index.fqn
@@ -886,64 +904,197 @@ def classes() -> tuple[type, type]:
     return SafeLoadPlanner, VerifyingReader
 
 
+SHARD_CHUNK = 1 << 20
+"""Bytes a shard read moves (and then hashes, while they are still in the CPU cache) per
+step: hashing right behind the copy makes the digest cost a cache read, not a second
+pass over memory."""
+READ_GAP = 64 << 10
+"""A read that starts at most this far past the hashed prefix hashes the gap first (the
+zip headers between the records of a ``torch.save`` item); a read further ahead (the zip
+directory at an item's end, which ``torch.load`` reads first) is hashed when the prefix
+reaches it, re-read then: a few hundred bytes per item."""
+
+
+class Shard:
+    """One listed DCP file, read once: each byte hashed in file order as it is read.
+
+    The reader of a load asks for byte ranges (:meth:`read_into`, or :meth:`item`, the
+    file-like view ``torch.load`` parses), and the bytes land straight in the caller's
+    buffer (a tensor's storage): a plain ``pread`` locally, as DCP's own reader does; a
+    copy out of the one download remotely. Bytes that extend the hashed prefix are hashed
+    right after they land, in :data:`SHARD_CHUNK` steps; :meth:`verify` hashes what no
+    read asked for and compares the digest with the manifest's. There is no memory map
+    (a file cut short while mapped kills the process with ``SIGBUS``; a short ``pread``
+    is an error with a code).
+
+    Open one with :func:`open_shard`.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "s"; _ = p.write_bytes(b"abcdef")
+        >>> fe = mf.FileEntry(path="s", size=6, xxh3_128=digest.hexdigest_bytes(b"abcdef"))
+        >>> with open_shard(fs.location(p), rel="s", expected_size=6) as sh:
+        ...     buf = bytearray(2); _ = sh.read_into(2, memoryview(buf)); sh.verify(fe)
+        >>> bytes(buf)
+        b'cd'
+    """
+
+    def __init__(self, read_at: Callable[[int, memoryview], int], size: int, *, rel: str) -> None:
+        """``read_at(pos, dst)`` reads up to ``len(dst)`` bytes at ``pos`` into ``dst``
+        and returns how many (0 at the end of the file)."""
+        self.size = size
+        self.rel = rel
+        self._read_at = read_at
+        self._h = digest.new()
+        self.hashed = 0
+        """Bytes ``[0, hashed)`` are in the digest."""
+        self._scratch: bytearray | None = None
+
+    def read_into(self, pos: int, dst: memoryview) -> int:
+        """Fill ``dst`` (a flat byte view) with the bytes at ``pos``; return how many
+        (fewer only at the end of the file).
+
+        Raises:
+            IntegrityError: ``CK-F002`` the file got shorter while it was read.
+            CkptkitError: ``CK-F025``/``CK-F004`` the read failed (:func:`ckptkit.codes.read_error`).
+        """
+        n = max(0, min(len(dst), self.size - pos))
+        if self.hashed < pos <= self.hashed + READ_GAP:
+            self.hash_to(pos)
+        done = 0
+        while done < n:
+            k = min(SHARD_CHUNK, n - done)
+            at = pos + done
+            with dst[done : done + k] as part:
+                self._fill(at, part)
+                if at <= self.hashed < at + k:
+                    with part[self.hashed - at :] as fresh:
+                        self._h.update(fresh)
+                    self.hashed = at + k
+            done += k
+        return n
+
+    def hash_to(self, end: int) -> None:
+        """Hash ``[hashed, end)``, reading it now (bytes no read asked for, or asked for
+        ahead of the prefix)."""
+        end = min(end, self.size)
+        while self.hashed < end:
+            k = min(SHARD_CHUNK, end - self.hashed)
+            if self._scratch is None or len(self._scratch) < k:
+                self._scratch = bytearray(k)
+            with memoryview(self._scratch)[:k] as part:
+                self._fill(self.hashed, part)
+                self._h.update(part)
+            self.hashed += k
+
+    def verify(self, fe: mf.FileEntry) -> None:
+        """Hash the rest of the file and compare with the manifest's digest.
+
+        Raises:
+            IntegrityError: ``CK-F003`` the digest does not match.
+        """
+        got = self.hexdigest()
+        if got != fe.xxh3_128:
+            raise codes.error(
+                codes.F003,
+                f"digest mismatch (expected {fe.xxh3_128[:12]}…, got {got[:12]}…)",
+                path=self.rel,
+            )
+
+    def hexdigest(self) -> str:
+        """The digest of the whole file (what no read asked for is read now)."""
+        self.hash_to(self.size)
+        return str(self._h.hexdigest())
+
+    def item(self, offset: int, length: int) -> IO[bytes]:
+        """The bytes ``[offset, offset + length)`` as a seekable file (what ``torch.load``
+        reads), every read going through :meth:`read_into`."""
+        return cast(IO[bytes], _ItemReader(self, offset, length))
+
+    def _fill(self, pos: int, dst: memoryview) -> None:
+        got = 0
+        try:
+            while got < len(dst):
+                with dst[got:] as rest:
+                    k = self._read_at(pos + got, rest)
+                if not k:
+                    break
+                got += k
+        except OSError as e:
+            raise codes.read_error(e, path=self.rel) from None
+        if got != len(dst):
+            raise codes.error(
+                codes.F002,
+                f"file changed size while it was read (ended at byte {pos + got} of {self.size})",
+                path=self.rel,
+            )
+
+
 @contextlib.contextmanager
-def _shard(path: Location, *, rel: str, expected_size: int) -> Iterator[memoryview]:
-    """The bytes of a listed file, read once: a memory map locally, a download remotely.
+def open_shard(path: Location, *, rel: str, expected_size: int | None) -> Iterator[Shard]:
+    """Open a listed file for one hashed read (:class:`Shard`): locally with ``pread``
+    on the open file, remotely from one streamed download.
+
+    Args:
+        path: the file.
+        rel: how errors name it.
+        expected_size: the size the manifest records (None: whatever it is now).
 
     Raises:
         IncompleteCheckpointError: ``CK-F001`` missing.
         IntegrityError: ``CK-F002`` its size is not ``expected_size``.
         UnsafeInputError: ``CK-F022`` not a regular file.
+        CkptkitError: ``CK-F025`` it cannot be read now.
     """
     if not fs.is_local(path):
         if fs.kind(path) is None:
             raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel)
         size = fs.size(path)
-        if size != expected_size:
-            raise codes.error(
-                codes.F002, f"size is {size} bytes, the manifest records {expected_size}", path=rel
-            )
+        _check_size(size, expected_size, rel)
         buf = bytearray(size)
-        got = fs.read_into(path, buf) if size else 0
+        try:
+            got = fs.read_into(path, buf) if size else 0
+        except OSError as e:
+            raise codes.read_error(e, path=rel) from None
         if got != size:
             raise codes.error(codes.F002, f"read {got} of {size} bytes", path=rel)
-        with memoryview(buf) as mv:
-            yield mv
+        with memoryview(buf) as whole:
+
+            def copy_at(pos: int, dst: memoryview) -> int:
+                n = max(0, min(len(dst), size - pos))
+                dst[:n] = whole[pos : pos + n]
+                return n
+
+            yield Shard(copy_at, size, rel=rel)
         return
     with open_regular(path, rel=rel) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size != expected_size:
-            raise codes.error(
-                codes.F002, f"size is {size} bytes, the manifest records {expected_size}", path=rel
-            )
-        with _mapped(f, size) as mv:
-            yield mv
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        _check_size(size, expected_size, rel)
+        if hasattr(os, "posix_fadvise"):
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
+        yield Shard(lambda pos, dst: os.preadv(fd, [dst], pos), size, rel=rel)
 
 
-@contextlib.contextmanager
-def _mapped(f: io.BufferedReader, size: int) -> Iterator[memoryview]:
-    """A read-only memory map of a whole file (an empty view for an empty file)."""
-    if size == 0:
-        yield memoryview(b"")
-        return
-    mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-    with contextlib.suppress(AttributeError, OSError):
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-    mv = memoryview(mm)
-    try:
-        yield mv
-    finally:
-        mv.release()
-        with contextlib.suppress(BufferError):  # a view still alive: unmapped when freed
-            mm.close()
+def _check_size(size: int, expected: int | None, rel: str) -> None:
+    if expected is not None and size != expected:
+        raise codes.error(
+            codes.F002, f"size is {size} bytes, the manifest records {expected}", path=rel
+        )
 
 
-class _MemReader(io.RawIOBase):
-    """A seekable, zero-copy reader over a memoryview (what ``torch.load`` reads from)."""
+class _ItemReader(io.RawIOBase):
+    """A seekable view of one item's bytes in a :class:`Shard` (what ``torch.load`` reads).
 
-    def __init__(self, mv: memoryview) -> None:
+    Each read lands in the caller's buffer (the tensor's storage) directly.
+    """
+
+    def __init__(self, shard: Shard, offset: int, length: int) -> None:
         super().__init__()
-        self._mv = mv
+        self._shard = shard
+        self._off = offset
+        self._len = length
         self._pos = 0
 
     def readable(self) -> bool:
@@ -956,20 +1107,22 @@ class _MemReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mv)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
         self._pos = max(0, base + offset)
         return self._pos
 
     def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), len(self._mv) - self._pos))
-        with memoryview(b) as dst, dst.cast("B") as out, self._mv[self._pos : self._pos + n] as src:
-            out[:n] = src
+        with memoryview(b) as dst, dst.cast("B") as flat:
+            n = max(0, min(len(flat), self._len - self._pos))
+            with flat[:n] as out:
+                n = self._shard.read_into(self._off + self._pos, out)
         self._pos += n
         return n
 
-    def close(self) -> None:
-        self._mv = memoryview(b"")  # drop the reference into the map before it is closed
-        super().close()
+    def readall(self) -> bytes:
+        buf = bytearray(max(0, self._len - self._pos))
+        n = self.readinto(buf)
+        return bytes(buf[:n])
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -1128,11 +1281,14 @@ __all__ = [
     "DCP_DIR",
     "METADATA",
     "METADATA_REL",
+    "SHARD_CHUNK",
     "HashingFileSystem",
     "Item",
     "ItemBytes",
     "MetadataUnpickler",
+    "Shard",
     "check_file",
+    "check_shards",
     "check_unread",
     "classes",
     "coverage",
@@ -1144,6 +1300,7 @@ __all__ = [
     "load_byte_item",
     "loads_metadata",
     "open_regular",
+    "open_shard",
     "read_item",
     "read_metadata",
     "read_metadata_file",

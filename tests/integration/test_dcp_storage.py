@@ -135,6 +135,15 @@ def _truncate(p: Path) -> None:
     p.write_bytes(data[: len(data) - 100])
 
 
+def _unparsable_item(p: Path) -> None:
+    """Damage the zip directory of the last tensor item: ``torch.load`` fails on it before
+    the shard's last byte is read, so only the digest can say what happened."""
+    data = bytearray(p.read_bytes())
+    end = data.rindex(b"PK\x05\x06")  # the end-of-central-directory record
+    data[end : end + 4] = b"XXXX"
+    p.write_bytes(bytes(data))
+
+
 def _hostile_metadata(d: Path) -> None:
     """Someone rewrites ``.metadata`` with a pickle that runs code, and the (unsigned)
     manifest to match: the digests agree, the unpickler still refuses."""
@@ -154,6 +163,9 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "flipped shard": (lambda d: _flip(d / "__0_0.distcp"), codes.F003, "__0_0.distcp"),
     "truncated shard": (lambda d: _truncate(d / "__0_0.distcp"), codes.F002, "__0_0.distcp"),
     "missing shard": (lambda d: (d / "__0_0.distcp").unlink(), codes.F001, "__0_0.distcp"),
+    "a damaged item torch.load cannot parse": (
+        lambda d: _unparsable_item(d / "__0_0.distcp"), codes.F003, "__0_0.distcp"
+    ),
     "flipped metadata": (lambda d: _flip(d / ".metadata"), codes.F003, ".metadata"),
     "no manifest (save cut after .metadata)": (
         lambda d: (d / ckptkit.dcp.MANIFEST_NAME).unlink(),
@@ -267,3 +279,29 @@ def test_cli_verify_and_load_understand_a_dcp_directory_with_a_manifest(tmp_path
     with pytest.raises(CkptkitError) as e:
         ckptkit.load(d)
     assert "ckptkit.dcp.load" in str(e.value)
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through ``read``/``pread`` so far (Linux)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/self/io")
+def test_verify_reads_each_byte_of_a_dcp_directory_once(tmp_path: Path) -> None:
+    """``ckptkit verify`` scans the values and checks the manifest's digests in one read of
+    each shard (it used to read every shard twice: the value scan, then the digests)."""
+    d = tmp_path / "step-1"
+    ckptkit.dcp.save({"model": {"w": torch.randn(1 << 20)}, "step": 1}, d, step=1)
+    ckptkit.verify(d)  # imports and first-call reads paid
+    size = sum(p.stat().st_size for p in d.iterdir() if p.suffix == ".distcp")
+    before = _bytes_read()
+    report = ckptkit.verify(d)
+    read = _bytes_read() - before
+    assert not [f for f in report.reports[0].findings if f.code.startswith("CK-F")]
+    assert size <= read < 1.5 * size, (read, size)
+    _flip(d / "__0_0.distcp")  # the digests read in that pass are the ones compared
+    codes_found = {f.code for f in ckptkit.verify(d).reports[0].findings}
+    assert codes.F003 in codes_found

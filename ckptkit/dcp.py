@@ -466,7 +466,9 @@ def load(
 
     Raises:
         CkptkitError: the checkpoint is incomplete, damaged or unsafe (the finding code),
-            or does not fit ``state_dict``.
+            or does not fit ``state_dict``. After a refusal ``state_dict`` is undefined
+            (a refused shard's bytes may already be in the tensors it fed): load again
+            from a checkpoint that verifies, or choose one with :func:`check` first.
 
     Example:
         >>> import tempfile, torch

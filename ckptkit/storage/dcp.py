@@ -200,6 +200,11 @@ class HashingFileSystem:
         self.digests: dict[str, tuple[str, int]] = {}
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            # Unpickling (DCP's process-based async save sends the writer to its worker)
+            # looks attributes up before ``__dict__`` is restored: without this, the lookup
+            # of ``self.inner`` recursed forever.
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     @contextlib.contextmanager

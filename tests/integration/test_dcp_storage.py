@@ -124,6 +124,16 @@ def test_async_save_commits_when_done(tmp_path: Path) -> None:
     assert got["step"] == 7
 
 
+def test_a_writer_sent_to_another_process_still_hashes_and_commits(tmp_path: Path) -> None:
+    """DCP's process-based async save (torchtitan's ``async_with_pinned_mem``) pickles the
+    storage writer into its worker; unpickling it recursed forever (``RecursionError``)."""
+    writer = pickle.loads(pickle.dumps(ckptkit.dcp.Writer(tmp_path / "p", step=3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(train_state(), storage_writer=writer)
+    assert ckptkit.dcp.check(tmp_path / "p").step == 3
+
+
 def _flip(p: Path, at: float = 0.5) -> None:
     data = bytearray(p.read_bytes())
     data[int(len(data) * at)] ^= 0x01

@@ -137,6 +137,7 @@ class CheckpointManager(TitanCheckpointManager):
         self._drill_state: TrainState | None = None
         self._built: dict[str, Any] = {}
         self._loaded: mf.Manifest | None = None
+        self._first_step_hook: Any = None
         self.guard: guard_mod.ResumeGuard | None = None
         """The resume guard of the last load, when its step recorded a look-ahead (its
         ``findings``: what the restored run does unlike the saved one's next step)."""
@@ -241,8 +242,7 @@ class CheckpointManager(TitanCheckpointManager):
 
     def _close(self) -> None:
         super()._close()
-        if self.guard is not None:
-            self.guard.close()  # its first-step hook, if the run never stepped
+        self._unwatch()  # the first-step hook, if the run never stepped
         if self._drill_state is not None and self._recorder is not None:
             if self._recorder.observer is not None:
                 self._recorder.observer.close()
@@ -334,14 +334,32 @@ class CheckpointManager(TitanCheckpointManager):
         # The step the Trainer resumes at (its train_state, restored by this load).
         restored = getattr(self.states.get("train_state"), "step", None)
         live.step = restored if isinstance(restored, int) else man.step
-        if self.guard is not None:
-            self.guard.close()
+        self._unwatch()
         g = guard_mod.ResumeGuard(saved, per_rank=False)
         g.check_restored(live)
-        # The first resumed step too (a one-shot optimizer step pre-hook): an LR or an
-        # optimizer changed by hand between this load and the first step.
-        g.watch(live)
         self.guard = g
+        # The first resumed step too: an LR or an optimizer state changed by hand between
+        # this load and the first step. A one-shot pre-hook on the first inner optimizer,
+        # not the guard's own global one (ResumeGuard.watch): torchtitan's container is a
+        # torch Optimizer too and steps first, which that hook would take for an optimizer
+        # rebuilt after the restore.
+        opt = live.optimizer
+        assert opt is not None  # _live() holds one
+
+        def first_step(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._unwatch()
+            try:
+                g.on_first_step(o)
+            except Exception as e:  # a check inside optimizer.step(): never break training
+                log.debug("ckptkit resume guard: first-step check skipped: %s", e)
+
+        self._first_step_hook = opt.register_step_pre_hook(first_step)
+
+    def _unwatch(self) -> None:
+        """Remove the first-step hook of the last resume, if it is still armed."""
+        if self._first_step_hook is not None:
+            self._first_step_hook.remove()
+            self._first_step_hook = None
 
     def _adopt_hf(self, checkpoint_id: str) -> None:
         """Record the digests of a Hugging Face last step torchtitan wrote (rank 0)."""

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptkit import codes, signing
+from ckptkit import lookahead as lookahead_seam
 from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError
@@ -88,6 +89,11 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
             (``CKPTKIT_HMAC_KEY`` / ``CKPTKIT_HMAC_KEY_FILE``: :func:`ckptkit.signing.resolve_key`),
             if any.
         step: the training step to record (``ckptkit ls`` and the run layouts show it).
+        lookahead: the manifest's ``lookahead`` (what the next step will use, for the
+            resume guard): :func:`ckptkit.lookahead.record` of the live optimizer and
+            scheduler, as an integration builds it. None with a ``step``: the look-ahead
+            of that step alone (the next step number and an RNG fingerprint), computed
+            here, when the writer is built (the instant of the save call).
         **kwargs: ``FileSystemWriter``'s own (``thread_count``, ``sync_files``, ...).
 
     After the save, :attr:`manifest` holds what the coordinator committed (None on the
@@ -109,6 +115,7 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
         *,
         key: bytes | str | None = None,
         step: int | None = None,
+        lookahead: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         loc = fs.location(path)
@@ -118,6 +125,12 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
         self.fs = cast(Any, self.hashing)
         self.key = signing.resolve_key(key)
         self.step = mf.check_step(step) if step is not None else None
+        if lookahead is None and self.step is not None:
+            # Now, not at commit: the commit comes after the bytes are written (in the
+            # background for an async save), when the run may have stepped on.
+            lookahead = lookahead_seam.record(step=self.step)
+        self.lookahead: dict[str, Any] | None = dict(lookahead) if lookahead is not None else None
+        """The look-ahead the manifest records (None: none)."""
         self.manifest: mf.Manifest | None = None
         """The manifest the coordinator committed (after ``finish``)."""
         self._coordinator = False
@@ -192,7 +205,9 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
                 files[name] = (wr.file_xxh3_128, wr.file_size)
         super().finish(metadata, results)
         files[store.METADATA] = self.hashing.digests[store.METADATA]
-        self.manifest = commit(self.location, files, key=self.key, step=self.step)
+        self.manifest = commit(
+            self.location, files, key=self.key, step=self.step, lookahead=self.lookahead
+        )
 
 
 def commit(
@@ -201,6 +216,7 @@ def commit(
     *,
     key: bytes | None = None,
     step: int | None = None,
+    lookahead: Mapping[str, Any] | None = None,
 ) -> mf.Manifest:
     """Write the manifest of the DCP directory ``where``: ``files`` with their digests.
 
@@ -212,6 +228,8 @@ def commit(
         files: ``{name inside it: (xxh3-128, size)}``, ``.metadata`` included.
         key: sign with this key (already resolved).
         step: the step to record.
+        lookahead: the look-ahead to record (the manifest's ``lookahead``, the field the
+            native path writes, which verify and the resume guard read).
     """
     record = {
         "format": "dcp",
@@ -231,6 +249,7 @@ def commit(
         components={},
         env={"torch": torch.__version__, "python": platform.python_version()},
         step=step,
+        lookahead=dict(lookahead) if lookahead is not None else None,
         user={"adopted": record},
     )
     if key is not None:
@@ -395,10 +414,13 @@ def save(
     *,
     key: bytes | str | None = None,
     step: int | None = None,
+    lookahead: Mapping[str, Any] | None = None,
     process_group: Any = None,
     **writer_kwargs: Any,
 ) -> mf.Manifest | None:
     """``dcp.save`` through :class:`Writer` (collective when a process group is up).
+
+    ``lookahead`` as :class:`Writer`'s: given, or that of ``step`` alone.
 
     Returns:
         The committed manifest on the coordinator, None on the other ranks.
@@ -411,7 +433,7 @@ def save(
         >>> save({"w": torch.ones(2)}, tempfile.mkdtemp() + "/step-3", step=3).step
         3
     """
-    writer = Writer(path, key=key, step=step, **writer_kwargs)
+    writer = Writer(path, key=key, step=step, lookahead=lookahead, **writer_kwargs)
     with store.translated("DCP save"), store.quiet():
         _dcp.save(state_dict, storage_writer=writer, process_group=process_group)
     return writer.manifest
@@ -423,10 +445,13 @@ def async_save(
     *,
     key: bytes | str | None = None,
     step: int | None = None,
+    lookahead: Mapping[str, Any] | None = None,
     process_group: Any = None,
     **writer_kwargs: Any,
 ) -> Any:
     """``dcp.async_save`` through :class:`Writer`: returns once the state is staged.
+
+    ``lookahead`` as :class:`Writer`'s (computed before the call returns).
 
     Without a process group DCP warns, from its background thread, that it saves in a
     single process (the world of one).
@@ -444,7 +469,7 @@ def async_save(
         >>> check(d).step
         4
     """
-    writer = Writer(path, key=key, step=step, **writer_kwargs)
+    writer = Writer(path, key=key, step=step, lookahead=lookahead, **writer_kwargs)
     with store.translated("DCP async save"), store.quiet():
         return _dcp.async_save(state_dict, storage_writer=writer, process_group=process_group)
 

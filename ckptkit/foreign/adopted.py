@@ -79,20 +79,28 @@ def read_adopted(s: Scan, *, key: bytes | None = None) -> dict[str, Any] | None:
     A manifest that fails validation (or is not a regular file) is reported as a finding
     on ``s`` (its CK-M code) and an empty record is returned.
     """
+    return read_adopted_manifest(s, key=key)[0]
+
+
+def read_adopted_manifest(
+    s: Scan, *, key: bytes | None = None
+) -> tuple[dict[str, Any] | None, mf.Manifest | None]:
+    """:func:`read_adopted`, with the manifest it read (None unless it is valid): verify
+    checks its other fields too (the look-ahead a DCP save or an integration recorded)."""
     rel = adopted_path(s.target).name
     try:
         m = load_adopted(s.target, key=key)
     except CkptkitError as e:
         s.add(e.code or codes.M002, f"adopted manifest: {e.what}", path=rel, hint=e.hint)
-        return {}
+        return {}, None
     if m is None:
-        return None
+        return None, None
     try:
         mf.adopted_files(m, path=rel)  # the one check of the record (ckptkit.dcp's too)
     except CkptkitError as e:
         s.add(e.code or codes.M003, e.what, path=rel)
-        return {}
-    return dict((m.user or {})["adopted"])
+        return {}, None
+    return dict((m.user or {})["adopted"]), m
 
 
 def recorded_files(s: Scan, adopted: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -23,9 +23,15 @@ from typing import Any
 from ckptkit import codes
 from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
-from ckptkit.foreign.adopted import adopted_path, read_adopted, recorded_files
+from ckptkit.foreign.adopted import (
+    adopted_path,
+    read_adopted,
+    read_adopted_manifest,
+    recorded_files,
+)
 from ckptkit.foreign.read import scan
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
+from ckptkit.verify.checks.consistency import guard_findings
 from ckptkit.verify.findings import ordered, run_checks
 from ckptkit.verify.reader import ReaderContext
 from ckptkit.verify.report import Report
@@ -87,7 +93,7 @@ def verify_foreign(
         raise ValueError(f"expect must be one of {EXPECTS}, not {expect!r}")
     t0 = time.perf_counter()
     s = scan(path, fmt)
-    adopted = read_adopted(s, key=key)
+    adopted, adopted_man = read_adopted_manifest(s, key=key)
     recorded = recorded_files(s, adopted) if adopted is not None else None
     if adopted is None and not s.opaque:  # opaque: nothing was checked, say only why
         s.add(
@@ -108,7 +114,12 @@ def verify_foreign(
         # turn a checkpoint that is only unreadable now into a corrupt one.
         families = [f for f in families if f != "completeness"]
     ctx = ReaderContext(root=s.target, manifest=None, state=state, files=s.file_scans(recorded))
-    findings = ordered([*s.findings, *run_checks(ctx, families)])
+    # The adopted manifest's look-ahead (a DCP save's, an integration's), by the native rule.
+    families = list(families)
+    guarded: list[Any] = []
+    if adopted_man is not None and "consistency" in families:
+        guarded = guard_findings(adopted_man)
+    findings = ordered([*s.findings, *run_checks(ctx, families), *guarded])
     scans = ctx.files.values()
     return ForeignReport(
         path=s.target,

@@ -10,7 +10,10 @@ torchtitan's, with three hooks changed:
   :class:`ckptkit.dcp.Writer`, which hashes every byte as DCP writes it and commits
   ``step-N/ckptkit-manifest.json`` after ``.metadata`` (signed when a key is configured).
   A ``last_save_in_hf`` step (Hugging Face safetensors) is adopted after torchtitan wrote
-  it (``ckptkit adopt``: its digests recorded beside it);
+  it (``ckptkit adopt``: its digests recorded beside it). The manifest records the
+  look-ahead of the step (:func:`ckptkit.lookahead.record`: next step, LR of every param
+  group, scheduler position, optimizer step count) of the first optimizer and LR
+  scheduler of torchtitan's containers (one per model part; the first speaks for all);
 * **which step to load** (``_find_load_step``): the newest step that verifies from its
   bytes (:func:`ckptkit.run.resume_target`, the choice every ckptkit integration makes,
   made once on rank 0 for every rank): a truncated or flipped newer step is passed over,
@@ -25,7 +28,13 @@ torchtitan's, with three hooks changed:
   converted elsewhere) is loaded by plain DCP, with a WARNING that nothing vouches for it.
   The load leaves the global generators as it found them (torchtitan saves none, and its
   dataloader's restore draws a DataLoader base seed: a resumed run's workers would then
-  be seeded unlike an uninterrupted run's).
+  be seeded unlike an uninterrupted run's). Then the restored optimizer and scheduler
+  are compared with the step's look-ahead (the resume guard, :mod:`ckptkit.guard`, as the
+  Hugging Face integration does), at the load and at the first optimizer step after it: a
+  changed LR or schedule position (``CK-D003``: a scheduler left out of the load, an LR
+  set by hand), an optimizer step count that moved (``CK-D005``) is logged at WARNING and
+  kept in :attr:`CheckpointManager.guard`. RNG and sample ids are not compared: torchtitan saves
+  no generator state, and the drill compares the steps themselves.
 
 While it trains, rank 0 holds the run's writer lock (``.ckptkit.lock`` in the checkpoint
 folder, taken when the manager is built, released at ``close``): ``ckptkit prune`` and
@@ -66,12 +75,14 @@ from torch.distributed.checkpoint.state_dict_saver import (
     AsyncCheckpointerType,
     AsyncSaveResponse,
 )
-from torchtitan.components.checkpointer import MODEL
+from torchtitan.components.checkpointer import LR_SCHEDULER, MODEL, OPTIMIZER
 from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpointManager
 from torchtitan.components.checkpointer.dcp import AsyncMode
 from torchtitan.tools.utils import GarbageCollection
 
 from ckptkit import dcp as ckdcp
+from ckptkit import guard as guard_mod
+from ckptkit import manifest as mf
 from ckptkit import signing
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import tree_fingerprint
@@ -82,6 +93,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import adopt_checkpoint
 from ckptkit.layouts.torchtitan import TorchtitanLayout, holds_any, open_torchtitan
 from ckptkit.recorder import Recorder
+from ckptkit.records import LookAhead
 from ckptkit.run import Run, resume_target
 from ckptkit.storage import fs
 
@@ -124,6 +136,11 @@ class CheckpointManager(TitanCheckpointManager):
         self._recorder: Recorder | None = None
         self._drill_state: TrainState | None = None
         self._built: dict[str, Any] = {}
+        self._loaded: mf.Manifest | None = None
+        self._first_step_hook: Any = None
+        self.guard: guard_mod.ResumeGuard | None = None
+        """The resume guard of the last load, when its step recorded a look-ahead (its
+        ``findings``: what the restored run does unlike the saved one's next step)."""
         super().__init__(config, **kwargs)
         if not self.enable:
             return
@@ -205,21 +222,27 @@ class CheckpointManager(TitanCheckpointManager):
         # resumed run would then draw differently from an uninterrupted one (its workers'
         # seeds first). The load leaves every generator as it found it.
         outside = rng_capture.capture()
+        self._loaded = None
         try:
             if step != -1 or self._drill.resume_from is None:
-                return bool(super()._load(step))
-            # The drill's resumed run: its checkpoint, not the newest of its (empty) folder.
-            checkpoint_id = str(self._drill.resume_from)
-            log.info("ckptkit drill: loading %s", checkpoint_id)
-            states = self._states_to_load(model_only=step_of(checkpoint_id) == 0)
-            self.dcp_load(states, checkpoint_id=checkpoint_id, from_hf=False, from_quantized=False)
-            return True
+                loaded = bool(super()._load(step))
+            else:
+                # The drill's resumed run: its checkpoint, not the newest of its (empty) folder.
+                checkpoint_id = str(self._drill.resume_from)
+                log.info("ckptkit drill: loading %s", checkpoint_id)
+                states = self._states_to_load(model_only=step_of(checkpoint_id) == 0)
+                self.dcp_load(states, checkpoint_id=checkpoint_id, from_hf=False, from_quantized=False)
+                loaded = True
+            if loaded:
+                self._check_lookahead()
+            return loaded
         finally:
             rng_capture.restore(outside)
             self._observe()
 
     def _close(self) -> None:
         super()._close()
+        self._unwatch()  # the first-step hook, if the run never stepped
         if self._drill_state is not None and self._recorder is not None:
             if self._recorder.observer is not None:
                 self._recorder.observer.close()
@@ -251,22 +274,92 @@ class CheckpointManager(TitanCheckpointManager):
             self._adopt_hf(checkpoint_id)
             return ret
         key, step = self._ck_key, step_of(checkpoint_id)
+        la = self._lookahead(step)  # now: an async save returns before the bytes are out
         if async_mode == AsyncMode.ASYNC:
-            ret = ckdcp.async_save(state_dict, checkpoint_id, key=key, step=step, process_group=self.pg)
+            ret = ckdcp.async_save(
+                state_dict, checkpoint_id, key=key, step=step, lookahead=la, process_group=self.pg
+            )
         elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
             # ckdcp.async_save takes no stager: DCP's own call, with ckptkit's writer.
             ret = tdcp.async_save(
                 state_dict,
-                storage_writer=ckdcp.Writer(checkpoint_id, key=key, step=step),
+                storage_writer=ckdcp.Writer(checkpoint_id, key=key, step=step, lookahead=la),
                 process_group=self.pg,
                 async_checkpointer_type=AsyncCheckpointerType.PROCESS,
                 async_stager=self.stager,
             )
         else:
-            ckdcp.save(state_dict, checkpoint_id, key=key, step=step)
+            ckdcp.save(state_dict, checkpoint_id, key=key, step=step, lookahead=la)
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return ret
+
+    def _live(self) -> TrainState | None:
+        """The live objects the look-ahead reads, as a TrainState: the first optimizer and
+        LR scheduler of torchtitan's containers (one per model part, built alike and
+        stepped together: the first speaks for all). No model: the look-ahead reads none
+        without a probe. None when there is no optimizer (a model-only manager)."""
+        opts = getattr(self.states.get(OPTIMIZER), "optimizers", None) or []
+        opt = next((o for o in opts if isinstance(o, torch.optim.Optimizer)), None)
+        if opt is None:
+            return None
+        scheds = getattr(self.states.get(LR_SCHEDULER), "schedulers", None) or [None]
+        return TrainState(model=torch.nn.Module(), optimizer=opt, scheduler=scheds[0])
+
+    def _lookahead(self, step: int | None) -> dict[str, Any] | None:
+        """The look-ahead of the checkpoint of ``step``, from the live objects (None: a
+        checkpoint id that names no step, or nothing to read it from; the writer then
+        records what it can)."""
+        live = self._live() if step is not None else None
+        if live is None:
+            return None
+        try:
+            return guard_mod.lookahead_of(live, step=step)
+        except Exception as e:  # an exotic optimizer or scheduler: no look-ahead, never a crash
+            log.info("ckptkit: no look-ahead for step %s: %s", step, e)
+            return None
+
+    def _check_lookahead(self) -> None:
+        """Compare the restored optimizer and scheduler with the look-ahead the loaded
+        step recorded (the resume guard without a Recorder, as the Hugging Face
+        integration's): next step, LR of every group, scheduler position, optimizer step
+        count. Each mismatch is logged at WARNING and kept in :attr:`guard`."""
+        man, self._loaded = self._loaded, None
+        saved = LookAhead.of(man.lookahead if man is not None else None).guard
+        live = self._live()
+        if man is None or not saved or live is None or man.step is None:
+            return  # an unverified or older step, or a model-only load: nothing to compare
+        if guard_mod.problems(saved, {}):
+            return  # unreadable: verify says CK-S012
+        # The step the Trainer resumes at (its train_state, restored by this load).
+        restored = getattr(self.states.get("train_state"), "step", None)
+        live.step = restored if isinstance(restored, int) else man.step
+        self._unwatch()
+        g = guard_mod.ResumeGuard(saved, per_rank=False)
+        g.check_restored(live)
+        self.guard = g
+        # The first resumed step too: an LR or an optimizer state changed by hand between
+        # this load and the first step. A one-shot pre-hook on the first inner optimizer,
+        # not the guard's own global one (ResumeGuard.watch): torchtitan's container is a
+        # torch Optimizer too and steps first, which that hook would take for an optimizer
+        # rebuilt after the restore.
+        opt = live.optimizer
+        assert opt is not None  # _live() holds one
+
+        def first_step(o: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self._unwatch()
+            try:
+                g.on_first_step(o)
+            except Exception as e:  # a check inside optimizer.step(): never break training
+                log.debug("ckptkit resume guard: first-step check skipped: %s", e)
+
+        self._first_step_hook = opt.register_step_pre_hook(first_step)
+
+    def _unwatch(self) -> None:
+        """Remove the first-step hook of the last resume, if it is still armed."""
+        if self._first_step_hook is not None:
+            self._first_step_hook.remove()
+            self._first_step_hook = None
 
     def _adopt_hf(self, checkpoint_id: str) -> None:
         """Record the digests of a Hugging Face last step torchtitan wrote (rank 0)."""
@@ -341,7 +434,7 @@ class CheckpointManager(TitanCheckpointManager):
                 )
             super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
             return
-        ckdcp.load(state_dict, checkpoint_id, key=self._ck_key)
+        self._loaded = ckdcp.load(state_dict, checkpoint_id, key=self._ck_key)
         # As torchtitan: the model's entries are flattened into the state dict.
         if MODEL in self.states:
             self.states[MODEL].load_state_dict(state_dict)

@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import ckptkit.dcp
+import ckptkit.lookahead
 from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format.digest import hexdigest_bytes
@@ -132,6 +133,27 @@ def test_a_writer_sent_to_another_process_still_hashes_and_commits(tmp_path: Pat
         warnings.simplefilter("ignore")
         dcp.save(train_state(), storage_writer=writer)
     assert ckptkit.dcp.check(tmp_path / "p").step == 3
+
+
+def test_a_dcp_save_records_the_look_ahead_verify_reads(tmp_path: Path) -> None:
+    """A DCP save records the look-ahead of its step (the resume guard's record, in the
+    manifest field the native path writes); verify reads it as the native one's."""
+    d = tmp_path / "step-3"
+    ckptkit.dcp.save(train_state(), d, step=3)
+    guard = ckptkit.dcp.read_manifest(d).lookahead["guard"]
+    assert guard["next_step"] == 4 and isinstance(guard["rng"], str)
+    assert ckptkit.verify(d).ok
+
+    # What an integration gives (its optimizer's LR) is what the manifest holds, and verify
+    # checks it as the guard will read it: a value of the wrong type is CK-S012.
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    given = ckptkit.lookahead.record(step=5, model=model, optimizer=opt)
+    ckptkit.dcp.save(train_state(), tmp_path / "step-5", step=5, lookahead=given)
+    assert ckptkit.dcp.read_manifest(tmp_path / "step-5").lookahead["guard"]["lr"] == [0.25]
+    bad = {"guard": {**given["guard"], "lr": "fast"}}
+    ckptkit.dcp.save(train_state(), tmp_path / "step-6", step=6, lookahead=bad)
+    assert codes.S012 in {f.code for f in ckptkit.verify(tmp_path / "step-6").reports[0].findings}
 
 
 def _flip(p: Path, at: float = 0.5) -> None:

@@ -25,6 +25,7 @@ from ckptkit.codes import ROLLBACK
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES
+from ckptkit.manifest import Manifest
 from ckptkit.records import GUARD_KEY
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
@@ -400,10 +401,23 @@ def guard_values(ctx: CheckContext) -> Iterator[Finding]:
     # One rule for verify and restore: restore runs this check before it touches the state.
     man = ctx.manifest
     assert man is not None
+    yield from guard_findings(man)
+
+
+def guard_findings(man: Manifest) -> list[Finding]:
+    """``CK-S012`` when the resume guard cannot read ``man``'s look-ahead: the one rule for
+    a native manifest and an adopted one (a DCP save's, an integration's adoption).
+
+    Example:
+        >>> from ckptkit.manifest import Manifest
+        >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
+        ...              lookahead={"guard": {"lr": "fast"}})
+        >>> [f.code for f in guard_findings(m)]
+        ['CK-S012']
+    """
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
     found = guard.problems(look.get(GUARD_KEY), man.tree)
-    if found:
-        yield CODES[codes.S012].finding("; ".join(found[:MAX_NAMED]))
+    return [CODES[codes.S012].finding("; ".join(found[:MAX_NAMED]))] if found else []
 
 
 # --- what restore applies ----------------------------------------------------------------------

@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckptkit.cli import main
+from ckptkit.dcp import read_manifest
 from ckptkit.layouts.torchtitan import open_torchtitan
 
 pytest.importorskip("torchtitan")
@@ -79,11 +80,17 @@ def damaged(src: Path, dst: Path, how: str) -> Path:
     return dst
 
 
-def test_saves_carry_manifests_that_ls_and_verify_read(trained: tuple[Path, dict[int, str]]) -> None:
+def test_saves_carry_manifests_that_ls_and_verify_read(
+    trained: tuple[Path, dict[int, str]], trained_run: tuple[Path, list[dict[str, Any]]]
+) -> None:
     dump, saved = trained
     assert sorted(saved) == [2, 4, 5]
+    lrs = {x["saved"]: x["lr"] for x in trained_run[1] if "saved" in x}
     for step in saved:
         assert (dump / "checkpoint" / f"step-{step}" / "ckptkit-manifest.json").is_file()
+        # The look-ahead of the step (the resume guard's): the LR its next step uses.
+        la = read_manifest(dump / "checkpoint" / f"step-{step}").lookahead["guard"]
+        assert (la["next_step"], la["lr"], la["opt_step"]) == (step + 1, lrs[step], step), la
     doc = json.loads(cli("ls", dump, "--json").output)
     assert doc["layout"] == "torchtitan"
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
@@ -136,11 +143,17 @@ def test_integration_falls_back_past_a_damaged_or_model_only_newest_step_plain_t
     assert plain[2]["loaded"] is None and "CheckpointException" in plain[2]["error"]
     assert plain[1]["rng_moved"]  # its load draws from the global generator
 
-    ours, err = titan("--manager", "ckptkit", "load", cut, flip, gone, finished)
+    # The last dump again, its LR set by hand after the load: the resume guard says so.
+    ours, err = titan(
+        "--manager", "ckptkit", "load", cut, flip, gone, finished, finished, "--set-lr", "4", "0.5"
+    )
     for x in ours[:2]:
         assert (x["chosen"], x["loaded"], x["error"]) == (2, 2, None), x
         assert x["digest"] == saved[2]  # step 2's weights, bit for bit
         assert not x["rng_moved"]  # the load leaves the generators as it found them
+        assert x["guard"] == []  # resumed as saved: the guard has nothing to say
+    assert ours[3]["guard"] == [] and ours[4]["guard"] == ["CK-D003"], ours[3:]
+    assert "the first resumed step uses LR [0.5]" in err
     assert "loading step-2, the newest full step that verifies, instead of step-4" in err
     assert "CK-F00" in err  # the finding that passed step 4 over is named
     assert ours[2]["loaded"] is None

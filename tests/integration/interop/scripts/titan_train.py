@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=2)
     ap.add_argument("--full-last", action="store_true")
     ap.add_argument("--probe-prune", action="store_true")
+    ap.add_argument("--set-lr", nargs=2, metavar=("N", "LR"),
+                    help="load: set every LR by hand after loading the N-th dump (from 0)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,7 +149,8 @@ def main() -> None:
                 sched.step()
                 opt.zero_grad()
                 if ck.save(state.step, last_step=state.step == state.config.training.steps):
-                    print(json.dumps({"saved": state.step, "digest": digest(model)}), flush=True)
+                    lr = [g["lr"] for g in opt.optimizers[0].param_groups]
+                    print(json.dumps({"saved": state.step, "digest": digest(model), "lr": lr}), flush=True)
                     if args.probe_prune:
                         args.probe_prune = False
                         p = subprocess.run(
@@ -158,7 +161,7 @@ def main() -> None:
             ck.close()
             print(json.dumps({"final_step": state.step, "param_hash": digest(model)}), flush=True)
             return
-        for dump in args.dumps:
+        for n, dump in enumerate(args.dumps):
             model, opt, sched, loader, state, ck = build(args.manager, dump, interval=2, full_last=True)
             out: dict[str, Any] = {"dump": dump, "chosen": None, "loaded": None, "error": None}
             try:
@@ -167,6 +170,15 @@ def main() -> None:
                 ck.load()
                 out["loaded"], out["digest"] = state.step, digest(model)
                 out["rng_moved"] = not torch.equal(before, torch.random.get_rng_state())
+                if args.set_lr is not None and int(args.set_lr[0]) == n:
+                    for g in opt.optimizers[0].param_groups:
+                        g["lr"] = float(args.set_lr[1])
+                # One resumed step: the resume guard checks the load and this step.
+                model(next(iter(loader))).pow(2).mean().backward()
+                opt.step()
+                sched.step()
+                guard = getattr(ck, "guard", None)
+                out["guard"] = [f.code for f in guard.findings] if guard is not None else None
             except BaseException as e:  # DCP's CheckpointException is a BaseException
                 if isinstance(e, KeyboardInterrupt):
                     raise

@@ -66,6 +66,16 @@ FOREIGN_STEPS = 16
 restored optimizer's first step (and says so, as unknown)."""
 _WATCHING: ResumeGuard | None = None
 """The guard whose one-shot hooks are installed (:meth:`ResumeGuard.watch`), if any."""
+_STEP_HOOK: Any = None
+"""The one process-wide optimizer step pre-hook, dispatching to the armed guard. Installed
+once and never removed: a guard disarms itself inside the hook, and removing a hook while
+torch iterates over the hooks raises "OrderedDict mutated during iteration"."""
+
+
+def _dispatch_first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    g = _WATCHING
+    if g is not None and g.armed:
+        g._on_any_step(optimizer, args, kwargs)
 
 
 # --- what the guard reads from a checkpoint, checked before anything is restored -------------
@@ -378,7 +388,8 @@ class ResumeGuard:
     """A StepObserver (a Recorder bound to the TrainState) feeds this guard: it judges the
     RNG at the first step's start against the saved run's own between-step draws."""
     _rng_told: bool = False
-    _step_hook: Any = None
+    armed: bool = False
+    """The first-step watch is on (:meth:`watch`) and has not decided yet."""
     _foreign_steps: int = 0
     _cursor0: Mapping[str, Any] | None = None
     _epoch_end: bool = False
@@ -490,7 +501,7 @@ class ResumeGuard:
             >>> g = ResumeGuard(compute(ts)); _ = g.check_restored(ts); g.watch(ts)
             >>> g.close()
         """
-        global _WATCHING
+        global _STEP_HOOK, _WATCHING
         if _WATCHING is not None and _WATCHING is not self:
             _WATCHING.close()  # a second restore in this process: its guard takes over
         _WATCHING = self
@@ -499,14 +510,13 @@ class ResumeGuard:
         if callable(arm):
             arm(self.on_resumed_pass)
             self._cursor0 = ts.sampler.state_dict()
-        if self._step_hook is None:
-            self._step_hook = register_optimizer_step_pre_hook(self._on_any_step)
+        self.armed = True
+        if _STEP_HOOK is None:
+            _STEP_HOOK = register_optimizer_step_pre_hook(_dispatch_first_step)
 
     def close(self) -> None:
-        """Remove the one-shot hooks :meth:`watch` installed (idempotent)."""
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
+        """Disarm the one-shot hooks :meth:`watch` installed (idempotent; safe inside them)."""
+        self.armed = False
         ts = self._state
         arm = getattr(ts.sampler, "on_resumed_pass", None) if ts is not None else None
         if ts is not None and callable(arm) and (

@@ -2,7 +2,7 @@
 
 The comparison runs here on in-process "ranks" (threads meeting in a tiny collective), so
 majority, shard groups and a failed rank are cheap to cover; the real gloo runs are in
-``tests/integration/distributed/test_replicas.py``.
+``tests/integration/distributed/test_replica_ranks.py``.
 """
 
 from __future__ import annotations

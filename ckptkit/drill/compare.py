@@ -26,6 +26,7 @@ dict saying what differed first and where.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1087,6 +1088,13 @@ RECORDS_NOT_STATE = frozenset({"metrics"})
 ``log_history``), not training state: their timestamps and windows differ between any two
 runs, and the step records they hold are what the twin check compares."""
 
+EVENT_COUNTERS = re.compile(r"\Aloops/.*_progress/(?:total|current)/(?:ready|started)\Z")
+"""Lightning's loop progress counters of events a loop *began* (``ready``, ``started``):
+Lightning counts them again, or not, when a process restarts inside its loops (a resume
+from an end-of-epoch checkpoint leaves ``fit_loop.epoch_progress.total.ready`` one behind
+the uninterrupted run's). They steer nothing; the ``processed``/``completed`` counters,
+which say where training stands, are still compared."""
+
 
 def end_state(
     references: Sequence[Path | None],
@@ -1235,7 +1243,8 @@ def _judge(
             if not (t.status == "changed" and t.max_abs is not None
                     and t.max_abs <= factor * noise_t.get(f"{c.name}/{t.path}", 0.0))
         ]
-        values = [v for v in c.changed_values if f"{c.name}/{v.path}" not in noisy_v]
+        values = [v for v in c.changed_values if f"{c.name}/{v.path}" not in noisy_v
+                  and not EVENT_COUNTERS.match(f"{c.name}/{v.path}")]
         if tensors or values:
             parts = []
             if tensors:

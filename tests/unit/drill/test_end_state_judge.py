@@ -77,3 +77,14 @@ def test_an_uncompared_optimizer_is_said_and_keeps_the_diagnosis_below_high(tmp_
     d = _from_end_state(es)
     # The model differs, but the optimizer was not ruled out (it was never read).
     assert (d.component, d.confidence, d.candidates) == ("model", "medium", ["model", "optimizer"])
+
+
+def test_lightning_loop_event_counters_are_not_state_but_completed_counters_are() -> None:
+    """A Lightning resume from an end-of-epoch checkpoint leaves ``epoch_progress``'s
+    ready/started one behind the uninterrupted run's (fresh-clone CI: a clean drill failed)."""
+    from ckptkit.drill.compare import EVENT_COUNTERS
+
+    assert EVENT_COUNTERS.match("loops/fit_loop/epoch_progress/total/ready")
+    assert EVENT_COUNTERS.match("loops/fit_loop/epoch_loop.batch_progress/current/started")
+    assert not EVENT_COUNTERS.match("loops/fit_loop/epoch_progress/total/completed")
+    assert not EVENT_COUNTERS.match("model/loops/x_progress/total/ready")

@@ -313,9 +313,23 @@ def test_fabric_checkpoints_restore_rng_and_the_data_cursor(tmp_path: Path) -> N
 # --- drills -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "script", [LIT, FAB, LIT2], ids=["trainer", "fabric", "trainer-datamodule"]
+# The drill's end-state check (issue 25) found that a Trainer with a LightningDataModule,
+# resumed from a checkpoint saved at an epoch's last step, ends in another epoch than the
+# uninterrupted run at the same global step (final checkpoints epoch=2-step=16 vs
+# epoch=1-step=16; fit_loop.epoch_progress completed 2 vs 1), and that ckptkit's own
+# callback's stability-watch warm-up count restarts at the resume. Every step record still
+# agrees inside the window. A real difference, not yet fixed: strict, so the fix shows.
+_END_STATE_FINDING = pytest.mark.xfail(
+    strict=True,
+    reason="end_state: the datamodule Trainer's epoch counter and the callback's watch state "
+    "differ after a resume at an epoch boundary (open defect, closing note of issue 25)",
 )
+_EPOCH_SCRIPTS = [
+    LIT, FAB, pytest.param(LIT2, marks=_END_STATE_FINDING),
+]
+
+
+@pytest.mark.parametrize("script", _EPOCH_SCRIPTS, ids=["trainer", "fabric", "trainer-datamodule"])
 def test_a_clean_drill_passes_bitwise_across_an_epoch_boundary(script: Path, tmp_path: Path) -> None:
     rep = _drill(script, "none", tmp_path, w=6, n=8)  # 10 steps an epoch: 7..14 cross it
     assert rep.ok, rep.to_dict() if hasattr(rep, "to_dict") else rep
@@ -352,8 +366,6 @@ def test_fault_table_of_the_datamodule_script(fault: str, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "script", [LIT, FAB, LIT2], ids=["trainer", "fabric", "trainer-datamodule"]
-)
+@pytest.mark.parametrize("script", _EPOCH_SCRIPTS, ids=["trainer", "fabric", "trainer-datamodule"])
 def test_a_drill_saved_at_the_end_of_an_epoch_passes(script: Path, tmp_path: Path) -> None:
     assert _drill(script, "none", tmp_path, w=10, n=6).ok

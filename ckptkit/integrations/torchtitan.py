@@ -147,8 +147,13 @@ class CheckpointManager(TitanCheckpointManager):
         if self._drill.ckpt_dir is not None:
             log.info("ckptkit drill: checkpoints go to %s", self._drill.ckpt_dir)
             self.folder = str(self._drill.ckpt_dir)
-        local = fs.local_path(fs.location(self.folder)) is not None  # the layout reads local folders
-        if not self.load_only and _rank() == 0 and local:
+        local = fs.local_path(fs.location(self.folder))  # the layout reads local folders
+        if not self.load_only and local is not None:
+            # Every rank sees the folder before torchtitan's load asks whether it exists: a
+            # rank that asked before rank 0's run lock created it would skip the choice of
+            # the step, a collective the others make (a gloo lock-up, fresh-clone CI).
+            local.mkdir(parents=True, exist_ok=True)
+        if not self.load_only and _rank() == 0 and local is not None:
             # As every ckptkit integration: no prune deletes while this run saves. The
             # lock holder also adopts a step a kill left without its manifest.
             self._run = open_torchtitan(self.folder, readonly=False, key=self._ck_key)

@@ -1,9 +1,9 @@
 """One rank of the two-rank torchtitan test: ``python _titan_worker.py SPEC_JSON``.
 
 torchtitan's real checkpointer with the ckptkit integration (the containers of
-``interop/scripts/titan_train.py``), on gloo: train 4 steps saving steps 2 and 4 (the last,
-full) synchronously; rank 0 then truncates
-the shard rank 1 wrote of step 4, and every rank builds a fresh manager and loads. Writes
+``interop/scripts/titan_train.py``), on gloo: train 4 steps saving step 2 with the spec's
+``async_mode`` and step 4 (the last, full) synchronously; rank 0 then truncates the shard
+rank 1 wrote of step 4, and every rank builds a fresh manager and loads. Writes
 what this rank saw to ``out/result-<rank>.json``.
 """
 
@@ -33,7 +33,7 @@ def main() -> None:
     out: dict[str, Any] = {"saved": {}}
     try:
         model, opt, sched, loader, state, ck = build(
-            "ckptkit", dump, interval=2, full_last=True, steps=4, async_mode="disabled"
+            "ckptkit", dump, interval=2, full_last=True, steps=4, async_mode=spec["async_mode"]
         )
         ck.load()
         batches = iter(loader)

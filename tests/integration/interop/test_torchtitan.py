@@ -127,6 +127,26 @@ def test_training_holds_the_run_lock_until_close(
         pass  # released at close: a writer may open the run now
 
 
+def test_every_rank_sees_the_checkpoint_folder_before_its_first_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torchtitan's load chooses a step (a collective: rank 0 chooses, the others are told)
+    # only when the folder exists. Before: only rank 0's run lock created it, so rank 1's
+    # first load could skip the choice rank 0 made, and the ranks locked up at the next
+    # collective (tests/integration/distributed/test_titan_ranks.py, under load).
+    from ckptkit.integrations import torchtitan as integration
+
+    monkeypatch.setattr(integration, "_rank", lambda: 1)
+    cfg = integration.CheckpointManager.Config(enable=True, folder="checkpoint", interval=2)
+    ck = cfg.build(
+        dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None, states={},
+        sd_adapter=None, base_folder=str(tmp_path),
+    )
+    assert (tmp_path / "checkpoint").is_dir()
+    assert ck._run is None  # rank 0 alone holds the run lock
+    ck.close()
+
+
 def test_integration_falls_back_past_a_damaged_or_model_only_newest_step_plain_torchtitan_does_not(
     trained: tuple[Path, dict[int, str]], tmp_path: Path
 ) -> None:

@@ -9,11 +9,11 @@ run, after a barrier each time, every rank times (medians of ``--repeat``):
 - ``hash_all``: every rank hashes its copy at once (what the check does). On a cluster each
   rank has its own host memory bandwidth and this equals ``hash_one``; on one small
   machine the ranks share cores and memory, so it shows the worst case;
-- ``gather``: the fixed-size all-gather alone (48 bytes per rank);
+- ``gather``: the fixed-size gather to rank 0 alone (48 bytes per rank);
 - ``check``: the whole check of agreeing copies (:func:`ckptkit.replicas.check`: hash,
   gather, compare);
 - ``check_diverged``: the same when one rank's copy of one tensor differs (the per-tensor
-  table travels too: an object all-gather);
+  table travels too: an object gather to rank 0);
 - ``save_checked`` / ``save_unchecked``: ``CheckpointManager.save`` with
   ``replica_check_every=1`` and ``0`` (the blocking part; the read-back verify runs in the
   background and is joined outside the timing), alternating round by round.
@@ -53,7 +53,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
     import ckptkit
     from ckptkit import replicas
-    from ckptkit.collective import TorchGroup, all_gather_fixed
+    from ckptkit.collective import TorchGroup, gather_fixed
     from ckptkit.commit import SPREAD
     from ckptkit.format import tree
 
@@ -101,7 +101,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     for i in range(args.repeat + 1):  # round 0 warms up (first-call costs, page cache)
         timed("hash_one", lambda: replicas.digests(held) if rank == 0 else None)
         timed("hash_all", lambda: replicas.digests(held))
-        timed("gather", lambda: all_gather_fixed(coll, bytes(replicas.RECORD.size)))
+        timed("gather", lambda: gather_fixed(coll, bytes(replicas.RECORD.size)))
         timed("check", lambda: replicas.check(coll, held, policy="warn"))
         mine = odd if rank == world - 1 else held
         timed("check_diverged", lambda m=mine: replicas.check(coll, m, policy="warn"))

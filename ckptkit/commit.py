@@ -4,10 +4,11 @@
    directory; every rank learns its name (a broadcast);
 2. every rank writes and hashes its own files into it through a
    :class:`~ckptkit.storage.shards.ShardWriter` (safetensors shards or DCP);
-3. every rank's file entries and per-rank state reach rank 0 (an all-gather); any rank's
-   failure travels in that gather, so every rank raises and nothing is committed;
+3. every rank's file entries and per-rank state reach rank 0 (a gather to rank 0: no rank
+   but rank 0 receives another's); any rank's failure travels in that gather;
 4. rank 0 builds the manifest, writes it last (the commit marker) and renames the
-   directory into place; every rank learns the outcome (a broadcast).
+   directory into place, or aborts when a rank failed; every rank learns the outcome (a
+   broadcast), so every rank raises together and nothing is committed on a failure.
 
 A world of one is this protocol with identity collectives (:class:`~ckptkit.collective.Solo`):
 ``ckptkit.save``, a one-process ``CheckpointManager`` save and a multi-rank save differ
@@ -127,47 +128,65 @@ def commit(
     except BaseException as e:
         err = e
     with _peer_loss(what, final, pending, NOTHING_COMMITTED):
-        gathered = coll.all_gather((describe(err) if err is not None else None, part))
-    failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
-    if failed:
-        if pending is not None:
-            pending.abort()
-        if err is not None:
-            raise _restated(err, final) from err
-        raise DistributedError(
-            f"{what} failed on rank(s) {', '.join(str(r) for r, _ in failed)}: "
-            + " | ".join(f"rank {r}: {m}" for r, m in failed),
-            path=final,
-            hint="nothing was committed; see that rank's log for the cause",
-        )
+        gathered = coll.gather((describe(err) if err is not None else None, part))
     man: mf.Manifest | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     if pending is not None:
-        try:
-            man = build([p for _, p in gathered])
-            if key is not None:
-                man = man.signed(key)
-            if fence is not None:
-                fence()
-            manifest_io.write(pending.tmp, man, fsync=fsync)
-            crashpoints.reached("commit.manifest_written")
-            if before_commit is not None:
-                before_commit(pending.tmp)
-            pending.finalize(fsync=fsync)
-            crashpoints.reached("commit.done")
-        except BaseException as e:
+        assert gathered is not None  # rank 0 creates the temporary directory and gathers
+        failed = [(r, m) for r, (m, _) in enumerate(gathered) if m is not None]
+        if failed:
             pending.abort()
-            err, outcome = e, describe(e)
+            outcome = Outcome(failed, committed=False)
+        else:
+            try:
+                man = build([p for _, p in gathered])
+                if key is not None:
+                    man = man.signed(key)
+                if fence is not None:
+                    fence()
+                manifest_io.write(pending.tmp, man, fsync=fsync)
+                crashpoints.reached("commit.manifest_written")
+                if before_commit is not None:
+                    before_commit(pending.tmp)
+                pending.finalize(fsync=fsync)
+                crashpoints.reached("commit.done")
+            except BaseException as e:
+                pending.abort()
+                err, outcome = e, Outcome([(0, describe(e))], committed=None)
+    # Rank 0 answers every rank with one small message: the ranks' records went to rank 0
+    # alone, so what each rank exchanges does not grow with the world size.
     with _peer_loss(what, final, None, MAYBE_COMMITTED):
         outcome = coll.broadcast(outcome)
     if outcome is not None:
         if err is not None:
             raise _restated(err, final) from err
-        raise DistributedError(
-            f"{what} failed on rank 0 at commit: {outcome}", path=final, hint="see rank 0's log"
-        )
+        raise outcome.error(what, final)
     return man
 
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Why a commit failed, as rank 0 tells every rank: the failed ranks and their messages;
+    ``committed`` False when nothing was (a rank failed before the commit), None when rank
+    0 failed at the commit itself (it may or may not have committed)."""
+
+    failed: list[tuple[int, str]]
+    committed: bool | None
+
+    def error(self, what: str, final: Location) -> DistributedError:
+        """The error a rank that did not fail itself raises."""
+        if self.committed is None:
+            [(_, msg)] = self.failed
+            return DistributedError(
+                f"{what} failed on rank 0 at commit: {msg}", path=final, hint="see rank 0's log"
+            )
+        return DistributedError(
+            f"{what} failed on rank(s) {', '.join(str(r) for r, _ in self.failed)}: "
+            + " | ".join(f"rank {r}: {m}" for r, m in self.failed),
+            path=final,
+            hint="nothing was committed; see that rank's log for the cause",
+        )
 
 
 @contextlib.contextmanager

@@ -6,19 +6,21 @@ optimizer moments, the replicate dimension of HSDP, anything the commit writes o
 several ranks). A faulty accelerator, a memory error or a non-deterministic kernel can make
 one replica differ while the loss still looks fine; the save writes one rank's copy and the
 divergence goes unnoticed until days later. Hashing costs one xxh3-128 pass over what the
-rank holds, and comparing costs one all-gather of a fixed 48-byte record per rank:
+rank holds, and comparing costs one gather of a fixed 48-byte record per rank to rank 0 and
+one small answer back (what a rank exchanges does not grow with the world size):
 
 1. each rank hashes its replicated tensors (:func:`digests`) and sends one record: the
    digest of the *set* of tensors it holds (which ranks are replicas of which: the same
    set means the same tensors), the digest of its (key, digest) pairs, and their count
-   (:func:`check`, through :func:`ckptkit.collective.all_gather_fixed`);
-2. ranks holding the same set must send the same digest of digests; only when some do not,
+   (:func:`check`, through :func:`ckptkit.collective.gather_fixed`);
+2. ranks holding the same set must send the same digest of digests: rank 0 reads the
+   records and tells every rank which groups disagree (a broadcast). Only when some do,
    one rank of each distinct digest of digests in those groups sends its per-tensor table
-   (an object all-gather: typically two tables, whatever the world size), and every rank
-   names the divergent tensors and the ranks outside the majority copy.
+   to rank 0 (typically two tables, whatever the world size), which names the divergent
+   tensors and the ranks outside the majority copy, and tells every rank.
 
-Every rank computes the same :class:`~ckptkit.records.Replicas` from the same gathered
-bytes, so every rank can act on it (raise or warn) without a further collective. What
+Every rank returns the same :class:`~ckptkit.records.Replicas` (rank 0's), so every rank
+can act on it (raise or warn) alike. What
 counts as replicated is :func:`replicated`: the commit's spread state (:data:`ckptkit.commit.SPREAD`)
 and, for DCP state, plain tensors (DCP writes them once) and each DTensor shard keyed by
 its offsets (ranks holding the same shard are replicas: HSDP's replicate dimension).
@@ -35,13 +37,14 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import xxhash
 
 from ckptkit import records
-from ckptkit.collective import Collective, all_gather_fixed
+from ckptkit.collective import Collective, gather_fixed
 
 log = logging.getLogger("ckptkit")
 
@@ -176,38 +179,65 @@ def check(
     except Exception as e:  # a diagnostic must never cost the save
         log.error("ckptkit: rank %d could not hash its replicas (%s: %s)", coll.rank, type(e).__name__, e)
         record = _FAILED
-    rows = [RECORD.unpack(r) for r in all_gather_fixed(coll, record)]
-    failed = [r for r, row in enumerate(rows) if not row[0]]
-    if failed:
+    gathered = gather_fixed(coll, record)  # rank 0 alone receives every rank's record
+    plan = coll.broadcast(_plan([RECORD.unpack(r) for r in gathered]) if gathered else None)
+    if plan.failed:
         log.warning(
             "ckptkit: replica check skipped: rank(s) %s could not hash their copies",
-            ", ".join(map(str, failed)),
+            ", ".join(map(str, plan.failed)),
         )
         return None
+    if not plan.classes:
+        return records.Replicas(coll.world_size, plan.groups, plan.compared, policy)
+    # Ranks with the same digest of digests hold the same per-tensor digests: one table
+    # per distinct copy of the state is enough to name every tensor and every rank. Only
+    # on a mismatch, and only to rank 0, which tells every rank what it found.
+    senders = {members[0] for cls in plan.classes for members in cls.values()}
+    tables = coll.gather({k: d.hex() for k, d in mine.items()} if coll.rank in senders else None)
+    found: list[records.Divergence] = []
+    if tables is not None:
+        found = sorted(
+            (d for cls in plan.classes for d in _divergent(cls, tables)), key=lambda d: d.key
+        )
+    return coll.broadcast(
+        records.Replicas(
+            coll.world_size,
+            plan.groups,
+            plan.compared,
+            policy,
+            divergent=tuple(found[: records.MAX_DIVERGENT]),
+            more=max(0, len(found) - records.MAX_DIVERGENT),
+        )
+        if tables is not None
+        else None
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What rank 0 read in every rank's record, told to every rank."""
+
+    failed: list[int]
+    """Ranks that could not hash their copies (the check then skips)."""
+    groups: int
+    """Replica groups (ranks holding the same tensors) of more than one rank."""
+    compared: int
+    """Tensors compared across copies, all groups together."""
+    classes: list[dict[bytes, list[int]]]
+    """For each group whose copies differ: its ranks by digest of digests."""
+
+
+def _plan(rows: list[tuple[Any, ...]]) -> _Plan:
+    failed = [r for r, row in enumerate(rows) if not row[0]]
+    if failed:
+        return _Plan(failed, 0, 0, [])
     groups: dict[bytes, list[int]] = {}
     for r, (_, keyset, _, _) in enumerate(rows):
         groups.setdefault(keyset, []).append(r)
     shared = [ranks for ranks in groups.values() if len(ranks) > 1]
     bad = [ranks for ranks in shared if len({rows[r][2] for r in ranks}) > 1]
     compared = sum(rows[ranks[0]][3] for ranks in shared)
-    if not bad:
-        return records.Replicas(coll.world_size, len(shared), compared, policy)
-    # Ranks with the same digest of digests hold the same per-tensor digests: one table
-    # per distinct copy of the state is enough to name every tensor and every rank.
-    classes = [_classes(ranks, rows) for ranks in bad]
-    senders = {members[0] for cls in classes for members in cls.values()}
-    tables = coll.all_gather(
-        {k: d.hex() for k, d in mine.items()} if coll.rank in senders else None
-    )
-    found = sorted((d for cls in classes for d in _divergent(cls, tables)), key=lambda d: d.key)
-    return records.Replicas(
-        coll.world_size,
-        len(shared),
-        compared,
-        policy,
-        divergent=tuple(found[: records.MAX_DIVERGENT]),
-        more=max(0, len(found) - records.MAX_DIVERGENT),
-    )
+    return _Plan([], len(shared), compared, [_classes(ranks, rows) for ranks in bad])
 
 
 def _key_set(tensors: Mapping[str, torch.Tensor]) -> bytes:

@@ -535,7 +535,11 @@ def signal_fields(
     pins = (pin,) if isinstance(pin, str) else tuple(pin or ())
     if health is None and watch is not None:
         health = watch.snapshot()
-        health = StabilityWatch.worst(coll.all_gather(health)) if coll.world_size > 1 else health
+        if coll.world_size > 1:
+            # Rank 0 takes the worst and tells every rank (their recovery decides alike):
+            # a rank's traffic does not grow with the world size, as in the commit.
+            every = coll.gather(health)
+            health = coll.broadcast(StabilityWatch.worst(every) if every is not None else None)
     fields: dict[str, Any] = {"pins": pins, "lookahead": guard.lookahead(state, lookahead)}
     if health is not None:
         fields["health"] = dict(health)

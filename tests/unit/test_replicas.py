@@ -19,12 +19,12 @@ from click.testing import CliRunner
 import ckptkit
 from ckptkit import codes, records, replicas
 from ckptkit.cli import main as cli
-from ckptkit.collective import Solo, all_gather_fixed
+from ckptkit.collective import Solo, all_gather_fixed, gather_fixed
 from ckptkit.commit import save_state
 
 
 class World:
-    """Ranks as threads; ``all_gather`` meets at a barrier (a deadline: no test hangs)."""
+    """Ranks as threads; collectives meet at a barrier (a deadline: no test hangs)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -32,24 +32,32 @@ class World:
         self.slots: list[Any] = [None] * n
         self.gathers = [0] * n
         self.sent: list[list[Any]] = []
-        """What each all-gather carried, rank by rank."""
+        """What each gather carried to rank 0, rank by rank."""
 
 
 class Rank:
     def __init__(self, world: World, rank: int) -> None:
         self.w, self.rank, self.world_size = world, rank, world.n
 
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        raise AssertionError("the replica check never broadcasts")
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        self.w.gathers[self.rank] += 1
+    def _meet(self, obj: Any) -> list[Any]:
         self.w.slots[self.rank] = obj
         self.w.barrier.wait()
         out = list(self.w.slots)
-        if self.rank == 0:
-            self.w.sent.append(out)
         self.w.barrier.wait()
+        return out
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return self._meet(obj)[src]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        raise AssertionError("the replica check sends every record to rank 0 alone")
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        self.w.gathers[self.rank] += 1
+        out = self._meet(obj)
+        if self.rank != dst:
+            return None
+        self.w.sent.append(out)
         return out
 
 
@@ -145,7 +153,7 @@ def test_a_rank_that_cannot_select_its_replicas_still_joins_the_collective() -> 
 
 def test_one_process_has_no_replicas_to_compare() -> None:
     assert replicas.check(Solo(), STATE, policy="raise") is None
-    assert all_gather_fixed(Solo(), b"abc") == [b"abc"]
+    assert all_gather_fixed(Solo(), b"abc") == gather_fixed(Solo(), b"abc") == [b"abc"]
 
 
 def test_replicated_state_is_the_spread_state_and_dcp_tensors() -> None:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import xxhash
 
 import ckptkit
-from ckptkit import crashpoints
+from ckptkit import collective, crashpoints
 from ckptkit.sampler import ResumableSampler
 
 N = 96
@@ -124,7 +124,9 @@ def main() -> None:
     scenario = spec["scenario"]
     if scenario == "save":
         result["before"] = train(3)
-        mgr.save(ts, async_=bool(spec.get("async")))
+        with collective.metered() as traffic:  # the bytes this rank exchanged in the save
+            mgr.save(ts, async_=bool(spec.get("async")))
+        result["traffic"] = traffic.as_dict()
         result["hash_at_save"] = param_hash(model)
         result["opt_at_save"] = opt_hash(opt)
         result["after"] = train(2)

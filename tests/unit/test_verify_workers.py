@@ -9,20 +9,17 @@ checkpoints. The real torchrun launch is tests/integration/distributed/test_veri
 
 from __future__ import annotations
 
-import copy
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import trained_state
+from damaged_run import make_damaged_run, shard
 from threadranks import on_ranks
 
-import ckptkit
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
@@ -31,46 +28,6 @@ from ckptkit.render import RENDERERS
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.ranked import ScanRecord, split
 from ckptkit.verify.runner import verify
-
-SHARD_BYTES = 4096
-"""Small shards: the tiny model's checkpoint is 7 files, so every split has work to share."""
-
-
-def _shard(d: Path, prefix: str) -> Path:
-    return sorted(d.glob(f"{prefix}-*.safetensors"))[0]
-
-
-def _flip_data_byte(d: Path) -> None:
-    p = _shard(d, "model")
-    data = bytearray(p.read_bytes())
-    data[-5] ^= 0xFF  # tensor bytes, past the header
-    p.write_bytes(bytes(data))
-
-
-def _retype_header(d: Path) -> None:
-    """Same size, same JSON length: the header now says a float tensor is int32."""
-    p = _shard(d, "model")
-    data = p.read_bytes()
-    assert b'"F32"' in data
-    p.write_bytes(data.replace(b'"F32"', b'"I32"', 1))
-
-
-def make_damaged_run(run: Path) -> Path:
-    """A run whose steps are: good, a flipped byte, a truncated shard, a missing shard, a
-    missing manifest, a NaN in the model, a retyped header (one kind of harm each)."""
-    trained = trained_state()
-    for step in range(1, 8):
-        state = copy.deepcopy(trained)
-        if step == 6:
-            next(iter(state["model"].values()))[0] = float("nan")
-        ckptkit.save(state, run / f"step-{step:08d}", step=step, shard_bytes=SHARD_BYTES)
-    _flip_data_byte(run / "step-00000002")
-    opt = _shard(run / "step-00000003", "optimizer")
-    os.truncate(opt, opt.stat().st_size // 2)
-    _shard(run / "step-00000004", "model").unlink()
-    (run / "step-00000005" / "manifest.json").unlink()
-    _retype_header(run / "step-00000007")
-    return run
 
 
 def report_json(result: Any) -> dict[str, Any]:
@@ -188,7 +145,7 @@ def test_a_scan_record_carries_what_the_checks_read(damaged_run: Path) -> None:
             assert (back.finite.nonfinite, back.finite.unchecked) == (
                 s.finite.nonfinite, s.finite.unchecked
             )
-    retyped = _shard(d, "model").name
+    retyped = shard(d, "model").name
     scan = {s.entry.path: s for s in CheckContext(root=d, manifest=m).scan_files(m.files)}
     assert ScanRecord.of(scan[retyped], listed[retyped]).header is not None
 
@@ -196,7 +153,7 @@ def test_a_scan_record_carries_what_the_checks_read(damaged_run: Path) -> None:
 def test_a_nan_found_by_a_rank_reaches_rank_0(damaged_run: Path) -> None:
     d = damaged_run / "step-00000006"
     m = manifest_io.read(d)
-    nan_file = _shard(d, "model").name
+    nan_file = shard(d, "model").name
     s = next(s for s in CheckContext(root=d, manifest=m).scan_files(m.files)
              if s.entry.path == nan_file)
     rec = ScanRecord.of(s, {})

@@ -275,6 +275,9 @@ def verify(
         raise CkptkitError(
             f"unknown expectation {expect!r}", hint="pass expect='weights' or expect='training'"
         )
+    if workers is not None and workers < 1:
+        raise CkptkitError(f"workers={workers}: a verify needs at least one reader",
+                           hint="pass workers >= 1, or None for the default")
     fams = list(families) if families is not None else list(DEFAULT_FAMILIES)
     if against_env and "compat" not in fams:
         fams.append("compat")

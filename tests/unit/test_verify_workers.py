@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from damaged_run import make_damaged_run, shard
 from threadranks import on_ranks
 
+import ckptkit
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
@@ -196,3 +197,9 @@ def test_cli_torchrun_outside_torchrun_says_how_to_start_it(
     r = CliRunner().invoke(main, ["verify", str(damaged_run / "step-00000001"), "--torchrun"])
     assert r.exit_code == 2
     assert "torchrun --nproc-per-node" in r.output and "Traceback" not in r.output
+
+
+def test_the_library_refuses_fewer_than_one_worker(damaged_run: Path) -> None:
+    with pytest.raises(ckptkit.CkptkitError, match="workers=0") as e:
+        verify(damaged_run / "step-00000001", workers=0)
+    assert e.value.hint and "workers >= 1" in e.value.hint

@@ -147,6 +147,26 @@ def _must_be_a_run(path: Path, *, checkpoint_ok: bool = False) -> None:
         raise wrong
 
 
+class _Workers(click.ParamType):
+    """``--workers``: a count of at least 1, or ``auto`` (or 0): one per CPU."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            n = value
+        elif str(value).strip().lower() == "auto":
+            n = 0
+        else:
+            try:
+                n = int(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a number of workers: give N >= 1 or 'auto'", param, ctx)
+        if n < 0:
+            self.fail(f"{n} workers: give N >= 1 or 'auto'", param, ctx)
+        return n or os.cpu_count() or 1
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ckptkit")
 def main() -> None:
@@ -164,12 +184,19 @@ def main() -> None:
               help="Read PATH as this foreign format (default: detected).")
 @click.option("--verbose", "-v", is_flag=True,
               help="Show every checkpoint's component table and the fix of every finding.")
+@click.option("--workers", type=_Workers(), default=None,
+              help="Read and hash this many files at once (threads; 'auto': one per CPU; "
+              "default 2). The report is the same whatever the number.")
+@click.option("--torchrun", is_flag=True,
+              help="Run as one rank of 'torchrun --nproc-per-node K -m ckptkit verify PATH "
+              "--torchrun': each rank reads its share of the files, rank 0 reports, every "
+              "rank exits with rank 0's status.")
 @_key_option
 @_expect_option
 @_edge
 def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, against_env: bool,
            no_progress: bool, fmt: str | None, verbose: bool, key_file: Path | None,
-           expect: str | None) -> None:
+           expect: str | None, workers: int | None, torchrun: bool) -> None:
     """Check a checkpoint (or every checkpoint under a run directory).
 
     Prints a verdict line per checkpoint and one line per finding (errors with their
@@ -184,19 +211,24 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify runs/exp1/ckpt --key-file ~/.ckptkit/hmac.key   # signatures required
         ckptkit verify model.safetensors             # weights only: --expect weights, inferred
         ckptkit verify ckpt.pt --expect training     # fail unless it can resume training
+        ckptkit verify runs/exp1/ckpt --workers 8    # read 8 files at once
+        torchrun --nproc-per-node 8 -m ckptkit verify runs/exp1/ckpt --torchrun
     """
     from ckptkit.render import RENDERERS
     from ckptkit.runs import framework_checkpoints, ignored_at
+    from ckptkit.verify.ranked import agree, join_torchrun
     from ckptkit.verify.runner import verify as run_verify
 
     _must_be_a_run(path, checkpoint_ok=True)
+    group = join_torchrun() if torchrun else None
+    lead = group is None or group.rank == 0
     opts: dict[str, Any] = dict(
         strict=strict, against_env=against_env,
-        progress=False if no_progress or as_json else None, format=fmt, key=_key(key_file),
-        expect=expect,
+        progress=False if no_progress or as_json or group is not None else None, format=fmt,
+        key=_key(key_file), expect=expect, workers=workers, group=group,
     )
     targets = framework_checkpoints(path) if fmt is None else None
-    if fmt is None and targets is None and fs.kind(path) == "dir" and (
+    if lead and fmt is None and targets is None and fs.kind(path) == "dir" and (
         fs.kind(path / MANIFEST_NAME) is None
     ):
         _warn_ignored(ignored_at(path))  # a native run: what lies in it is not all its own
@@ -205,14 +237,21 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         result.path = fs.location(path)
         for t in targets[1:]:
             result.reports.extend(run_verify(t, **opts).reports)
-    if as_json:
-        RENDERERS["json"](result, sys.stdout)
-    else:
-        RENDERERS["text"](result, sys.stdout, verbose=verbose)
-    if junit_file is not None:
-        with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
-            RENDERERS["junit"](result, fh)
-    sys.exit(0 if result.ok else 1)
+    if lead:  # under torchrun rank 0 reports, the others only read
+        if as_json:
+            RENDERERS["json"](result, sys.stdout)
+        else:
+            RENDERERS["text"](result, sys.stdout, verbose=verbose)
+        if junit_file is not None:
+            with open(_out_file(junit_file), "w", encoding="utf-8") as fh:
+                RENDERERS["junit"](result, fh)
+    code = 0 if result.ok else 1
+    if group is not None:
+        # After the report is out: torchrun stops the other ranks as soon as one exits
+        # non-zero, and rank 0 must not be stopped before it has printed.
+        sys.stdout.flush()
+        code = agree(group, code)
+    sys.exit(code)
 
 
 @main.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,10 @@ from ckptkit.storage import files, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
 SCAN_WORKERS = 2
+"""Threads that scan a checkpoint's files unless told otherwise (``ckptkit verify --workers``).
+
+Threads, not processes: the scan's work is reads and xxh3/torch reductions over 8 MiB
+chunks, which release the GIL (measured in docs/performance.md, "Parallel verify")."""
 
 
 @dataclass
@@ -62,6 +66,8 @@ class CheckContext:
     """The manifest's signature was checked against a key (it had to be valid to get here)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     on_bytes: Callable[[int], None] | None = None
+    workers: int = SCAN_WORKERS
+    """How many files are scanned at once (threads)."""
     _scans: dict[str, FileScan] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _memo: dict[str, Any] = field(default_factory=dict)
@@ -80,14 +86,32 @@ class CheckContext:
         return here[len(base):] if here.startswith(base) else here
 
     def scan_all(self) -> dict[str, FileScan]:
-        """Scan every listed file (size, digest, header), in parallel, once."""
+        """Scan every listed file (size, digest, header), in parallel, once.
+
+        The scans are kept in the manifest's file order whoever made them (this pool, or
+        another rank whose scans the caller put in ``_scans``): the checks report in it.
+        """
         assert self.manifest is not None
         todo = [f for f in self.manifest.files if f.path not in self._scans]
         if todo:
-            with ThreadPoolExecutor(max(1, min(SCAN_WORKERS, len(todo)))) as pool:
-                for s in pool.map(self._scan, todo):
-                    self._scans[s.entry.path] = s
+            for s in self.scan_files(todo):
+                self._scans[s.entry.path] = s
+            self._scans = {
+                f.path: self._scans[f.path] for f in self.manifest.files if f.path in self._scans
+            }
         return self._scans
+
+    def scan_files(self, entries: Sequence[mf.FileEntry]) -> list[FileScan]:
+        """Scan ``entries`` on :attr:`workers` threads; the scans in the order of ``entries``.
+
+        The one per-file scan of verify: :meth:`scan_all` and a rank's share of a
+        rank-parallel verify (:mod:`ckptkit.verify.ranked`) both go through it. Nothing is
+        cached here.
+        """
+        if not entries:
+            return []
+        with ThreadPoolExecutor(max(1, min(self.workers, len(entries)))) as pool:
+            return list(pool.map(self._scan, entries))
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per context: one analysis several checks report from."""

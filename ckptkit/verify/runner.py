@@ -13,6 +13,7 @@ from ckptkit import _progress, codes, signing
 from ckptkit import manifest as mf
 from ckptkit.catalog import native_evidence
 from ckptkit.checkpoint import manifest_io
+from ckptkit.collective import Collective
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign.detect import detect
 from ckptkit.foreign.read import resolve_format
@@ -21,8 +22,9 @@ from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
-from ckptkit.verify.context import CheckContext
+from ckptkit.verify.context import SCAN_WORKERS, CheckContext, FileScan
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+from ckptkit.verify.ranked import prescan
 from ckptkit.verify.report import Report, VerifyResult, empty_components
 from ckptkit.verify.view import EXPECTS, Expect, apply_expect
 from ckptkit.whatis import missing
@@ -40,6 +42,8 @@ def verify_one(
     key: bytes | None = None,
     manifest: mf.Manifest | None = None,
     committed: bool = False,
+    workers: int | None = None,
+    scans: Mapping[str, FileScan] | None = None,
 ) -> Report:
     """Run the checks of ``families`` on one checkpoint directory and return its report.
 
@@ -58,6 +62,11 @@ def verify_one(
             ``key``): it is not read and validated a second time.
         committed: the caller listed ``path`` with its manifest (a run's listing): if the
             manifest is gone by the time it is read, rotation deleted it meanwhile.
+        workers: how many files are scanned at once (threads; default
+            :data:`~ckptkit.verify.context.SCAN_WORKERS`).
+        scans: scans of some listed files made elsewhere (the other ranks of a
+            rank-parallel verify, :mod:`ckptkit.verify.ranked`): not scanned again; the
+            checks read them as they read their own.
     """
     root = fs.location(path)
     t0 = time.perf_counter()
@@ -75,7 +84,10 @@ def verify_one(
         manifest_error=err,
         signature_checked=key is not None,
         options=dict(options or {}),
+        workers=workers if workers is not None else SCAN_WORKERS,
     )
+    if scans and m is not None:
+        ctx._scans = {f.path: scans[f.path] for f in m.files if f.path in scans}
     fams = set(families)
     findings: list[Finding] = []
     total = m.total_bytes if m is not None else 0
@@ -204,6 +216,8 @@ def verify(
     format: str | None = None,
     key: signing.KeyLike | None = None,
     expect: Expect | None = None,
+    workers: int | None = None,
+    group: Collective | None = None,
 ) -> VerifyResult:
     """Verify one checkpoint, or every checkpoint under a run directory.
 
@@ -226,6 +240,15 @@ def verify(
             model, optimizer and progress at least). None: a native checkpoint is held to
             what its run recorded, a foreign one to what its content shows (weights when
             it holds model tensors only, training otherwise).
+        workers: how many files of a checkpoint are read and hashed at once (threads;
+            default :data:`~ckptkit.verify.context.SCAN_WORKERS`). The report is the same
+            whatever the number.
+        group: the ranks of a job (``ckptkit.collective.TorchGroup()``) that share the
+            reading: collective, every rank calls it with the same arguments; each scans
+            its share of every checkpoint's files (:mod:`ckptkit.verify.ranked`) and rank
+            0 runs the checks. The report is the same as without ``group``, on rank 0;
+            the other ranks return a result without reports. A foreign checkpoint is
+            verified by rank 0 alone.
 
     Returns:
         A :class:`VerifyResult`; ``.ok`` is False when any error finding (``strict``:
@@ -252,12 +275,27 @@ def verify(
         raise CkptkitError(
             f"unknown expectation {expect!r}", hint="pass expect='weights' or expect='training'"
         )
+    if workers is not None and workers < 1:
+        raise CkptkitError(f"workers={workers}: a verify needs at least one reader",
+                           hint="pass workers >= 1, or None for the default")
     fams = list(families) if families is not None else list(DEFAULT_FAMILIES)
     if against_env and "compat" not in fams:
         fams.append("compat")
     result = VerifyResult(path=root, strict=strict)
+    ranked = group is not None and group.world_size > 1
+    lead = not ranked or (group is not None and group.rank == 0)
     # foreign formats are read by their frameworks' files: on a local filesystem only
-    foreign = _foreign_targets(local, format) if local is not None else None
+    foreign = _foreign_targets(local, format) if local is not None and lead else None
+    listed = _listed(root) if foreign is None and lead else []
+    if ranked and group is not None:
+        # Rank 0 decides what is verified, so that every rank walks the same checkpoints
+        # through the same collectives, whatever each one lists meanwhile.
+        what = group.broadcast(
+            (foreign is not None, [(str(ck), c) for ck, c in listed]), src=0
+        )
+        listed = [(fs.location(ck), c) for ck, c in what[1]]
+        if what[0] and not lead:
+            return result
     if foreign is not None:
         for p, fmt in foreign:
             with _progress.activity(f"verifying {p.name}", _progress.bytes_under(p), progress):
@@ -265,10 +303,26 @@ def verify(
                     verify_foreign(p, fmt, strict=strict, expect=expect, families=fams, key=k)
                 )
         return result
-    for ck, committed in _listed(root):
+    options: dict[str, Any] = {"against_env": against_env, "expect": expect}
+    for ck, committed in listed:
+        m: mf.Manifest | None = None
+        scans: dict[str, FileScan] | None = None
+        scan_seconds = 0.0
+        if ranked and group is not None and "integrity" in fams:
+            # Only where a single-process verify scans every file (the integrity family
+            # does), so that the report counts the same files.
+            t0 = time.perf_counter()
+            got = prescan(ck, group, key=k, workers=workers or SCAN_WORKERS, options=options)
+            if got is None:
+                continue  # not rank 0: its share is scanned and sent
+            m, scans = got
+            scan_seconds = time.perf_counter() - t0
+        elif not lead:
+            continue
         rep = verify_one(ck, families=fams, strict=strict, progress=progress, key=k,
-                         options={"against_env": against_env, "expect": expect},
-                         committed=committed)
+                         options=options, committed=committed, workers=workers,
+                         manifest=m, scans=scans)
+        rep.seconds += scan_seconds  # the ranks' reading is part of this verify's time
         if expect is not None:
             rep.expect, rep.expect_source = expect, "given"
             rep.components = apply_expect(rep.components, expect)

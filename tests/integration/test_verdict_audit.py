@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 from deadline import within
 from hostile import CASES, MARKER, STEPS, make_run, train_state
+from threadranks import on_ranks
 
 import ckptkit
 from ckptkit.catalog import step_dir_name
@@ -59,6 +60,11 @@ def _cli(args: list[str], fifos: list[Path]) -> Result:
     return res
 
 
+def _untimed(result: Any) -> list[dict[str, Any]]:
+    """A verify result's reports as JSON, without their timings."""
+    return [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in result.reports]
+
+
 def _restored_dir(run: Path, storage: str, fifos: list[Path]) -> str | None:
     """Which checkpoint directory a training job resuming from ``run`` restores."""
 
@@ -90,6 +96,15 @@ def test_verify_restore_ls_and_prune_agree(
         f"{name}: verify says {'good' if good else 'bad'} about a checkpoint the catalogue "
         f"marks {'restorable' if case.restorable else 'hostile'}: {verdict}"
     )
+
+    if not isinstance(verdict, ckptkit.CkptkitError):
+        # Shared reading (two ranks, three scan threads each) reaches the same report.
+        ranked = _bounded(
+            "a rank-parallel verify",
+            lambda: on_ranks(2, lambda g: ckptkit.verify(newest, group=g, workers=3))[0],
+            fifos,
+        )
+        assert _untimed(ranked) == _untimed(verdict), f"{name}: the ranks disagree"
 
     run_verify = _cli(["verify", str(run)], fifos)
     assert (run_verify.exit_code == 0) == good, run_verify.output

@@ -485,14 +485,13 @@ class StateSave:
         tree_ = dict(self.encoded.tree)
         comps = dict(self.comps)
         files = RankFiles()
-        by_head: dict[str, list[str]] = {}
+        by_head: dict[str, dict[str, None]] = {}  # ordered sets: first-seen, rank order
         dcp_files: list[str] = []
         for p in parts:
             files.extend(p.files)
             dcp_files += p.dcp_files
             for head, paths in p.where.items():
-                have = by_head.setdefault(head, [])
-                have += [x for x in paths if x not in have]
+                by_head.setdefault(head, {}).update(dict.fromkeys(paths))
         if len(parts) > 1:
             rng_tree = dict(tree_.get("rng") or {})
             prints: dict[str, Any] = {}
@@ -522,7 +521,7 @@ class StateSave:
             for name in (tree_.get("dcp") or {}).get("keys", []):
                 if name in comps and comps[name].present:
                     comps[name] = replace(comps[name], where=tuple(sorted(dcp_files)))
-        comps = fill_where(comps, by_head)
+        comps = fill_where(comps, {head: list(paths) for head, paths in by_head.items()})
         man = _manifest(tree_, files, comps, self.env, self.step, self.fields)
         refs = tuple(p.ref for p in parts if p.ref is not None)
         if not refs:

@@ -315,7 +315,9 @@ class RankManifest:
         if self.signature is not None:
             out["signature"] = self.signature.to_dict()
         out["manifest_digest"] = digest.hexdigest_bytes(canonical(content))
-        return json.dumps(out, indent=1, allow_nan=False)
+        # Compact: read by programs only, and json's C encoder runs only without indent
+        # (the indented encoder is pure Python: most of a large manifest's write time).
+        return json.dumps(out, separators=(",", ":"), allow_nan=False)
 
     def ref(self, data: bytes) -> RankRef:
         """The root's record of this manifest written as ``data``."""

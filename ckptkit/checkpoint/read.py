@@ -57,22 +57,21 @@ COMPONENT_ALIASES: dict[str, str] = {
 """Top-level keys of a plain ``ckptkit.save`` dict recognised as spec §1 components."""
 
 
-def files_by_head(
-    entries: Iterable[mf.TensorEntry], into: dict[str, list[str]] | None = None
-) -> dict[str, list[str]]:
-    """Top-level tree key -> the files holding its tensors, in first-seen order (added to
-    ``into`` when given: several ranks' entries, in rank order).
+def files_by_head(entries: Iterable[mf.TensorEntry]) -> dict[str, list[str]]:
+    """Top-level tree key -> the files holding its tensors, in first-seen order.
 
     Example:
         >>> e = mf.TensorEntry("model/w", "model.safetensors", "F32", (1,), (0, 4))
         >>> files_by_head([e])
         {'model': ['model.safetensors']}
     """
-    out: dict[str, list[str]] = {} if into is None else into
+    out: dict[str, list[str]] = {}
+    seen: set[tuple[str, str]] = set()
     for te in entries:
-        files = out.setdefault(te.key.split("/", 1)[0], [])
-        if te.file not in files:
-            files.append(te.file)
+        head = te.key.split("/", 1)[0]
+        if (head, te.file) not in seen:  # a set: one file per rank under "rng" at 4096 ranks
+            seen.add((head, te.file))
+            out.setdefault(head, []).append(te.file)
     return out
 
 

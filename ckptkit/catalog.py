@@ -347,7 +347,7 @@ class Catalog:
         hit = self._manifests.get(str(ckpt))
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
-        man = mf.Manifest.from_json(data, path=fs.url(where), key=self.key)
+        man = manifest_io.parse(ckpt, data, key=self.key)
         self._manifests[str(ckpt)] = (version, man, man.digest)
         return man, man.digest
 

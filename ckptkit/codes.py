@@ -384,6 +384,7 @@ M009: Final = "CK-M009"
 M010: Final = "CK-M010"
 M011: Final = "CK-M011"
 M012: Final = "CK-M012"
+M013: Final = "CK-M013"
 F001: Final = "CK-F001"
 F002: Final = "CK-F002"
 F003: Final = "CK-F003"
@@ -554,6 +555,14 @@ register_code(
     severity=INFO,
     title="signature not checked",
     hint="pass the key (key=, --key-file or CKPTKIT_HMAC_KEY) to check who wrote it",
+)
+register_code(
+    "CK-M013",
+    family="integrity",
+    severity=ERROR,
+    title="a rank manifest is missing or not the one the root lists",
+    hint="a multi-rank checkpoint's per-rank manifest was deleted, replaced or damaged "
+    "after the save; restore it from a copy or " + ROLLBACK,
 )
 register_code(
     "CK-F001",

@@ -32,7 +32,7 @@ from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, rank_key
 from ckptkit.checkpoint import manifest_io
-from ckptkit.checkpoint.read import fill_where, infer_components
+from ckptkit.checkpoint.read import files_by_head, fill_where, infer_components
 from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
 from ckptkit.format import tree as tree_mod
@@ -60,7 +60,7 @@ def commit(
     coll: Collective,
     *,
     write: Callable[[Location], Any],
-    build: Callable[[list[Any]], mf.Manifest],
+    build: Callable[[list[Any], Location], mf.Manifest],
     overwrite: bool = False,
     fsync: bool = True,
     prepare: Callable[[], None] | None = None,
@@ -75,8 +75,8 @@ def commit(
         coll: the ranks taking part (``Solo()`` for one process).
         write: called on every rank with the temporary directory; writes this rank's
             files and returns what rank 0 needs to build the manifest (picklable).
-        build: called on rank 0 with every rank's ``write`` result, in rank order;
-            returns the manifest to commit.
+        build: called on rank 0 with every rank's ``write`` result, in rank order, and the
+            temporary directory; returns the manifest to commit.
         overwrite: replace a committed checkpoint at ``final``.
         fsync: flush files and directories (turn off only in tests of other things).
         prepare: called on rank 0 before anything is created (the manager's lock).
@@ -139,7 +139,7 @@ def commit(
             outcome = Outcome(failed, committed=False)
         else:
             try:
-                man = build([p for _, p in gathered])
+                man = build([p for _, p in gathered], pending.tmp)
                 if key is not None:
                     man = man.signed(key)
                 if fence is not None:
@@ -271,10 +271,10 @@ def save_tree(
                 on_bytes=on_bytes,
             ).write(tmp, Solo())
 
-    def build(parts: list[RankFiles]) -> mf.Manifest:
+    def build(parts: list[RankFiles], tmp: Location) -> mf.Manifest:
         files = parts[0]
         comps = (
-            fill_where(components, files.tensors)
+            fill_where(components, files_by_head(files.tensors))
             if components is not None
             else infer_components(enc.tree, files.tensors)
         )
@@ -321,9 +321,20 @@ def _manifest(
 
 @dataclass
 class RankPart:
-    """What one rank sends rank 0 after writing its share of a TrainState save."""
+    """What one rank sends rank 0 after writing its share of a TrainState save.
+
+    In a multi-rank save the rank's file and tensor entries stay in its own manifest
+    (:func:`ckptkit.checkpoint.manifest_io.write_rank`): it sends the record of that
+    manifest (``ref``) and which files hold each component (``where``), small records whose
+    size does not grow with its tensors. A world of one sends its entries (``files``)."""
 
     files: RankFiles
+    ref: mf.RankRef | None = None
+    """This rank's manifest (multi-rank saves)."""
+    where: dict[str, list[str]] = field(default_factory=dict)
+    """Top-level state key -> this rank's files holding its tensors."""
+    dcp_files: list[str] = field(default_factory=list)
+    """The DCP files this rank wrote."""
     rng: Any = None
     """This rank's RNG tree (tensor references into its own file)."""
     rng_fingerprint: str | None = None
@@ -351,6 +362,8 @@ class StateSave:
     fields: dict[str, Any] = field(default_factory=dict)
     compress: codec.Compression | None = None
     fsync: bool = True
+    key: bytes | None = None
+    """The HMAC key the rank manifests are signed with (the root's, on every rank)."""
     process_group: Any = None
     """The process group DCP uses (a dedicated one when the save runs in the background)."""
     buffers: frozenset[str] = frozenset()
@@ -367,8 +380,10 @@ class StateSave:
         step: int,
         fields: Mapping[str, Any],
         compress: codec.Compression | None = None,
+        key: bytes | None = None,
     ) -> StateSave:
-        """Snapshot ``state`` on this rank (cheap: references, not copies).
+        """Snapshot ``state`` on this rank (cheap: references, not copies); ``key`` signs
+        the manifests.
 
         Raises:
             StateError: the state's parallel layout disagrees with the collective.
@@ -393,6 +408,7 @@ class StateSave:
             step=step,
             fields=dict(fields),
             compress=compress,
+            key=key,
             buffers=frozenset(n for n, _ in state.model.named_buffers())
             if isinstance(state.model, torch.nn.Module)
             else frozenset(),
@@ -407,7 +423,8 @@ class StateSave:
         )
 
     def write(self, tmp: Location, coll: Collective) -> RankPart:
-        """This rank's share: DCP (collective) first, then its safetensors shards."""
+        """This rank's share: DCP (collective) first, then its safetensors shards, then (in
+        a multi-rank save) its manifest of them."""
         files = RankFiles()
         if self.dcp_state is not None:
             files.extend(
@@ -436,20 +453,45 @@ class StateSave:
                 ).write(tmp, coll)
             )
         samp = self.encoded.tree.get("sampler")
+        where = files_by_head(files.tensors)
+        dcp_files = [f.path for f in files.files if f.component == DCP_COMPONENT]
+        ref = None
+        if self.world_size > 1:
+            ref = manifest_io.write_rank(
+                tmp,
+                mf.RankManifest(self.rank, self.step, tuple(files.files), tuple(files.tensors)),
+                key=self.key,
+                fsync=self.fsync,
+            )
+            files = RankFiles()  # rank 0 gets the record of the manifest, not its entries
         return RankPart(
             files=files,
+            ref=ref,
+            where=where,
+            dcp_files=dcp_files,
             rng=self.encoded.tree.get("rng", {}).get(mine),
             rng_fingerprint=self.comps["rng"].summary.get("fingerprints", {}).get(mine),
             sampler=samp.get("state") if isinstance(samp, dict) else None,
         )
 
-    def build(self, parts: list[RankPart]) -> mf.Manifest:
-        """Rank 0: merge every rank's part into one manifest (the identity for one rank)."""
+    def build(self, parts: list[RankPart], tmp: Location) -> mf.Manifest:
+        """Rank 0: merge every rank's part into one manifest (the identity for one rank).
+
+        In a multi-rank save it is a root: it lists the ranks' manifests in ``tmp`` and
+        holds the run-level facts (step, tree, components, environment, health), none of
+        the entries. The manifest returned has them too, read back from those manifests
+        (rank 0 alone, for the checks before the commit); only the root is written.
+        """
         tree_ = dict(self.encoded.tree)
         comps = dict(self.comps)
         files = RankFiles()
+        by_head: dict[str, dict[str, None]] = {}  # ordered sets: first-seen, rank order
+        dcp_files: list[str] = []
         for p in parts:
             files.extend(p.files)
+            dcp_files += p.dcp_files
+            for head, paths in p.where.items():
+                by_head.setdefault(head, {}).update(dict.fromkeys(paths))
         if len(parts) > 1:
             rng_tree = dict(tree_.get("rng") or {})
             prints: dict[str, Any] = {}
@@ -475,13 +517,16 @@ class StateSave:
                         rank_key(r): p.sampler for r, p in enumerate(parts) if p.sampler is not None
                     },
                 }
-        dcp_files = [f.path for f in files.files if f.component == DCP_COMPONENT]
         if dcp_files:
             for name in (tree_.get("dcp") or {}).get("keys", []):
                 if name in comps and comps[name].present:
                     comps[name] = replace(comps[name], where=tuple(sorted(dcp_files)))
-        comps = fill_where(comps, files.tensors)
-        return _manifest(tree_, files, comps, self.env, self.step, self.fields)
+        comps = fill_where(comps, {head: list(paths) for head, paths in by_head.items()})
+        man = _manifest(tree_, files, comps, self.env, self.step, self.fields)
+        refs = tuple(p.ref for p in parts if p.ref is not None)
+        if not refs:
+            return man
+        return manifest_io.with_ranks(tmp, replace(man, ranks=refs), key=self.key)
 
 
 def save_state(
@@ -513,7 +558,12 @@ def save_state(
     """
     c = coll if coll is not None else Solo()
     snap = StateSave.capture(
-        state, c, step=state.step if step is None else step, fields=fields or {}, compress=compress
+        state,
+        c,
+        step=state.step if step is None else step,
+        fields=fields or {},
+        compress=compress,
+        key=key,
     )
     snap.fsync = fsync
     return commit(

@@ -6,7 +6,13 @@ imports nothing from :mod:`ckptkit.storage` (the layers: ``docs/architecture.md`
 Reading ``manifest.json`` from a location and writing it there is
 :mod:`ckptkit.checkpoint.manifest_io`.
 
-``manifest.json`` is written last and is the commit marker (spec §2). Every manifest
+``manifest.json`` is written last and is the commit marker (spec §2). A multi-rank save
+writes it as a small root (``schema_version`` 2): each rank's file and tensor entries are
+in that rank's own manifest (``ranks/rank-NNNNN.json``, :class:`RankManifest`), which the
+root lists by size and digest (:class:`RankRef`); a reader checks each one's bytes against
+the root before parsing it and gets one :class:`Manifest` with every entry, as from a
+``schema_version`` 1 manifest (a world of one, and every checkpoint before v0.3). Every
+manifest
 read is checked once, in order: a regular file, not a symlink (``CK-M008``, by the
 reader); strict UTF-8 JSON without duplicate keys or non-finite numbers (``CK-M002``); a
 known ``schema_version`` (``CK-M004``); the JSON Schema in ``schemas/manifest.schema.json``
@@ -27,7 +33,7 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
@@ -57,7 +63,14 @@ directory, an HF ``checkpoint-N/``), or the suffix of one beside a single-file c
 (``<file>.ckptkit-manifest.json``): written by ``ckptkit adopt``, the integrations and
 :mod:`ckptkit.dcp`; its ``user.adopted`` lists the files' digests."""
 SCHEMA_VERSION = 1
+"""The version of a manifest holding every entry itself (one process)."""
+RANKED_VERSION = 2
+"""The version of a multi-rank save's root manifest: the entries are in per-rank manifests."""
+READ_VERSIONS = (SCHEMA_VERSION, RANKED_VERSION)
 FORMAT = "ckptkit"
+RANK_FORMAT = "ckptkit-rank"
+RANKS_DIR = "ranks"
+"""The directory of the per-rank manifests inside a checkpoint."""
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest larger than this is refused before parsing (hostile input)."""
 _FREE_FORM = ("tree", "env", "lookahead", "health", "user", "recoveries")
@@ -134,8 +147,8 @@ def schema(name: str = "manifest.schema.json") -> dict[str, Any]:
     """Return a packaged JSON schema (a byte-identical copy of top-level ``schemas/``).
 
     Example:
-        >>> schema()["properties"]["schema_version"]["const"]
-        1
+        >>> schema()["properties"]["schema_version"]["enum"]
+        [1, 2]
     """
     text = resources.files("ckptkit").joinpath("_schemas", name).read_text("utf-8")
     return dict(json.loads(text))
@@ -146,6 +159,26 @@ def _validator() -> jsonschema_rs.Draft202012Validator:
     # jsonschema-rs: ~100x faster than the pure-Python jsonschema on large manifests.
     # Formats stay annotations (as 2020-12 says by default and as jsonschema did).
     return jsonschema_rs.Draft202012Validator(schema(), validate_formats=False)
+
+
+@cache
+def _rank_validator() -> jsonschema_rs.Draft202012Validator:
+    # The rank manifest's definition lives in the one schema file (its entries are the
+    # root's own $defs): validate against it as the root of a schema sharing those $defs.
+    root = schema()
+    return jsonschema_rs.Draft202012Validator(
+        {"$ref": "#/$defs/rank_manifest", "$defs": root["$defs"]}, validate_formats=False
+    )
+
+
+def rank_manifest_path(rank: int) -> str:
+    """Where rank ``rank``'s manifest lives inside a checkpoint.
+
+    Example:
+        >>> rank_manifest_path(3)
+        'ranks/rank-00003.json'
+    """
+    return f"{RANKS_DIR}/rank-{rank:05d}.json"
 
 
 @dataclass(frozen=True)
@@ -232,6 +265,66 @@ class Component:
 
 
 @dataclass(frozen=True)
+class RankRef:
+    """The root's record of one rank's manifest: where it is and the bytes it must be."""
+
+    rank: int
+    path: str
+    size: int
+    xxh3_128: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "path": self.path, "size": self.size, "xxh3_128": self.xxh3_128}
+
+
+@dataclass(frozen=True)
+class RankManifest:
+    """What one rank of a multi-rank save wrote: its files and their tensors
+    (``ranks/rank-NNNNN.json``), signed as the root is when a key is configured.
+
+    Example:
+        >>> m = RankManifest(rank=1, step=5, files=(), tensors=())
+        >>> ref = m.ref(m.to_json().encode())
+        >>> (ref.rank, ref.path)
+        (1, 'ranks/rank-00001.json')
+    """
+
+    rank: int
+    step: int | None
+    files: tuple[FileEntry, ...]
+    tensors: tuple[TensorEntry, ...]
+    signature: Signature | None = None
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "schema_version": RANKED_VERSION,
+            "format": RANK_FORMAT,
+            "rank": self.rank,
+            "step": self.step,
+            "files": [f.to_dict() for f in self.files],
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+
+    def signed(self, key: bytes) -> RankManifest:
+        """A copy carrying the HMAC of its canonical content under ``key``."""
+        return replace(self, signature=signing.sign(canonical(self._content()), key))
+
+    def to_json(self) -> str:
+        content = self._content()
+        out = dict(content)
+        if self.signature is not None:
+            out["signature"] = self.signature.to_dict()
+        out["manifest_digest"] = digest.hexdigest_bytes(canonical(content))
+        # Compact: read by programs only, and json's C encoder runs only without indent
+        # (the indented encoder is pure Python: most of a large manifest's write time).
+        return json.dumps(out, separators=(",", ":"), allow_nan=False)
+
+    def ref(self, data: bytes) -> RankRef:
+        """The root's record of this manifest written as ``data``."""
+        return RankRef(self.rank, rank_manifest_path(self.rank), len(data), digest.hexdigest_bytes(data))
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A parsed, validated ``manifest.json``.
 
@@ -263,6 +356,10 @@ class Manifest:
     """Automatic recoveries in the history of this state (:mod:`ckptkit.recovery`)."""
     replicas: Mapping[str, Any] | None = None
     """The replica agreement check made at save (:class:`ckptkit.records.Replicas`)."""
+    ranks: tuple[RankRef, ...] = ()
+    """A multi-rank save's per-rank manifests (``schema_version`` 2). The root written to
+    disk then holds no entries itself; :attr:`files` and :attr:`tensors` of a manifest
+    read back hold every rank's (the reader merged them)."""
     signature: Signature | None = None
     """HMAC of the canonical content under the user's key (see :mod:`ckptkit.signing`)."""
 
@@ -291,15 +388,18 @@ class Manifest:
         return None
 
     def _content(self) -> dict[str, Any]:
-        """The signed and digested content: every field but the digest and the signature."""
+        """The signed and digested content: every field but the digest and the signature.
+
+        With :attr:`ranks`, the root's: the entries are in the rank manifests it lists."""
+        ranked = bool(self.ranks)
         out: dict[str, Any] = {
-            "schema_version": self.schema_version,
+            "schema_version": RANKED_VERSION if ranked else self.schema_version,
             "format": FORMAT,
             "ckptkit_version": self.ckptkit_version,
             "created_at": self.created_at,
             "step": self.step,
-            "files": [f.to_dict() for f in self.files],
-            "tensors": [t.to_dict() for t in self.tensors],
+            "files": [] if ranked else [f.to_dict() for f in self.files],
+            "tensors": [] if ranked else [t.to_dict() for t in self.tensors],
             "tree": self.tree,
             "components": {
                 name: self.components[name].to_dict()
@@ -314,6 +414,8 @@ class Manifest:
                 out[k] = dict(v)
         if self.pins:
             out["pins"] = list(self.pins)
+        if ranked:
+            out["ranks"] = [r.to_dict() for r in self.ranks]
         return out
 
     @cached_property
@@ -407,6 +509,9 @@ class Manifest:
             user=d.get("user"),
             recoveries=d.get("recoveries"),
             replicas=d.get("replicas"),
+            ranks=tuple(
+                RankRef(r["rank"], r["path"], r["size"], r["xxh3_128"]) for r in d.get("ranks", ())
+            ),
             signature=Signature.from_dict(d["signature"]) if "signature" in d else None,
         )
         if "manifest_digest" in d:
@@ -417,11 +522,16 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, text: str | bytes, *, path: str = MANIFEST_NAME, key: bytes | None = None
+        cls,
+        text: str | bytes,
+        *,
+        path: str = MANIFEST_NAME,
+        key: bytes | None = None,
+        ranks: RankFetch | None = None,
     ) -> Manifest:
         """Parse and fully validate manifest text (see :func:`parse`)."""
         with _gc_paused():
-            return cls.from_dict(parse(text, path=path, key=key))
+            return cls.from_dict(parse(text, path=path, key=key, ranks=ranks))
 
 
 def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry, ...]:
@@ -601,22 +711,38 @@ def _strict_json(text: str | bytes, path: str) -> Any:
         raise bad(_short(e)) from None
 
 
+RankFetch = Callable[[RankRef], bytes]
+"""Reads the bytes of the rank manifest a root lists (at most :data:`MAX_MANIFEST_BYTES`
+and one more; :mod:`ckptkit.checkpoint.manifest_io` reads them from the checkpoint)."""
+
+
 def parse(
-    text: str | bytes, *, path: str = MANIFEST_NAME, key: bytes | None = None
+    text: str | bytes,
+    *,
+    path: str = MANIFEST_NAME,
+    key: bytes | None = None,
+    ranks: RankFetch | None = None,
 ) -> dict[str, Any]:
     """Parse manifest text and validate it once, completely; return the JSON object.
+
+    A root (``schema_version`` 2) is returned with every rank's entries merged into its
+    ``files`` and ``tensors``: each rank manifest is fetched with ``ranks``, checked
+    against the size and digest the root records, then parsed and validated as strictly as
+    the root, and the merged entries get the same semantic checks as a single manifest's.
 
     Args:
         text: the manifest bytes (UTF-8) or text.
         path: how to name the manifest in errors.
         key: an HMAC key (see :mod:`ckptkit.signing`): the manifest must carry a valid
             signature under it. None: a signature, if any, is not checked.
+        ranks: reads a rank manifest the root lists (needed for a root only).
 
     Raises:
         ManifestError: ``CK-M002`` not strict JSON (not UTF-8, a BOM, a duplicate key, a
             non-finite number, absurd nesting), ``CK-M004`` unknown schema version,
             ``CK-M003`` schema violation, ``CK-M007`` manifest digest mismatch, ``CK-M009``
-            a state tree ``load`` could not rebuild.
+            a state tree ``load`` could not rebuild, ``CK-M013`` a rank manifest missing or
+            not the one the root lists.
         UnsafeInputError: ``CK-M005`` path escaping the directory, ``CK-M006`` absurd
             or incoherent sizes/shapes or nesting.
         SignatureError: ``CK-M010`` unsigned, ``CK-M011`` signed with another key or
@@ -633,10 +759,12 @@ def parse(
         ckptkit.errors.ManifestError: CK-M002 manifest.json: not valid JSON (duplicate key ...
     """
     with _gc_paused():
-        return _parse(text, path, key)
+        return _parse(text, path, key, ranks)
 
 
-def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
+def _parse(
+    text: str | bytes, path: str, key: bytes | None, ranks: RankFetch | None
+) -> dict[str, Any]:
     obj = _strict_json(text, path)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -646,11 +774,11 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
             hint="the manifest is damaged; roll back to the previous verified checkpoint",
         )
     version = obj.get("schema_version")
-    if version != SCHEMA_VERSION:
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > RANKED_VERSION
         raise ManifestError(
             f"unknown schema_version {version!r} (this ckptkit {__version__} reads "
-            f"{SCHEMA_VERSION})",
+            f"{', '.join(map(str, READ_VERSIONS))})",
             path=path,
             code=codes.M004,
             hint="upgrade ckptkit to read this checkpoint"
@@ -677,6 +805,8 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
         )
     if key is not None:
         _check_signature(obj, canon, key, path)
+    if version == RANKED_VERSION or "ranks" in obj:
+        obj = _merged(obj, path, key, ranks)
     check_semantics(obj, path=path)
     try:
         tree.check(obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]})
@@ -685,8 +815,102 @@ def _parse(text: str | bytes, path: str, key: bytes | None) -> dict[str, Any]:
     return obj
 
 
-def _check_schema(obj: dict[str, Any], path: str) -> None:
-    v = _validator()
+def _merged(
+    root: dict[str, Any], path: str, key: bytes | None, fetch: RankFetch | None
+) -> dict[str, Any]:
+    """The root with every rank manifest's entries in its ``files`` and ``tensors``."""
+    refs = root.get("ranks")
+    if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
+        raise ManifestError(
+            "a root manifest (schema_version 2) lists its ranks' manifests and holds no "
+            "entries itself; this one mixes the two forms",
+            path=path,
+            code=codes.M003,
+            hint="the manifest is damaged or hand-edited; roll back to the previous verified "
+            "checkpoint",
+        )
+    if fetch is None:
+        raise ManifestError(
+            "a multi-rank root manifest: its entries are in the per-rank manifests it lists",
+            path=path,
+            code=codes.M013,
+            hint="read the checkpoint directory (ckptkit.checkpoint.manifest_io.read), not "
+            "the root manifest alone",
+        )
+    files, tensors = [], []
+    seen: set[int] = set()
+    for r in refs:
+        ref = RankRef(r["rank"], r["path"], r["size"], r["xxh3_128"])
+        if ref.rank in seen or ref.path != rank_manifest_path(ref.rank):
+            raise ManifestError(
+                f"rank {ref.rank}'s manifest is listed twice or at {ref.path!r}, not at "
+                f"{rank_manifest_path(ref.rank)!r}",
+                path=path,
+                code=codes.M003,
+                hint="the manifest is damaged or hand-edited; roll back",
+            )
+        seen.add(ref.rank)
+        part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
+        files += part["files"]
+        tensors += part["tensors"]
+    return {**root, "files": files, "tensors": tensors}
+
+
+def _sibling(path: str, rel: str) -> str:
+    """How to name the rank manifest ``rel`` of the root at ``path`` in errors."""
+    head, sep, _ = path.rpartition("/")
+    return f"{head}{sep}{rel}"
+
+
+def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: str) -> Any:
+    """One rank manifest's JSON object: the bytes the root records, then parsed and
+    validated as strictly as the root."""
+    if len(data) != ref.size or digest.hexdigest_bytes(data) != ref.xxh3_128:
+        raise ManifestError(
+            f"rank {ref.rank}'s manifest is not the one the root lists ({len(data)} bytes, "
+            f"the root records {ref.size} and their digest)",
+            path=path,
+            code=codes.M013,
+            hint="it was replaced, truncated or damaged after the save; restore it from a "
+            "copy or roll back to the previous verified checkpoint",
+        )
+    obj = _strict_json(data, path)
+    _check_schema(obj, path, _rank_validator())
+    canon = canonical(obj)
+    if digest.hexdigest_bytes(canon) != obj["manifest_digest"]:
+        raise ManifestError(
+            "rank manifest digest mismatch (it changed after it was written)",
+            path=path,
+            code=codes.M007,
+            hint="roll back to the previous verified checkpoint",
+        )
+    if key is not None:
+        _check_signature(obj, canon, key, path)
+    if obj["rank"] != ref.rank or obj["step"] != step:
+        raise ManifestError(
+            f"holds rank {obj['rank']} step {obj['step']}, the root lists it as rank "
+            f"{ref.rank} of step {step}",
+            path=path,
+            code=codes.M013,
+            hint="a rank manifest of another checkpoint was copied here; roll back",
+        )
+    for f in obj["files"]:
+        if f.get("rank", ref.rank) != ref.rank:
+            raise ManifestError(
+                f"lists {f['path']!r} as written by rank {f['rank']}",
+                path=path,
+                code=codes.M013,
+                hint="the rank manifest is damaged or hand-edited; roll back",
+            )
+    return obj
+
+
+def _check_schema(
+    obj: Any, path: str, v: jsonschema_rs.Draft202012Validator | None = None
+) -> None:
+    """Validate ``obj`` against the manifest schema (``v``: a rank manifest's validator)."""
+    v = v or _validator()
+    what = "rank manifest" if v is not _validator() else "manifest"
     try:
         if v.is_valid(obj):
             return
@@ -703,7 +927,7 @@ def _check_schema(obj: dict[str, Any], path: str) -> None:
     where = "/".join(str(p) for p in e0.instance_path) or "<root>"
     code, cls = _classify_schema_error(e0)
     raise cls(
-        f"fails the manifest schema at '{where}': {_short(e0.message)}"
+        f"fails the {what} schema at '{where}': {_short(e0.message)}"
         + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""),
         path=path,
         code=code,
@@ -778,7 +1002,8 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
     files: dict[str, Mapping[str, Any]] = {}
     for f in obj["files"]:
         p = f["path"]
-        if PurePosixPath(p).is_absolute() or ".." in PurePosixPath(p).parts or p == MANIFEST_NAME:
+        reserved = p == MANIFEST_NAME or PurePosixPath(p).parts[0] == RANKS_DIR
+        if PurePosixPath(p).is_absolute() or ".." in PurePosixPath(p).parts or reserved:
             raise UnsafeInputError(
                 f"file path {p!r} escapes the checkpoint directory",
                 path=path,

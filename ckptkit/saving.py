@@ -271,7 +271,9 @@ class SavePipeline:
         err: BaseException | None = None
         snap: StateSave | None = None
         try:
-            snap = StateSave.capture(state, coll, step=step, fields=dict(fields), compress=self.compress)
+            snap = StateSave.capture(
+                state, coll, step=step, fields=dict(fields), compress=self.compress, key=self.key
+            )
         except BaseException as e:
             err = e
         # Every rank captured before any rank enters a collective write (DCP's save).
@@ -338,7 +340,7 @@ class SavePipeline:
 
     def _checked(
         self, snap: StateSave, coll: Collective, stats: SaveStats, check: bool = False
-    ) -> tuple[Callable[[Location], Any], Callable[[list[Any]], mf.Manifest]]:
+    ) -> tuple[Callable[[Location], Any], Callable[[list[Any], Location], mf.Manifest]]:
         """The commit's write and build, with the replica check and the consistency checks
         before the manifest.
 
@@ -348,10 +350,8 @@ class SavePipeline:
         just written, the tensor values scanned in memory, and records the findings in it
         (with the policy).
         """
-        written: list[Location] = []
 
         def write(tmp: Location) -> Any:
-            written.append(tmp)
             if check:
                 def mine() -> Mapping[str, Any]:
                     return replicas.replicated(
@@ -366,17 +366,17 @@ class SavePipeline:
                 stats.replicas = replicas.check(coll, mine, policy=self.on_divergence)
             return snap.write(tmp, coll)
 
-        def build(parts: list[Any]) -> mf.Manifest:
+        def build(parts: list[Any], tmp: Location) -> mf.Manifest:
             if stats.replicas is not None:
                 snap.fields["replicas"] = stats.replicas.to_dict()
-            man = snap.build(parts)
+            man = snap.build(parts, tmp)
             try:
                 out = atsave.check_before_commit(
-                    man, written[0], snap.encoded.tensors, policy=self.on_inconsistent
+                    man, tmp, snap.encoded.tensors, policy=self.on_inconsistent
                 )
                 stats.values_scanned = (
                     coll.world_size == 1
-                    and atsave.scans_in_memory(written[0])
+                    and atsave.scans_in_memory(tmp)
                     and all(e.key in snap.encoded.tensors for e in man.tensors)
                 )
                 return out

@@ -1,5 +1,9 @@
 """Read ``manifest.json`` from a checkpoint's location, and write it there.
 
+A multi-rank checkpoint's root lists one manifest per rank (``ranks/rank-NNNNN.json``):
+:func:`read` reads those too, through the same checks, and returns one manifest with every
+entry; :func:`write_rank` is what each rank writes.
+
 The manifest's format (dataclasses, canonical JSON, schema, signature) is
 :mod:`ckptkit.manifest`, which touches no file; this module moves its bytes through the
 one filesystem interface (:mod:`ckptkit.storage.fs`), local directory or object-store
@@ -13,7 +17,15 @@ from __future__ import annotations
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnsafeInputError
 from ckptkit.format import digest
-from ckptkit.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileEntry, Manifest
+from ckptkit.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    RankFetch,
+    RankManifest,
+    RankRef,
+)
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 
@@ -81,7 +93,67 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
             code=codes.M006,
             hint="do not load this checkpoint; its manifest is absurdly large",
         )
-    return Manifest.from_json(text, path=where, key=key)
+    return Manifest.from_json(text, path=where, key=key, ranks=_rank_reader(loc.parent))
+
+
+def parse(ckpt_dir: Location, text: bytes, *, key: bytes | None = None) -> Manifest:
+    """Validate the bytes of ``ckpt_dir/manifest.json`` read already (a cache that keys
+    on them): as :func:`read`, rank manifests read from ``ckpt_dir``."""
+    where = fs.url(ckpt_dir / MANIFEST_NAME)
+    return Manifest.from_json(text, path=where, key=key, ranks=_rank_reader(ckpt_dir))
+
+
+def _rank_reader(ckpt_dir: Location) -> RankFetch:
+    """Reads the rank manifests a root at ``ckpt_dir`` lists, refused as a manifest is."""
+
+    def fetch(ref: RankRef) -> bytes:
+        loc = ckpt_dir / ref.path
+        where = fs.url(loc)
+        try:
+            return fs.read_small(loc, MAX_MANIFEST_BYTES, code=codes.M008, hint=_NOT_REGULAR_HINT)
+        except CkptkitError:
+            raise
+        except (FileNotFoundError, NotADirectoryError):
+            raise codes.error(
+                codes.M013,
+                f"rank {ref.rank}'s manifest is missing (the root lists it)",
+                path=where,
+            ) from None
+        except Exception as e:
+            if not isinstance(e, OSError) and not codes.transient(e):
+                raise
+            raise _unreadable(e, where) from None
+
+    return fetch
+
+
+def with_ranks(ckpt_dir: Location, root: Manifest, *, key: bytes | None = None) -> Manifest:
+    """``root`` (a multi-rank save's, being committed in ``ckpt_dir``) with every rank's
+    entries read from the rank manifests it lists, through the checks :func:`read` makes;
+    ``root`` itself when it lists none."""
+    if not root.ranks:
+        return root
+    text = (root.signed(key) if key is not None else root).to_json()
+    return Manifest.from_json(
+        text, path=fs.url(ckpt_dir / MANIFEST_NAME), key=key, ranks=_rank_reader(ckpt_dir)
+    )
+
+
+def write_rank(
+    ckpt_dir: Location, manifest: RankManifest, *, key: bytes | None = None, fsync: bool = True
+) -> RankRef:
+    """Write one rank's manifest into ``ckpt_dir`` (signed with ``key``); the root's record
+    of it."""
+    if key is not None:
+        manifest = manifest.signed(key)
+    text = manifest.to_json().encode()
+    ref = manifest.ref(text)
+    where = ckpt_dir / ref.path
+    fs.make_dirs(where.parent)  # every rank may: exist_ok
+    fs.write_new_file(where, text, fsync=fsync)
+    if fsync:
+        fs.sync_dir(where.parent)
+    return ref
 
 
 def _unreadable(exc: BaseException, where: object) -> CkptkitError:

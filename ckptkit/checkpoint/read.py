@@ -57,13 +57,21 @@ COMPONENT_ALIASES: dict[str, str] = {
 """Top-level keys of a plain ``ckptkit.save`` dict recognised as spec §1 components."""
 
 
-def _files_by_head(entries: Iterable[mf.TensorEntry]) -> dict[str, list[str]]:
-    """Top-level tree key -> the files holding its tensors, in first-seen order."""
+def files_by_head(entries: Iterable[mf.TensorEntry]) -> dict[str, list[str]]:
+    """Top-level tree key -> the files holding its tensors, in first-seen order.
+
+    Example:
+        >>> e = mf.TensorEntry("model/w", "model.safetensors", "F32", (1,), (0, 4))
+        >>> files_by_head([e])
+        {'model': ['model.safetensors']}
+    """
     out: dict[str, list[str]] = {}
+    seen: set[tuple[str, str]] = set()
     for te in entries:
-        files = out.setdefault(te.key.split("/", 1)[0], [])
-        if te.file not in files:
-            files.append(te.file)
+        head = te.key.split("/", 1)[0]
+        if (head, te.file) not in seen:  # a set: one file per rank under "rng" at 4096 ranks
+            seen.add((head, te.file))
+            out.setdefault(head, []).append(te.file)
     return out
 
 
@@ -75,13 +83,13 @@ def infer_components(state_tree: Any, entries: Iterable[mf.TensorEntry]) -> dict
     """
     where: dict[str, list[str]] = {}
     top = state_tree if isinstance(state_tree, dict) and tree.TAG not in state_tree else {}
-    files_by_head = _files_by_head(entries)
+    by_head = files_by_head(entries)
     for key in top:
         comp = COMPONENT_ALIASES.get(key.lower())
         if comp is None:
             continue
         where.setdefault(comp, []).extend(
-            files_by_head.get(tree.key_segment(key), []) or [f"manifest:tree/{key}"]
+            by_head.get(tree.key_segment(key), []) or [f"manifest:tree/{key}"]
         )
     out = {
         name: mf.Component(
@@ -94,14 +102,14 @@ def infer_components(state_tree: Any, entries: Iterable[mf.TensorEntry]) -> dict
 
 
 def fill_where(
-    comps: Mapping[str, mf.Component], entries: Iterable[mf.TensorEntry]
+    comps: Mapping[str, mf.Component], by_head: Mapping[str, Sequence[str]]
 ) -> dict[str, mf.Component]:
-    """Fill each present component's ``where``: its files, else its JSON place in the tree."""
-    files_by_head = _files_by_head(entries)
+    """Fill each present component's ``where``: its files (``by_head``: the files of each
+    top-level key, :func:`files_by_head`), else its JSON place in the tree."""
     out: dict[str, mf.Component] = {}
     for name, c in comps.items():
         if c.present and not c.where:
-            c = replace(c, where=tuple(files_by_head.get(name, ())) or (f"manifest:tree/{name}",))
+            c = replace(c, where=tuple(by_head.get(name, ())) or (f"manifest:tree/{name}",))
         out[name] = c
     return out
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ckptkit import recovery as rc
-from ckptkit.manifest import Manifest
+from ckptkit.checkpoint import manifest_io
 
 pytestmark = pytest.mark.slow
 
@@ -80,6 +80,6 @@ def test_the_recoveries_are_recorded_in_the_run(runs: dict[str, Any]) -> None:
     assert first["restored"]["checkpoint"].startswith("step-")
     assert first["trigger"]["signals"] and first["actions"]["lr"]["applied"]
     newest = max(root.glob("step-*"))
-    man = Manifest.from_json((newest / "manifest.json").read_text())
+    man = manifest_io.read(newest)
     assert man.recoveries is not None and man.recoveries["count"] == n
     assert man.recoveries["lr_scale"] == pytest.approx(0.3**n)

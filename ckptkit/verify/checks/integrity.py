@@ -149,7 +149,8 @@ def tensor_layout(ctx: CheckContext) -> Iterator[Finding]:
 @check(codes.F006)
 def unlisted_files(ctx: CheckContext) -> Iterator[Finding]:
     assert ctx.manifest is not None
-    listed = {f.path for f in ctx.manifest.files} | {atomic.MANIFEST_NAME}
+    man = ctx.manifest
+    listed = {f.path for f in man.files} | {atomic.MANIFEST_NAME} | {r.path for r in man.ranks}
     for rel in fs.walk_entries(ctx.root):
         if rel not in listed:
             yield CODES[codes.F006].finding("file is not listed in the manifest", path=rel)

@@ -22,9 +22,10 @@ def _port() -> int:
 
 
 def launch(
-    world: int, out: Path, *, worker: Path = WORKER, **spec: Any
+    world: int, out: Path, *, worker: Path = WORKER, timeout: float = TIMEOUT, **spec: Any
 ) -> tuple[list[int], list[dict[str, Any] | None]]:
-    """Start ``world`` worker processes (``worker``); return their exit codes and results."""
+    """Start ``world`` worker processes (``worker``); return their exit codes and results
+    (``timeout``: seconds the whole launch may take)."""
     out.mkdir(parents=True, exist_ok=True)
     port = _port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CKPTKIT_NO_PROGRESS": "1"}
@@ -42,7 +43,7 @@ def launch(
     codes = []
     try:
         for p in procs:
-            codes.append(p.wait(timeout=TIMEOUT))
+            codes.append(p.wait(timeout=timeout))
     finally:
         for p in procs:
             if p.poll() is None:

@@ -24,7 +24,7 @@ from ckptkit import collective, crashpoints
 from ckptkit.sampler import ResumableSampler
 
 N = 96
-"""Samples in the synthetic dataset."""
+"""Samples in the synthetic dataset (``spec["samples"]`` for more: 8 ranks need 160)."""
 BATCH = 4
 """Per-rank batch."""
 
@@ -40,9 +40,9 @@ class Net(torch.nn.Module):
         return self.b(self.drop(torch.relu(self.a(x))))
 
 
-def data() -> torch.Tensor:
+def data(n: int = N) -> torch.Tensor:
     g = torch.Generator().manual_seed(123)
-    return torch.randn(N, 8, generator=g)
+    return torch.randn(n, 8, generator=g)
 
 
 def param_hash(model: torch.nn.Module) -> str:
@@ -92,7 +92,8 @@ def main() -> None:
         fully_shard(model.a)
         fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sampler = ResumableSampler(N, seed=1, rank=rank, world_size=world)
+    n = int(spec.get("samples", N))
+    sampler = ResumableSampler(n, seed=1, rank=rank, world_size=world)
     ddp: torch.nn.Module = model
     if world > 1 and not fsdp:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -104,7 +105,7 @@ def main() -> None:
         parallel=ckptkit.ParallelConfig.from_env(**spec.get("parallel", {})),
     )
     mgr = ckptkit.CheckpointManager(spec["ckpt"], keep_last=5)
-    xs = data()
+    xs = data(n)
     it = iter(sampler)
     result: dict[str, Any] = {"rank": rank, "world": world}
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +180,13 @@ def _copy(saved: dict[str, Any], tmp_path: Path) -> Path:
 
 
 def _rewrite(path: Path, edit: Any) -> None:
-    d = manifest_io.read(path).to_dict()
+    """Edit the checkpoint's manifest, rewritten as one manifest of every rank's entries
+    (schema_version 1, which readers still read: the edit sees every entry in one place)."""
+    d = replace(manifest_io.read(path), ranks=(), schema_version=mf.SCHEMA_VERSION).to_dict()
     d.pop("manifest_digest")
     edit(d)
+    (path / mf.MANIFEST_NAME).unlink()
+    shutil.rmtree(path / mf.RANKS_DIR, ignore_errors=True)
     manifest_io.write(path, mf.Manifest.from_dict(d))
 
 

@@ -14,7 +14,7 @@ import pytest
 from _launch import launch
 
 from ckptkit import recovery as rc
-from ckptkit.manifest import Manifest
+from ckptkit.checkpoint import manifest_io
 
 pytestmark = pytest.mark.distributed
 
@@ -79,7 +79,7 @@ def test_rank0_recorded_it_once_in_the_log_and_the_manifests(run: dict[str, Any]
     rec = data["recoveries"][0]
     assert rec["world_size"] == 2 and rec["restored"]["step"] == 30
     assert set(rec["actions"]["skip"]["ids"]) == {"0", "1"}
-    man = Manifest.from_json((run["ckpt"] / "step-00000060" / "manifest.json").read_text())
+    man = manifest_io.read(run["ckpt"] / "step-00000060")
     assert man.recoveries is not None and man.recoveries["count"] == 1
     assert man.recoveries["history"][0]["trigger"]["ranks"] == [1]
     assert (run["ckpt"] / rc.ABANDONED / "recovery-001").is_dir()

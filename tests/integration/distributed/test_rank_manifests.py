@@ -1,0 +1,139 @@
+"""Per-rank manifests under a small root (issue 27 item 1), on real gloo ranks.
+
+A multi-rank save writes each rank's file and tensor entries into that rank's own manifest
+(``ranks/rank-NNNNN.json``); the root ``manifest.json`` lists them by size and digest and
+holds none of the entries. Saved at 4 and at 8 ranks, each checkpoint verifies and
+restores bitwise at the other world size (8 -> 4, 4 -> 8); a rank manifest deleted,
+damaged, replaced by another rank's, or a root read without its directory is refused
+(``CK-M013``), never read as a smaller checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _launch import launch
+
+import ckptkit
+from ckptkit import codes
+from ckptkit import manifest as mf
+from ckptkit.checkpoint import manifest_io
+from ckptkit.errors import ManifestError
+
+pytestmark = pytest.mark.distributed
+
+STEP = "step-00000003"
+LAUNCH_TIMEOUT = 240.0  # eight ranks starting torch on two cores
+SAMPLES = 320  # 5 batches of 4 on each of 8 ranks (3 before the save, 2 after)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, list[Any]]]:
+    """A run saved at step 3 by 4 ranks and one by 8: the run directory and what each rank
+    saw."""
+    out: dict[int, tuple[Path, list[Any]]] = {}
+    for world in (4, 8):
+        root = tmp_path_factory.mktemp(f"w{world}")
+        codes_, res = launch(
+            world, root / "out", timeout=LAUNCH_TIMEOUT, scenario="save",
+            ckpt=str(root / "ck"), pg_timeout=120, samples=SAMPLES,
+        )
+        assert codes_ == [0] * world, res
+        out[world] = (root / "ck", res)
+    return out
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_root_lists_one_manifest_per_rank_and_no_entries(
+    saved: dict[int, tuple[Path, list[Any]]], world: int
+) -> None:
+    ckpt = saved[world][0] / STEP
+    root = json.loads((ckpt / mf.MANIFEST_NAME).read_text())
+    assert root["schema_version"] == mf.RANKED_VERSION
+    assert root["files"] == [] and root["tensors"] == []
+    assert [r["rank"] for r in root["ranks"]] == list(range(world))
+    for r in root["ranks"]:
+        assert (ckpt / r["path"]).stat().st_size == r["size"]
+    # Read back: one manifest with every rank's entries, each file listed once.
+    man = manifest_io.read(ckpt)
+    assert len(man.ranks) == world
+    paths = [f.path for f in man.files]
+    assert len(paths) == len(set(paths))
+    assert {f"rng-rank{r:05d}.safetensors" for r in range(world)} <= set(paths)
+    assert {f.rank for f in man.files} <= set(range(world))
+    res = ckptkit.verify(ckpt)
+    assert res.ok, [f.to_dict() for f in res.findings]
+
+
+@pytest.mark.parametrize(("saved_at", "restored_at"), [(8, 4), (4, 8)])
+def test_restores_bitwise_at_another_world_size(
+    saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path, saved_at: int, restored_at: int
+) -> None:
+    run, before = saved[saved_at]
+    ck = tmp_path / "ck"
+    shutil.copytree(run, ck)
+    codes_, after = launch(
+        restored_at, tmp_path / "out", timeout=LAUNCH_TIMEOUT, scenario="restore", step=3,
+        ckpt=str(ck), pg_timeout=120, samples=SAMPLES,
+    )
+    assert codes_ == [0] * restored_at, after
+    # DDP: the model and optimizer state are the same on every rank, saved and restored.
+    assert len({r["hash_at_save"] for r in before}) == 1
+    for r in after:
+        assert r is not None
+        assert r["hash_at_restore"] == before[0]["hash_at_save"]
+        assert r["opt_at_restore"] == before[0]["opt_at_save"]
+        assert any("world size" in n for n in r["notes"]), r["notes"]
+
+
+def _copy(saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path) -> Path:
+    dst = tmp_path / STEP
+    shutil.copytree(saved[4][0] / STEP, dst)
+    return dst
+
+
+def _refused(ckpt: Path) -> ManifestError:
+    with pytest.raises(ManifestError) as info:
+        manifest_io.read(ckpt)
+    res = ckptkit.verify(ckpt)
+    assert not res.ok
+    assert info.value.code in {f.code for f in res.findings}
+    return info.value
+
+
+def test_a_missing_rank_manifest_is_refused(
+    saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path
+) -> None:
+    ckpt = _copy(saved, tmp_path)
+    (ckpt / mf.rank_manifest_path(2)).unlink()
+    e = _refused(ckpt)
+    assert e.code == codes.M013 and "rank 2" in str(e) and "missing" in str(e)
+
+
+def test_a_damaged_or_swapped_rank_manifest_is_refused(
+    saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path
+) -> None:
+    ckpt = _copy(saved, tmp_path)
+    p = ckpt / mf.rank_manifest_path(1)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    assert _refused(ckpt).code == codes.M013
+    # Rank 0's manifest put in rank 1's place: whole and valid, but not what the root lists.
+    shutil.copyfile(ckpt / mf.rank_manifest_path(0), p)
+    e = _refused(ckpt)
+    assert e.code == codes.M013 and "rank 1" in str(e)
+
+
+def test_a_root_read_alone_says_where_its_entries_are(
+    saved: dict[int, tuple[Path, list[Any]]],
+) -> None:
+    text = (saved[4][0] / STEP / mf.MANIFEST_NAME).read_bytes()
+    with pytest.raises(ManifestError) as info:
+        mf.Manifest.from_json(text)
+    assert info.value.code == codes.M013
+    assert "per-rank manifests" in str(info.value)

@@ -1,0 +1,166 @@
+"""The root and per-rank manifests of a multi-rank save (issue 27 item 1), in memory.
+
+The gloo runs that write them are ``tests/integration/distributed/test_rank_manifests.py``;
+here each refusal of the reader is cheap to reach: a root with its rank manifests served
+from a dict, then changed one way at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ckptkit import codes
+from ckptkit import manifest as mf
+from ckptkit.errors import CkptkitError, ManifestError, SignatureError
+
+KEY = b"k" * 32
+
+
+def rank_manifest(rank: int, step: int = 7) -> mf.RankManifest:
+    f = mf.FileEntry(f"rng-rank{rank:05d}.safetensors", 8, "0" * 32, component="rng", rank=rank)
+    t = mf.TensorEntry(f"rng/rank{rank:05d}/torch", f.path, "F32", (2,), (0, 8))
+    return mf.RankManifest(rank, step, (f,), (t,))
+
+
+def written(
+    world: int = 3, key: bytes | None = None
+) -> tuple[bytes, dict[str, bytes]]:
+    """A root's bytes and its rank manifests' bytes by path, as a save writes them."""
+    blobs: dict[str, bytes] = {}
+    refs = []
+    for r in range(world):
+        m = rank_manifest(r)
+        data = (m.signed(key) if key else m).to_json().encode()
+        blobs[mf.rank_manifest_path(r)] = data
+        refs.append(m.ref(data))
+    tree = {"rng": {f"rank{r:05d}": {"torch": {"$t": "tensor", "key": f"rng/rank{r:05d}/torch"}}
+                    for r in range(world)}}
+    root = mf.Manifest(
+        files=(), tensors=(), tree=tree, components={}, env={}, step=7, ranks=tuple(refs)
+    )
+    if key:
+        root = root.signed(key)
+    return root.to_json().encode(), blobs
+
+
+def read(root: bytes, blobs: dict[str, bytes], key: bytes | None = None) -> mf.Manifest:
+    def fetch(ref: mf.RankRef) -> bytes:
+        if ref.path not in blobs:
+            raise codes.error(codes.M013, "missing", path=ref.path)
+        return blobs[ref.path]
+
+    return mf.Manifest.from_json(root, key=key, ranks=fetch)
+
+
+def test_a_root_reads_back_with_every_ranks_entries() -> None:
+    root, blobs = written()
+    obj = json.loads(root)
+    assert obj["schema_version"] == 2 and obj["files"] == [] and len(obj["ranks"]) == 3
+    m = read(root, blobs)
+    assert [f.rank for f in m.files] == [0, 1, 2]
+    assert len(m.tensors) == 3 and len(m.ranks) == 3
+    # The manifest read back serialises to the root it came from (same digest).
+    assert m.to_json().encode() == root
+    assert m.digest == obj["manifest_digest"]
+
+
+def test_a_world_of_one_stays_version_1() -> None:
+    m = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={})
+    assert json.loads(m.to_json())["schema_version"] == 1 and "ranks" not in m.to_dict()
+
+
+def _refusal(root: bytes, blobs: dict[str, bytes], key: bytes | None = None) -> CkptkitError:
+    with pytest.raises(CkptkitError) as info:
+        read(root, blobs, key)
+    return info.value
+
+
+def test_rank_manifests_that_are_not_the_ones_the_root_lists_are_refused() -> None:
+    root, blobs = written()
+    p1 = mf.rank_manifest_path(1)
+    missing = {k: v for k, v in blobs.items() if k != p1}
+    assert _refusal(root, missing).code == codes.M013
+    assert _refusal(root, {**blobs, p1: blobs[p1] + b" "}).code == codes.M013
+    assert _refusal(root, {**blobs, p1: blobs[mf.rank_manifest_path(0)]}).code == codes.M013
+
+
+def test_a_rank_manifest_that_fails_its_schema_is_named() -> None:
+    # Its bytes are what a forged root lists: the schema still refuses an escaping path.
+    _, blobs = written()
+    bad = json.loads(blobs[mf.rank_manifest_path(1)])
+    bad["files"][0]["path"] = "../../etc/passwd"
+    bad["tensors"][0]["file"] = "../../etc/passwd"
+    bad.pop("manifest_digest")
+    bad["manifest_digest"] = mf.content_digest(bad)
+    blobs[mf.rank_manifest_path(1)] = json.dumps(bad).encode()
+    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7,
+                       ranks=tuple(refs)).to_json().encode()
+    e = _refusal(root, blobs)
+    assert e.code == codes.M005 and "rank manifest schema" in str(e)
+    assert "rank-00001.json" in str(e)
+
+
+def test_a_rank_manifest_of_another_step_is_refused_even_when_the_root_vouches_for_it() -> None:
+    # A root rewritten to list a rank manifest of another checkpoint (its digest recomputed):
+    # the manifest says step 8, the root step 7.
+    _, blobs = written()
+    other = rank_manifest(1, step=8).to_json().encode()
+    blobs[mf.rank_manifest_path(1)] = other
+    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7,
+                       ranks=tuple(refs)).to_json().encode()
+    e = _refusal(root, blobs)
+    assert e.code == codes.M013 and "step 8" in str(e)
+
+
+def _edited_root(root: bytes, edit: Any) -> bytes:
+    """The root with ``edit`` applied and its digest recomputed (a consistent forgery)."""
+    obj = json.loads(root)
+    edit(obj)
+    obj.pop("manifest_digest")
+    obj["manifest_digest"] = mf.content_digest(obj)
+    return json.dumps(obj).encode()
+
+
+def test_roots_that_mix_forms_or_misplace_a_rank_are_refused() -> None:
+    root, blobs = written()
+    moved = _edited_root(root, lambda o: o["ranks"][1].update(path="ranks/rank-00009.json"))
+    assert _refusal(moved, blobs).code == codes.M003
+    twice = _edited_root(root, lambda o: o["ranks"].append(dict(o["ranks"][0])))
+    assert _refusal(twice, blobs).code == codes.M003
+    entries = json.loads(blobs[mf.rank_manifest_path(0)])["files"]
+    mixed = _edited_root(root, lambda o: o.update(files=entries))
+    assert _refusal(mixed, blobs).code == codes.M003
+    old = _edited_root(root, lambda o: o.update(schema_version=1))
+    assert _refusal(old, blobs).code == codes.M003
+    escaping = _edited_root(root, lambda o: o["ranks"][1].update(path="../rank-00001.json"))
+    assert _refusal(escaping, blobs).code == codes.M005
+
+
+def test_a_root_read_alone_names_its_rank_manifests() -> None:
+    root, _ = written()
+    with pytest.raises(ManifestError) as info:
+        mf.Manifest.from_json(root)
+    assert info.value.code == codes.M013
+
+
+def test_signed_rank_manifests_are_checked_with_the_key() -> None:
+    root, blobs = written(key=KEY)
+    assert read(root, blobs, key=KEY).signature is not None
+    with pytest.raises(SignatureError) as info:
+        read(root, blobs, key=b"x" * 32)
+    assert info.value.code == codes.M011
+    # An unsigned rank manifest under a signed root (the root re-signed over its digest):
+    unsigned = rank_manifest(2).to_json().encode()
+    blobs[mf.rank_manifest_path(2)] = unsigned
+    refs = [mf.RankRef(r, mf.rank_manifest_path(r), len(blobs[mf.rank_manifest_path(r)]),
+                       mf.digest.hexdigest_bytes(blobs[mf.rank_manifest_path(r)]))
+            for r in range(3)]
+    forged = replace(mf.Manifest.from_dict(json.loads(root)), ranks=tuple(refs))
+    e = _refusal(forged.signed(KEY).to_json().encode(), blobs, key=KEY)
+    assert e.code == codes.M010 and "rank-00002" in str(e)

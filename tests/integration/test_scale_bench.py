@@ -34,7 +34,7 @@ def test_scale_bench_quick_reports_every_phase(tmp_path: Path) -> None:
     points = res["sim"]["points"]
     assert sorted((p["world"], p["tensors"]) for p in points) == [(2, 10), (2, 20), (4, 10), (4, 20)]
     for p in points:
-        for ph in ("commit_rank0", "parse", "per_rank_projection"):
+        for ph in ("commit_rank0", "parse", "plan", "per_rank_projection"):
             assert p[ph]["s"] > 0, (p, ph)
         pay = p["payload"]
         assert pay["rank0_received"] == (p["world"] - 1) * pay["rank_sent"]
@@ -44,7 +44,9 @@ def test_scale_bench_quick_reports_every_phase(tmp_path: Path) -> None:
     guessed = [p for p in points if not p["ran"]]
     assert ran and guessed, points
     assert all(p["parse"]["extrapolated"] and p["skipped_because"] for p in guessed)
-    assert {"commit_rank0 seconds", "parse seconds", "manifest size"} <= set(res["sim"]["fits"])
+    assert {"commit_rank0 seconds", "parse seconds", "plan seconds", "manifest size"} <= set(
+        res["sim"]["fits"]
+    )
     assert res["targets"] and all(isinstance(t["pass"], bool) for t in res["targets"])
     # The report names each target with its verdict; the plot is a PNG.
     assert "Targets:" in r.stdout and ("PASS" in r.stdout or "FAIL" in r.stdout)

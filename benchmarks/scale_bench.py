@@ -23,14 +23,17 @@ stores model state through DCP). Every rank times, after a barrier, medians of
 
 **Simulation** (``--sim-ranks`` x ``--sim-tensors``): rank 0's side of a commit with W
 ranks of T tensors each, built from the real classes: each rank's
-:class:`~ckptkit.commit.RankPart` (a :class:`~ckptkit.storage.shards.RankFiles` of one
-file and T :class:`~ckptkit.manifest.TensorEntry`, its subtree of the state tree) is
-pickled as the gather sends it, then, in a fresh process per point:
+:class:`~ckptkit.commit.RankPart` (a :class:`~ckptkit.storage.shards.RankFiles` with a real
+RNG file and state, rank 0's relabelled, plus one file of T
+:class:`~ckptkit.manifest.TensorEntry`) is pickled as the gather sends it, then each phase
+runs in a fresh process (its peak RSS from a clean heap):
 
 - ``commit_rank0``: :func:`commit_rank0`: unpickle the W parts, ``StateSave.build``,
   ``Manifest.to_json`` (what rank 0 does between the gather and the write);
-- ``parse``: :func:`parse_manifest`: ``Manifest.from_json`` of that JSON (what every rank
-  does on restore and what verify does);
+- ``parse``: :func:`parse_manifest`: ``Manifest.from_json`` of that JSON (what verify
+  does, and every rank inside its restore plan);
+- ``plan``: :func:`plan_restore` on a checkpoint laid out from that manifest (its files
+  sparse, of the listed sizes): every rank's restore planning;
 - ``per_rank_projection``: :func:`projected_manifest_work`: item 1's layout, not built
   yet: a root of W small records plus one rank's own manifest of T entries, each parsed
   by the real parser. A projection, labelled so;
@@ -310,31 +313,36 @@ def part_bytes(base: Base, rank: int, tensors: int) -> int:
     return len(pickle.dumps(_part(base, rank, tensors)))
 
 
-def sim_point(world: int, tensors: int) -> dict[str, Any]:
-    """One simulated point, in this process (a fresh one per point: see :func:`run_sim`)."""
+def sim_phase(world: int, tensors: int, phase: str, text_path: Path) -> dict[str, Any]:
+    """One simulated phase of one point, in this process: a fresh process per phase (see
+    :func:`run_sim`), so each peak RSS starts from a clean heap. ``commit_rank0`` writes the
+    manifest JSON to ``text_path``; ``parse`` and ``plan`` read it."""
     from ckptkit.manifest import MAX_MANIFEST_BYTES
 
     base = Base.capture(world)
-    blobs = [pickle.dumps(_part(base, r, tensors)) for r in range(world)]
-    out: dict[str, Any] = {"world": world, "tensors": tensors}
     parse_manifest(_part_manifest(base, 10))  # warm-up: the schema validator is built once
-    with timed_region() as c:
-        text = commit_rank0(blobs, base.snap)
-    out["commit_rank0"] = c
-    del blobs
-    with timed_region() as p:
-        man = parse_manifest(text)
-    out["parse"] = p
-    assert len(man.tensors) >= world * tensors
-    out["manifest_bytes"] = len(text.encode())
-    out["over_reader_limit"] = out["manifest_bytes"] > MAX_MANIFEST_BYTES
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = _lay_out(Path(tmp), text, man)
-        del man
-        with timed_region() as q:
-            rep = plan_restore(ckpt)
-        out["plan"] = q
+    out: dict[str, Any] = {}
+    if phase == "commit_rank0":
+        blobs = [pickle.dumps(_part(base, r, tensors)) for r in range(world)]
+        with timed_region() as c:
+            text = commit_rank0(blobs, base.snap)
+        text_path.write_text(text)
+        out["manifest_bytes"] = len(text.encode())
+        out["over_reader_limit"] = out["manifest_bytes"] > MAX_MANIFEST_BYTES
+    elif phase == "parse":
+        text = text_path.read_text()
+        with timed_region() as c:
+            man = parse_manifest(text)
+        assert len(man.tensors) >= world * tensors
+    else:
+        text = text_path.read_text()
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = _lay_out(Path(tmp), text, parse_manifest(text))
+            del text
+            with timed_region() as c:
+                rep = plan_restore(ckpt)
         out["plan_findings"] = sorted({f"{f.code} {f.severity}" for f in rep.findings})
+    out[phase] = c
     return out
 
 
@@ -498,7 +506,7 @@ def at(fit: dict[str, Any], x: float) -> float:
     return float(fit["a"] + fit["b"] * x)
 
 
-def run_sim(args: argparse.Namespace) -> dict[str, Any]:
+def run_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Every (W, T) point: run the ones within budget (fresh process each, smallest first),
     extrapolate the rest; payloads and the item 1 projection are computed for every point."""
     from ckptkit.manifest import MAX_MANIFEST_BYTES
@@ -527,18 +535,22 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
             row["ran"] = False
             row["skipped_because"] = f"predicted {pred_s:.0f} s, {pred_rss / GiB:.1f} GiB"
         else:
+            text = scratch / f"sim-{w}x{t}.json"
             try:
-                r = subprocess.run([sys.executable, __file__, "--sim-point", f"{w},{t}"],
-                                   capture_output=True, text=True, check=True,
-                                   timeout=max(60.0, 3 * args.budget_s))
-                got = json.loads(r.stdout.strip().splitlines()[-1])
+                for ph in SIM_MEASURED:
+                    r = subprocess.run(
+                        [sys.executable, __file__, "--sim-phase", f"{w},{t},{ph},{text}"],
+                        capture_output=True, text=True, check=True,
+                        timeout=max(60.0, 3 * args.budget_s))
+                    row.update(json.loads(r.stdout.strip().splitlines()[-1]))
             except subprocess.TimeoutExpired:
                 row["ran"] = False
                 row["skipped_because"] = "killed at the time limit"
             else:
-                row.update(got)
                 row["ran"] = True
                 ran.append(row)
+            finally:
+                text.unlink(missing_ok=True)
         print(f"  sim W={w:5d} T={t:6d}: " + (
             ", ".join(f"{ph} {row[ph]['s']:.3f} s" for ph in SIM_MEASURED)
             if row["ran"] else f"not run ({row['skipped_because']})"), file=sys.stderr)
@@ -813,14 +825,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     ap.add_argument("--plot", default=None, help="write the log-log plot (PNG) here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--sim-point", help=argparse.SUPPRESS)
+    ap.add_argument("--sim-phase", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         real_worker(json.loads(args.worker))
         return
-    if args.sim_point:
-        w, t = _ints(args.sim_point)
-        print(json.dumps(sim_point(w, t)))
+    if args.sim_phase:
+        w, t, phase, text = args.sim_phase.split(",", 3)
+        print(json.dumps(sim_phase(int(w), int(t), phase, Path(text))))
         return
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:  # what is given explicitly stays
@@ -842,7 +854,7 @@ def main() -> None:
                     res["real"].append(summarize_real(w, t, run_real(w, t, args, scratch)))
                     print(f"  real W={w} T={t}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         if not args.no_sim:
-            res["sim"] = run_sim(args)
+            res["sim"] = run_sim(args, scratch)
     finally:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

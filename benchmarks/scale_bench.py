@@ -116,6 +116,7 @@ def timed_region() -> Iterator[dict[str, float]]:
 def object_traffic() -> Iterator[Counter[str]]:
     """Count the pickled bytes of every ``torch.distributed`` object collective of this
     process in the block (ckptkit's and DCP's planning alike): ``sent`` and ``received``.
+    Tensor collectives (ckptkit's 4-byte all-reduces, barriers) are not counted.
 
     :func:`ckptkit.collective.metered` counts ckptkit's own collectives only; a DCP save
     also gathers every rank's plan to rank 0 and sends the global metadata back, through
@@ -124,7 +125,10 @@ def object_traffic() -> Iterator[Counter[str]]:
     import torch.distributed as dist
 
     count: Counter[str] = Counter()
-    size = lambda o: len(pickle.dumps(o))  # noqa: E731
+
+    def size(obj: Any) -> int:
+        return len(pickle.dumps(obj))  # what the object collectives send
+
     real = {n: getattr(dist, n) for n in
             ("gather_object", "broadcast_object_list", "scatter_object_list", "all_gather_object")}
     me = dist.get_rank()
@@ -465,12 +469,11 @@ def run_real(world: int, tensors: int, args: argparse.Namespace, scratch: Path) 
 
 def summarize_real(world: int, tensors: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's figures and the worst of the other ranks'."""
-    others = ranks[1:]
-    worst = lambda k: max((r[k] for r in others), default=None)  # noqa: E731
-    r0 = ranks[0]
+    r0, others = ranks[0], ranks[1:]
+    shared = [k for k in r0 if others and k in others[0]]  # verify runs on rank 0 only
     return {
         "world": world, "tensors": tensors, "entries": world * tensors,
-        "rank0": r0, "others_max": {k: worst(k) for k in r0 if k in (others[0] if others else {})},
+        "rank0": r0, "others_max": {k: max(r[k] for r in others) for k in shared},
         "manifest_bytes": r0["manifest_bytes"], "dcp_metadata_bytes": r0["dcp_metadata_bytes"],
         "per_rank": ranks,
     }

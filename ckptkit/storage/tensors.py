@@ -224,7 +224,11 @@ DIRECT_MIN_BYTES = 64 << 20
 """Files at least this large are written with O_DIRECT (when the platform has it)."""
 DIRECT_ALIGN = 4096
 DIRECT_BUF = 4 << 20
+"""Bytes per ``O_DIRECT`` write request."""
+DIRECT_WRITERS = 1
+"""``O_DIRECT`` write requests in flight per file (each its own thread and buffer)."""
 DIRECT_BUFS = 3
+"""Aligned buffers per file: one filling, the rest queued or being written."""
 
 
 def use_direct_io(nbytes: int) -> bool:
@@ -243,19 +247,26 @@ def use_direct_io(nbytes: int) -> bool:
 
 
 class _DirectSink:
-    """Copy bytes into page-aligned buffers; a helper thread writes full ones with O_DIRECT."""
+    """Copy bytes into page-aligned buffers; helper threads write full ones with O_DIRECT.
+
+    Each full buffer is written at its own file offset (``pwrite``), so up to
+    :data:`DIRECT_WRITERS` requests are in flight at once.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(DIRECT_BUFS)]
+        nbufs = max(DIRECT_BUFS, DIRECT_WRITERS + 2)
+        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(nbufs)]
         self.free: queue.Queue[int] = queue.Queue()
-        for i in range(1, DIRECT_BUFS):
+        for i in range(1, nbufs):
             self.free.put(i)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ckptkit-odirect")
+        self.pool = ThreadPoolExecutor(DIRECT_WRITERS, thread_name_prefix="ckptkit-odirect")
         self.futs: list[Future[None]] = []
         self.cur = 0
         self.pos = 0
         self.size = 0
+        self.offset = 0
+        """File offset of the current buffer's first byte."""
 
     def write(self, mv: memoryview) -> None:
         while len(mv):
@@ -266,17 +277,20 @@ class _DirectSink:
             mv = mv[n:]
             if self.pos == DIRECT_BUF:
                 self._submit(DIRECT_BUF)
-                self.cur = self.free.get()  # the writer always hands buffers back
+                self.cur = self.free.get()  # the writers always hand buffers back
                 self._raise_done()
                 self.pos = 0
 
     def _submit(self, nbytes: int) -> None:
-        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes))
+        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes, self.offset))
+        self.offset += nbytes
 
-    def _write_buf(self, idx: int, nbytes: int) -> None:
+    def _write_buf(self, idx: int, nbytes: int, offset: int) -> None:
         mv = memoryview(self.bufs[idx])[:nbytes]
         try:
-            _write_all(self.fd, mv)
+            done = 0
+            while done < nbytes:
+                done += os.pwrite(self.fd, mv[done:], offset + done)
         finally:
             mv.release()
             self.free.put(idx)

@@ -23,6 +23,7 @@ and range requests and builds on these, which are public for that reason:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import io
@@ -534,12 +535,17 @@ def read_file(
                 f"({'truncated' if size < expected.size else 'grown'})",
                 path=rel,
             )
-        with digest.PipelinedHasher() as hasher:
-            data_limit: int | None
-            if expected.compression is None:
-                src: Any = _HashingReaderPlain(f, hasher)
-                data_limit = size
-            else:
+        if expected.compression is None:
+            # The header is parsed from a plain read, then the whole file (header again
+            # included) streams through the one read pipeline, which hashes every byte
+            # and checks that the header it hashed is the one parsed here.
+            n, raw = read_header_from(f, path=rel, file_size=size)
+            header = parse_header(raw, path=rel, data_len=size - 8 - n)
+            check_header(header, wanted, rel)
+            head = struct.pack("<Q", n) + raw
+            out, hexd = _read_plain(f.fileno(), size, head, header, rel, targets or {}, on_bytes)
+        else:
+            with digest.PipelinedHasher() as hasher:
                 hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
                 buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
                 src = codec.LimitedReader(
@@ -548,21 +554,15 @@ def read_file(
                     path=rel,
                 )
                 data_limit = expected.raw_size
-            n, raw = read_header_from(src, path=rel, file_size=data_limit)
-            data_len = None if data_limit is None else data_limit - 8 - n
-            header = parse_header(raw, path=rel, data_len=data_len)
-            check_header(header, wanted, rel)
-            if expected.compression is None:
-                out = _pread_tensors(
-                    f.fileno(), 8 + n, header, rel, targets or {}, on_bytes, hasher
-                )
-            else:
+                n, raw = read_header_from(src, path=rel, file_size=data_limit)  # type: ignore[arg-type]
+                data_len = None if data_limit is None else data_limit - 8 - n
+                header = parse_header(raw, path=rel, data_len=data_len)
+                check_header(header, wanted, rel)
                 out = read_tensors(src, header, rel, targets or {}, on_bytes)
-            if expected.compression is not None:
                 src.check_exhausted()
                 while buffered.read(digest.CHUNK):  # trailing bytes count in the digest
                     pass
-            hexd = hasher.hexdigest()
+                hexd = hasher.hexdigest()
         if hexd != expected.digest:
             raise codes.error(
                 codes.F003,
@@ -576,20 +576,6 @@ def read_file(
         raise codes.read_error(e, path=rel) from None
     finally:
         f.close()
-
-
-class _HashingReaderPlain:
-    """Direct reads for uncompressed files: hash each chunk after it lands in memory."""
-
-    def __init__(self, f: Any, hasher: digest.PipelinedHasher) -> None:
-        self.f = f
-        self.hasher = hasher
-
-    def readinto(self, mv: Any) -> int:
-        n = int(self.f.readinto(mv) or 0)
-        if n:
-            self.hasher.update(memoryview(mv)[:n])
-        return n
 
 
 def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: str) -> None:
@@ -615,10 +601,6 @@ def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry],
         )
 
 
-READ_WORKERS = 2
-"""Concurrent positional reads per file: overlaps page faults of fresh memory with I/O."""
-
-
 def destination(
     key: str, e: HeaderEntry, targets: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -642,57 +624,73 @@ def destination(
     return t, t
 
 
-def _pread_tensors(
+def _read_plain(
     fd: int,
-    base: int,
+    size: int,
+    head: bytes,
     header: dict[str, HeaderEntry],
     rel: str,
     targets: dict[str, torch.Tensor],
     on_bytes: OnBytes | None,
-    hasher: digest.PipelinedHasher,
-) -> dict[str, torch.Tensor]:
-    """Read an uncompressed data section with parallel ``preadv`` into the destinations.
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Read an uncompressed file into its tensors through :func:`digest.hash_fd`.
 
-    Reads run on :data:`READ_WORKERS` threads (the first touch of fresh memory is the
-    bottleneck on a VM, and it parallelises); chunks are hashed in file order as they
-    complete, so the digest is the same streaming xxh3 as a sequential read.
+    The file is read in whole chunks (``O_DIRECT`` for large files, like the writes); each
+    reader thread copies its chunk's bytes into the destination tensors as soon as it
+    lands (numpy copies release the GIL, so several run at once and the first touch of
+    fresh tensor memory is paid in parallel), and the digest is computed over the same
+    chunks in file order. ``head`` (the length prefix and header already parsed) must be
+    what the digest pass read at the start of the file, or the parse was of other bytes.
+
+    Returns ``(tensors by key, digest of every byte read)``.
+
+    Raises:
+        CkptkitError: ``CK-F002`` the file ends early (it shrank while being read),
+            ``CK-F003`` its header changed between the parse and the digest pass.
     """
     out: dict[str, torch.Tensor] = {}
-    segs: list[tuple[int, memoryview, str]] = []
+    starts: list[int] = []
+    dests: list[tuple[int, int, Any]] = []
+    base = len(head)
     for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
         ret, dest = destination(key, e, targets)
         out[key] = ret
-        mv = tensor_bytes(dest)
-        for i in range(0, len(mv), digest.CHUNK):
-            segs.append((base + e.offsets[0] + i, mv[i : i + digest.CHUNK], key))
+        if e.offsets[1] > e.offsets[0]:
+            starts.append(base + e.offsets[0])
+            dests.append((base + e.offsets[0], base + e.offsets[1], _np_bytes(dest)))
 
-    def pread_into(off: int, mv: memoryview, key: str) -> None:
-        got = 0
-        while got < len(mv):
-            k = os.preadv(fd, [mv[got:]], off + got)
-            if k == 0:
-                raise codes.error(
-                    codes.F002,
-                    f"file ends inside tensor '{key}' (truncated)",
-                    path=rel,
-                )
-            got += k
+    def scatter(off: int, chunk: memoryview) -> None:
+        src = np.frombuffer(chunk, dtype=np.uint8)
+        end = off + len(chunk)
+        i = max(0, bisect.bisect_right(starts, off) - 1)
+        while i < len(dests) and dests[i][0] < end:
+            lo, hi, dst = dests[i]
+            a, b = max(lo, off), min(hi, end)
+            if a < b:
+                dst[a - lo : b - lo] = src[a - off : b - off]
+            i += 1
 
-    if not segs:
-        return out
-    with ThreadPoolExecutor(min(READ_WORKERS, len(segs)), thread_name_prefix="ckptkit-pread") as pool:
-        futs = [pool.submit(pread_into, off, mv, key) for off, mv, key in segs]
-        try:
-            for (_, mv, _), fut in zip(segs, futs, strict=True):
-                fut.result()
-                hasher.update(mv)
-                if on_bytes:
-                    on_bytes(len(mv))
-        except BaseException:
-            for fut in futs:
-                fut.cancel()
-            raise
-    return out
+    def same_head(off: int, chunk: memoryview) -> None:
+        if off < base and chunk[: base - off] != head[off : off + len(chunk)]:
+            raise codes.error(
+                codes.F003, "the file changed while being read (its header differs)", path=rel
+            )
+        if on_bytes:
+            on_bytes(len(chunk))
+
+    hexd, got = digest.hash_fd(
+        fd, on_chunk=same_head, scatter=scatter, direct=use_direct_io(size)
+    )
+    if got < size:
+        raise codes.error(
+            codes.F002, f"file ends at byte {got} of {size} while being read (truncated)", path=rel
+        )
+    return out, hexd
+
+
+def _np_bytes(t: torch.Tensor) -> Any:
+    """A writable uint8 numpy view of a CPU contiguous tensor's bytes."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def read_tensors(
@@ -858,7 +856,10 @@ def scan_file(
             except (IntegrityError, UnsafeInputError) as e:
                 err = (e.code or codes.F004, e.what)
             hexd, size = digest.hash_fd(
-                f.fileno(), on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
+                f.fileno(),
+                on_bytes=on_bytes,
+                on_chunk=finite.feed if finite is not None else None,
+                direct=use_direct_io(fsize),
             )
         return hexd, size, header, err, finite
     with (

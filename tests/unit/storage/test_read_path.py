@@ -124,12 +124,19 @@ def _mixed_state() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("compress", [None, "zstd"])
-def test_load_and_restore_return_the_saved_bytes(tmp_path: Path, compress: str | None) -> None:
-    """New tensors and restore into existing ones both give back
-    every byte; an independent reader (safetensors) agrees on the uncompressed file."""
+@pytest.mark.parametrize(
+    ("compress", "direct"), [(None, "1"), (None, "0"), ("zstd", "auto")], ids=["direct", "cached", "zstd"]
+)
+def test_load_and_restore_return_the_saved_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compress: str | None, direct: str
+) -> None:
+    """New tensors and restore into existing ones both give back every byte, read with
+    O_DIRECT or through the page cache (the file's size is no multiple of a block, so the
+    last direct read ends inside one); an independent reader (safetensors) agrees on the
+    uncompressed file, and verify finds it clean."""
     from safetensors.torch import load_file
 
+    monkeypatch.setenv("CKPTKIT_DIRECT_IO", direct)
     state = {"model": _mixed_state()}
     ckptkit.save(state, tmp_path / "c", compress=compress)
     out = ckptkit.load(tmp_path / "c")["model"]
@@ -144,6 +151,33 @@ def test_load_and_restore_return_the_saved_bytes(tmp_path: Path, compress: str |
         ref = load_file(str(f))
         for k, t in state["model"].items():
             assert _bitwise(ref[f"model/{k}"], t), k
+        assert f.stat().st_size % 512
+    assert ckptkit.verify(tmp_path / "c").ok
+
+
+def test_header_changed_between_parse_and_digest_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header load parses must be the bytes the digest pass hashed: a header byte
+    changed on disk right after the parse is refused with CK-F003 by that comparison
+    (before any digest is compared), never trusted."""
+    ckptkit.save({"model": _mixed_state()}, tmp_path / "c")
+    [f] = (tmp_path / "c").glob("*.safetensors")
+    real = tensors.read_header_from
+
+    def other_bytes(*a, **k):  # type: ignore[no-untyped-def]
+        got = real(*a, **k)
+        with f.open("r+b") as fh:  # another writer, between the parse and the digest pass
+            fh.seek(9)
+            b = fh.read(1)
+            fh.seek(9)
+            fh.write(bytes([b[0] ^ 0x20]))
+        return got
+
+    monkeypatch.setattr(tensors, "read_header_from", other_bytes)
+    with pytest.raises(CkptkitError) as ei:
+        ckptkit.load(tmp_path / "c")
+    assert ei.value.code == "CK-F003" and "changed while being read" in str(ei.value)
 
 
 def test_truncated_shard_refuses_before_reading(tmp_path: Path) -> None:

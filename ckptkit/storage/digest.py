@@ -200,6 +200,11 @@ def _pipeline(
                 k = os.preadv(fd, [mv[got : -(-want // ALIGN) * ALIGN]], off + got)
                 if k == 0:
                     break  # truncated while we read: the caller sees the short size
+                if k % ALIGN and got + k < want:
+                    # A short read mid-file (a network file system may return one): the
+                    # next request would start off a block boundary, which O_DIRECT
+                    # refuses. Read the rest of the pass through the page cache.
+                    _set_direct(fd, False)
                 got += k
             got = min(got, want)
             if scatter is not None and got:

@@ -23,6 +23,7 @@ and range requests and builds on these, which are public for that reason:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import io
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import numpy as np
 import torch
 
 from ckptkit import codes
@@ -223,7 +225,11 @@ DIRECT_MIN_BYTES = 64 << 20
 """Files at least this large are written with O_DIRECT (when the platform has it)."""
 DIRECT_ALIGN = 4096
 DIRECT_BUF = 4 << 20
+"""Bytes per ``O_DIRECT`` write request."""
+DIRECT_WRITERS = 1
+"""``O_DIRECT`` write requests in flight per file (each its own thread and buffer)."""
 DIRECT_BUFS = 3
+"""Aligned buffers per file: one filling, the rest queued or being written."""
 
 
 def use_direct_io(nbytes: int) -> bool:
@@ -242,19 +248,26 @@ def use_direct_io(nbytes: int) -> bool:
 
 
 class _DirectSink:
-    """Copy bytes into page-aligned buffers; a helper thread writes full ones with O_DIRECT."""
+    """Copy bytes into page-aligned buffers; helper threads write full ones with O_DIRECT.
+
+    Each full buffer is written at its own file offset (``pwrite``), so up to
+    :data:`DIRECT_WRITERS` requests are in flight at once.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(DIRECT_BUFS)]
+        nbufs = max(DIRECT_BUFS, DIRECT_WRITERS + 2)
+        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(nbufs)]
         self.free: queue.Queue[int] = queue.Queue()
-        for i in range(1, DIRECT_BUFS):
+        for i in range(1, nbufs):
             self.free.put(i)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="ckptkit-odirect")
+        self.pool = ThreadPoolExecutor(DIRECT_WRITERS, thread_name_prefix="ckptkit-odirect")
         self.futs: list[Future[None]] = []
         self.cur = 0
         self.pos = 0
         self.size = 0
+        self.offset = 0
+        """File offset of the current buffer's first byte."""
 
     def write(self, mv: memoryview) -> None:
         while len(mv):
@@ -265,17 +278,20 @@ class _DirectSink:
             mv = mv[n:]
             if self.pos == DIRECT_BUF:
                 self._submit(DIRECT_BUF)
-                self.cur = self.free.get()  # the writer always hands buffers back
+                self.cur = self.free.get()  # the writers always hand buffers back
                 self._raise_done()
                 self.pos = 0
 
     def _submit(self, nbytes: int) -> None:
-        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes))
+        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes, self.offset))
+        self.offset += nbytes
 
-    def _write_buf(self, idx: int, nbytes: int) -> None:
+    def _write_buf(self, idx: int, nbytes: int, offset: int) -> None:
         mv = memoryview(self.bufs[idx])[:nbytes]
         try:
-            _write_all(self.fd, mv)
+            done = 0
+            while done < nbytes:
+                done += os.pwrite(self.fd, mv[done:], offset + done)
         finally:
             mv.release()
             self.free.put(idx)
@@ -519,12 +535,29 @@ def read_file(
                 f"({'truncated' if size < expected.size else 'grown'})",
                 path=rel,
             )
-        with digest.PipelinedHasher() as hasher:
-            data_limit: int | None
-            if expected.compression is None:
-                src: Any = _HashingReaderPlain(f, hasher)
-                data_limit = size
+        if expected.compression is None:
+            # The header is parsed from a plain read, then the whole file (header again
+            # included) streams through the one read pipeline, which hashes every byte
+            # and checks that the header it hashed is the one parsed here.
+            n, raw = read_header_from(f, path=rel, file_size=size)
+            header = parse_header(raw, path=rel, data_len=size - 8 - n)
+            check_header(header, wanted, rel)
+            head = struct.pack("<Q", n) + raw
+            if in_place(header, targets or {}):
+                out, hexd = _read_plain(
+                    f.fileno(), size, head, header, rel, targets or {}, on_bytes
+                )
             else:
+                # Fresh tensors: the kernel copies straight into them (their first-touch
+                # faults inside the read); a bounce buffer plus a copy measured slower.
+                with digest.PipelinedHasher() as hasher:
+                    hasher.update(head)  # the very bytes parsed above
+                    out = _pread_tensors(
+                        f.fileno(), len(head), header, rel, targets or {}, on_bytes, hasher
+                    )
+                    hexd = hasher.hexdigest()
+        else:
+            with digest.PipelinedHasher() as hasher:
                 hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
                 buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
                 src = codec.LimitedReader(
@@ -533,21 +566,15 @@ def read_file(
                     path=rel,
                 )
                 data_limit = expected.raw_size
-            n, raw = read_header_from(src, path=rel, file_size=data_limit)
-            data_len = None if data_limit is None else data_limit - 8 - n
-            header = parse_header(raw, path=rel, data_len=data_len)
-            check_header(header, wanted, rel)
-            if expected.compression is None:
-                out = _pread_tensors(
-                    f.fileno(), 8 + n, header, rel, targets or {}, on_bytes, hasher
-                )
-            else:
+                n, raw = read_header_from(src, path=rel, file_size=data_limit)  # type: ignore[arg-type]
+                data_len = None if data_limit is None else data_limit - 8 - n
+                header = parse_header(raw, path=rel, data_len=data_len)
+                check_header(header, wanted, rel)
                 out = read_tensors(src, header, rel, targets or {}, on_bytes)
-            if expected.compression is not None:
                 src.check_exhausted()
                 while buffered.read(digest.CHUNK):  # trailing bytes count in the digest
                     pass
-            hexd = hasher.hexdigest()
+                hexd = hasher.hexdigest()
         if hexd != expected.digest:
             raise codes.error(
                 codes.F003,
@@ -561,20 +588,6 @@ def read_file(
         raise codes.read_error(e, path=rel) from None
     finally:
         f.close()
-
-
-class _HashingReaderPlain:
-    """Direct reads for uncompressed files: hash each chunk after it lands in memory."""
-
-    def __init__(self, f: Any, hasher: digest.PipelinedHasher) -> None:
-        self.f = f
-        self.hasher = hasher
-
-    def readinto(self, mv: Any) -> int:
-        n = int(self.f.readinto(mv) or 0)
-        if n:
-            self.hasher.update(memoryview(mv)[:n])
-        return n
 
 
 def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry], rel: str) -> None:
@@ -600,10 +613,6 @@ def check_header(header: dict[str, HeaderEntry], wanted: dict[str, HeaderEntry],
         )
 
 
-READ_WORKERS = 2
-"""Concurrent positional reads per file: overlaps page faults of fresh memory with I/O."""
-
-
 def destination(
     key: str, e: HeaderEntry, targets: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -613,18 +622,39 @@ def destination(
     dtype and shape and is a contiguous CPU tensor; otherwise a new tensor does (and the
     caller copies it where it belongs).
     """
-    dt = DTYPES[e.dtype]
     tgt = targets.get(key)
-    if (
-        tgt is not None
-        and tgt.dtype == dt
+    if tgt is not None and receives(tgt, e):
+        return tgt, tgt.detach()
+    t = torch.empty(e.shape, dtype=DTYPES[e.dtype])
+    return t, t
+
+
+def receives(tgt: torch.Tensor, e: HeaderEntry) -> bool:
+    """Whether the bytes of ``e`` can be read straight into ``tgt``: the saved dtype and
+    shape, a contiguous CPU tensor."""
+    return (
+        tgt.dtype == DTYPES[e.dtype]
         and tuple(tgt.shape) == e.shape
         and tgt.device.type == "cpu"
         and tgt.is_contiguous()
-    ):
-        return tgt, tgt.detach()
-    t = torch.empty(e.shape, dtype=dt)
-    return t, t
+    )
+
+
+READ_WORKERS = 2
+"""Concurrent positional reads per file: overlaps page faults of fresh memory with I/O."""
+
+
+def in_place(header: dict[str, HeaderEntry], targets: dict[str, torch.Tensor]) -> bool:
+    """Whether every non-empty tensor of ``header`` lands in the caller's own tensor
+    (a restore into a live state), so :func:`_read_plain` can read the file in whole
+    ``O_DIRECT`` chunks and copy them into memory that is already there."""
+    for key, e in header.items():
+        if e.offsets[1] == e.offsets[0]:
+            continue
+        tgt = targets.get(key)
+        if tgt is None or not receives(tgt, e):
+            return False
+    return True
 
 
 def _pread_tensors(
@@ -680,6 +710,76 @@ def _pread_tensors(
     return out
 
 
+
+def _read_plain(
+    fd: int,
+    size: int,
+    head: bytes,
+    header: dict[str, HeaderEntry],
+    rel: str,
+    targets: dict[str, torch.Tensor],
+    on_bytes: OnBytes | None,
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Read an uncompressed file into its tensors through :func:`digest.hash_fd`.
+
+    The file is read in whole chunks (``O_DIRECT`` for large files, like the writes); each
+    reader thread copies its chunk's bytes into the destination tensors as soon as it
+    lands (numpy copies release the GIL, so several run at once and the first touch of
+    fresh tensor memory is paid in parallel), and the digest is computed over the same
+    chunks in file order. ``head`` (the length prefix and header already parsed) must be
+    what the digest pass read at the start of the file, or the parse was of other bytes.
+
+    Returns ``(tensors by key, digest of every byte read)``.
+
+    Raises:
+        CkptkitError: ``CK-F002`` the file ends early (it shrank while being read),
+            ``CK-F003`` its header changed between the parse and the digest pass.
+    """
+    out: dict[str, torch.Tensor] = {}
+    starts: list[int] = []
+    dests: list[tuple[int, int, Any]] = []
+    base = len(head)
+    for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
+        ret, dest = destination(key, e, targets)
+        out[key] = ret
+        if e.offsets[1] > e.offsets[0]:
+            starts.append(base + e.offsets[0])
+            dests.append((base + e.offsets[0], base + e.offsets[1], _np_bytes(dest)))
+
+    def scatter(off: int, chunk: memoryview) -> None:
+        src = np.frombuffer(chunk, dtype=np.uint8)
+        end = off + len(chunk)
+        i = max(0, bisect.bisect_right(starts, off) - 1)
+        while i < len(dests) and dests[i][0] < end:
+            lo, hi, dst = dests[i]
+            a, b = max(lo, off), min(hi, end)
+            if a < b:
+                dst[a - lo : b - lo] = src[a - off : b - off]
+            i += 1
+
+    def same_head(off: int, chunk: memoryview) -> None:
+        if off < base and chunk[: base - off] != head[off : off + len(chunk)]:
+            raise codes.error(
+                codes.F003, "the file changed while being read (its header differs)", path=rel
+            )
+        if on_bytes:
+            on_bytes(len(chunk))
+
+    hexd, got = digest.hash_fd(
+        fd, on_chunk=same_head, scatter=scatter, direct=use_direct_io(size)
+    )
+    if got < size:
+        raise codes.error(
+            codes.F002, f"file ends at byte {got} of {size} while being read (truncated)", path=rel
+        )
+    return out, hexd
+
+
+def _np_bytes(t: torch.Tensor) -> Any:
+    """A writable uint8 numpy view of a CPU contiguous tensor's bytes."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
 def read_tensors(
     src: Any,
     header: dict[str, HeaderEntry],
@@ -714,13 +814,61 @@ def read_tensors(
     return out
 
 
+_NONFINITE_BITS: dict[torch.dtype, tuple[type[np.signedinteger[Any]], type[np.unsignedinteger[Any]], int]] = {
+    torch.float64: (np.int64, np.uint64, 0x7FF0_0000_0000_0000),
+    torch.float32: (np.int32, np.uint32, 0x7F80_0000),
+    torch.complex64: (np.int32, np.uint32, 0x7F80_0000),  # two float32 per element
+    torch.float16: (np.int16, np.uint16, 0x7C00),
+    torch.bfloat16: (np.int16, np.uint16, 0x7F80),
+    torch.float8_e5m2: (np.int8, np.uint8, 0x7C),
+    torch.float8_e4m3fn: (np.int8, np.uint8, 0x7F),  # NaN only (S.1111.111); no Inf
+}
+"""Sign-and-magnitude floats whose NaN/Inf are exactly the patterns with every exponent
+bit set: ``(signed view, unsigned view, smallest such pattern without the sign bit)``."""
+
+
+def nonfinite_bits(raw: memoryview, dt: torch.dtype) -> bool | None:
+    """Whether the ``dt`` values in ``raw`` hold a NaN or an Inf, read from their bits.
+
+    A value is NaN or Inf exactly when every exponent bit is set, so a positive one is
+    the signed integer view's maximum at or above ``pattern`` and a negative one the
+    unsigned view's maximum at or above ``sign | pattern``. Two integer ``max``
+    reductions answer it exactly (no overflow, unlike a sum), on the calling thread
+    (numpy never spreads a reduction over threads, and releases the GIL), without a
+    temporary. torch's reductions are used nowhere here on purpose: on a 2-core
+    machine their OpenMP pool waited on cores the reader threads held, and the value
+    scan fell to 1-2 GB/s (issue 27 item 5).
+
+    Returns None for a dtype this cannot read (the fnuz float8s put NaN at -0, e8m0 has
+    no sign bit): the caller checks those with torch.
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([1.0, -float("inf")], dtype=torch.bfloat16)
+        >>> mv = memoryview(x.view(torch.uint8).numpy())
+        >>> nonfinite_bits(mv, torch.bfloat16), nonfinite_bits(mv[:2], torch.bfloat16)
+        (True, False)
+    """
+    spec = _NONFINITE_BITS.get(dt)
+    if spec is None:
+        return None
+    signed, unsigned, pattern = spec
+    if not len(raw):
+        return False
+    bits = 8 * np.dtype(signed).itemsize
+    if int(np.frombuffer(raw, dtype=signed).max()) >= pattern:
+        return True
+    return int(np.frombuffer(raw, dtype=unsigned).max()) >= (1 << (bits - 1)) | pattern
+
+
 class FiniteScan:
     """Which floating tensors of an uncompressed file hold NaN/Inf, seen chunk by chunk.
 
     Fed each chunk as the digest pass reads it: a tensor whose element boundaries cannot
     straddle a chunk edge (its file offset is a multiple of its item size, which also
-    divides the chunk size) is checked with one fused ``aminmax`` per piece; the rest
-    are left for a second look (``unchecked``).
+    divides the chunk size) is checked piece by piece from its bits
+    (:func:`nonfinite_bits`; torch's ``aminmax`` for the few dtypes it cannot read); the
+    rest are left for a second look (``unchecked``).
     """
 
     def __init__(self, header: dict[str, HeaderEntry], base: int) -> None:
@@ -744,18 +892,24 @@ class FiniteScan:
             if hi <= offset or lo >= end or key in self.nonfinite:
                 continue
             a, b = max(lo, offset) - offset, min(hi, end) - offset
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a read-only chunk: the scan never writes
-                t = torch.frombuffer(chunk[a:b], dtype=dt)
-            if t.is_complex():
-                t = torch.view_as_real(t)
-            if t.dtype in (torch.float32, torch.float64) and math.isfinite(float(t.sum())):
-                continue  # a sum is NaN/Inf whenever a term is: the cheap proof of "all finite"
-            if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-                t = t.float()  # float8 has no CPU reductions; widening is exact
-            lo_v, hi_v = torch.aminmax(t)  # exact (a large finite sum may overflow)
-            if not (math.isfinite(float(lo_v)) and math.isfinite(float(hi_v))):
+            bad = nonfinite_bits(chunk[a:b], dt)
+            if bad is None:
+                bad = _nonfinite_torch(chunk[a:b], dt)
+            if bad:
                 self.nonfinite.add(key)
+
+
+def _nonfinite_torch(raw: memoryview, dt: torch.dtype) -> bool:
+    """Whether ``raw`` holds a NaN/Inf ``dt`` value, by torch (dtypes without a bit rule)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a read-only chunk: the scan never writes
+        t = torch.frombuffer(raw, dtype=dt)
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        t = t.float()  # float8 has no CPU reductions; widening is exact
+    lo_v, hi_v = torch.aminmax(t)
+    return not (math.isfinite(float(lo_v)) and math.isfinite(float(hi_v)))
 
 
 def scan_file(
@@ -789,7 +943,10 @@ def scan_file(
             except (IntegrityError, UnsafeInputError) as e:
                 err = (e.code or codes.F004, e.what)
             hexd, size = digest.hash_fd(
-                f.fileno(), on_bytes=on_bytes, on_chunk=finite.feed if finite is not None else None
+                f.fileno(),
+                on_bytes=on_bytes,
+                on_chunk=finite.feed if finite is not None else None,
+                direct=use_direct_io(fsize),
             )
         return hexd, size, header, err, finite
     with (

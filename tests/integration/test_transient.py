@@ -213,7 +213,7 @@ def test_eio_in_the_middle_of_a_read_is_unreadable_now(
         rep = verify_one(run / NEWEST, progress=False)
         assert {f.code for f in rep.errors} == {codes.UNREADABLE}
     with monkeypatch.context() as m:
-        m.setattr(tensors, "_pread_tensors", eio)  # restore's streaming read
+        m.setattr(tensors, "_read_plain", eio)  # restore's streaming read
         with ckptkit.CheckpointManager(run) as mgr, pytest.raises(
             ckptkit.IncompleteCheckpointError, match="CK-F025"
         ):

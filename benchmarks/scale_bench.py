@@ -202,11 +202,13 @@ def plan_restore(path: Path) -> Any:
                       options={"scan_values": False, "read_files": False})
 
 
-def commit_rank0(blobs: list[bytes], snap: Any) -> str:
+def commit_rank0(blobs: list[bytes], snap: Any, tmp: Path) -> str:
     """Rank 0 between the gather and the manifest write: unpickle the W parts it received,
-    merge them (``StateSave.build``) and serialise the manifest."""
+    merge them (``StateSave.build``, ``tmp`` the checkpoint being committed) and serialise
+    the manifest. The simulated parts carry their entries (one manifest of every rank's,
+    the format before per-rank manifests)."""
     parts = [pickle.loads(b) for b in blobs]
-    return str(snap.build(parts).to_json())
+    return str(snap.build(parts, tmp).to_json())
 
 
 def parse_manifest(text: str) -> Any:
@@ -224,7 +226,7 @@ def projected_manifest_work(world: int, tensors: int, base: Base) -> dict[str, f
 
     snap = base.snap
     root = mf.Manifest(
-        files=tuple(mf.FileEntry(f"ranks/{_rank_key(r)}.manifest.json", 1000 + tensors * 150,
+        files=tuple(mf.FileEntry(f"tables/{_rank_key(r)}.json", 1000 + tensors * 150,
                                  f"{r:032x}", rank=r) for r in range(world)),
         tensors=(), tree={"step": 1}, components=snap.comps, env=snap.env, step=1)
     root_text, own_text = root.to_json(), _part_manifest(base, tensors)
@@ -329,7 +331,7 @@ def sim_phase(world: int, tensors: int, phase: str, text_path: Path) -> dict[str
     if phase == "commit_rank0":
         blobs = [pickle.dumps(_part(base, r, tensors)) for r in range(world)]
         with timed_region() as c:
-            text = commit_rank0(blobs, base.snap)
+            text = commit_rank0(blobs, base.snap, text_path.parent)
         text_path.write_text(text)
         out["manifest_bytes"] = len(text.encode())
         out["over_reader_limit"] = out["manifest_bytes"] > MAX_MANIFEST_BYTES

@@ -794,17 +794,7 @@ def _parse(
             code=codes.M006,
             hint=_UNSAFE_HINT,
         )
-    canon = canonical(obj)
-    if digest.hexdigest_bytes(canon) != obj["manifest_digest"]:
-        raise ManifestError(
-            "manifest digest mismatch (the manifest changed after it was written)",
-            path=path,
-            code=codes.M007,
-            hint="the manifest was edited or damaged; roll back to the previous verified "
-            "checkpoint",
-        )
-    if key is not None:
-        _check_signature(obj, canon, key, path)
+    _check_digest(obj, path, key)
     if version == RANKED_VERSION or "ranks" in obj:
         obj = _merged(obj, path, key, ranks)
     check_semantics(obj, path=path)
@@ -876,16 +866,7 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
         )
     obj = _strict_json(data, path)
     _check_schema(obj, path, _rank_validator())
-    canon = canonical(obj)
-    if digest.hexdigest_bytes(canon) != obj["manifest_digest"]:
-        raise ManifestError(
-            "rank manifest digest mismatch (it changed after it was written)",
-            path=path,
-            code=codes.M007,
-            hint="roll back to the previous verified checkpoint",
-        )
-    if key is not None:
-        _check_signature(obj, canon, key, path)
+    _check_digest(obj, path, key)
     if obj["rank"] != ref.rank or obj["step"] != step:
         raise ManifestError(
             f"holds rank {obj['rank']} step {obj['step']}, the root lists it as rank "
@@ -903,6 +884,21 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
                 hint="the rank manifest is damaged or hand-edited; roll back",
             )
     return obj
+
+
+def _check_digest(obj: Mapping[str, Any], path: str, key: bytes | None) -> None:
+    """A manifest's (root or rank) own digest, then its signature when ``key`` is given."""
+    canon = canonical(obj)
+    if digest.hexdigest_bytes(canon) != obj["manifest_digest"]:
+        raise ManifestError(
+            "manifest digest mismatch (the manifest changed after it was written)",
+            path=path,
+            code=codes.M007,
+            hint="the manifest was edited or damaged; roll back to the previous verified "
+            "checkpoint",
+        )
+    if key is not None:
+        _check_signature(obj, canon, key, path)
 
 
 def _check_schema(

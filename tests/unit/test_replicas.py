@@ -7,7 +7,6 @@ majority, shard groups and a failed rank are cheap to cover; the real gloo runs 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
+from threadranks import ThreadRank, on_ranks
 
 import ckptkit
 from ckptkit import codes, records, replicas
@@ -23,59 +23,46 @@ from ckptkit.collective import Solo, all_gather_fixed, gather_fixed
 from ckptkit.commit import save_state
 
 
-class World:
-    """Ranks as threads; collectives meet at a barrier (a deadline: no test hangs)."""
+class Spy:
+    """A thread rank (tests/threadranks.py) that counts its gathers, keeps what rank 0
+    gathered, and refuses the all-gather the check must not use."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.barrier = threading.Barrier(n, timeout=30)
-        self.slots: list[Any] = [None] * n
-        self.gathers = [0] * n
-        self.sent: list[list[Any]] = []
-        """What each gather carried to rank 0, rank by rank."""
-
-
-class Rank:
-    def __init__(self, world: World, rank: int) -> None:
-        self.w, self.rank, self.world_size = world, rank, world.n
-
-    def _meet(self, obj: Any) -> list[Any]:
-        self.w.slots[self.rank] = obj
-        self.w.barrier.wait()
-        out = list(self.w.slots)
-        self.w.barrier.wait()
-        return out
+    def __init__(self, rank: ThreadRank, gathers: list[int], sent: list[list[Any]]) -> None:
+        self._r, self.rank, self.world_size = rank, rank.rank, rank.world_size
+        self.gathers, self.sent = gathers, sent
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return self._meet(obj)[src]
+        return self._r.broadcast(obj, src)
 
     def all_gather(self, obj: Any) -> list[Any]:
         raise AssertionError("the replica check sends every record to rank 0 alone")
 
     def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        self.w.gathers[self.rank] += 1
-        out = self._meet(obj)
-        if self.rank != dst:
-            return None
-        self.w.sent.append(out)
+        self.gathers[self.rank] += 1
+        out = self._r.gather(obj, dst)
+        if out is not None:
+            self.sent.append(out)
         return out
+
+
+class World:
+    """What the ranks of one check exchanged."""
+
+    def __init__(self, n: int) -> None:
+        self.gathers = [0] * n
+        self.sent: list[list[Any]] = []
+        """What each gather carried to rank 0, rank by rank."""
 
 
 def check_all(held: list[Any]) -> tuple[list[Any], World]:
     """Run the check on one thread per rank; ``held[r]`` is rank r's tensors or selector."""
     world = World(len(held))
-    out: list[Any] = [None] * len(held)
 
-    def one(r: int) -> None:
-        out[r] = replicas.check(Rank(world, r), held[r], policy="warn")
+    def one(rank: ThreadRank) -> Any:
+        spy = Spy(rank, world.gathers, world.sent)
+        return replicas.check(spy, held[rank.rank], policy="warn")
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(len(held))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive()
-    return out, world
+    return on_ranks(len(held), one), world
 
 
 def flipped(t: torch.Tensor) -> torch.Tensor:

@@ -164,7 +164,6 @@ def commit(
     return man
 
 
-
 @dataclass(frozen=True)
 class Outcome:
     """Why a commit failed, as rank 0 tells every rank: the failed ranks and their messages;

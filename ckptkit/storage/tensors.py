@@ -710,7 +710,6 @@ def _pread_tensors(
     return out
 
 
-
 def _read_plain(
     fd: int,
     size: int,

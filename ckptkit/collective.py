@@ -77,8 +77,9 @@ class Solo:
 class TorchGroup:
     """A ``torch.distributed`` process group (the default one unless ``group`` is given).
 
-    Object collectives pickle only what ckptkit itself sends (file entries, messages,
-    cursors) between the ranks of one job; nothing read from a checkpoint goes through them.
+    Object collectives pickle only what ckptkit's own ranks of one job send each other
+    (records of what they wrote, messages, cursors, a rank-parallel verify's per-file scan
+    records); they never unpickle bytes read from a file.
     """
 
     def __init__(self, group: Any = None) -> None:

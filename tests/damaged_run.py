@@ -7,12 +7,16 @@ a checkpoint per kind of damage a shard-parallel reader could get wrong.
 from __future__ import annotations
 
 import copy
+import io
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from conftest import trained_state
 
 import ckptkit
+from ckptkit.render import RENDERERS
 
 SHARD_BYTES = 4096
 """Small shards: the tiny model's checkpoint is 7 files, so every split has work to share."""
@@ -56,3 +60,12 @@ def make_damaged_run(run: Path) -> Path:
     return run
 
 
+def report_json(result: Any) -> dict[str, Any]:
+    """A verify result's ``--json`` report without its timings: what two ways of verifying
+    must agree on."""
+    buf = io.StringIO()
+    RENDERERS["json"](result, buf)
+    out: dict[str, Any] = json.loads(buf.getvalue())
+    for rep in out["reports"]:
+        rep.pop("seconds")
+    return out

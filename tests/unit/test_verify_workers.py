@@ -9,7 +9,6 @@ checkpoints. The real torchrun launch is tests/integration/distributed/test_veri
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
-from damaged_run import make_damaged_run, shard
+from damaged_run import make_damaged_run, report_json, shard
 from threadranks import on_ranks
 
 import ckptkit
@@ -25,20 +24,9 @@ from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.cli import main
-from ckptkit.render import RENDERERS
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.ranked import ScanRecord, split
 from ckptkit.verify.runner import verify
-
-
-def report_json(result: Any) -> dict[str, Any]:
-    """The ``--json`` report without its timings."""
-    buf = io.StringIO()
-    RENDERERS["json"](result, buf)
-    out: dict[str, Any] = json.loads(buf.getvalue())
-    for rep in out["reports"]:
-        rep.pop("seconds")
-    return out
 
 
 @pytest.fixture(scope="module")

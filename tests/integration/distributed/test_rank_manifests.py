@@ -10,7 +10,6 @@ damaged, replaced by another rank's, or a root read without its directory is ref
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from _launch import launch
+from damaged_run import report_json
 from threadranks import on_ranks
 
 import ckptkit
@@ -25,7 +25,6 @@ from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
-from ckptkit.render import RENDERERS
 from ckptkit.verify.runner import verify
 
 pytestmark = pytest.mark.distributed
@@ -94,16 +93,6 @@ def test_restores_bitwise_at_another_world_size(
         assert any("world size" in n for n in r["notes"]), r["notes"]
 
 
-def _report(result: Any) -> dict[str, Any]:
-    """The ``--json`` report without its timings."""
-    buf = io.StringIO()
-    RENDERERS["json"](result, buf)
-    out: dict[str, Any] = json.loads(buf.getvalue())
-    for rep in out["reports"]:
-        rep.pop("seconds")
-    return out
-
-
 @pytest.mark.parametrize("damage", [None, "shard", "rank manifest"])
 def test_one_reader_more_workers_and_ranks_give_the_same_verdict(
     saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path, damage: str | None
@@ -119,11 +108,11 @@ def test_one_reader_more_workers_and_ranks_give_the_same_verdict(
         p.write_bytes(bytes(data))
     elif damage == "rank manifest":
         (ckpt / mf.rank_manifest_path(6)).unlink()
-    one = _report(verify(ckpt, workers=1))
+    one = report_json(verify(ckpt, workers=1))
     assert one["ok"] is (damage is None)
-    assert _report(verify(ckpt, workers=3)) == one
+    assert report_json(verify(ckpt, workers=3)) == one
     ranked = on_ranks(3, lambda g: verify(ckpt, group=g, workers=1))
-    assert _report(ranked[0]) == one
+    assert report_json(ranked[0]) == one
 
 
 def _copy(saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path) -> Path:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import faulthandler
 import importlib
 import importlib.util
 import logging
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NoReturn
 
+import psutil
 import torch
 
 Method = Literal["auto", "fork", "spawn"]
@@ -106,9 +108,18 @@ class Proc:
         return rc
 
     def kill(self) -> None:
-        """SIGKILL the run's process group (it leads its own session) and reap it."""
+        """SIGKILL the run's process group (it leads its own session), every process it
+        started in a session of its own (torchrun's workers), and reap it."""
+        try:
+            # Listed before the kill: a killed parent's children are re-parented away.
+            strays = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            strays = []
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
+        for p in strays:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         if self._popen is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._popen.kill()
@@ -298,6 +309,11 @@ def _child(launch: Launch, kind: str, target: str, args: list[str]) -> NoReturn:
         atexit._clear()
         os.environ.clear()
         os.environ.update(launch.env)
+        # The parent's fault handler (pytest enables one) writes to the parent's stderr; a
+        # fresh interpreter has one only when asked, writing to its own.
+        faulthandler.disable()
+        if launch.env.get("PYTHONFAULTHANDLER"):
+            faulthandler.enable()
         if launch.cwd is not None:
             os.chdir(launch.cwd)
         warnings.resetwarnings()

@@ -419,7 +419,7 @@ def _drill(
                 done[(r.role, r.index)] = res
                 runs.append(res)
                 if r.role == "reference" and rc != 0:
-                    raise _crash(res, timed_out=timed_out)
+                    raise _crash(res, timed_out=timed_out, stop_at=stop_at)
                 if r.role == "reference":
                     _expect_steps(res, first=start + 1, last=stop_at)
             if running or waiting or not resumed_started:
@@ -436,7 +436,7 @@ def _drill(
     timed_out = resumed.returncode == -9 and config.timeout is not None
     late = None if refusal is not None or timed_out else _failed_after_last_step(resumed, stop_at)
     if resumed.returncode != 0 and refusal is None and late is None:
-        raise _crash(resumed, timed_out=timed_out)
+        raise _crash(resumed, timed_out=timed_out, stop_at=stop_at)
     if refusal is None and not resumed.records:
         raise DrillError(
             "the resumed run wrote no metrics records" + _tail_text(resumed),
@@ -712,14 +712,19 @@ def _failed_after_last_step(run: RunResult, stop_at: int) -> str | None:
         f"{run.returncode} before its final checkpoint was saved" + _tail_text(run)
 
 
-def _crash(run: RunResult, *, timed_out: bool) -> DrillError:
+def _crash(run: RunResult, *, timed_out: bool, stop_at: int | None = None) -> DrillError:
     name = f"{run.role}-{run.index}" if run.role == "reference" else run.role
     why = "timed out" if timed_out else f"exited with status {run.returncode}"
-    return DrillError(
-        f"the {name} run {why}" + _tail_text(run),
-        path=run.run_dir,
-        hint="fix the script so it runs to the stop step, then drill again",
-    )
+    hint = "fix the script so it runs to the stop step, then drill again"
+    if stop_at is not None and run.records and run.records[-1].get("step") == stop_at:
+        # It trained to the end: what failed is its final save or the process's exit.
+        why = (f"recorded its stop step {stop_at}, then {why}: it failed on its way out "
+               "(its final save or the interpreter's shutdown), not in training")
+        hint = ("make the script end cleanly after its last step (under torchrun with gloo, "
+                "a process group a DDP model still holds at exit can hang or abort a rank "
+                "in its teardown, pytorch/pytorch#179291: once everything is written and "
+                "flushed, end the process with os._exit(0)), then drill again")
+    return DrillError(f"the {name} run {why}" + _tail_text(run), path=run.run_dir, hint=hint)
 
 
 _CK_ERROR = re.compile(r"^(?:ckptkit\.errors\.)?(\w+Error): (.*)$")

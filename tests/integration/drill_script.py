@@ -11,6 +11,8 @@ faults of its own, each simulating one classic resume bug:
 * ``step-reset``: the step counter is not restored (labels restart at 1);
 * ``crash``: the resumed process raises after its first step;
 * ``no-save``: the save at ``CKPTKIT_DRILL_SAVE_AT`` never happens;
+* ``exit-abort``: the reference aborts (SIGABRT) after its last step and its close, as a
+  torchrun process whose process group is left to the interpreter's shutdown can;
 * ``refuse``: the resumed run passes a GradScaler the checkpoint has no state for, and
   restores strictly: ckptkit refuses the resume (a ``StateError``).
 
@@ -138,6 +140,9 @@ def main() -> int:
     mgr.close()
     rec.close()
     print(f"done at step {state.step}")
+    if fault == "exit-abort" and not resume_from:
+        sys.stdout.flush()
+        os.abort()
     return 0
 
 

@@ -108,6 +108,19 @@ def test_crash_raises_drill_error_with_the_script_output(tmp_path: Path) -> None
         drill([sys.executable, str(SCRIPT), "--fault", "crash"], tmp_path)
 
 
+def test_a_reference_that_dies_after_its_last_step_is_told_apart_from_a_training_crash(
+    tmp_path: Path,
+) -> None:
+    # Trained, recorded and saved to the end, then SIGABRT on the way out: the message says
+    # where it died and the fix (a clean end after the last step), not "run to the stop step".
+    with pytest.raises(DrillError) as e:
+        drill([sys.executable, str(SCRIPT), "--fault", "exit-abort"], tmp_path)
+    text = str(e.value)
+    assert f"recorded its stop step {W + N}, then exited with status -6" in text, text
+    assert "not in training" in text and "os._exit(0)" in text, text
+    assert "runs to the stop step" not in text, text
+
+
 def test_missing_checkpoint_raises_drill_error(tmp_path: Path) -> None:
     with pytest.raises(DrillError, match="no checkpoint for step 6"):
         drill([sys.executable, str(SCRIPT), "--fault", "no-save"], tmp_path)

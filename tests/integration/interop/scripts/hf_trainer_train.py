@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -92,6 +93,15 @@ def main() -> None:
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     print(json.dumps({"final_step": trainer.state.global_step, "param_hash": h.hexdigest()}))
+    if torch.distributed.is_initialized():
+        # torch 2.13, gloo: the Trainer's DDP model holds the process group until the
+        # interpreter frees it, and a gloo worker freeing a finished all_gather then waits for
+        # the GIL the freeing thread holds: the rank hangs, or aborts at shutdown, after its
+        # last step (pytorch/pytorch#179291; destroy_process_group() does not free the DDP
+        # model's reference). Everything is written: end the process without that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -311,7 +311,7 @@ class AutoRecovery:
         """
         h = Health.of(health)
         if h is not None and h.healthy:
-            self._watch_copies[int(step)] = self.host.watch.copy_state()
+            self._watch_copies[int(step)] = self.host.watch.state_dict()
             for old in sorted(self._watch_copies)[:-_WATCH_COPIES]:
                 del self._watch_copies[old]
         if not self.history:
@@ -562,7 +562,7 @@ class AutoRecovery:
         watch: StabilityWatch = self.host.watch
         saved = self._watch_copies.get(restored)
         if saved is not None:
-            watch.load_state(saved)
+            watch.load_state_dict(saved, where=f"this process's copy of step {restored}")
         for s in [s for s in self._watch_copies if s > restored]:
             del self._watch_copies[s]
         self._seen, self._streak = watch.last, 0

@@ -58,7 +58,7 @@ baseline (at most ``recompute_every`` steps old).
 
 from __future__ import annotations
 
-import copy
+import logging
 import math
 import time
 from collections import deque
@@ -87,6 +87,7 @@ _MAD_TO_SIGMA = 1.4826
 # give infinite z-scores for the first change in the last digit.
 _SCALE_FLOOR = 1e-3
 _LOG_FLOOR = 1e-30
+log = logging.getLogger(__name__)
 WATCH_KEY = "stability-watch"
 """The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
 
@@ -220,6 +221,46 @@ class _Track:
         self.last = math.nan
         self.z = 0.0
         self.count = 0
+
+    _FLOATS = ("med", "sig", "dsig_base", "dsig_recent", "med_recent", "best", "spread_ref",
+               "last", "z")
+    _INTS = ("n_warn", "n_crit", "since", "count")
+
+    def state(self) -> dict[str, Any]:
+        """The windows and statistics (:meth:`StabilityWatch.state_dict`)."""
+        out: dict[str, Any] = {
+            "values": list(self.values),
+            "diffs": list(self.diffs),
+            "trig": list(self.trig),
+            "ready": self.ready,
+            "ref_level": [[c, v] for c, v in self.ref_level],
+            "spreads": list(self.spreads),
+        }
+        out.update({k: getattr(self, k) for k in self._INTS + self._FLOATS})
+        return out
+
+    def load(self, st: Mapping[str, Any], w: StabilityWatch) -> None:
+        """Take :meth:`state`'s values, each checked (they come from a checkpoint file)."""
+        self.values.extend(_floats(st, "values", self.values.maxlen))
+        self.diffs.extend(_floats(st, "diffs", self.diffs.maxlen))
+        trig = _ints(st, "trig", self.trig.maxlen)
+        if any(t not in (0, 1, 2) for t in trig):
+            raise ValueError("'trig' holds a value other than 0, 1 or 2")
+        self.trig.extend(trig)
+        self.ready = _typed(st, "ready", bool)
+        pairs = _typed(st, "ref_level", list)
+        if len(pairs) > w.ref_horizon:
+            raise ValueError(f"'ref_level' holds {len(pairs)} entries, more than ref_horizon")
+        for pair in pairs:
+            if not (isinstance(pair, list | tuple) and len(pair) == 2 and type(pair[0]) is int
+                    and type(pair[1]) is float):
+                raise ValueError("'ref_level' holds an entry that is not [count, level]")
+            self.ref_level.append((pair[0], pair[1]))
+        self.spreads.extend(_floats(st, "spreads", self.spreads.maxlen))
+        for k in self._INTS:
+            setattr(self, k, _typed(st, k, int))
+        for k in self._FLOATS:
+            setattr(self, k, _typed(st, k, float))
 
     def transform(self, x: float) -> float:
         return math.log(max(x, _LOG_FLOOR)) if self.spec.log else x
@@ -564,25 +605,111 @@ class StabilityWatch:
         self._scale_grew_at: int | None = None
         self._nonfinite: dict[str, int] = {}
 
-    def copy_state(self) -> dict[str, Any]:
-        """Return a deep copy of the windows, references and episode (not the listeners).
+    def state_dict(self) -> dict[str, Any]:
+        """The windows, references and episode, to save with a checkpoint.
 
-        An automatic recovery keeps one for each healthy checkpoint this process saves and
-        goes back to it with :meth:`load_state` when it rolls back to that checkpoint: the
-        watch then judges the resumed run against the healthy baseline it had, instead of
-        being blind for ``warmup`` steps after a :meth:`reset`.
+        Given back to :meth:`load_state_dict` after a resume in a new process, the watch
+        goes on judging exactly as the uninterrupted run's would, instead of warming up
+        again (``warmup`` steps in which every checkpoint's health is ``not judged``). An
+        automatic recovery keeps one for each healthy checkpoint this process saves and
+        goes back to it when it rolls back to that checkpoint. It holds only lists, dicts,
+        strings and numbers (non-finite floats included), copies of the watch's own: ckptkit's
+        tree stores it without pickle.
 
         Example:
-            >>> w = StabilityWatch()
-            >>> _ = w.update(1, loss=1.0); saved = w.copy_state()
-            >>> _ = w.update(2, loss=float("nan")); w.load_state(saved); w.level
-            'ok'
+            >>> w = StabilityWatch(window=16, recent=8, warmup=0)
+            >>> for s in range(40):
+            ...     _ = w.update(s, loss=2.0 + 0.01 * (s % 3))
+            >>> again = StabilityWatch(window=16, recent=8, warmup=0)
+            >>> again.load_state_dict(w.state_dict())
+            True
+            >>> again.update(40, loss=9.0) == w.update(40, loss=9.0)
+            True
         """
-        return copy.deepcopy({k: v for k, v in vars(self).items() if k != "listeners"})
+        return {
+            "version": _STATE_VERSION,
+            "params": self.params(),
+            "updates": self.updates,
+            "recomputes": self.recomputes,
+            "level": self.level,
+            "episode_level": self.episode_level,
+            "episode_start": self.episode_start,
+            "first_warn_step": self.first_warn_step,
+            "episode_signals": [_signal_row(s) for s in self.episode_signals.values()],
+            "last": None if self.last is None else {
+                "level": self.last.level,
+                "step": self.last.step,
+                "signals": [_signal_row(s) for s in self.last.signals],
+            },
+            "quiet": self.quiet,
+            "scale_last": self._scale_last,
+            "backoffs": list(self._backoffs),
+            "scale_grew_at": self._scale_grew_at,
+            "nonfinite": dict(self._nonfinite),
+            "tracks": {name: tr.state() for name, tr in self.tracks.items()},
+        }
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Go back to a :meth:`copy_state` (the listeners stay as they are)."""
-        vars(self).update(copy.deepcopy({k: v for k, v in state.items() if k != "listeners"}))
+    def load_state_dict(self, state: Any, *, where: str = "the checkpoint") -> bool:
+        """Go on from a :meth:`state_dict` saved with a checkpoint; True when it did.
+
+        False, with a warning naming ``where`` and why, when the state was saved by a
+        watch with other parameters (its windows would be judged by thresholds they were
+        not built for) or is malformed (it comes from a file): the watch is then reset and
+        warms up again, judging nothing it cannot. The listeners stay as they are.
+        """
+        try:
+            if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
+                raise ValueError(f"not a watch state of version {_STATE_VERSION}")
+            if state.get("params") != self.params():
+                log.warning(
+                    "ckptkit: the stability watch's state in %s was saved with other "
+                    "parameters; the watch starts afresh (warming up for %d steps)",
+                    where, self.warmup)
+                self.reset()
+                return False
+            fresh = StabilityWatch.__new__(StabilityWatch)
+            vars(fresh).update({k: v for k, v in vars(self).items() if k != "listeners"})
+            fresh.reset()
+            fresh._load(state)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("ckptkit: the stability watch's state in %s is malformed (%s); the "
+                        "watch starts afresh (warming up for %d steps)", where, e, self.warmup)
+            self.reset()
+            return False
+        vars(self).update({k: v for k, v in vars(fresh).items() if k != "listeners"})
+        return True
+
+    def _load(self, st: Mapping[str, Any]) -> None:
+        """Fill a reset watch from a checked :meth:`state_dict` (raises ValueError)."""
+        self.updates = _typed(st, "updates", int)
+        self.recomputes = _typed(st, "recomputes", int)
+        self.level = _level(st, "level")
+        self.episode_level = _level(st, "episode_level")
+        self.episode_start = _typed(st, "episode_start", int, none=True)
+        self.first_warn_step = _typed(st, "first_warn_step", int, none=True)
+        self.episode_signals = {
+            sig.name: sig for sig in map(_signal, _typed(st, "episode_signals", list))
+        }
+        last = _typed(st, "last", Mapping, none=True)
+        if last is not None:
+            self.last = Verdict(_level(last, "level"),
+                                [_signal(r) for r in _typed(last, "signals", list)],
+                                _typed(last, "step", int))
+        self.quiet = _typed(st, "quiet", int)
+        self._scale_last = _typed(st, "scale_last", float, none=True)
+        self._backoffs = deque(_ints(st, "backoffs", None))
+        self._scale_grew_at = _typed(st, "scale_grew_at", int, none=True)
+        nonfinite = _typed(st, "nonfinite", Mapping)
+        if not all(isinstance(k, str) and type(v) is int for k, v in nonfinite.items()):
+            raise ValueError("'nonfinite' is not a map of names to counts")
+        self._nonfinite = dict(nonfinite)
+        tracks = _typed(st, "tracks", Mapping)
+        for name in tracks:
+            spec = self.specs.get(name)
+            if spec is None:
+                raise ValueError(f"a window of {name!r}, a metric this watch does not track")
+            tr = self.tracks[name] = _Track(name, spec, self)
+            tr.load(_typed(tracks, name, Mapping), self)
 
     # --- feeding ---------------------------------------------------------------------------
 
@@ -1025,6 +1152,66 @@ def _mad_sigma(a: np.ndarray) -> float:
     if len(a) == 0:
         return math.nan
     return _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
+
+
+_STATE_VERSION = 1
+"""The layout of :meth:`StabilityWatch.state_dict`."""
+
+
+def _typed(st: Mapping[str, Any], key: str, kind: Any, *, none: bool = False) -> Any:
+    """``st[key]``, checked by :func:`_as`."""
+    return _as(st[key], kind, repr(key), none=none)
+
+
+def _as(v: Any, kind: Any, what: str, *, none: bool = False) -> Any:
+    """``v``, which must be a ``kind`` (or None with ``none``): an int where a float is
+    expected is taken as that float; a bool is never a number."""
+    if v is None and none:
+        return None
+    if kind is float and type(v) is int:
+        return float(v)
+    name = getattr(kind, "__name__", str(kind))
+    if (isinstance(v, bool) and kind is not bool) or not isinstance(v, kind):
+        raise ValueError(f"{what} is a {type(v).__name__}, not a {name}")
+    return v
+
+
+def _floats(st: Mapping[str, Any], key: str, most: int | None) -> list[float]:
+    return [_as(v, float, f"a value of {key!r}") for v in _bounded(st, key, most)]
+
+
+def _ints(st: Mapping[str, Any], key: str, most: int | None) -> list[int]:
+    return [_as(v, int, f"a value of {key!r}") for v in _bounded(st, key, most)]
+
+
+def _bounded(st: Mapping[str, Any], key: str, most: int | None) -> list[Any]:
+    vals: list[Any] = _typed(st, key, list)
+    if most is not None and len(vals) > most:
+        raise ValueError(f"{key!r} holds {len(vals)} values, more than its window's {most}")
+    return vals
+
+
+def _level(st: Mapping[str, Any], key: str) -> Level:
+    v = st[key]
+    if v not in _RANK:
+        raise ValueError(f"{key!r} is {v!r}, not one of {', '.join(LEVELS)}")
+    return v  # type: ignore[no-any-return]
+
+
+def _signal_row(s: Signal) -> list[Any]:
+    return [s.name, s.level, s.statistic, s.threshold, s.detail]
+
+
+def _signal(row: Any) -> Signal:
+    if not (isinstance(row, list | tuple) and len(row) == 5):
+        raise ValueError("a signal is not [name, level, statistic, threshold, detail]")
+    name, level, stat, threshold, detail = row
+    if not (isinstance(name, str) and isinstance(detail, str)):
+        raise ValueError("a signal's name or detail is not a string")
+    for x in (stat, threshold):
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise ValueError(f"signal {name!r} has a statistic or threshold that is not a number")
+    return Signal(name, _level({"level": level}, "level"), stat, threshold, detail)
 
 
 def _scalar(v: Any) -> float | None:

@@ -1095,6 +1095,10 @@ from an end-of-epoch checkpoint leaves ``fit_loop.epoch_progress.total.ready`` o
 the uninterrupted run's). They steer nothing; the ``processed``/``completed`` counters,
 which say where training stands, are still compared."""
 
+WALL_CLOCK = re.compile(r"(?:\A|/)health/time\Z")
+"""When a stability watch's health record was taken (``StabilityWatch.health``): a clock
+reading, different in any two runs; the record's level, windows and signals are compared."""
+
 
 def end_state(
     references: Sequence[Path | None],
@@ -1244,7 +1248,8 @@ def _judge(
                     and t.max_abs <= factor * noise_t.get(f"{c.name}/{t.path}", 0.0))
         ]
         values = [v for v in c.changed_values if f"{c.name}/{v.path}" not in noisy_v
-                  and not EVENT_COUNTERS.match(f"{c.name}/{v.path}")]
+                  and not EVENT_COUNTERS.match(f"{c.name}/{v.path}")
+                  and not WALL_CLOCK.search(f"{c.name}/{v.path}")]
         if tensors or values:
             parts = []
             if tensors:

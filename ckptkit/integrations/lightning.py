@@ -299,8 +299,10 @@ def check_before_load(path: str | os.PathLike[str], *, expect: str | None = None
 # --- what Lightning leaves out ------------------------------------------------------------------
 
 
-def capture_extras(sampler: Any = None, *, health: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What ckptkit adds to a Lightning checkpoint: every rank's RNG and the data cursor.
+def capture_extras(sampler: Any = None, *, watch: StabilityWatch | None = None) -> dict[str, Any]:
+    """What ckptkit adds to a Lightning checkpoint: every rank's RNG, the data cursor and,
+    with a ``watch``, its health and its state (:meth:`StabilityWatch.state_dict`, this
+    rank's: the rank that writes the checkpoint).
 
     Collective when ``torch.distributed`` is initialised with several ranks (the RNG of
     every rank is gathered; call it on every rank).
@@ -320,8 +322,9 @@ def capture_extras(sampler: Any = None, *, health: Mapping[str, Any] | None = No
     out: dict[str, Any] = {"rng": rngs}
     if sampler is not None:
         out["sampler"] = sampler_capture.capture(sampler)
-    if health is not None:
-        out["health"] = dict(health)
+    if watch is not None:
+        out["health"] = watch.snapshot()
+        out["watch"] = {"rank": rank, "state": watch.state_dict()}
     return out
 
 
@@ -343,6 +346,19 @@ def restore_rng(extras: Mapping[str, Any]) -> bool:
         )
     rng_capture.restore(rngs[key], rank=rank)
     return True
+
+
+def restore_watch(watch: StabilityWatch | None, extras: Mapping[str, Any], *, where: str) -> bool:
+    """Put the watch's windows back from :func:`capture_extras`' tree, so it goes on judging
+    instead of warming up again; False when there is no watch, the checkpoint holds no
+    state of this rank's watch, or the state does not fit (a warning naming ``where``:
+    the watch starts afresh)."""
+    saved = extras.get("watch")
+    if watch is None or not isinstance(saved, Mapping):
+        return False
+    if saved.get("rank") != _rank_world()[0]:
+        return False  # another rank's windows: this rank's watch starts afresh
+    return watch.load_state_dict(saved.get("state"), where=where)
 
 
 def restore_sampler(sampler: Any, extras: Mapping[str, Any]) -> bool:
@@ -719,8 +735,7 @@ class CkptkitCallback(Callback):
         self.recorder.flush()
 
     def state_dict(self) -> dict[str, Any]:
-        health = self.watch.snapshot() if self.watch is not None else None
-        return capture_extras(self.sampler, health=health)
+        return capture_extras(self.sampler, watch=self.watch)
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -747,6 +762,7 @@ class CkptkitCallback(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if restore_sampler(self.sampler, state_dict) and isinstance(self.sampler, ResumableSampler):
             _next_epoch_if_done(self.sampler)
+        restore_watch(self.watch, state_dict, where="the checkpoint's CkptkitCallback state")
         self._pending = state_dict
 
     # details ---------------------------------------------------------------------------
@@ -880,9 +896,8 @@ class FabricCheckpoints:
 
         Call it on every rank (as ``fabric.save``).
         """
-        health = self.watch.snapshot() if self.watch is not None else None
         full = dict(state)
-        full[STATE_KEY] = capture_extras(self.sampler, health=health)
+        full[STATE_KEY] = capture_extras(self.sampler, watch=self.watch)
         self._add_lookahead(full[STATE_KEY], step, state)
         p = self.path(step)
         self.fabric.save(p, full)
@@ -928,6 +943,7 @@ class FabricCheckpoints:
         remainder = self.fabric.load(Path(path), state)
         extras = remainder.pop(STATE_KEY, None) or {}
         restore_sampler(self.sampler, extras)
+        restore_watch(self.watch, extras, where=str(path))
         if self.restore_rng:
             restore_rng(extras)
         self._start_guard(extras, state, remainder)
@@ -987,6 +1003,7 @@ __all__ = [
     "lookahead",
     "restore_rng",
     "restore_sampler",
+    "restore_watch",
     "resume_checkpoint",
     "start_guard",
 ]

@@ -629,13 +629,12 @@ class TrainState:
                                 numpy_generators=self.numpy_generators)
             restored.append("rng")
         elif source is not None:
-            base_key = source
-            seed = fresh_seed(rng_all[base_key], self.parallel.rank)
+            seed = fresh_seed(rng_all[source], self.parallel.rank)
             _seed_everything(seed)
             notes.append(
                 f"RNG: the checkpoint holds state for {len(held_rng)} rank(s) "
                 f"({_few_keys(held_rng)}) but not for rank {self.parallel.rank}; it starts a "
-                f"fresh stream seeded {seed} (derived from {base_key}'s state and the rank), "
+                f"fresh stream seeded {seed} (derived from {source}'s state and the rank), "
                 "so dropout/augmentation on this rank differ from any saved stream and the "
                 "resume is not bitwise exact"
             )

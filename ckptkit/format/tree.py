@@ -521,9 +521,11 @@ def prune(tree: Any, gone: Callable[[str], bool]) -> Any:
     What a reader of part of a checkpoint rebuilds: one rank of a multi-rank restore reads
     the per-rank manifests it needs, and another rank's own state (its RNG under
     ``rng/rank00005``) is an entry whose tensors are all in a manifest it did not read.
-    Only entries of plain mappings are dropped, whole; a ``gone`` reference anywhere else
-    (inside a list, a tuple, an entry that also holds tensors this reader has) stays, and
-    :func:`decode` refuses it (``CK-M009``): a tensor that is needed is never dropped.
+    Only entries of plain mappings are dropped, whole (an entry that also holds tensors
+    this reader has is kept, and pruned inside); a ``gone`` reference inside a list or a
+    tagged value beside ones this reader has stays, and :func:`decode` refuses it
+    (``CK-M009``). Whether a key is ``gone`` is the caller's test: a partial manifest's
+    :meth:`~ckptkit.manifest.Manifest.elsewhere`, never true for a key it must have.
 
     Example:
         >>> t = {"rng": {"rank00000": {"$t": "tensor", "key": "rng/rank00000/t"},

@@ -477,9 +477,9 @@ class CheckpointManager:
         if found is None:
             return None  # a fresh start: the run has no checkpoint at all
         c, result = found
-        if c.status != "verified":
+        if c.status != "verified" and result.proven:
             self._note(c.path, "verified", why=None)  # every byte was verified while read
-        else:
+        elif c.status == "verified":
             self.run.point_latest()  # a kill may have left latest behind what is really newest
         self.trajectory.restored(c.path.name, result.manifest, c.step)
         if self.recovery is not None:

@@ -33,7 +33,7 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
@@ -266,15 +266,52 @@ class Component:
 
 @dataclass(frozen=True)
 class RankRef:
-    """The root's record of one rank's manifest: where it is and the bytes it must be."""
+    """The root's record of one rank's manifest: where it is, the bytes it must be, and
+    what it holds (so a restoring rank reads only the manifests it needs)."""
 
     rank: int
     path: str
     size: int
     xxh3_128: str
+    files: tuple[str, ...] | None = None
+    """The paths of the files its manifest lists, in its order (None: not recorded; such a
+    manifest is read by every reader)."""
+    heads: tuple[str, ...] | None = None
+    """The top-level state keys whose tensors its manifest lists, sorted (None: not
+    recorded)."""
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the root records what this manifest holds: only then may a reader skip it."""
+        return self.files is not None and self.heads is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "path": self.path, "size": self.size, "xxh3_128": self.xxh3_128}
+        out: dict[str, Any] = {
+            "rank": self.rank, "path": self.path, "size": self.size, "xxh3_128": self.xxh3_128
+        }
+        if self.files is not None:
+            out["files"] = list(self.files)
+        if self.heads is not None:
+            out["heads"] = list(self.heads)
+        return out
+
+    @classmethod
+    def from_dict(cls, r: Mapping[str, Any]) -> RankRef:
+        """Build from a validated ``ranks[]`` item of a root."""
+        files, heads = r.get("files"), r.get("heads")
+        return cls(
+            r["rank"],
+            r["path"],
+            r["size"],
+            r["xxh3_128"],
+            tuple(files) if files is not None else None,
+            tuple(heads) if heads is not None else None,
+        )
+
+
+def head_of(key: str) -> str:
+    """The top-level state key of a tensor key (``model/a.weight`` -> ``model``)."""
+    return key.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -321,7 +358,14 @@ class RankManifest:
 
     def ref(self, data: bytes) -> RankRef:
         """The root's record of this manifest written as ``data``."""
-        return RankRef(self.rank, rank_manifest_path(self.rank), len(data), digest.hexdigest_bytes(data))
+        return RankRef(
+            self.rank,
+            rank_manifest_path(self.rank),
+            len(data),
+            digest.hexdigest_bytes(data),
+            files=tuple(f.path for f in self.files),
+            heads=tuple(sorted({head_of(t.key) for t in self.tensors})),
+        )
 
 
 @dataclass(frozen=True)
@@ -359,9 +403,53 @@ class Manifest:
     ranks: tuple[RankRef, ...] = ()
     """A multi-rank save's per-rank manifests (``schema_version`` 2). The root written to
     disk then holds no entries itself; :attr:`files` and :attr:`tensors` of a manifest
-    read back hold every rank's (the reader merged them)."""
+    read back hold every rank's (the reader merged them), or those of
+    :attr:`read_ranks` only."""
     signature: Signature | None = None
     """HMAC of the canonical content under the user's key (see :mod:`ckptkit.signing`)."""
+    read_ranks: frozenset[int] | None = field(default=None, compare=False)
+    """The ranks whose manifests were read, when not all were (a restoring rank reads
+    those it needs: :func:`parse`'s ``only``): :attr:`files` and :attr:`tensors` are
+    theirs alone. None: the manifest is complete. Not part of the content."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether :attr:`files` and :attr:`tensors` hold every entry of the checkpoint."""
+        return self.read_ranks is None
+
+    @cached_property
+    def _unread(self) -> tuple[frozenset[str], Callable[[str], bool]]:
+        """The files of the unread ranks' manifests, and the test for a tensor key they hold."""
+        read = self.read_ranks
+        refs = [r for r in self.ranks if read is not None and r.rank not in read]
+        listed = frozenset(t.key for t in self.tensors) if refs else frozenset()
+        return frozenset(p for r in refs for p in r.files or ()), held_elsewhere(refs, listed)
+
+    def elsewhere(self, *, file: str | None = None, key: str | None = None) -> bool:
+        """Whether ``file`` (a path) or the tensor ``key`` is not in this manifest's entries
+        because a rank manifest that was not read holds it. Always False for a complete
+        manifest; a reader of part of a checkpoint passes over exactly these, and treats
+        anything else missing as missing.
+
+        Example:
+            >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
+            ...     ranks=(RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("rng-1.st",),
+            ...     ("rng",)),), read_ranks=frozenset({0}))
+            >>> m.elsewhere(file="rng-1.st"), m.elsewhere(key="rng/rank00001/t"), m.elsewhere(key="model/w")
+            (True, True, False)
+        """
+        files, held = self._unread
+        if file is not None and file in files:
+            return True
+        return key is not None and held(key)
+
+    def readable_tree(self) -> Any:
+        """The state tree these entries rebuild: :attr:`tree` of a complete manifest; of a
+        partial one, less the mapping entries whose tensors are all in unread ranks'
+        manifests (another rank's RNG state: :func:`ckptkit.format.tree.prune`)."""
+        if self.complete:
+            return self.tree
+        return tree.prune(self.tree, lambda k: self.elsewhere(key=k))
 
     @property
     def total_bytes(self) -> int:
@@ -509,9 +597,7 @@ class Manifest:
             user=d.get("user"),
             recoveries=d.get("recoveries"),
             replicas=d.get("replicas"),
-            ranks=tuple(
-                RankRef(r["rank"], r["path"], r["size"], r["xxh3_128"]) for r in d.get("ranks", ())
-            ),
+            ranks=tuple(RankRef.from_dict(r) for r in d.get("ranks", ())),
             signature=Signature.from_dict(d["signature"]) if "signature" in d else None,
         )
         if "manifest_digest" in d:
@@ -528,10 +614,17 @@ class Manifest:
         path: str = MANIFEST_NAME,
         key: bytes | None = None,
         ranks: RankFetch | None = None,
+        only: RankSelect | None = None,
     ) -> Manifest:
-        """Parse and fully validate manifest text (see :func:`parse`)."""
+        """Parse and fully validate manifest text (see :func:`parse`); with ``only``, the
+        manifest may be partial (:attr:`Manifest.read_ranks`)."""
         with _gc_paused():
-            return cls.from_dict(parse(text, path=path, key=key, ranks=ranks))
+            obj, read = _parse(text, path, key, ranks, only)
+            m = cls.from_dict(obj)
+            if read is not None:
+                m = replace(m, read_ranks=read)
+                m.__dict__["digest"] = obj["manifest_digest"]  # replace() drops the cache
+            return m
 
 
 def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry, ...]:
@@ -714,6 +807,10 @@ def _strict_json(text: str | bytes, path: str) -> Any:
 RankFetch = Callable[[RankRef], bytes]
 """Reads the bytes of the rank manifest a root lists (at most :data:`MAX_MANIFEST_BYTES`
 and one more; :mod:`ckptkit.checkpoint.manifest_io` reads them from the checkpoint)."""
+RankSelect = Callable[[Manifest], Collection[int] | None]
+"""Given a validated root (a :class:`Manifest` without entries), the ranks whose manifests
+a reader needs; None: every rank's. A rank manifest the root does not index
+(:attr:`RankRef.indexed`) is read anyway."""
 
 
 def parse(
@@ -724,6 +821,7 @@ def parse(
     ranks: RankFetch | None = None,
 ) -> dict[str, Any]:
     """Parse manifest text and validate it once, completely; return the JSON object.
+    (:meth:`Manifest.from_json` with ``only`` reads some ranks' manifests only.)
 
     A root (``schema_version`` 2) is returned with every rank's entries merged into its
     ``files`` and ``tensors``: each rank manifest is fetched with ``ranks``, checked
@@ -759,12 +857,17 @@ def parse(
         ckptkit.errors.ManifestError: CK-M002 manifest.json: not valid JSON (duplicate key ...
     """
     with _gc_paused():
-        return _parse(text, path, key, ranks)
+        return _parse(text, path, key, ranks, None)[0]
 
 
 def _parse(
-    text: str | bytes, path: str, key: bytes | None, ranks: RankFetch | None
-) -> dict[str, Any]:
+    text: str | bytes,
+    path: str,
+    key: bytes | None,
+    ranks: RankFetch | None,
+    only: RankSelect | None,
+) -> tuple[dict[str, Any], frozenset[int] | None]:
+    """:func:`parse`, and the ranks whose manifests were read when not all were."""
     obj = _strict_json(text, path)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -795,20 +898,33 @@ def _parse(
             hint=_UNSAFE_HINT,
         )
     _check_digest(obj, path, key)
+    read: frozenset[int] | None = None
+    elsewhere: Callable[[str], bool] | None = None
     if version == RANKED_VERSION or "ranks" in obj:
-        obj = _merged(obj, path, key, ranks)
+        obj, read, elsewhere = _merged(obj, path, key, ranks, only)
     check_semantics(obj, path=path)
     try:
-        tree.check(obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]})
+        tree.check(
+            obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]}, elsewhere=elsewhere
+        )
     except ManifestError as e:
         raise ManifestError(e.what, path=path, code=e.code, hint=e.hint) from None
-    return obj
+    return obj, read
 
 
 def _merged(
-    root: dict[str, Any], path: str, key: bytes | None, fetch: RankFetch | None
-) -> dict[str, Any]:
-    """The root with every rank manifest's entries in its ``files`` and ``tensors``."""
+    root: dict[str, Any],
+    path: str,
+    key: bytes | None,
+    fetch: RankFetch | None,
+    only: RankSelect | None,
+) -> tuple[dict[str, Any], frozenset[int] | None, Callable[[str], bool] | None]:
+    """The root with every rank manifest's entries in its ``files`` and ``tensors``, or
+    (``only``) those of the ranks it selects and every rank the root does not index.
+
+    The one merge: a full read and a partial one run the same checks on every manifest
+    they read; a partial one also returns the ranks read and the test for a tensor key
+    an unread manifest may hold (``None``, ``None`` when every manifest was read)."""
     refs = root.get("ranks")
     if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
         raise ManifestError(
@@ -827,10 +943,25 @@ def _merged(
             hint="read the checkpoint directory (ckptkit.checkpoint.manifest_io.read), not "
             "the root manifest alone",
         )
+    all_refs = [RankRef.from_dict(r) for r in refs]
+    wanted = None
+    if only is not None:
+        chosen = only(Manifest.from_dict(root))
+        wanted = None if chosen is None else set(chosen)
     files, tensors = [], []
     seen: set[int] = set()
-    for r in refs:
-        ref = RankRef(r["rank"], r["path"], r["size"], r["xxh3_128"])
+    indexed: set[str] = set()
+    unread: list[RankRef] = []
+    for ref in all_refs:
+        for p in ref.files or ():
+            if p in indexed:
+                raise ManifestError(
+                    f"file {p!r} is listed by two ranks' manifests",
+                    path=path,
+                    code=codes.M003,
+                    hint="the manifest is damaged or hand-edited; roll back",
+                )
+            indexed.add(p)
         if ref.rank in seen or ref.path != rank_manifest_path(ref.rank):
             raise ManifestError(
                 f"rank {ref.rank}'s manifest is listed twice or at {ref.path!r}, not at "
@@ -840,10 +971,37 @@ def _merged(
                 hint="the manifest is damaged or hand-edited; roll back",
             )
         seen.add(ref.rank)
+        if wanted is not None and ref.rank not in wanted and ref.indexed:
+            unread.append(ref)
+            continue
         part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
         files += part["files"]
         tensors += part["tensors"]
-    return {**root, "files": files, "tensors": tensors}
+    merged = {**root, "files": files, "tensors": tensors}
+    if not unread:
+        return merged, None, None
+    return (
+        merged,
+        frozenset(seen - {ref.rank for ref in unread}),
+        held_elsewhere(unread, {t["key"] for t in tensors}),
+    )
+
+
+def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:
+    """The test for a tensor key that a reader of part of a checkpoint does not have
+    because a rank manifest it did not read (``unread``) may hold it: not ``listed`` by
+    the manifests read, and of a top-level key one of ``unread`` records
+    (:attr:`RankRef.heads`). The one rule: the parse's tree check and
+    :meth:`Manifest.elsewhere` both use it.
+
+    Example:
+        >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), ("rng",))
+        >>> held = held_elsewhere([ref], {"rng/rank00000/t"})
+        >>> held("rng/rank00001/t"), held("rng/rank00000/t"), held("model/w")
+        (True, False, False)
+    """
+    heads = {h for ref in unread for h in ref.heads or ()}
+    return lambda k: k not in listed and head_of(k) in heads
 
 
 def _sibling(path: str, rel: str) -> str:
@@ -874,6 +1032,20 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
             path=path,
             code=codes.M013,
             hint="a rank manifest of another checkpoint was copied here; roll back",
+        )
+    if ref.files is not None and list(ref.files) != [f["path"] for f in obj["files"]]:
+        raise ManifestError(
+            "lists other files than the root records for it",
+            path=path,
+            code=codes.M013,
+            hint="the rank manifest or the root is damaged or hand-edited; roll back",
+        )
+    if ref.heads is not None and list(ref.heads) != sorted({head_of(t["key"]) for t in obj["tensors"]}):
+        raise ManifestError(
+            "holds the tensors of other state keys than the root records for it",
+            path=path,
+            code=codes.M013,
+            hint="the rank manifest or the root is damaged or hand-edited; roll back",
         )
     for f in obj["files"]:
         if f.get("rank", ref.rank) != ref.rank:

@@ -18,7 +18,13 @@ from typing import Any
 from ckptkit import codes, rotation
 from ckptkit import guard as guard_mod
 from ckptkit import manifest as mf
-from ckptkit.capture.state import RestoreResult, TrainState, expect_train_state
+from ckptkit.capture.state import (
+    RestoreResult,
+    TrainState,
+    expect_train_state,
+    manifests_to_read,
+    read_together,
+)
 from ckptkit.catalog import CheckpointInfo
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.collective import Collective, consensus, current
@@ -59,6 +65,11 @@ def restore_candidate(
     state's own tensors, then :meth:`TrainState.restore_tree` puts it back (DCP files are
     read and verified there). Every rank takes the candidate or skips it together.
 
+    Of a multi-rank checkpoint each rank reads the root and only the rank manifests it
+    needs (:func:`~ckptkit.capture.state.manifests_to_read`: those holding shared state,
+    and the one holding the RNG state it restores), and verifies the files it reads; a
+    failure on any rank, in a manifest or a file only it reads, is every rank's Skip.
+
     Args:
         key: an HMAC key the manifest must be signed with.
         manifest: the candidate's manifest when the caller already read it (read once).
@@ -82,6 +93,7 @@ def restore_candidate(
             options={"scan_values": False, "read_files": False},
             manifest=manifest,
             key=key,
+            only=lambda root: manifests_to_read(root, coll.rank),
         )
         if rep.gone:
             raise codes.error(codes.F020, "deleted while it was being restored", path=path)
@@ -123,6 +135,13 @@ def restore_candidate(
     except CkptkitError as e:
         raise Skip(e, damaged=damaged, mismatch=e.code == codes.R010) from None
     result.path = path
+    result.proven = man.complete or read_together(man, coll.world_size)
+    if not result.proven:
+        result.notes.append(
+            f"the {coll.world_size} restoring rank(s) read what they restore, not every "
+            f"rank's files of this {len(man.ranks)}-rank checkpoint: it is not recorded as "
+            "verified ('ckptkit verify' proves the rest)"
+        )
     result.notes += [f"{f.code} {f.message}" for f in rep.findings]
     saved = LookAhead.of(man.lookahead).guard
     if saved and state.guard_k > 0:

@@ -117,6 +117,77 @@ def _rng_problems(per_rank: Any) -> list[str]:
     return out
 
 
+def rng_source(keys: Mapping[str, Any], rank: int) -> str | None:
+    """The saved RNG state rank ``rank`` restores from (``keys``: the ``rng`` part of a
+    tree): its own, else rank 0's (the base of a fresh stream), else the first; None when
+    there is none.
+
+    Example:
+        >>> rng_source({"rank00000": 0, "rank00001": 0}, 1), rng_source({"rank00000": 0}, 5)
+        ('rank00001', 'rank00000')
+    """
+    if rank_key(rank) in keys:
+        return rank_key(rank)
+    if rank_key(0) in keys:
+        return rank_key(0)
+    return min(keys, default=None)
+
+
+def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
+    """The ranks whose manifests rank ``rank`` of a restore reads, from a multi-rank root
+    (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank RNG
+    (the model and optimizer shards, rank 0's state) and the one whose RNG state it
+    restores (:func:`rng_source`). None: every rank's (a world of one, a tree this does
+    not know, or DCP storage, whose reads only DCP's plan knows).
+
+    Example:
+        >>> ref = lambda r, heads: mf.RankRef(r, mf.rank_manifest_path(r), 1, "0" * 32, (), heads)
+        >>> root = mf.Manifest(files=(), tensors=(), components={}, env={},
+        ...     tree={"rng": {"rank00000": {}, "rank00001": {}, "rank00002": {}}},
+        ...     ranks=(ref(0, ("model", "rng")), ref(1, ("rng",)), ref(2, ("rng",))))
+        >>> sorted(manifests_to_read(root, 2)), sorted(manifests_to_read(root, 7))
+        ([0, 2], [0])
+    """
+    plan = _restore_plan(root)
+    if plan is None:
+        return None
+    shared, rng = plan
+    return shared | _rng_rank(rng, rank)
+
+
+def read_together(root: mf.Manifest, world_size: int) -> bool:
+    """Whether the ``world_size`` ranks of a restore, each reading
+    :func:`manifests_to_read`, read every rank manifest of ``root`` (so every file) between
+    them: true at the saved world size and above, not below it.
+    """
+    plan = _restore_plan(root)
+    if plan is None:
+        return True
+    seen, rng = plan
+    for rank in range(world_size):
+        seen = seen | _rng_rank(rng, rank)
+    return seen >= {r.rank for r in root.ranks}
+
+
+def _restore_plan(root: mf.Manifest) -> tuple[set[int], Mapping[str, Any]] | None:
+    """What :func:`manifests_to_read` decides from: the ranks every restoring rank reads
+    (those holding state besides their own RNG, or not indexed) and the saved RNG states."""
+    tree = root.tree
+    if not root.ranks or not isinstance(tree, Mapping) or (tree.get("dcp") or {}).get("keys"):
+        return None
+    rng = tree.get("rng")
+    if not isinstance(rng, Mapping):
+        return None
+    return {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - {"rng"}}, rng
+
+
+def _rng_rank(rng: Mapping[str, Any], rank: int) -> set[int]:
+    """The rank whose manifest holds the RNG state rank ``rank`` restores (it wrote it)."""
+    key = rng_source(rng, rank)
+    saved = rank_of(key) if key is not None else None
+    return set() if saved is None else {saved}
+
+
 def grouper(key: str) -> str:
     """File group of a tensor key: per-rank RNG gets its own file (``rng-rank00000``)."""
     parts = key.split("/")
@@ -136,6 +207,10 @@ class RestoreResult:
     path: Location | None = None
     guard: Any = None
     """The :class:`~ckptkit.guard.ResumeGuard` checking this resume (its ``findings``)."""
+    proven: bool = True
+    """Every byte of the checkpoint was verified by some rank of the restore. False when
+    the ranks read only part of it together (at fewer ranks than saved, the dropped
+    ranks' own state is read by none): the restore is sound, the checkpoint unproven."""
 
     def __repr__(self) -> str:
         # The manifest (every rank's RNG state) would make this 20 KB: name, count, cut.
@@ -443,6 +518,23 @@ class TrainState:
         # Everything that can refuse the checkpoint is checked before anything is loaded,
         # starting with the rule verify's CK-S013 applies (here with the tensors' values).
         refuse("training", tree_problems(tree))
+        # The RNG states the checkpoint holds (its manifest's tree): a restoring rank of a
+        # multi-rank checkpoint reads the one it restores only, which must be there.
+        saved_rng = manifest.tree.get("rng") if manifest is not None and isinstance(
+            manifest.tree, Mapping) else None
+        held_rng: Mapping[str, Any] = (
+            saved_rng if isinstance(saved_rng, Mapping) else tree.get("rng") or {}
+        )
+        source = rng_source(held_rng, self.parallel.rank)
+        if source is not None and source not in (tree.get("rng") or {}):
+            raise codes.error(
+                codes.M009,
+                f"the state tree holds the RNG state of {source}, which rank "
+                f"{self.parallel.rank} restores, but no manifest it read lists its tensors",
+                path=path,
+                hint="the rank manifests are damaged or hand-edited; roll back to the "
+                "previous verified checkpoint",
+            )
         dcp_keys: list[str] = list((tree.get("dcp") or {}).get("keys") or [])
         if dcp_keys:
             if not self.uses_dcp:
@@ -532,19 +624,17 @@ class TrainState:
             restored.append("extra")
         # RNG last: nothing after it may draw random numbers before training resumes.
         rng_all = tree.get("rng") or {}
-        key = rank_key(self.parallel.rank)
-        if key in rng_all:
-            rng_capture.restore(rng_all[key], rank=self.parallel.rank,
+        if source == rank_key(self.parallel.rank):
+            rng_capture.restore(rng_all[source], rank=self.parallel.rank,
                                 numpy_generators=self.numpy_generators)
             restored.append("rng")
-        elif rng_all:
-            base_key = rank_key(0) if rank_key(0) in rng_all else sorted(rng_all)[0]
-            seed = fresh_seed(rng_all[base_key], self.parallel.rank)
+        elif source is not None:
+            seed = fresh_seed(rng_all[source], self.parallel.rank)
             _seed_everything(seed)
             notes.append(
-                f"RNG: the checkpoint holds state for {len(rng_all)} rank(s) "
-                f"({_few_keys(rng_all)}) but not for rank {self.parallel.rank}; it starts a "
-                f"fresh stream seeded {seed} (derived from {base_key}'s state and the rank), "
+                f"RNG: the checkpoint holds state for {len(held_rng)} rank(s) "
+                f"({_few_keys(held_rng)}) but not for rank {self.parallel.rank}; it starts a "
+                f"fresh stream seeded {seed} (derived from {source}'s state and the rank), "
                 "so dropout/augmentation on this rank differ from any saved stream and the "
                 "resume is not bitwise exact"
             )

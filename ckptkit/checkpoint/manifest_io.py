@@ -2,7 +2,8 @@
 
 A multi-rank checkpoint's root lists one manifest per rank (``ranks/rank-NNNNN.json``):
 :func:`read` reads those too, through the same checks, and returns one manifest with every
-entry; :func:`write_rank` is what each rank writes.
+entry, or (``only=``) with the entries of the ranks a reader needs (a restoring rank);
+:func:`write_rank` is what each rank writes.
 
 The manifest's format (dataclasses, canonical JSON, schema, signature) is
 :mod:`ckptkit.manifest`, which touches no file; this module moves its bytes through the
@@ -13,6 +14,8 @@ nothing there (``CK-M001``), not a regular file (``CK-M008``), absurdly large
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnsafeInputError
@@ -25,9 +28,14 @@ from ckptkit.manifest import (
     RankFetch,
     RankManifest,
     RankRef,
+    RankSelect,
 )
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
+
+rank_reads: Counter[int] = Counter()
+"""Rank manifests this process has read, by rank: which ones a restore read, for the
+tests and benchmarks that show it (counted only; nothing reads it back)."""
 
 _NOT_REGULAR_HINT = (
     "a manifest is a regular file inside the checkpoint; replace it with the real one or "
@@ -35,13 +43,18 @@ _NOT_REGULAR_HINT = (
 )
 
 
-def read(ckpt_dir: Location | str, *, key: bytes | None = None) -> Manifest:
+def read(
+    ckpt_dir: Location | str, *, key: bytes | None = None, only: RankSelect | None = None
+) -> Manifest:
     """Read and validate ``ckpt_dir/manifest.json`` (once: pass the result on, do not re-read).
 
     Args:
         ckpt_dir: the checkpoint directory (or object-store prefix).
         key: an HMAC key the manifest must be signed with (already resolved: see
             :func:`ckptkit.signing.resolve_key`); None checks no signature.
+        only: of a multi-rank root, which ranks' manifests to read (given the validated
+            root); the manifest returned holds their entries only
+            (:attr:`~ckptkit.manifest.Manifest.read_ranks`). None: every rank's.
 
     Raises:
         IncompleteCheckpointError: ``CK-M001`` no manifest: an incomplete save.
@@ -55,10 +68,12 @@ def read(ckpt_dir: Location | str, *, key: bytes | None = None) -> Manifest:
         ...
         ckptkit.errors.IncompleteCheckpointError: CK-M001 /nonexistent/manifest.json: ...
     """
-    return read_path(fs.location(ckpt_dir) / MANIFEST_NAME, key=key)
+    return read_path(fs.location(ckpt_dir) / MANIFEST_NAME, key=key, only=only)
 
 
-def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
+def read_path(
+    p: Location | str, *, key: bytes | None = None, only: RankSelect | None = None
+) -> Manifest:
     """Read and validate a manifest file at ``p`` (any name: adopted manifests too).
 
     Only a regular file is opened, never following a symlink and never blocking (a FIFO
@@ -93,7 +108,9 @@ def read_path(p: Location | str, *, key: bytes | None = None) -> Manifest:
             code=codes.M006,
             hint="do not load this checkpoint; its manifest is absurdly large",
         )
-    return Manifest.from_json(text, path=where, key=key, ranks=_rank_reader(loc.parent))
+    return Manifest.from_json(
+        text, path=where, key=key, ranks=_rank_reader(loc.parent), only=only
+    )
 
 
 def parse(ckpt_dir: Location, text: bytes, *, key: bytes | None = None) -> Manifest:
@@ -109,6 +126,7 @@ def _rank_reader(ckpt_dir: Location) -> RankFetch:
     def fetch(ref: RankRef) -> bytes:
         loc = ckpt_dir / ref.path
         where = fs.url(loc)
+        rank_reads[ref.rank] += 1
         try:
             return fs.read_small(loc, MAX_MANIFEST_BYTES, code=codes.M008, hint=_NOT_REGULAR_HINT)
         except CkptkitError:

@@ -145,7 +145,9 @@ def read_checkpoint(
         progress: force the progress bar on/off.
         max_bytes: refuse checkpoints declaring more tensor bytes than this (default:
             physical RAM), before allocating anything.
-        manifest: an already read manifest of ``path``.
+        manifest: an already read manifest of ``path``. A partial one (a restoring rank's,
+            :attr:`~ckptkit.manifest.Manifest.read_ranks`) reads the files of its ranks
+            and rebuilds :meth:`~ckptkit.manifest.Manifest.readable_tree`.
 
     Returns:
         ``(object, manifest, fit report or None without targets)``.
@@ -164,11 +166,12 @@ def read_checkpoint(
             path=root / atomic.MANIFEST_NAME,
             hint="pass max_bytes= if this size is genuine, otherwise do not load it",
         )
+    state_tree = m.readable_tree()
     targets: dict[str, torch.Tensor] = {}
     fit: FitReport | None = None
     if targets_from is not None:
         saved = {te.key: (dtypes.DTYPES[te.dtype], tuple(te.shape)) for te in m.tensors}
-        targets, fit = match_targets(targets_from, m.tree, saved)
+        targets, fit = match_targets(targets_from, state_tree, saved)
         if strict and not fit.ok:
             raise codes.error(
                 codes.R010,
@@ -219,7 +222,7 @@ def read_checkpoint(
                 moved[id(t)] = t.to(dev)
             out[k] = moved[id(t)]
     try:
-        return tree.decode(m.tree, out), m, fit
+        return tree.decode(state_tree, out), m, fit
     except ManifestError as e:
         raise ManifestError(
             e.what, path=root / atomic.MANIFEST_NAME, code=e.code, hint=e.hint

@@ -44,6 +44,7 @@ def verify_one(
     committed: bool = False,
     workers: int | None = None,
     scans: Mapping[str, FileScan] | None = None,
+    only: mf.RankSelect | None = None,
 ) -> Report:
     """Run the checks of ``families`` on one checkpoint directory and return its report.
 
@@ -67,6 +68,9 @@ def verify_one(
         scans: scans of some listed files made elsewhere (the other ranks of a
             rank-parallel verify, :mod:`ckptkit.verify.ranked`): not scanned again; the
             checks read them as they read their own.
+        only: of a multi-rank checkpoint, read the manifests of these ranks only (a
+            restoring rank's: :func:`ckptkit.checkpoint.manifest_io.read`); the checks
+            pass over what unread manifests hold (:meth:`ckptkit.manifest.Manifest.elsewhere`).
     """
     root = fs.location(path)
     t0 = time.perf_counter()
@@ -75,7 +79,7 @@ def verify_one(
     err: CkptkitError | None = None
     if m is None:
         try:
-            m = manifest_io.read(root, key=key)
+            m = manifest_io.read(root, key=key, only=only)
         except CkptkitError as e:
             err = e
     ctx = CheckContext(

@@ -34,7 +34,7 @@ def test_scale_bench_quick_reports_every_phase(tmp_path: Path) -> None:
     points = res["sim"]["points"]
     assert sorted((p["world"], p["tensors"]) for p in points) == [(2, 10), (2, 20), (4, 10), (4, 20)]
     for p in points:
-        for ph in ("commit_rank0", "parse", "plan", "per_rank_projection"):
+        for ph in ("commit_rank0", "parse", "plan", "partial_read"):
             assert p[ph]["s"] > 0, (p, ph)
         pay = p["payload"]
         assert pay["rank0_received"] == (p["world"] - 1) * pay["rank_sent"]

@@ -269,6 +269,8 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                     )
                     continue
                 for _path, key in st_tree_refs(node):
+                    if m.elsewhere(key=key):
+                        continue  # a restoring rank's manifest: another rank's entry
                     rel = tensor_file.get(key)
                     why = (
                         "is not listed among the manifest's tensors" if rel is None
@@ -283,6 +285,8 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                         )
                         break
                 continue
+            if m.elsewhere(file=w):
+                continue  # a restoring rank's manifest: a file of a rank it does not read
             why = _file_problem(ctx, w)
             if why is not None:
                 yield CODES[codes.C010].finding(

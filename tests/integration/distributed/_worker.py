@@ -21,6 +21,7 @@ import xxhash
 
 import ckptkit
 from ckptkit import collective, crashpoints
+from ckptkit.checkpoint import manifest_io
 from ckptkit.sampler import ResumableSampler
 
 N = 96
@@ -133,9 +134,25 @@ def main() -> None:
         result["after"] = train(2)
         result["hash_after"] = param_hash(model)
         result["rand_after"] = torch.rand(3).tolist()
+    elif scenario == "refused":
+        # A restore every rank must refuse together (a damaged file only some ranks read).
+        mgr.list()
+        manifest_io.rank_reads.clear()
+        try:
+            mgr.restore(ts, step=int(spec["step"]))
+            result["raised"] = None
+        except ckptkit.CkptkitError as e:
+            result["raised"] = f"{type(e).__name__}: {e}"
+        result["read"] = sorted(manifest_io.rank_reads)
     elif scenario == "restore":
+        # Count the rank manifests the restore reads: rank 0's listing of the run reads
+        # whole manifests (its catalog caches them by content), so list first.
+        mgr.list()
+        manifest_io.rank_reads.clear()
         res = mgr.restore(ts, step=int(spec["step"]))
         assert res is not None
+        result["read"] = sorted(manifest_io.rank_reads)
+        result["proven"] = res.proven
         it = iter(sampler)
         result["notes"] = res.notes
         result["restored"] = list(res.restored)

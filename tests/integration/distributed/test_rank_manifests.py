@@ -6,6 +6,10 @@ holds none of the entries. Saved at 4 and at 8 ranks, each checkpoint verifies a
 restores bitwise at the other world size (8 -> 4, 4 -> 8); a rank manifest deleted,
 damaged, replaced by another rank's, or a root read without its directory is refused
 (``CK-M013``), never read as a smaller checkpoint.
+
+A restoring rank reads the root and only the rank manifests it needs (item 3): those
+holding shared state and the one holding the RNG state it restores; a damaged rank
+manifest only one rank reads makes every rank refuse the checkpoint together.
 """
 
 from __future__ import annotations
@@ -86,11 +90,51 @@ def test_restores_bitwise_at_another_world_size(
     assert codes_ == [0] * restored_at, after
     # DDP: the model and optimizer state are the same on every rank, saved and restored.
     assert len({r["hash_at_save"] for r in before}) == 1
-    for r in after:
+    shared = _shared(ck / STEP)
+    assert len(shared) < saved_at  # what follows shows manifests left unread
+    for rank, r in enumerate(after):
         assert r is not None
         assert r["hash_at_restore"] == before[0]["hash_at_save"]
         assert r["opt_at_restore"] == before[0]["opt_at_save"]
         assert any("world size" in n for n in r["notes"]), r["notes"]
+        # The root, the shared state's manifests and the one of the RNG state it restores
+        # (its own, or rank 0's for a rank the save did not have).
+        own = rank if rank < saved_at else 0
+        assert r["read"] == sorted(shared | {own}), (rank, r["read"])
+    # Fewer ranks than saved leave the dropped ranks' own files unread: not "verified".
+    assert [r["proven"] for r in after if r] == [restored_at >= saved_at] * restored_at
+
+
+def _shared(ckpt: Path) -> set[int]:
+    """The ranks whose manifests hold state besides their own RNG (as the root records)."""
+    root = json.loads((ckpt / mf.MANIFEST_NAME).read_text())
+    return {r["rank"] for r in root["ranks"] if set(r["heads"]) - {"rng"}}
+
+
+def test_a_rank_manifest_only_one_rank_reads_fails_every_rank(
+    saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path
+) -> None:
+    run, _ = saved[4]
+    ck = tmp_path / "ck"
+    shutil.copytree(run, ck)
+    victim = max(set(range(4)) - _shared(ck / STEP))
+    p = ck / STEP / mf.rank_manifest_path(victim)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    codes_, after = launch(
+        4, tmp_path / "out", timeout=LAUNCH_TIMEOUT, scenario="refused", step=3,
+        ckpt=str(ck), pg_timeout=120, samples=SAMPLES,
+    )
+    assert codes_ == [0] * 4, after
+    for rank, r in enumerate(after):
+        assert r is not None and r["raised"] is not None, (rank, r)
+        # Of the restoring ranks only the victim read the damaged manifest (rank 0 also
+        # lists the run, which reads whole manifests: its count is not the restore's);
+        # every rank refuses, with the victim's code.
+        if rank != 0:
+            assert (victim in r["read"]) is (rank == victim), (rank, r["read"])
+        assert codes.M013 in r["raised"] and f"rank {victim}" in r["raised"], r["raised"]
 
 
 @pytest.mark.parametrize("damage", [None, "shard", "rank manifest"])

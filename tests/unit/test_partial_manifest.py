@@ -1,0 +1,155 @@
+"""A manifest read in part: the root and some ranks' manifests (issue 27 item 3, restore).
+
+A restoring rank reads the root and only the rank manifests it needs
+(``Manifest.from_json(..., only=)``); the root records what each rank manifest holds
+(``RankRef.files``/``heads``), so the reader knows which entries it went without. Those,
+and only those, are passed over: a tensor the tree references that no read manifest lists
+and no unread one may hold is refused as in a full read. The gloo runs are
+``tests/integration/distributed/test_rank_manifests.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ckptkit import codes
+from ckptkit import manifest as mf
+from ckptkit.capture.state import TrainState, manifests_to_read, read_together
+from ckptkit.errors import CkptkitError, ManifestError
+
+WORLD = 4
+
+
+def rank_manifest(rank: int) -> mf.RankManifest:
+    """Rank ``rank``'s RNG file; rank 0 also holds the model (the shared state)."""
+    files = [mf.FileEntry(f"rng-rank{rank:05d}.safetensors", 8, "0" * 32, rank=rank)]
+    tensors = [mf.TensorEntry(f"rng/rank{rank:05d}/torch", files[0].path, "F32", (2,), (0, 8))]
+    if rank == 0:
+        files.append(mf.FileEntry("model.safetensors", 16, "1" * 32, rank=0))
+        tensors.append(mf.TensorEntry("model/w", "model.safetensors", "F32", (4,), (0, 16)))
+    return mf.RankManifest(rank, 7, tuple(files), tuple(tensors))
+
+
+def tensor(key: str) -> dict[str, str]:
+    return {"$t": "tensor", "key": key}
+
+
+def written(tree_extra: dict[str, object] | None = None) -> tuple[bytes, dict[str, bytes]]:
+    """A root's bytes and its rank manifests' bytes by path, as a 4-rank save writes them."""
+    blobs: dict[str, bytes] = {}
+    refs = []
+    for r in range(WORLD):
+        data = rank_manifest(r).to_json().encode()
+        blobs[mf.rank_manifest_path(r)] = data
+        refs.append(rank_manifest(r).ref(data))
+    tree = {
+        "model": {"w": tensor("model/w")},
+        "rng": {f"rank{r:05d}": {"torch": tensor(f"rng/rank{r:05d}/torch"), "rank": r}
+                for r in range(WORLD)},
+        **(tree_extra or {}),
+    }
+    root = mf.Manifest(files=(), tensors=(), tree=tree, components={}, env={}, step=7,
+                       ranks=tuple(refs))
+    return root.to_json().encode(), blobs
+
+
+def read(
+    root: bytes, blobs: dict[str, bytes], only: Collection[int] | None
+) -> tuple[mf.Manifest, list[int]]:
+    """Read with ``only`` those ranks; the manifest and the ranks whose bytes were fetched."""
+    fetched: list[int] = []
+
+    def fetch(ref: mf.RankRef) -> bytes:
+        fetched.append(ref.rank)
+        return blobs[ref.path]
+
+    m = mf.Manifest.from_json(root, ranks=fetch, only=lambda _root: only)
+    return m, fetched
+
+
+def test_the_root_records_what_each_rank_manifest_holds() -> None:
+    root, _ = written()
+    refs = json.loads(root)["ranks"]
+    assert refs[0]["files"] == ["rng-rank00000.safetensors", "model.safetensors"]
+    assert refs[0]["heads"] == ["model", "rng"] and refs[3]["heads"] == ["rng"]
+
+
+def test_a_partial_read_fetches_only_the_ranks_asked_for() -> None:
+    root, blobs = written()
+    m, fetched = read(root, blobs, {0, 2})
+    assert fetched == [0, 2]
+    assert m.read_ranks == {0, 2} and not m.complete
+    assert {t.key for t in m.tensors} == {"model/w", "rng/rank00000/torch", "rng/rank00002/torch"}
+    assert m.elsewhere(key="rng/rank00001/torch") and m.elsewhere(file="rng-rank00003.safetensors")
+    assert not m.elsewhere(key="rng/rank00002/torch") and not m.elsewhere(key="model/w")
+    # What it rebuilds: the other ranks' RNG entries are left out, whole; nothing else.
+    assert set(m.readable_tree()["rng"]) == {"rank00000", "rank00002"}
+    assert m.readable_tree()["model"] == m.tree["model"]
+    # The root itself is the same: digest and serialisation as a full read's.
+    full, fetched_all = read(root, blobs, None)
+    assert fetched_all == [0, 1, 2, 3] and full.complete and full.read_ranks is None
+    assert m.digest == full.digest and m.to_json() == full.to_json()
+    assert not full.elsewhere(key="rng/rank00001/torch")
+
+
+def test_a_needed_tensor_no_read_manifest_lists_is_refused() -> None:
+    # "model/ghost": rank 0, read, holds the model; no unread manifest holds "model".
+    root, blobs = written({"extra": tensor("model/ghost")})
+    with pytest.raises(ManifestError) as info:
+        read(root, blobs, {0})
+    assert info.value.code == codes.M009 and "model/ghost" in str(info.value)
+    # Nor may an unread rank's head cover a key of another head: "opt/x" is nobody's.
+    root, blobs = written({"opt": tensor("opt/x")})
+    with pytest.raises(ManifestError) as info:
+        read(root, blobs, {0, 1})
+    assert info.value.code == codes.M009
+
+
+def test_an_unindexed_rank_manifest_is_always_read() -> None:
+    root, blobs = written()
+    obj = json.loads(root)
+    del obj["ranks"][3]["heads"]  # a root that does not say what rank 3 holds
+    del obj["manifest_digest"]  # computed again for the edited content
+    edited = mf.Manifest.from_dict(obj)
+    m, fetched = read(edited.to_json().encode(), blobs, {0})
+    assert fetched == [0, 3] and m.read_ranks == {0, 3}
+
+
+def test_a_rank_manifest_that_lists_other_files_than_its_ref_is_refused() -> None:
+    root, blobs = written()
+    obj = json.loads(root)
+    obj["ranks"][2]["files"] = ["rng-rank00009.safetensors"]
+    del obj["manifest_digest"]
+    edited = mf.Manifest.from_dict(obj).to_json().encode()
+    with pytest.raises(ManifestError) as info:
+        read(edited, blobs, {0, 2})
+    assert info.value.code == codes.M013 and "rank-00002" in str(info.value)
+
+
+def test_each_restoring_rank_reads_the_shared_manifests_and_its_rng_source() -> None:
+    root, blobs = written()
+    m = read(root, blobs, None)[0]
+    assert [sorted(manifests_to_read(m, r) or ()) for r in range(6)] == [
+        [0], [0, 1], [0, 2], [0, 3], [0], [0],
+    ]
+    # Four ranks or more read every rank manifest between them; two do not.
+    assert read_together(m, WORLD) and read_together(m, 8) and not read_together(m, 2)
+    # DCP storage: which files a rank reads is DCP's plan; it reads every manifest.
+    dcp = replace(m, tree={**m.tree, "dcp": {"keys": ["model"]}})
+    assert manifests_to_read(dcp, 1) is None
+
+
+def test_a_rank_whose_own_rng_state_was_not_read_refuses_the_restore() -> None:
+    ts = TrainState(model=torch.nn.Linear(2, 2), step=3)
+    tree, _ = ts.capture()
+    man = mf.Manifest(files=(), tensors=(), tree={**tree, "rng": {**tree["rng"], "rank00001": {}}},
+                      components={}, env={})
+    ts.parallel = replace(ts.parallel, rank=1, world_size=2)
+    with pytest.raises(CkptkitError) as info:
+        ts.restore_tree(tree, man)
+    assert info.value.code == codes.M009 and "rank00001" in str(info.value)

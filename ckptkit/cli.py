@@ -214,6 +214,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         ckptkit verify runs/exp1/ckpt --workers 8    # read 8 files at once
         torchrun --nproc-per-node 8 -m ckptkit verify runs/exp1/ckpt --torchrun
     """
+    from ckptkit.collective import leave
     from ckptkit.render import RENDERERS
     from ckptkit.runs import framework_checkpoints, ignored_at
     from ckptkit.verify.ranked import agree, join_torchrun
@@ -250,7 +251,7 @@ def verify(path: Path, as_json: bool, junit_file: Path | None, strict: bool, aga
         # After the report is out: torchrun stops the other ranks as soon as one exits
         # non-zero, and rank 0 must not be stopped before it has printed.
         sys.stdout.flush()
-        code = agree(group, code)
+        leave(agree(group, code))
     sys.exit(code)
 
 

@@ -22,11 +22,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import pickle
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import torch
 
@@ -353,6 +356,24 @@ def consensus(coll: Collective, error: BaseException | None, *, what: str) -> No
     )
 
 
+def leave(code: int = 0) -> NoReturn:
+    """End this process now with ``code``, its output flushed, skipping the interpreter's
+    teardown: for a rank of a gloo job whose work is done (written and printed).
+
+    Freeing a gloo process group joins its worker threads while holding the GIL, and a
+    worker freeing a finished collective whose tensors lost their Python owner waits for
+    that GIL: the rank hangs, or aborts (SIGABRT) at interpreter shutdown, after all its
+    work is done, and torchrun reports it failed (pytorch/pytorch#179291).
+    ``destroy_process_group()`` does not help while a DDP model still holds the group.
+    Call this with the process group still initialised, instead of returning.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 __all__ = [
     "Collective",
     "Solo",
@@ -364,6 +385,7 @@ __all__ = [
     "current",
     "describe",
     "gather_fixed",
+    "leave",
     "metered",
     "peer_failure",
 ]

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conftest import trained_state
+from small_model import trained_state
 
 import ckptkit
 from ckptkit.render import RENDERERS

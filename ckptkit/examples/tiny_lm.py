@@ -125,6 +125,7 @@ from torch import nn
 
 import ckptkit
 from ckptkit.capture.rng import fingerprint
+from ckptkit.collective import leave
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.observe import row_hashes
 from ckptkit.records import Health
@@ -733,8 +734,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     mgr.close()
     rec.close()
     if world > 1:
+        # Every rank done before any leaves; the process group stays up for leave() (the
+        # DDP model holds it: freeing it here could hang this rank, see __main__).
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     summary = {
         "final_step": ts.step,
         "final_loss": loss_value,
@@ -937,12 +939,7 @@ def inject_fault(
 
 if __name__ == "__main__":
     main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # The process group is destroyed and the summary printed. Under load a 2-rank gloo
-        # run sometimes aborted in interpreter teardown (SIGABRT, "terminate called without
-        # an active exception") after all of that, and torchrun then reports the rank as
-        # failed; ending here skips the teardown. To be root-caused (see the closing note
-        # of issue 22).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Everything is saved and the summary printed: end without the interpreter's
+        # teardown, in which a gloo rank can hang or abort (pytorch/pytorch#179291).
+        leave(0)

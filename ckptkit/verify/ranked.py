@@ -194,18 +194,13 @@ def join_torchrun() -> TorchGroup:
 
 
 def agree(group: Collective, code: int) -> int:
-    """Rank 0's exit ``code`` on every rank, so the job exits with one status; then leave.
+    """Rank 0's exit ``code`` on every rank, so the job exits with one status.
 
-    The last collective of a ``--torchrun`` verify: the default process group is destroyed
-    after it, because a rank that exits with it alive aborts (gloo's threads) and torchrun
-    then kills the others, rank 0 before it has printed its report.
+    The last collective of a ``--torchrun`` verify: each rank then ends with
+    :func:`ckptkit.collective.leave` (a gloo rank's interpreter teardown can hang or abort
+    after its work is done, and torchrun would report the job failed).
     """
-    import torch.distributed as dist
-
-    out = int(group.broadcast(code, src=0))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return out
+    return int(group.broadcast(code, src=0))
 
 
 __all__ = ["TORCHRUN_ENV", "ScanRecord", "agree", "join_torchrun", "prescan", "split"]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 import ckptkit
+from ckptkit.collective import leave
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -123,7 +124,7 @@ def main() -> None:
     mgr.close()
     print("finished", flush=True)
     if a.world > 1:
-        torch.distributed.destroy_process_group()
+        leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import ckptkit.dcp
+from ckptkit.collective import leave
 from ckptkit.errors import CkptkitError
 
 
@@ -99,7 +100,7 @@ def main() -> None:
     except CkptkitError as e:
         res["damaged"] = {"code": e.code, "path": str(e.path)}
     (out / f"result-{rank}.json").write_text(json.dumps(res))
-    dist.destroy_process_group()
+    leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

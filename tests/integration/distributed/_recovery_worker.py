@@ -21,6 +21,7 @@ import torch.distributed as dist
 import xxhash
 
 import ckptkit
+from ckptkit.collective import leave
 from ckptkit.errors import RecoveryError
 from ckptkit.recovery import RecoveryPolicy
 from ckptkit.stability import StabilityWatch
@@ -117,7 +118,7 @@ def main() -> None:
     mgr.close()
     (out / f"result-{rank}.json").write_text(json.dumps(res))
     dist.barrier()
-    dist.destroy_process_group()
+    leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

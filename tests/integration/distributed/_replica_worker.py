@@ -19,6 +19,7 @@ import torch.distributed as dist
 from _worker import data
 
 import ckptkit
+from ckptkit.collective import leave
 from ckptkit.stability import StabilityWatch
 
 BIT = 20
@@ -121,7 +122,7 @@ def main() -> None:
         result["restored"] = {"step": res.step if res else None, "notes": res.notes if res else []}
     (out / f"result-{rank}.json").write_text(json.dumps(result))
     dist.barrier()
-    dist.destroy_process_group()
+    leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

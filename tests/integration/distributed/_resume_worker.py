@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ckptkit.collective import leave
 from ckptkit.errors import CkptkitError
 from ckptkit.layouts.hf import AccelerateLayout
 from ckptkit.run import Run, resume_target
@@ -54,7 +55,7 @@ def main() -> None:
         failure = str(e)
     out = Path(spec["out"]) / f"result-{rank}.json"
     out.write_text(json.dumps({"chosen": chosen, "writable": lightning_opened, "failure": failure}))
-    dist.destroy_process_group()
+    leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

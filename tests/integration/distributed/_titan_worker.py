@@ -21,6 +21,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parents[1] / "interop" / "scripts"))
 from titan_train import build, digest
 
+from ckptkit.collective import leave
+
 
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
@@ -57,9 +59,11 @@ def main() -> None:
         ck.load()
         out["loaded"], out["digest"] = state.step, digest(model)
         ck.close()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # a failing rank: its traceback and status count
+        raise
     (Path(spec["out"]) / f"result-{rank}.json").write_text(json.dumps(out))
+    leave(0)  # no teardown (ckptkit.collective.leave says why)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 import xxhash
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from ckptkit.collective import leave  # ckptkit
 from ckptkit.integrations.hf import CkptkitCallback, resume_checkpoint  # ckptkit
 
 warnings.filterwarnings("ignore")
@@ -94,14 +94,10 @@ def main() -> None:
         h.update(p.detach().numpy().tobytes())
     print(json.dumps({"final_step": trainer.state.global_step, "param_hash": h.hexdigest()}))
     if torch.distributed.is_initialized():
-        # torch 2.13, gloo: the Trainer's DDP model holds the process group until the
-        # interpreter frees it, and a gloo worker freeing a finished all_gather then waits for
-        # the GIL the freeing thread holds: the rank hangs, or aborts at shutdown, after its
-        # last step (pytorch/pytorch#179291; destroy_process_group() does not free the DDP
-        # model's reference). Everything is written: end the process without that teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        # The Trainer's DDP model holds its gloo process group until the interpreter frees
+        # it, and that teardown can hang or abort a rank after its last step
+        # (pytorch/pytorch#179291). Everything is written: end without it.
+        leave(0)  # ckptkit
 
 
 if __name__ == "__main__":

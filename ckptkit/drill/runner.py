@@ -722,8 +722,8 @@ def _crash(run: RunResult, *, timed_out: bool, stop_at: int | None = None) -> Dr
                "(its final save or the interpreter's shutdown), not in training")
         hint = ("make the script end cleanly after its last step (under torchrun with gloo, "
                 "a process group a DDP model still holds at exit can hang or abort a rank "
-                "in its teardown, pytorch/pytorch#179291: once everything is written and "
-                "flushed, end the process with os._exit(0)), then drill again")
+                "in its teardown, pytorch/pytorch#179291: once everything is written, end "
+                "the process with ckptkit.collective.leave(0)), then drill again")
     return DrillError(f"the {name} run {why}" + _tail_text(run), path=run.run_dir, hint=hint)
 
 

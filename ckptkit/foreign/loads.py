@@ -59,6 +59,9 @@ class Source:
     """The importable module holding the call, e.g. ``accelerate.checkpointing``."""
     call: str
     """Text that appears in that module's source (compared with whitespace removed)."""
+    gone_in: str | None = None
+    """The first release of the module's distribution without this call (None: every
+    release ckptkit supports has it): the load stays in the table for the releases before."""
 
 
 @dataclass(frozen=True)
@@ -332,8 +335,13 @@ LOADS: dict[str, tuple[FileLoad, ...]] = {
             sources=(
                 Source(_ACCELERATE, "scaler_state = load(input_scaler_file)"),
                 _ACC_LOAD,
-                # FSDP2 loads the scaler itself, with torch's default (weights_only=True).
-                Source("accelerate.accelerator", "scaler_state = torch.load(input_scaler_file)"),
+                # Before 1.16, FSDP2 loaded the scaler itself, with torch's default
+                # (weights_only=True).
+                Source(
+                    "accelerate.accelerator",
+                    "scaler_state = torch.load(input_scaler_file)",
+                    gone_in="1.16.0",
+                ),
                 _TORCH_DEFAULT,
             ),
             if_refused=_CRASH,

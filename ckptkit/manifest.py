@@ -309,6 +309,33 @@ class RankRef:
         )
 
 
+def rank_key(rank: int) -> str:
+    """Key of one rank's state inside per-rank components (``rank00003``): where a rank's
+    RNG state sits in the state tree (``tree/rng/rank00003``)."""
+    return f"rank{rank:05d}"
+
+
+def rank_of(key: Any) -> int | None:
+    """The rank a per-rank key names (``rank00003`` -> 3), else None.
+
+    Example:
+        >>> rank_of("rank00003"), rank_of("rank-1"), rank_of(3)
+        (3, None, None)
+    """
+    if isinstance(key, str) and key.startswith("rank") and key[4:].isascii():
+        digits = key[4:]
+        if digits.isdigit() and len(digits) <= 18:
+            return int(digits)
+    return None
+
+
+RANK_STATE = "rng"
+"""The top-level state key each rank of a multi-rank save keeps in its own manifest (its
+:attr:`RankManifest.rng`), not in the root: the state tree holds it at
+``tree/rng/rankNNNNN``, one entry per rank. Sampler cursors stay in the root: a restore at
+another world size needs every rank's."""
+
+
 def head_of(key: str) -> str:
     """The top-level state key of a tensor key (``model/a.weight`` -> ``model``)."""
     return key.split("/", 1)[0]
@@ -316,8 +343,8 @@ def head_of(key: str) -> str:
 
 @dataclass(frozen=True)
 class RankManifest:
-    """What one rank of a multi-rank save wrote: its files and their tensors
-    (``ranks/rank-NNNNN.json``), signed as the root is when a key is configured.
+    """What one rank of a multi-rank save wrote: its files and their tensors, and its own
+    RNG state (``ranks/rank-NNNNN.json``), signed as the root is when a key is configured.
 
     Example:
         >>> m = RankManifest(rank=1, step=5, files=(), tensors=())
@@ -331,9 +358,15 @@ class RankManifest:
     files: tuple[FileEntry, ...]
     tensors: tuple[TensorEntry, ...]
     signature: Signature | None = None
+    rng: Any = None
+    """This rank's RNG state as tagged JSON (its tensors are among :attr:`tensors`): the
+    entry ``tree/rng/rankNNNNN`` of the checkpoint's state tree, which a reader grafts in
+    (:data:`RANK_STATE`). Kept here, not in the root, so the root stays small (about
+    12 kB of Python and numpy generator state per rank) and a restoring rank reads only
+    the RNG state it restores. None: the rank saved none."""
 
     def _content(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema_version": RANKED_VERSION,
             "format": RANK_FORMAT,
             "rank": self.rank,
@@ -341,6 +374,9 @@ class RankManifest:
             "files": [f.to_dict() for f in self.files],
             "tensors": [t.to_dict() for t in self.tensors],
         }
+        if self.rng is not None:
+            out[RANK_STATE] = self.rng
+        return out
 
     def signed(self, key: bytes) -> RankManifest:
         """A copy carrying the HMAC of its canonical content under ``key``."""
@@ -411,6 +447,11 @@ class Manifest:
     """The ranks whose manifests were read, when not all were (a restoring rank reads
     those it needs: :func:`parse`'s ``only``): :attr:`files` and :attr:`tensors` are
     theirs alone. None: the manifest is complete. Not part of the content."""
+    root_tree: Any = field(default=None, compare=False)
+    """Of a multi-rank checkpoint read back: the state tree as the root holds it, without
+    the ranks' RNG states, which :attr:`tree` has from the rank manifests read
+    (:data:`RANK_STATE`). It is what the root's content, digest and signature cover.
+    None: :attr:`tree` is the root's own (one rank, or a root being built)."""
 
     @property
     def complete(self) -> bool:
@@ -418,38 +459,50 @@ class Manifest:
         return self.read_ranks is None
 
     @cached_property
-    def _unread(self) -> tuple[frozenset[str], Callable[[str], bool]]:
-        """The files of the unread ranks' manifests, and the test for a tensor key they hold."""
+    def _unread(self) -> frozenset[str]:
+        """The files the unread ranks' manifests list."""
         read = self.read_ranks
-        refs = [r for r in self.ranks if read is not None and r.rank not in read]
-        listed = frozenset(t.key for t in self.tensors) if refs else frozenset()
-        return frozenset(p for r in refs for p in r.files or ()), held_elsewhere(refs, listed)
+        if read is None:
+            return frozenset()
+        return frozenset(p for r in self.ranks if r.rank not in read for p in r.files or ())
 
-    def elsewhere(self, *, file: str | None = None, key: str | None = None) -> bool:
-        """Whether ``file`` (a path) or the tensor ``key`` is not in this manifest's entries
-        because a rank manifest that was not read holds it. Always False for a complete
-        manifest; a reader of part of a checkpoint passes over exactly these, and treats
-        anything else missing as missing.
+    def elsewhere(self, file: str) -> bool:
+        """Whether ``file`` (a path) is not in this manifest's entries because a rank
+        manifest that was not read lists it. Always False for a complete manifest; a
+        reader of part of a checkpoint passes over exactly these files (a component's
+        ``where`` names every rank's), and treats any other file missing as missing. Its
+        :attr:`tree` needs none of them: it holds the RNG states of the ranks read only.
 
         Example:
             >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
             ...     ranks=(RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("rng-1.st",),
             ...     ("rng",)),), read_ranks=frozenset({0}))
-            >>> m.elsewhere(file="rng-1.st"), m.elsewhere(key="rng/rank00001/t"), m.elsewhere(key="model/w")
-            (True, True, False)
+            >>> m.elsewhere("rng-1.st"), m.elsewhere("model.safetensors")
+            (True, False)
         """
-        files, held = self._unread
-        if file is not None and file in files:
-            return True
-        return key is not None and held(key)
+        return file in self._unread
 
-    def readable_tree(self) -> Any:
-        """The state tree these entries rebuild: :attr:`tree` of a complete manifest; of a
-        partial one, less the mapping entries whose tensors are all in unread ranks'
-        manifests (another rank's RNG state: :func:`ckptkit.format.tree.prune`)."""
-        if self.complete:
-            return self.tree
-        return tree.prune(self.tree, lambda k: self.elsewhere(key=k))
+    @cached_property
+    def rng_ranks(self) -> frozenset[int]:
+        """The ranks whose RNG state the checkpoint holds, as far as a reader of this
+        manifest can tell: those its :attr:`tree` holds (``tree/rng/rankNNNNN``), and, of a
+        partial manifest, the unread ranks whose manifests the root records as holding RNG
+        tensors (:attr:`RankRef.heads`). A rank manifest that was read counts only by the
+        state it holds.
+
+        Example:
+            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), (RANK_STATE,))
+            >>> m = Manifest(files=(), tensors=(), tree={"rng": {"rank00000": {}}},
+            ...     components={}, env={}, ranks=(ref,), read_ranks=frozenset({0}))
+            >>> sorted(m.rng_ranks), sorted(replace(m, read_ranks=None).rng_ranks)
+            ([0, 1], [0])
+        """
+        held = self.tree.get(RANK_STATE) if isinstance(self.tree, Mapping) else None
+        out = {r for r in map(rank_of, held if isinstance(held, Mapping) else ()) if r is not None}
+        read = self.read_ranks
+        if read is not None:
+            out |= {r.rank for r in self.ranks if r.rank not in read and RANK_STATE in (r.heads or ())}
+        return frozenset(out)
 
     @property
     def total_bytes(self) -> int:
@@ -478,7 +531,8 @@ class Manifest:
     def _content(self) -> dict[str, Any]:
         """The signed and digested content: every field but the digest and the signature.
 
-        With :attr:`ranks`, the root's: the entries are in the rank manifests it lists."""
+        With :attr:`ranks`, the root's: the entries and the ranks' RNG states are in the
+        rank manifests it lists."""
         ranked = bool(self.ranks)
         out: dict[str, Any] = {
             "schema_version": RANKED_VERSION if ranked else self.schema_version,
@@ -488,7 +542,7 @@ class Manifest:
             "step": self.step,
             "files": [] if ranked else [f.to_dict() for f in self.files],
             "tensors": [] if ranked else [t.to_dict() for t in self.tensors],
-            "tree": self.tree,
+            "tree": self.root_tree if ranked and self.root_tree is not None else self.tree,
             "components": {
                 name: self.components[name].to_dict()
                 for name in COMPONENTS
@@ -619,10 +673,10 @@ class Manifest:
         """Parse and fully validate manifest text (see :func:`parse`); with ``only``, the
         manifest may be partial (:attr:`Manifest.read_ranks`)."""
         with _gc_paused():
-            obj, read = _parse(text, path, key, ranks, only)
+            obj, read, root_tree = _parse(text, path, key, ranks, only)
             m = cls.from_dict(obj)
-            if read is not None:
-                m = replace(m, read_ranks=read)
+            if root_tree is not None:
+                m = replace(m, read_ranks=read, root_tree=root_tree)
                 m.__dict__["digest"] = obj["manifest_digest"]  # replace() drops the cache
             return m
 
@@ -824,9 +878,10 @@ def parse(
     (:meth:`Manifest.from_json` with ``only`` reads some ranks' manifests only.)
 
     A root (``schema_version`` 2) is returned with every rank's entries merged into its
-    ``files`` and ``tensors``: each rank manifest is fetched with ``ranks``, checked
-    against the size and digest the root records, then parsed and validated as strictly as
-    the root, and the merged entries get the same semantic checks as a single manifest's.
+    ``files`` and ``tensors``, and each rank's RNG state into its ``tree``
+    (:data:`RANK_STATE`): each rank manifest is fetched with ``ranks``, checked against
+    the size and digest the root records, then parsed and validated as strictly as the
+    root, and the merged manifest gets the same semantic checks as a single manifest's.
 
     Args:
         text: the manifest bytes (UTF-8) or text.
@@ -866,8 +921,10 @@ def _parse(
     key: bytes | None,
     ranks: RankFetch | None,
     only: RankSelect | None,
-) -> tuple[dict[str, Any], frozenset[int] | None]:
-    """:func:`parse`, and the ranks whose manifests were read when not all were."""
+) -> tuple[dict[str, Any], frozenset[int] | None, Any]:
+    """:func:`parse`; of a root also the ranks whose manifests were read when not all were,
+    and the root's own tree (the merged object's holds the ranks' RNG states): ``None``,
+    ``None``, ``None`` for a manifest of one rank."""
     obj = _strict_json(text, path)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -899,17 +956,16 @@ def _parse(
         )
     _check_digest(obj, path, key)
     read: frozenset[int] | None = None
-    elsewhere: Callable[[str], bool] | None = None
+    root_tree: Any = None
     if version == RANKED_VERSION or "ranks" in obj:
-        obj, read, elsewhere = _merged(obj, path, key, ranks, only)
+        root_tree = obj["tree"]
+        obj, read = _merged(obj, path, key, ranks, only)
     check_semantics(obj, path=path)
     try:
-        tree.check(
-            obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]}, elsewhere=elsewhere
-        )
+        tree.check(obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]})
     except ManifestError as e:
         raise ManifestError(e.what, path=path, code=e.code, hint=e.hint) from None
-    return obj, read
+    return obj, read, root_tree
 
 
 def _merged(
@@ -918,13 +974,15 @@ def _merged(
     key: bytes | None,
     fetch: RankFetch | None,
     only: RankSelect | None,
-) -> tuple[dict[str, Any], frozenset[int] | None, Callable[[str], bool] | None]:
-    """The root with every rank manifest's entries in its ``files`` and ``tensors``, or
-    (``only``) those of the ranks it selects and every rank the root does not index.
+) -> tuple[dict[str, Any], frozenset[int] | None]:
+    """The root with every rank manifest's entries in its ``files`` and ``tensors`` and
+    its RNG state in its ``tree`` (:func:`_grafted`), or (``only``) those of the ranks it
+    selects and every rank the root does not index.
 
     The one merge: a full read and a partial one run the same checks on every manifest
-    they read; a partial one also returns the ranks read and the test for a tensor key
-    an unread manifest may hold (``None``, ``None`` when every manifest was read)."""
+    they read; a partial one also returns the ranks read (``None`` when every manifest
+    was read). The merged tree holds the RNG states of the ranks read, and nothing of an
+    unread rank: every tensor it references must be listed."""
     refs = root.get("ranks")
     if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
         raise ManifestError(
@@ -949,6 +1007,7 @@ def _merged(
         chosen = only(Manifest.from_dict(root))
         wanted = None if chosen is None else set(chosen)
     files, tensors = [], []
+    states: dict[str, Any] = {}
     seen: set[int] = set()
     indexed: set[str] = set()
     unread: list[RankRef] = []
@@ -977,31 +1036,40 @@ def _merged(
         part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
         files += part["files"]
         tensors += part["tensors"]
-    merged = {**root, "files": files, "tensors": tensors}
+        if RANK_STATE in part:
+            states[rank_key(ref.rank)] = part[RANK_STATE]
+    merged = {**root, "files": files, "tensors": tensors, "tree": _grafted(root["tree"], states, path)}
     if not unread:
-        return merged, None, None
-    return (
-        merged,
-        frozenset(seen - {ref.rank for ref in unread}),
-        held_elsewhere(unread, {t["key"] for t in tensors}),
-    )
+        return merged, None
+    return merged, frozenset(seen - {ref.rank for ref in unread})
 
 
-def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:
-    """The test for a tensor key that a reader of part of a checkpoint does not have
-    because a rank manifest it did not read (``unread``) may hold it: not ``listed`` by
-    the manifests read, and of a top-level key one of ``unread`` records
-    (:attr:`RankRef.heads`). The one rule: the parse's tree check and
-    :meth:`Manifest.elsewhere` both use it.
+def _grafted(root_tree: Any, states: Mapping[str, Any], path: str) -> Any:
+    """The root's tree with each rank's RNG state (``states``: rank key -> its rank
+    manifest's ``rng``) at ``tree/rng/<rank key>``: the state tree a single manifest would
+    hold. A root of ckptkit 0.3's first per-rank layout holds the states itself; a state in
+    both places is refused, as is a root tree with no place for them.
 
     Example:
-        >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), ("rng",))
-        >>> held = held_elsewhere([ref], {"rng/rank00000/t"})
-        >>> held("rng/rank00001/t"), held("rng/rank00000/t"), held("model/w")
-        (True, False, False)
+        >>> _grafted({"step": 3}, {"rank00001": {"rank": 1}}, "manifest.json")
+        {'step': 3, 'rng': {'rank00001': {'rank': 1}}}
     """
-    heads = {h for ref in unread for h in ref.heads or ()}
-    return lambda k: k not in listed and head_of(k) in heads
+    if not states:
+        return root_tree
+    held = root_tree.get(RANK_STATE, {}) if isinstance(root_tree, dict) else None
+    twice = sorted(set(states) & set(held)) if isinstance(held, dict) else []
+    if not isinstance(held, dict) or twice:
+        raise ManifestError(
+            f"the root's state tree holds the RNG state of {', '.join(twice)} too"
+            if twice
+            else "the rank manifests hold RNG states, but the root's state tree is not a "
+            f"mapping with a mapping at '{RANK_STATE}' to hold them",
+            path=path,
+            code=codes.M003,
+            hint="the manifest is damaged or hand-edited; roll back to the previous verified "
+            "checkpoint",
+        )
+    return {**root_tree, RANK_STATE: {**held, **states}}
 
 
 def _sibling(path: str, rel: str) -> str:
@@ -1024,6 +1092,13 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
         )
     obj = _strict_json(data, path)
     _check_schema(obj, path, _rank_validator())
+    if tree.nesting_exceeds(obj.get(RANK_STATE), tree.MAX_NESTING - 2):  # at tree/rng/rankN
+        raise UnsafeInputError(
+            f"'{RANK_STATE}' nests deeper than {tree.MAX_NESTING - 2} levels",
+            path=path,
+            code=codes.M006,
+            hint=_UNSAFE_HINT,
+        )
     _check_digest(obj, path, key)
     if obj["rank"] != ref.rank or obj["step"] != step:
         raise ManifestError(
@@ -1047,6 +1122,15 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
             code=codes.M013,
             hint="the rank manifest or the root is damaged or hand-edited; roll back",
         )
+    listed = {t["key"] for t in obj["tensors"]}
+    for _, k in tree.iter_tensor_refs(obj.get(RANK_STATE)):
+        if k not in listed:
+            raise ManifestError(
+                f"its RNG state references tensor {k!r}, which it does not list",
+                path=path,
+                code=codes.M009,
+                hint="the rank manifest is damaged or hand-edited; roll back",
+            )
     for f in obj["files"]:
         if f.get("rank", ref.rank) != ref.rank:
             raise ManifestError(

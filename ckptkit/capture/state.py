@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,29 +38,11 @@ from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
 from ckptkit.fit import fit_report
 from ckptkit.format import tree as tree_mod
+from ckptkit.manifest import rank_key, rank_of
 from ckptkit.storage import dcp as dcp_store
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
-
-
-def rank_key(rank: int) -> str:
-    """Key of one rank's state inside per-rank components (``rank00003``)."""
-    return f"rank{rank:05d}"
-
-
-def rank_of(key: Any) -> int | None:
-    """The rank a per-rank key names (``rank00003`` -> 3), else None.
-
-    Example:
-        >>> rank_of("rank00003"), rank_of("rank-1"), rank_of(3)
-        (3, None, None)
-    """
-    if isinstance(key, str) and key.startswith("rank") and key[4:].isascii():
-        digits = key[4:]
-        if digits.isdigit() and len(digits) <= 18:
-            return int(digits)
-    return None
 
 
 def tree_problems(tree: Mapping[str, Any]) -> list[str]:
@@ -117,13 +99,13 @@ def _rng_problems(per_rank: Any) -> list[str]:
     return out
 
 
-def rng_source(keys: Mapping[str, Any], rank: int) -> str | None:
-    """The saved RNG state rank ``rank`` restores from (``keys``: the ``rng`` part of a
-    tree): its own, else rank 0's (the base of a fresh stream), else the first; None when
-    there is none.
+def rng_source(keys: Collection[str], rank: int) -> str | None:
+    """The saved RNG state rank ``rank`` restores from (``keys``: the rank keys of the
+    saved states): its own, else rank 0's (the base of a fresh stream), else the first;
+    None when there is none.
 
     Example:
-        >>> rng_source({"rank00000": 0, "rank00001": 0}, 1), rng_source({"rank00000": 0}, 5)
+        >>> rng_source({"rank00000", "rank00001"}, 1), rng_source({"rank00000"}, 5)
         ('rank00001', 'rank00000')
     """
     if rank_key(rank) in keys:
@@ -138,12 +120,12 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank RNG
     (the model and optimizer shards, rank 0's state) and the one whose RNG state it
     restores (:func:`rng_source`). None: every rank's (a world of one, a tree this does
-    not know, or DCP storage, whose reads only DCP's plan knows).
+    not know, a root holding the RNG states itself, or DCP storage, whose reads only
+    DCP's plan knows).
 
     Example:
         >>> ref = lambda r, heads: mf.RankRef(r, mf.rank_manifest_path(r), 1, "0" * 32, (), heads)
-        >>> root = mf.Manifest(files=(), tensors=(), components={}, env={},
-        ...     tree={"rng": {"rank00000": {}, "rank00001": {}, "rank00002": {}}},
+        >>> root = mf.Manifest(files=(), tensors=(), components={}, env={}, tree={},
         ...     ranks=(ref(0, ("model", "rng")), ref(1, ("rng",)), ref(2, ("rng",))))
         >>> sorted(manifests_to_read(root, 2)), sorted(manifests_to_read(root, 7))
         ([0, 2], [0])
@@ -169,19 +151,23 @@ def read_together(root: mf.Manifest, world_size: int) -> bool:
     return seen >= {r.rank for r in root.ranks}
 
 
-def _restore_plan(root: mf.Manifest) -> tuple[set[int], Mapping[str, Any]] | None:
+def _restore_plan(root: mf.Manifest) -> tuple[set[int], set[str]] | None:
     """What :func:`manifests_to_read` decides from: the ranks every restoring rank reads
-    (those holding state besides their own RNG, or not indexed) and the saved RNG states."""
-    tree = root.tree
-    if not root.ranks or not isinstance(tree, Mapping) or (tree.get("dcp") or {}).get("keys"):
+    (those holding state besides their own RNG, or not indexed) and the saved RNG states.
+    None when every rank reads every manifest."""
+    own = root.root_tree if root.root_tree is not None else root.tree
+    if (
+        not root.ranks
+        or not isinstance(own, Mapping)
+        or (own.get("dcp") or {}).get("keys")
+        or mf.RANK_STATE in own  # ckptkit 0.3's first per-rank layout: it references them all
+    ):
         return None
-    rng = tree.get("rng")
-    if not isinstance(rng, Mapping):
-        return None
-    return {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - {"rng"}}, rng
+    shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - {mf.RANK_STATE}}
+    return shared, {rank_key(r.rank) for r in root.ranks if mf.RANK_STATE in (r.heads or ())}
 
 
-def _rng_rank(rng: Mapping[str, Any], rank: int) -> set[int]:
+def _rng_rank(rng: Collection[str], rank: int) -> set[int]:
     """The rank whose manifest holds the RNG state rank ``rank`` restores (it wrote it)."""
     key = rng_source(rng, rank)
     saved = rank_of(key) if key is not None else None
@@ -518,19 +504,19 @@ class TrainState:
         # Everything that can refuse the checkpoint is checked before anything is loaded,
         # starting with the rule verify's CK-S013 applies (here with the tensors' values).
         refuse("training", tree_problems(tree))
-        # The RNG states the checkpoint holds (its manifest's tree): a restoring rank of a
-        # multi-rank checkpoint reads the one it restores only, which must be there.
-        saved_rng = manifest.tree.get("rng") if manifest is not None and isinstance(
-            manifest.tree, Mapping) else None
-        held_rng: Mapping[str, Any] = (
-            saved_rng if isinstance(saved_rng, Mapping) else tree.get("rng") or {}
+        # The RNG states the checkpoint holds: a restoring rank of a multi-rank checkpoint
+        # reads the one it restores only, which must be there.
+        held_rng = (
+            {rank_key(r) for r in manifest.rng_ranks}
+            if manifest is not None
+            else set(tree.get("rng") or {})
         )
         source = rng_source(held_rng, self.parallel.rank)
         if source is not None and source not in (tree.get("rng") or {}):
             raise codes.error(
                 codes.M009,
-                f"the state tree holds the RNG state of {source}, which rank "
-                f"{self.parallel.rank} restores, but no manifest it read lists its tensors",
+                f"the checkpoint holds the RNG state of {source}, which rank "
+                f"{self.parallel.rank} restores, but no manifest it read holds it",
                 path=path,
                 hint="the rank manifests are damaged or hand-edited; roll back to the "
                 "previous verified checkpoint",
@@ -710,7 +696,7 @@ def _saved_world(tree: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _few_keys(keys: Mapping[str, Any], n: int = 4) -> str:
+def _few_keys(keys: Collection[str], n: int = 4) -> str:
     ks = sorted(keys)
     return ", ".join(ks[:n]) + (f" … (+{len(ks) - n})" if len(ks) > n else "")
 

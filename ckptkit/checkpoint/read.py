@@ -147,7 +147,7 @@ def read_checkpoint(
             physical RAM), before allocating anything.
         manifest: an already read manifest of ``path``. A partial one (a restoring rank's,
             :attr:`~ckptkit.manifest.Manifest.read_ranks`) reads the files of its ranks
-            and rebuilds :meth:`~ckptkit.manifest.Manifest.readable_tree`.
+            and rebuilds its tree (the RNG states of those ranks only).
 
     Returns:
         ``(object, manifest, fit report or None without targets)``.
@@ -166,7 +166,7 @@ def read_checkpoint(
             path=root / atomic.MANIFEST_NAME,
             hint="pass max_bytes= if this size is genuine, otherwise do not load it",
         )
-    state_tree = m.readable_tree()
+    state_tree = m.tree
     targets: dict[str, torch.Tensor] = {}
     fit: FitReport | None = None
     if targets_from is not None:

@@ -472,17 +472,12 @@ def decode(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return rebuild(tree, known=tensors, leaf=leaf)
 
 
-def check(
-    tree: Any, dtypes: Mapping[str, str], *, elsewhere: Callable[[str], bool] | None = None
-) -> None:
+def check(tree: Any, dtypes: Mapping[str, str]) -> None:
     """Run :func:`decode` on a tree without tensor bytes: raise what ``load`` would raise.
 
     Args:
         tree: the encoded tree.
         dtypes: tensor key -> safetensors dtype name, as the manifest lists them.
-        elsewhere: for a manifest read in part (some ranks' manifests only): True for a
-            key those entries may hold; such a reference is not refused here. Every other
-            key must be listed.
 
     Raises:
         ManifestError: ``CK-M009``, as :func:`decode`.
@@ -495,58 +490,12 @@ def check(
         ckptkit.errors.ManifestError: CK-M009 the state tree cannot be rebuilt at 'tree': ...
     """
     def leaf(tag: str, key: str, ref: Mapping[str, Any]) -> Any:
-        if key not in dtypes:  # listed by a manifest not read here (``elsewhere``)
-            return _StandIn()
         dt = DTYPES.get(dtypes[key])
         if tag == "ndarray" and (dt is None or dt not in _NUMPY_DTYPES):
             raise _Malformed(f"tensor {key!r} of dtype {dt} cannot be a numpy array")
         return _StandIn()  # not a plain value either: refused as a dict key, as a tensor is
 
-    rebuild(tree, known=dtypes if elsewhere is None else _Either(dtypes, elsewhere), leaf=leaf)
-
-
-class _Either:
-    """The keys :func:`check` accepts from a manifest read in part: listed, or ``elsewhere``."""
-
-    def __init__(self, listed: Container[str], elsewhere: Callable[[str], bool]) -> None:
-        self.listed, self.elsewhere = listed, elsewhere
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.listed or (isinstance(key, str) and self.elsewhere(key))
-
-
-def prune(tree: Any, gone: Callable[[str], bool]) -> Any:
-    """The tree less each mapping entry all of whose tensors are ``gone``.
-
-    What a reader of part of a checkpoint rebuilds: one rank of a multi-rank restore reads
-    the per-rank manifests it needs, and another rank's own state (its RNG under
-    ``rng/rank00005``) is an entry whose tensors are all in a manifest it did not read.
-    Only entries of plain mappings are dropped, whole (an entry that also holds tensors
-    this reader has is kept, and pruned inside); a ``gone`` reference inside a list or a
-    tagged value beside ones this reader has stays, and :func:`decode` refuses it
-    (``CK-M009``). Whether a key is ``gone`` is the caller's test: a partial manifest's
-    :meth:`~ckptkit.manifest.Manifest.elsewhere`, never true for a key it must have.
-
-    Example:
-        >>> t = {"rng": {"rank00000": {"$t": "tensor", "key": "rng/rank00000/t"},
-        ...              "rank00001": {"$t": "tensor", "key": "rng/rank00001/t"}}, "step": 3}
-        >>> prune(t, lambda k: k.startswith("rng/rank00001/"))
-        {'rng': {'rank00000': {'$t': 'tensor', 'key': 'rng/rank00000/t'}}, 'step': 3}
-    """
-
-    def walk(x: Any) -> Any:
-        if not isinstance(x, dict) or TAG in x:
-            return x
-        out = {}
-        for k, v in x.items():
-            refs = [key for _, key in iter_tensor_refs(v)]
-            away = [gone(key) for key in refs]
-            if refs and all(away):
-                continue
-            out[k] = walk(v) if any(away) else v
-        return out
-
-    return walk(tree)
+    rebuild(tree, known=dtypes, leaf=leaf)
 
 
 class _StandIn:

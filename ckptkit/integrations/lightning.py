@@ -64,12 +64,13 @@ from ckptkit import guard as guard_mod
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
-from ckptkit.capture.state import TrainState, rank_key
+from ckptkit.capture.state import TrainState
 from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError, IntegrityError, StateError
 from ckptkit.foreign.adopt import Notes
 from ckptkit.foreign.report import verify_foreign
 from ckptkit.layouts.lightning import LightningLayout
+from ckptkit.manifest import rank_key
 from ckptkit.observe import row_hashes
 from ckptkit.recorder import Recorder
 from ckptkit.records import GUARD_KEY

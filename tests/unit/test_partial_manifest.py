@@ -2,9 +2,10 @@
 
 A restoring rank reads the root and only the rank manifests it needs
 (``Manifest.from_json(..., only=)``); the root records what each rank manifest holds
-(``RankRef.files``/``heads``), so the reader knows which entries it went without. Those,
-and only those, are passed over: a tensor the tree references that no read manifest lists
-and no unread one may hold is refused as in a full read. The gloo runs are
+(``RankRef.files``/``heads``), so the reader knows which files it went without. Each
+rank's RNG state is in its own manifest, so the tree read holds the states of the ranks
+read and references nothing an unread manifest lists: a tensor it references that no read
+manifest lists is refused as in a full read. The gloo runs are
 ``tests/integration/distributed/test_rank_manifests.py``.
 """
 
@@ -32,10 +33,11 @@ def rank_manifest(rank: int) -> mf.RankManifest:
     if rank == 0:
         files.append(mf.FileEntry("model.safetensors", 16, "1" * 32, rank=0))
         tensors.append(mf.TensorEntry("model/w", "model.safetensors", "F32", (4,), (0, 16)))
-    return mf.RankManifest(rank, 7, tuple(files), tuple(tensors))
+    state = {"torch": tensor(f"rng/rank{rank:05d}/torch"), "rank": rank}
+    return mf.RankManifest(rank, 7, tuple(files), tuple(tensors), rng=state)
 
 
-def tensor(key: str) -> dict[str, str]:
+def tensor(key: str) -> dict[str, object]:
     return {"$t": "tensor", "key": key}
 
 
@@ -47,12 +49,7 @@ def written(tree_extra: dict[str, object] | None = None) -> tuple[bytes, dict[st
         data = rank_manifest(r).to_json().encode()
         blobs[mf.rank_manifest_path(r)] = data
         refs.append(rank_manifest(r).ref(data))
-    tree = {
-        "model": {"w": tensor("model/w")},
-        "rng": {f"rank{r:05d}": {"torch": tensor(f"rng/rank{r:05d}/torch"), "rank": r}
-                for r in range(WORLD)},
-        **(tree_extra or {}),
-    }
+    tree = {"model": {"w": tensor("model/w")}, **(tree_extra or {})}
     root = mf.Manifest(files=(), tensors=(), tree=tree, components={}, env={}, step=7,
                        ranks=tuple(refs))
     return root.to_json().encode(), blobs
@@ -85,29 +82,25 @@ def test_a_partial_read_fetches_only_the_ranks_asked_for() -> None:
     assert fetched == [0, 2]
     assert m.read_ranks == {0, 2} and not m.complete
     assert {t.key for t in m.tensors} == {"model/w", "rng/rank00000/torch", "rng/rank00002/torch"}
-    assert m.elsewhere(key="rng/rank00001/torch") and m.elsewhere(file="rng-rank00003.safetensors")
-    assert not m.elsewhere(key="rng/rank00002/torch") and not m.elsewhere(key="model/w")
-    # What it rebuilds: the other ranks' RNG entries are left out, whole; nothing else.
-    assert set(m.readable_tree()["rng"]) == {"rank00000", "rank00002"}
-    assert m.readable_tree()["model"] == m.tree["model"]
+    assert m.elsewhere("rng-rank00003.safetensors") and not m.elsewhere("rng-rank00002.safetensors")
+    # Its tree: the RNG states of the ranks read, and everything the root holds.
+    assert set(m.tree["rng"]) == {"rank00000", "rank00002"} and m.tree["model"] == {"w": tensor("model/w")}
     # The root itself is the same: digest and serialisation as a full read's.
     full, fetched_all = read(root, blobs, None)
     assert fetched_all == [0, 1, 2, 3] and full.complete and full.read_ranks is None
-    assert m.digest == full.digest and m.to_json() == full.to_json()
-    assert not full.elsewhere(key="rng/rank00001/torch")
+    assert set(full.tree["rng"]) == {f"rank{r:05d}" for r in range(WORLD)}
+    assert m.digest == full.digest and m.to_json() == full.to_json() and m.to_json().encode() == root
+    assert not full.elsewhere("rng-rank00003.safetensors")
 
 
 def test_a_needed_tensor_no_read_manifest_lists_is_refused() -> None:
-    # "model/ghost": rank 0, read, holds the model; no unread manifest holds "model".
-    root, blobs = written({"extra": tensor("model/ghost")})
-    with pytest.raises(ManifestError) as info:
-        read(root, blobs, {0})
-    assert info.value.code == codes.M009 and "model/ghost" in str(info.value)
-    # Nor may an unread rank's head cover a key of another head: "opt/x" is nobody's.
-    root, blobs = written({"opt": tensor("opt/x")})
-    with pytest.raises(ManifestError) as info:
-        read(root, blobs, {0, 1})
-    assert info.value.code == codes.M009
+    # "model/ghost": no manifest lists it; "rng/rank00003/torch": one the reader did not
+    # read lists it, but the root's tree holds no rank's RNG state, so it may not refer to it.
+    for key in ("model/ghost", "rng/rank00003/torch"):
+        root, blobs = written({"extra": tensor(key)})
+        with pytest.raises(ManifestError) as info:
+            read(root, blobs, {0})
+        assert info.value.code == codes.M009 and key in str(info.value)
 
 
 def test_an_unindexed_rank_manifest_is_always_read() -> None:
@@ -140,8 +133,26 @@ def test_each_restoring_rank_reads_the_shared_manifests_and_its_rng_source() -> 
     # Four ranks or more read every rank manifest between them; two do not.
     assert read_together(m, WORLD) and read_together(m, 8) and not read_together(m, 2)
     # DCP storage: which files a rank reads is DCP's plan; it reads every manifest.
-    dcp = replace(m, tree={**m.tree, "dcp": {"keys": ["model"]}})
-    assert manifests_to_read(dcp, 1) is None
+    dcp_root, dcp_blobs = written({"dcp": {"keys": ["model"]}})
+    assert manifests_to_read(read(dcp_root, dcp_blobs, None)[0], 1) is None
+
+
+def test_a_root_holding_the_rng_states_itself_is_read_whole() -> None:
+    # ckptkit 0.3's first per-rank layout: the root's tree references every rank's RNG
+    # tensors, so no reader may leave a rank manifest out.
+    blobs: dict[str, bytes] = {}
+    refs, states = [], {}
+    for r in range(WORLD):
+        m = replace(rank_manifest(r), rng=None)
+        blobs[mf.rank_manifest_path(r)] = m.to_json().encode()
+        refs.append(m.ref(blobs[mf.rank_manifest_path(r)]))
+        states[f"rank{r:05d}"] = rank_manifest(r).rng
+    root = mf.Manifest(files=(), tensors=(), tree={"model": {"w": tensor("model/w")}, "rng": states},
+                       components={}, env={}, step=7, ranks=tuple(refs))
+    m, fetched = read(root.to_json().encode(), blobs, None)
+    assert fetched == [0, 1, 2, 3] and set(m.tree["rng"]) == set(states)
+    assert [manifests_to_read(m, r) for r in range(WORLD)] == [None] * WORLD
+    assert manifests_to_read(mf.Manifest.from_dict(json.loads(root.to_json())), 2) is None
 
 
 def test_a_rank_whose_own_rng_state_was_not_read_refuses_the_restore() -> None:

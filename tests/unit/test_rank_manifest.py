@@ -20,25 +20,32 @@ from ckptkit.errors import CkptkitError, ManifestError, SignatureError
 KEY = b"k" * 32
 
 
-def rank_manifest(rank: int, step: int = 7) -> mf.RankManifest:
+def rng_state(rank: int) -> dict[str, Any]:
+    return {"torch": {"$t": "tensor", "key": f"rng/rank{rank:05d}/torch"}, "rank": rank}
+
+
+def rank_manifest(rank: int, step: int = 7, *, rng: bool = True) -> mf.RankManifest:
+    """Rank ``rank``'s RNG file and state (``rng=False``: the state left to the root, as
+    ckptkit 0.3's first per-rank layout wrote it)."""
     f = mf.FileEntry(f"rng-rank{rank:05d}.safetensors", 8, "0" * 32, component="rng", rank=rank)
     t = mf.TensorEntry(f"rng/rank{rank:05d}/torch", f.path, "F32", (2,), (0, 8))
-    return mf.RankManifest(rank, step, (f,), (t,))
+    return mf.RankManifest(rank, step, (f,), (t,), rng=rng_state(rank) if rng else None)
 
 
 def written(
-    world: int = 3, key: bytes | None = None
+    world: int = 3, key: bytes | None = None, *, legacy: bool = False
 ) -> tuple[bytes, dict[str, bytes]]:
-    """A root's bytes and its rank manifests' bytes by path, as a save writes them."""
+    """A root's bytes and its rank manifests' bytes by path, as a save writes them
+    (``legacy``: the RNG states in the root's tree)."""
     blobs: dict[str, bytes] = {}
     refs = []
     for r in range(world):
-        m = rank_manifest(r)
+        m = rank_manifest(r, rng=not legacy)
         data = (m.signed(key) if key else m).to_json().encode()
         blobs[mf.rank_manifest_path(r)] = data
         refs.append(m.ref(data))
-    tree = {"rng": {f"rank{r:05d}": {"torch": {"$t": "tensor", "key": f"rng/rank{r:05d}/torch"}}
-                    for r in range(world)}}
+    tree = {"step": 7, **({"rng": {mf.rank_key(r): rng_state(r) for r in range(world)}}
+                          if legacy else {})}
     root = mf.Manifest(
         files=(), tensors=(), tree=tree, components={}, env={}, step=7, ranks=tuple(refs)
     )
@@ -63,9 +70,57 @@ def test_a_root_reads_back_with_every_ranks_entries() -> None:
     m = read(root, blobs)
     assert [f.rank for f in m.files] == [0, 1, 2]
     assert len(m.tensors) == 3 and len(m.ranks) == 3
+    # Each rank's RNG state is in its own manifest; the reader puts it in the tree.
+    assert "rng" not in obj["tree"] and json.loads(blobs[mf.rank_manifest_path(2)])["rng"] == rng_state(2)
+    assert m.tree == {"step": 7, "rng": {mf.rank_key(r): rng_state(r) for r in range(3)}}
+    assert m.root_tree == obj["tree"]
     # The manifest read back serialises to the root it came from (same digest).
     assert m.to_json().encode() == root
     assert m.digest == obj["manifest_digest"]
+
+
+def test_a_root_holding_the_rng_states_itself_still_reads() -> None:
+    # ckptkit 0.3's first per-rank layout: the same manifest once read.
+    root, blobs = written(legacy=True)
+    new_root, new_blobs = written()
+    assert read(root, blobs).tree == read(new_root, new_blobs).tree
+    assert read(root, blobs).to_json().encode() == root
+
+
+def test_a_rank_state_the_tree_cannot_take_is_refused() -> None:
+    root, blobs = written()
+    # A state in the root and in its rank manifest: which one is meant is unknowable.
+    both = _edited_root(root, lambda o: o["tree"].update(rng={mf.rank_key(1): rng_state(1)}))
+    e = _refusal(both, blobs)
+    assert e.code == codes.M003 and "RNG state of rank00001 too" in str(e)
+    for tree in (None, [], {"rng": None}, {"rng": [1]}):
+        e = _refusal(_edited_root(root, lambda o, t=tree: o.update(tree=t)), blobs)
+        assert e.code == codes.M003 and "not a mapping" in str(e), (tree, e)
+
+
+def test_a_rank_state_may_reference_only_its_own_manifests_tensors() -> None:
+    # Rank 2's state pointing at rank 1's tensor: listed (a full read), but not its own.
+    _, blobs = written()
+    bad = replace(rank_manifest(2), rng={**rng_state(2), "torch": rng_state(1)["torch"]})
+    blobs[mf.rank_manifest_path(2)] = bad.to_json().encode()
+    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    root = mf.Manifest(files=(), tensors=(), tree={}, components={}, env={}, step=7,
+                       ranks=tuple(refs)).to_json().encode()
+    e = _refusal(root, blobs)
+    assert e.code == codes.M009 and "rng/rank00001/torch" in str(e) and "rank-00002" in str(e)
+
+
+def test_a_rank_state_nested_past_the_tree_limit_is_refused_before_its_digest() -> None:
+    deep: Any = 0
+    for _ in range(mf.tree.MAX_NESTING - 1):  # within the limit alone, not at tree/rng/rankN
+        deep = [deep]
+    _, blobs = written()
+    blobs[mf.rank_manifest_path(1)] = replace(rank_manifest(1), rng=deep).to_json().encode()
+    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    root = mf.Manifest(files=(), tensors=(), tree={}, components={}, env={}, step=7,
+                       ranks=tuple(refs)).to_json().encode()
+    e = _refusal(root, blobs)
+    assert e.code == codes.M006 and "rank-00001" in str(e)
 
 
 def test_a_world_of_one_stays_version_1() -> None:

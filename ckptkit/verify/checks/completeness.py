@@ -110,6 +110,8 @@ def rng_ranks(ctx: CheckContext) -> Iterator[Finding]:
         rank = st.decimal(key[4:]) if isinstance(key, str) and key.startswith("rank") else None
         if rank is not None:
             ranks.add(rank)
+    if ctx.manifest is not None:
+        ranks |= ctx.manifest.rng_ranks  # of a restoring rank's manifest, the unread ranks' too
     if not ranks:
         return  # nothing recorded per rank (not a TrainState layout)
     inside = {r for r in ranks if r < world}
@@ -269,8 +271,6 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                     )
                     continue
                 for _path, key in st_tree_refs(node):
-                    if m.elsewhere(key=key):
-                        continue  # a restoring rank's manifest: another rank's entry
                     rel = tensor_file.get(key)
                     why = (
                         "is not listed among the manifest's tensors" if rel is None
@@ -285,7 +285,7 @@ def claimed_without_bytes(ctx: CheckContext) -> Iterator[Finding]:
                         )
                         break
                 continue
-            if m.elsewhere(file=w):
+            if m.elsewhere(w):
                 continue  # a restoring rank's manifest: a file of a rank it does not read
             why = _file_problem(ctx, w)
             if why is not None:

@@ -511,8 +511,7 @@ def _stand_in_tree(ctx: CheckContext) -> object:
             return torch.empty(0, device="meta")  # integrity reports the malformed entry
 
     try:
-        # A restoring rank's manifest may hold some ranks' entries only: the tree it loads.
-        return tree_mod.rebuild(man.readable_tree(), known=entries, leaf=leaf)
+        return tree_mod.rebuild(man.tree, known=entries, leaf=leaf)
     except CkptkitError:
         return None
 

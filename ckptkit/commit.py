@@ -482,11 +482,18 @@ class StateSave:
     def build(self, parts: list[RankPart], tmp: Location) -> mf.Manifest:
         """Rank 0: merge every rank's part into one manifest (the identity for one rank).
 
-        In a multi-rank save it is a root: it lists the ranks' manifests in ``tmp`` and
-        holds the run-level facts (step, tree, components, environment, health), none of
-        the entries and none of the ranks' RNG states. The manifest returned has them too,
-        read back from those manifests (rank 0 alone, for the checks before the commit);
-        only the root is written.
+        In a multi-rank save it is a root (:meth:`root`). The manifest returned has the
+        entries and the ranks' RNG states too, read back from the rank manifests in ``tmp``
+        (rank 0 alone, for the checks before the commit); only the root is written.
+        """
+        return manifest_io.with_ranks(tmp, self.root(parts), key=self.key)
+
+    def root(self, parts: list[RankPart]) -> mf.Manifest:
+        """Rank 0: the manifest it commits, from every rank's part.
+
+        In a multi-rank save it is a root: it lists the ranks' manifests and holds the
+        run-level facts (step, tree, components, environment, health), none of the entries
+        and none of the ranks' RNG states. For one rank, the whole manifest.
         """
         tree_ = dict(self.encoded.tree)
         comps = dict(self.comps)
@@ -527,10 +534,7 @@ class StateSave:
                     comps[name] = replace(comps[name], where=tuple(sorted(dcp_files)))
         comps = fill_where(comps, {head: list(paths) for head, paths in by_head.items()})
         man = _manifest(tree_, files, comps, self.env, self.step, self.fields)
-        refs = tuple(p.ref for p in parts if p.ref is not None)
-        if not refs:
-            return man
-        return manifest_io.with_ranks(tmp, replace(man, ranks=refs), key=self.key)
+        return replace(man, ranks=tuple(p.ref for p in parts if p.ref is not None))
 
 
 def save_state(

@@ -330,6 +330,13 @@ class Catalog:
         ``touch -r``) must not be vouched for by what an earlier version said (retention
         decides deletions on this). Manifests are small: reading one is cheap.
 
+        Of a multi-rank checkpoint it reads the root alone (a partial manifest without
+        entries, :attr:`~ckptkit.manifest.Manifest.read_ranks` empty): what a listing
+        needs is there (step, health, pins, replicas, its digest and every file's size,
+        :meth:`~ckptkit.manifest.Manifest.file_sizes`), and the rank manifests, read by
+        a restore or a verify, are checked here only by their size, as the data files
+        are. A root that does not record its files' sizes is read whole.
+
         Raises:
             IncompleteCheckpointError: no manifest (``CK-M001``).
             ManifestError: the manifest is invalid (its ``CK-M`` code).
@@ -347,7 +354,9 @@ class Catalog:
         hit = self._manifests.get(str(ckpt))
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
-        man = manifest_io.parse(ckpt, data, key=self.key)
+        man = manifest_io.parse(ckpt, data, key=self.key, only=lambda _root: ())
+        if man.file_sizes() is None:
+            man = manifest_io.parse(ckpt, data, key=self.key)
         self._manifests[str(ckpt)] = (version, man, man.digest)
         return man, man.digest
 
@@ -737,13 +746,16 @@ _INDEX_FIX = (
 
 
 def _changed_files(path: Location, man: mf.Manifest) -> list[str]:
-    """Listed files that are missing or whose size differs from the manifest's (one
-    listing of the checkpoint: a local walk, or one request on an object store)."""
+    """Listed files (rank manifests too) that are missing or whose size differs from the
+    manifest's (one listing of the checkpoint: a local walk, or one request on an object
+    store)."""
     try:
         sizes = dict(fs.walk_files(path))
     except OSError:
         sizes = {}
-    return [f.path for f in man.files if sizes.get(f.path) != f.size]
+    listed = man.file_sizes()
+    assert listed is not None  # a manifest read in part records them (Catalog.manifest)
+    return [p for p, n in listed.items() if sizes.get(p) != n]
 
 
 def whole(path: Location) -> bool:

@@ -279,6 +279,9 @@ class RankRef:
     heads: tuple[str, ...] | None = None
     """The top-level state keys whose tensors its manifest lists, sorted (None: not
     recorded)."""
+    sizes: tuple[int, ...] | None = None
+    """The sizes of :attr:`files`, in the same order (None: not recorded): a run's listing
+    checks the files are there at these sizes without reading the rank manifest."""
 
     @property
     def indexed(self) -> bool:
@@ -293,12 +296,14 @@ class RankRef:
             out["files"] = list(self.files)
         if self.heads is not None:
             out["heads"] = list(self.heads)
+        if self.sizes is not None:
+            out["sizes"] = list(self.sizes)
         return out
 
     @classmethod
     def from_dict(cls, r: Mapping[str, Any]) -> RankRef:
         """Build from a validated ``ranks[]`` item of a root."""
-        files, heads = r.get("files"), r.get("heads")
+        files, heads, sizes = r.get("files"), r.get("heads"), r.get("sizes")
         return cls(
             r["rank"],
             r["path"],
@@ -306,6 +311,7 @@ class RankRef:
             r["xxh3_128"],
             tuple(files) if files is not None else None,
             tuple(heads) if heads is not None else None,
+            tuple(sizes) if sizes is not None else None,
         )
 
 
@@ -401,6 +407,7 @@ class RankManifest:
             digest.hexdigest_bytes(data),
             files=tuple(f.path for f in self.files),
             heads=tuple(sorted({head_of(t.key) for t in self.tensors})),
+            sizes=tuple(f.size for f in self.files),
         )
 
 
@@ -481,6 +488,29 @@ class Manifest:
             (True, False)
         """
         return file in self._unread
+
+    def file_sizes(self) -> dict[str, int] | None:
+        """Every file of the checkpoint with the size recorded for it: the files of the
+        entries read, each rank manifest (its size in the root), and the files of unread
+        rank manifests as the root records them (:attr:`RankRef.sizes`). None when the
+        root does not record them for an unread rank (its manifest must be read).
+
+        Example:
+            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("a.st",), (), (5,))
+            >>> Manifest(files=(), tensors=(), tree=None, components={}, env={},
+            ...     ranks=(ref,), read_ranks=frozenset()).file_sizes()
+            {'ranks/rank-00001.json': 9, 'a.st': 5}
+        """
+        out = {r.path: r.size for r in self.ranks}
+        out.update((f.path, f.size) for f in self.files)
+        read = self.read_ranks
+        for r in self.ranks:
+            if read is None or r.rank in read:
+                continue
+            if r.files is None or r.sizes is None:
+                return None
+            out.update(zip(r.files, r.sizes, strict=True))
+        return out
 
     @cached_property
     def rng_ranks(self) -> frozenset[int]:
@@ -961,8 +991,13 @@ def _parse(
         root_tree = obj["tree"]
         obj, read = _merged(obj, path, key, ranks, only)
     check_semantics(obj, path=path)
+    listed = {t["key"]: t["dtype"] for t in obj["tensors"]}
+    elsewhere = None
+    if read is not None:  # what an unread rank manifest may hold is not refused here
+        unread = [RankRef.from_dict(r) for r in obj["ranks"] if r["rank"] not in read]
+        elsewhere = held_elsewhere(unread, listed)
     try:
-        tree.check(obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]})
+        tree.check(obj["tree"], listed, elsewhere=elsewhere)
     except ManifestError as e:
         raise ManifestError(e.what, path=path, code=e.code, hint=e.hint) from None
     return obj, read, root_tree
@@ -981,8 +1016,7 @@ def _merged(
 
     The one merge: a full read and a partial one run the same checks on every manifest
     they read; a partial one also returns the ranks read (``None`` when every manifest
-    was read). The merged tree holds the RNG states of the ranks read, and nothing of an
-    unread rank: every tensor it references must be listed."""
+    was read). The merged tree holds the RNG states of the ranks read only."""
     refs = root.get("ranks")
     if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
         raise ManifestError(
@@ -1012,6 +1046,14 @@ def _merged(
     indexed: set[str] = set()
     unread: list[RankRef] = []
     for ref in all_refs:
+        if ref.sizes is not None and (ref.files is None or len(ref.sizes) != len(ref.files)):
+            raise ManifestError(
+                f"rank {ref.rank}'s record has {len(ref.sizes)} file sizes for "
+                f"{len(ref.files or ())} files",
+                path=path,
+                code=codes.M003,
+                hint="the manifest is damaged or hand-edited; roll back",
+            )
         for p in ref.files or ():
             if p in indexed:
                 raise ManifestError(
@@ -1042,6 +1084,23 @@ def _merged(
     if not unread:
         return merged, None
     return merged, frozenset(seen - {ref.rank for ref in unread})
+
+
+def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:
+    """The test for a tensor key that a reader of part of a checkpoint does not have
+    because a rank manifest it did not read (``unread``) may hold it: not ``listed`` by
+    the manifests read, and of a top-level key one of ``unread`` records
+    (:attr:`RankRef.heads`). The parse's tree check passes over exactly these (a run's
+    listing reads the root alone; a restoring rank reads every manifest its tree needs).
+
+    Example:
+        >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), ("rng",))
+        >>> held = held_elsewhere([ref], {"rng/rank00000/t"})
+        >>> held("rng/rank00001/t"), held("rng/rank00000/t"), held("model/w")
+        (True, False, False)
+    """
+    heads = {h for ref in unread for h in ref.heads or ()}
+    return lambda k: k not in listed and head_of(k) in heads
 
 
 def _grafted(root_tree: Any, states: Mapping[str, Any], path: str) -> Any:
@@ -1108,9 +1167,11 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
             code=codes.M013,
             hint="a rank manifest of another checkpoint was copied here; roll back",
         )
-    if ref.files is not None and list(ref.files) != [f["path"] for f in obj["files"]]:
+    if (ref.files is not None and list(ref.files) != [f["path"] for f in obj["files"]]) or (
+        ref.sizes is not None and list(ref.sizes) != [f["size"] for f in obj["files"]]
+    ):
         raise ManifestError(
-            "lists other files than the root records for it",
+            "lists other files (or sizes) than the root records for it",
             path=path,
             code=codes.M013,
             hint="the rank manifest or the root is damaged or hand-edited; roll back",

@@ -113,11 +113,13 @@ def read_path(
     )
 
 
-def parse(ckpt_dir: Location, text: bytes, *, key: bytes | None = None) -> Manifest:
+def parse(
+    ckpt_dir: Location, text: bytes, *, key: bytes | None = None, only: RankSelect | None = None
+) -> Manifest:
     """Validate the bytes of ``ckpt_dir/manifest.json`` read already (a cache that keys
     on them): as :func:`read`, rank manifests read from ``ckpt_dir``."""
     where = fs.url(ckpt_dir / MANIFEST_NAME)
-    return Manifest.from_json(text, path=where, key=key, ranks=_rank_reader(ckpt_dir))
+    return Manifest.from_json(text, path=where, key=key, ranks=_rank_reader(ckpt_dir), only=only)
 
 
 def _rank_reader(ckpt_dir: Location) -> RankFetch:

@@ -472,12 +472,17 @@ def decode(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return rebuild(tree, known=tensors, leaf=leaf)
 
 
-def check(tree: Any, dtypes: Mapping[str, str]) -> None:
+def check(
+    tree: Any, dtypes: Mapping[str, str], *, elsewhere: Callable[[str], bool] | None = None
+) -> None:
     """Run :func:`decode` on a tree without tensor bytes: raise what ``load`` would raise.
 
     Args:
         tree: the encoded tree.
         dtypes: tensor key -> safetensors dtype name, as the manifest lists them.
+        elsewhere: for a manifest read in part (the root alone, as a run's listing reads
+            it): True for a key a rank manifest not read may hold; such a reference is
+            not refused here. Every other key must be listed.
 
     Raises:
         ManifestError: ``CK-M009``, as :func:`decode`.
@@ -490,12 +495,24 @@ def check(tree: Any, dtypes: Mapping[str, str]) -> None:
         ckptkit.errors.ManifestError: CK-M009 the state tree cannot be rebuilt at 'tree': ...
     """
     def leaf(tag: str, key: str, ref: Mapping[str, Any]) -> Any:
+        if key not in dtypes:  # listed by a manifest not read here (``elsewhere``)
+            return _StandIn()
         dt = DTYPES.get(dtypes[key])
         if tag == "ndarray" and (dt is None or dt not in _NUMPY_DTYPES):
             raise _Malformed(f"tensor {key!r} of dtype {dt} cannot be a numpy array")
         return _StandIn()  # not a plain value either: refused as a dict key, as a tensor is
 
-    rebuild(tree, known=dtypes, leaf=leaf)
+    rebuild(tree, known=dtypes if elsewhere is None else _Either(dtypes, elsewhere), leaf=leaf)
+
+
+class _Either:
+    """The keys :func:`check` accepts from a manifest read in part: listed, or ``elsewhere``."""
+
+    def __init__(self, listed: Container[str], elsewhere: Callable[[str], bool]) -> None:
+        self.listed, self.elsewhere = listed, elsewhere
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.listed or (isinstance(key, str) and self.elsewhere(key))
 
 
 class _StandIn:

@@ -94,13 +94,48 @@ def test_a_partial_read_fetches_only_the_ranks_asked_for() -> None:
 
 
 def test_a_needed_tensor_no_read_manifest_lists_is_refused() -> None:
-    # "model/ghost": no manifest lists it; "rng/rank00003/torch": one the reader did not
-    # read lists it, but the root's tree holds no rank's RNG state, so it may not refer to it.
-    for key in ("model/ghost", "rng/rank00003/torch"):
-        root, blobs = written({"extra": tensor(key)})
-        with pytest.raises(ManifestError) as info:
-            read(root, blobs, {0})
-        assert info.value.code == codes.M009 and key in str(info.value)
+    # "model/ghost": rank 0, read, holds the model; no unread manifest holds "model".
+    root, blobs = written({"extra": tensor("model/ghost")})
+    with pytest.raises(ManifestError) as info:
+        read(root, blobs, {0})
+    assert info.value.code == codes.M009 and "model/ghost" in str(info.value)
+    # Nor may an unread rank's head cover a key of another head: "opt/x" is nobody's.
+    root, blobs = written({"opt": tensor("opt/x")})
+    with pytest.raises(ManifestError) as info:
+        read(root, blobs, {0, 1})
+    assert info.value.code == codes.M009
+
+
+def test_the_root_alone_reads_and_records_every_files_size() -> None:
+    # A run's listing: no rank manifest read; the tree's references to entries the rank
+    # manifests hold are not refused, and every file's size is known from the root.
+    root, blobs = written()
+    m, fetched = read(root, blobs, ())
+    assert fetched == [] and m.read_ranks == frozenset() and m.files == ()
+    assert m.digest == read(root, blobs, None)[0].digest
+    sizes = m.file_sizes()
+    assert sizes is not None and sizes == read(root, blobs, None)[0].file_sizes()
+    assert sizes["model.safetensors"] == 16 and sizes["ranks/rank-00003.json"] == len(
+        blobs["ranks/rank-00003.json"])
+    # A root that does not record an unread rank's sizes cannot say.
+    obj = json.loads(root)
+    del obj["ranks"][2]["sizes"], obj["manifest_digest"]
+    m2, _ = read(mf.Manifest.from_dict(obj).to_json().encode(), blobs, ())
+    assert m2.file_sizes() is None
+
+
+def test_a_rank_manifest_whose_sizes_differ_from_its_record_is_refused() -> None:
+    root, blobs = written()
+    obj = json.loads(root)
+    obj["ranks"][1]["sizes"] = [9]
+    del obj["manifest_digest"]
+    with pytest.raises(ManifestError) as info:
+        read(mf.Manifest.from_dict(obj).to_json().encode(), blobs, None)
+    assert info.value.code == codes.M013 and "rank-00001" in str(info.value)
+    obj["ranks"][1]["sizes"] = [8, 8]  # more sizes than files: the root itself is wrong
+    with pytest.raises(ManifestError) as info:
+        read(mf.Manifest.from_dict(obj).to_json().encode(), blobs, None)
+    assert info.value.code == codes.M003
 
 
 def test_an_unindexed_rank_manifest_is_always_read() -> None:

@@ -129,11 +129,9 @@ def test_a_rank_manifest_only_one_rank_reads_fails_every_rank(
     assert codes_ == [0] * 4, after
     for rank, r in enumerate(after):
         assert r is not None and r["raised"] is not None, (rank, r)
-        # Of the restoring ranks only the victim read the damaged manifest (rank 0 also
-        # lists the run, which reads whole manifests: its count is not the restore's);
-        # every rank refuses, with the victim's code.
-        if rank != 0:
-            assert (victim in r["read"]) is (rank == victim), (rank, r["read"])
+        # Only the victim read the damaged manifest (rank 0's listing of the run reads
+        # roots alone); every rank refuses, with the victim's code.
+        assert (victim in r["read"]) is (rank == victim), (rank, r["read"])
         assert codes.M013 in r["raised"] and f"rank {victim}" in r["raised"], r["raised"]
 
 

@@ -30,7 +30,7 @@ import torch
 from ckptkit import _progress, crashpoints
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
-from ckptkit.capture.state import TrainState, grouper
+from ckptkit.capture.state import TrainState, grouper, manifests_to_read
 from ckptkit.checkpoint import manifest_io
 from ckptkit.checkpoint.read import files_by_head, fill_where, infer_components
 from ckptkit.collective import Collective, Solo, describe
@@ -482,11 +482,17 @@ class StateSave:
     def build(self, parts: list[RankPart], tmp: Location) -> mf.Manifest:
         """Rank 0: merge every rank's part into one manifest (the identity for one rank).
 
-        In a multi-rank save it is a root (:meth:`root`). The manifest returned has the
-        entries and the ranks' RNG states too, read back from the rank manifests in ``tmp``
-        (rank 0 alone, for the checks before the commit); only the root is written.
+        In a multi-rank save it is a root (:meth:`root`); only the root is written. The
+        manifest returned also has what rank 0 would read of it to restore, read back from
+        the rank manifests in ``tmp`` for the checks before the commit: its own and those
+        holding the shared state (:func:`~ckptkit.capture.state.manifests_to_read`; every
+        rank's with DCP storage). So rank 0's work before the commit does not grow with
+        ranks x tensors; the read-back verify after it (``verify_after_save``) reads every
+        rank manifest and every byte.
         """
-        return manifest_io.with_ranks(tmp, self.root(parts), key=self.key)
+        return manifest_io.with_ranks(
+            tmp, self.root(parts), key=self.key, only=lambda root: manifests_to_read(root, 0)
+        )
 
     def root(self, parts: list[RankPart]) -> mf.Manifest:
         """Rank 0: the manifest it commits, from every rank's part.

@@ -147,15 +147,25 @@ def _rank_reader(ckpt_dir: Location) -> RankFetch:
     return fetch
 
 
-def with_ranks(ckpt_dir: Location, root: Manifest, *, key: bytes | None = None) -> Manifest:
-    """``root`` (a multi-rank save's, being committed in ``ckpt_dir``) with every rank's
-    entries read from the rank manifests it lists, through the checks :func:`read` makes;
-    ``root`` itself when it lists none."""
+def with_ranks(
+    ckpt_dir: Location,
+    root: Manifest,
+    *,
+    key: bytes | None = None,
+    only: RankSelect | None = None,
+) -> Manifest:
+    """``root`` (a multi-rank save's, being committed in ``ckpt_dir``) with the entries of
+    the rank manifests it lists (``only``: of those ranks, as :func:`read`), read through
+    the checks :func:`read` makes; ``root`` itself when it lists none."""
     if not root.ranks:
         return root
     text = (root.signed(key) if key is not None else root).to_json()
     return Manifest.from_json(
-        text, path=fs.url(ckpt_dir / MANIFEST_NAME), key=key, ranks=_rank_reader(ckpt_dir)
+        text,
+        path=fs.url(ckpt_dir / MANIFEST_NAME),
+        key=key,
+        ranks=_rank_reader(ckpt_dir),
+        only=only,
     )
 
 

@@ -1,5 +1,6 @@
-"""A run's listing of a multi-rank checkpoint reads the root alone (issue 27: manifest work
-on rank 0 does not grow with ranks x tensors).
+"""Rank 0's manifest work on a multi-rank checkpoint does not grow with ranks x tensors
+(issue 27): a run's listing reads the root alone, and a save reads back, before its
+commit, only what rank 0 would read to restore.
 
 ``ls``, retention and a restore's choice of candidates list every checkpoint of the run;
 each used to read every rank manifest of each. The root records each rank manifest's size
@@ -21,6 +22,7 @@ from threadranks import ThreadRank, on_ranks
 import ckptkit
 from ckptkit import codes
 from ckptkit import manifest as mf
+from ckptkit.capture.state import manifests_to_read
 from ckptkit.catalog import Catalog
 from ckptkit.checkpoint import manifest_io
 from ckptkit.commit import save_state
@@ -31,21 +33,26 @@ WORLD = 4
 STEP = "step-00000003"
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> Path:
-    """A run holding one 4-rank checkpoint, recorded verified (a full read of it)."""
-    root = tmp_path / "run"
+def save(root: Path) -> list[mf.Manifest | None]:
+    """Save a 4-rank checkpoint of one small model at step 3; what each rank returned."""
 
-    def one(rank: ThreadRank) -> None:
+    def one(rank: ThreadRank) -> mf.Manifest | None:
         torch.manual_seed(0)
         ts = ckptkit.TrainState(
             model=torch.nn.Linear(4, 4),
             step=3,
             parallel=ckptkit.ParallelConfig(world_size=WORLD, rank=rank.rank),
         )
-        save_state(ts, root / STEP, coll=rank, fsync=False)
+        return save_state(ts, root / STEP, coll=rank, fsync=False)
 
-    on_ranks(WORLD, one)
+    return on_ranks(WORLD, one)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    """A run holding one 4-rank checkpoint, recorded verified (a full read of it)."""
+    root = tmp_path / "run"
+    save(root)
     ckpt = fs.location(root / STEP)
     Catalog(root).record(ckpt, manifest_io.read(ckpt), "verified", why=None)
     return root
@@ -115,3 +122,16 @@ def test_a_root_without_its_files_sizes_is_listed_from_a_full_read(run: Path) ->
     assert read == list(range(WORLD)) and info.status == "committed"
     man, _ = Catalog(run).manifest(fs.location(ckpt))
     assert man.complete and man.file_sizes() == full.file_sizes()
+
+
+def test_a_save_reads_back_before_its_commit_what_rank_0_would_restore(tmp_path: Path) -> None:
+    manifest_io.rank_reads.clear()
+    man = save(tmp_path / "run")[0]
+    assert man is not None
+    want = manifests_to_read(man, 0)
+    assert want is not None and len(want) < WORLD  # some rank manifest is left unread
+    assert sorted(manifest_io.rank_reads) == sorted(want) and man.read_ranks == want
+    # What was committed is the root, and the checkpoint reads back whole.
+    full = manifest_io.read(tmp_path / "run" / STEP)
+    assert full.digest == man.digest and len(full.ranks) == WORLD
+    assert ckptkit.verify(tmp_path / "run" / STEP).ok

@@ -811,7 +811,7 @@ def report(res: dict[str, Any]) -> str:
         lines += [
             "Real runs (gloo, all ranks on this host; rank 0 | worst other rank):", "",
             "| ranks | T/rank | commit | commit peak RSS | ckptkit coll. bytes/rank | "
-            "all obj. coll. bytes/rank | manifest | DCP .metadata | parse | restore plan | verify (rank 0) |",
+            "all obj. coll. bytes/rank | root + rank manifests | DCP .metadata | parse | restore plan | verify (rank 0) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in res["real"]:
@@ -830,7 +830,8 @@ def report(res: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['world']} | {r['tensors']} | {both('commit_s', _fmt_s)} | "
                 f"{both('commit_rss', _fmt_b)} | {io('ck')} | {io('obj')} | "
-                f"{_fmt_b(r['manifest_bytes'])} | {_fmt_b(r['dcp_metadata_bytes'])} | "
+                f"{_fmt_b(r['manifest_bytes'])} + {_fmt_b(a.get('rank_manifests_bytes'))} | "
+                f"{_fmt_b(r['dcp_metadata_bytes'])} | "
                 f"{both('parse_s', _fmt_s)} | {both('plan_s', _fmt_s)} | {_fmt_s(a.get('verify_s'))} |")
         lines += ["", "Real runs, rank 0, fitted on the runs above (x = W*T; with W processes on "
                   "this host's cores):", ""]

@@ -55,7 +55,8 @@ process (its peak RSS from a clean heap):
 
 A point predicted (from the largest point run so far, linear in W*T) to exceed
 ``--budget-s`` or ``--budget-gib`` is not run; its figures are extrapolated from a least
-squares fit ``a + b*W*T`` over the points that ran, and marked so. The manifest work is
+squares fit ``a + w*W + b*W*T`` over the points that ran (a cost per rank manifest besides
+the cost per entry; ``a + b*W*T`` where the points cannot tell them apart), and marked so. The manifest work is
 one function per phase (:func:`commit_rank0`, :func:`parse_manifest`,
 :func:`plan_restore`, :func:`partial_manifest_work`): point them at new code and rerun.
 
@@ -598,9 +599,24 @@ def fit_of(points: list[tuple[float, float]], x: str, unit: str) -> dict[str, An
     return {"a": a, "b": b, "x": x, "unit": unit, "points": len(points)}
 
 
-def at(fit: dict[str, Any], x: float) -> float:
-    """The fit's value at ``x``."""
-    return float(fit["a"] + fit["b"] * x)
+def fit_per_rank(points: list[tuple[int, int, float]], unit: str) -> dict[str, Any]:
+    """Least squares ``y = a + w*W + b*W*T`` over ``(W, W*T, y)`` points: a cost per rank
+    manifest (opening it, its RNG state, its schema check) besides the cost per entry.
+    Falls back to :func:`fit_of` in W*T where the points cannot tell the two apart."""
+    import numpy as np
+
+    if len(points) >= 3:
+        a = np.array([[1.0, w, n] for w, n, _ in points])
+        if np.linalg.matrix_rank(a) == 3:
+            c = np.linalg.lstsq(a, np.array([y for *_, y in points], dtype=float), rcond=None)[0]
+            return {"a": float(c[0]), "w": float(c[1]), "b": float(c[2]), "x": "W*T",
+                    "unit": unit, "points": len(points)}
+    return fit_of([(n, y) for _, n, y in points], "W*T", unit)
+
+
+def at(fit: dict[str, Any], x: float, world: float = 0.0) -> float:
+    """The fit's value at ``x`` (and ``world`` ranks, for :func:`fit_per_rank`)."""
+    return float(fit["a"] + fit.get("w", 0.0) * world + fit["b"] * x)
 
 
 def run_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -652,10 +668,12 @@ def run_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         rows.append(row)
     fits: dict[str, dict[str, Any]] = {}
     for ph in SIM_MEASURED:
-        fits[f"{ph} seconds"] = fit_of([(r["entries"], r[ph]["s"]) for r in ran], "W*T", "s")
-        fits[f"{ph} peak RSS"] = fit_of([(r["entries"], r[ph]["rss"]) for r in ran], "W*T", "bytes")
-    fits["rank 0's read-back seconds"] = fit_of(
-        [(r["entries"], r["commit_rank0"]["readback_s"]) for r in ran], "W*T", "s")
+        fits[f"{ph} seconds"] = fit_per_rank(
+            [(r["world"], r["entries"], r[ph]["s"]) for r in ran], "s")
+        fits[f"{ph} peak RSS"] = fit_per_rank(
+            [(r["world"], r["entries"], r[ph]["rss"]) for r in ran], "bytes")
+    fits["rank 0's read-back seconds"] = fit_per_rank(
+        [(r["world"], r["entries"], r["commit_rank0"]["readback_s"]) for r in ran], "s")
     fits["rank 0's root build seconds"] = fit_of(
         [(r["world"], r["commit_rank0"]["root_s"]) for r in ran], "W", "s")
     fits["root manifest size"] = fit_of(
@@ -672,11 +690,11 @@ def run_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         row["over_reader_limit"] = row["manifest_bytes"] > MAX_MANIFEST_BYTES
         if row["ran"] or not ran:
             continue
-        n = row["entries"]
+        n, w = row["entries"], row["world"]
         for ph in SIM_MEASURED:
-            row[ph] = {"s": at(fits[f"{ph} seconds"], n), "rss": at(fits[f"{ph} peak RSS"], n),
-                       "extrapolated": True}
-        row["commit_rank0"]["readback_s"] = at(fits["rank 0's read-back seconds"], n)
+            row[ph] = {"s": at(fits[f"{ph} seconds"], n, w),
+                       "rss": at(fits[f"{ph} peak RSS"], n, w), "extrapolated": True}
+        row["commit_rank0"]["readback_s"] = at(fits["rank 0's read-back seconds"], n, w)
         row["commit_rank0"]["root_s"] = at(fits["rank 0's root build seconds"], row["world"])
     return {"points": rows, "fits": fits}
 
@@ -789,7 +807,8 @@ def _fmt_b(x: float | None) -> str:
 
 
 def _formulas(fits: dict[str, dict[str, Any]]) -> list[str]:
-    return [f"- {k}: {f['a']:.3g} + {f['b']:.3g}·({f['x']}) {f['unit']} ({f['points']} points)"
+    return [f"- {k}: {f['a']:.3g}" + (f" + {f['w']:.3g}·W" if "w" in f else "")
+            + f" + {f['b']:.3g}·({f['x']}) {f['unit']} ({f['points']} points)"
             for k, f in fits.items() if f]
 
 
@@ -864,7 +883,8 @@ def report(res: dict[str, Any]) -> str:
                 f"{it(_fmt_b(p.get('rss')))} | {it(_fmt_s(q.get('s')))} | {it(_fmt_b(q.get('rss')))} | "
                 f"{_fmt_b(pl['rank_sent'])} | {_fmt_b(pl['rank0_received'])} | "
                 f"{_fmt_s(r['partial_read']['s'])} |")
-        lines += ["", "Formulas (least squares; x as said):", ""]
+        lines += ["", "Formulas (least squares over the points that ran, or over every point "
+                  "for sizes and the partial read):", ""]
         lines += _formulas(sim["fits"])
         lines.append("- payload: a rank sends p bytes (its part, independent of T); rank 0 "
                      "receives (W-1)·p")

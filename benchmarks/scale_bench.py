@@ -62,7 +62,7 @@ one function per phase (:func:`commit_rank0`, :func:`parse_manifest`,
 
 Usage::
 
-    python benchmarks/scale_bench.py                      # full: ~15 min on 2 cores
+    python benchmarks/scale_bench.py                      # full: 7-10 min on 2 cores
     python benchmarks/scale_bench.py --quick --json out.json
     python benchmarks/scale_bench.py --no-real --sim-ranks 64,256 --sim-tensors 100
     python benchmarks/scale_bench.py --json scale.json --plot docs/img/performance-scale.png

@@ -705,7 +705,7 @@ class Manifest:
         with _gc_paused():
             obj, read, root_tree = _parse(text, path, key, ranks, only)
             m = cls.from_dict(obj)
-            if root_tree is not None:
+            if m.ranks:  # a root: what was read of it, and its own tree
                 m = replace(m, read_ranks=read, root_tree=root_tree)
                 m.__dict__["digest"] = obj["manifest_digest"]  # replace() drops the cache
             return m

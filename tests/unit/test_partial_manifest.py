@@ -199,3 +199,15 @@ def test_a_rank_whose_own_rng_state_was_not_read_refuses_the_restore() -> None:
     with pytest.raises(CkptkitError) as info:
         ts.restore_tree(tree, man)
     assert info.value.code == codes.M009 and "rank00001" in str(info.value)
+
+
+def test_a_partial_read_of_a_root_with_a_null_tree_is_still_partial() -> None:
+    # A root of a plain multi-rank save of no state tree: what was read is still recorded.
+    blobs = {mf.rank_manifest_path(r): replace(rank_manifest(r), rng=None).to_json().encode()
+             for r in range(WORLD)}
+    refs = tuple(replace(rank_manifest(r), rng=None).ref(blobs[mf.rank_manifest_path(r)])
+                 for r in range(WORLD))
+    root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7, ranks=refs)
+    m, fetched = read(root.to_json().encode(), blobs, {0})
+    assert fetched == [0] and m.read_ranks == {0} and not m.complete
+    assert m.to_json() == root.to_json()

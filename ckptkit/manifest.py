@@ -986,18 +986,16 @@ def _parse(
         )
     _check_digest(obj, path, key)
     read: frozenset[int] | None = None
+    elsewhere: Callable[[str], bool] | None = None
     root_tree: Any = None
     if version == RANKED_VERSION or "ranks" in obj:
         root_tree = obj["tree"]
-        obj, read = _merged(obj, path, key, ranks, only)
+        obj, read, elsewhere = _merged(obj, path, key, ranks, only)
     check_semantics(obj, path=path)
-    listed = {t["key"]: t["dtype"] for t in obj["tensors"]}
-    elsewhere = None
-    if read is not None:  # what an unread rank manifest may hold is not refused here
-        unread = [RankRef.from_dict(r) for r in obj["ranks"] if r["rank"] not in read]
-        elsewhere = held_elsewhere(unread, listed)
     try:
-        tree.check(obj["tree"], listed, elsewhere=elsewhere)
+        tree.check(
+            obj["tree"], {t["key"]: t["dtype"] for t in obj["tensors"]}, elsewhere=elsewhere
+        )
     except ManifestError as e:
         raise ManifestError(e.what, path=path, code=e.code, hint=e.hint) from None
     return obj, read, root_tree
@@ -1009,14 +1007,15 @@ def _merged(
     key: bytes | None,
     fetch: RankFetch | None,
     only: RankSelect | None,
-) -> tuple[dict[str, Any], frozenset[int] | None]:
+) -> tuple[dict[str, Any], frozenset[int] | None, Callable[[str], bool] | None]:
     """The root with every rank manifest's entries in its ``files`` and ``tensors`` and
     its RNG state in its ``tree`` (:func:`_grafted`), or (``only``) those of the ranks it
     selects and every rank the root does not index.
 
     The one merge: a full read and a partial one run the same checks on every manifest
-    they read; a partial one also returns the ranks read (``None`` when every manifest
-    was read). The merged tree holds the RNG states of the ranks read only."""
+    they read; a partial one also returns the ranks read and the test for a tensor key an
+    unread manifest may hold (``None``, ``None`` when every manifest was read). The merged
+    tree holds the RNG states of the ranks read only."""
     refs = root.get("ranks")
     if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
         raise ManifestError(
@@ -1082,8 +1081,12 @@ def _merged(
             states[rank_key(ref.rank)] = part[RANK_STATE]
     merged = {**root, "files": files, "tensors": tensors, "tree": _grafted(root["tree"], states, path)}
     if not unread:
-        return merged, None
-    return merged, frozenset(seen - {ref.rank for ref in unread})
+        return merged, None, None
+    return (
+        merged,
+        frozenset(seen - {ref.rank for ref in unread}),
+        held_elsewhere(unread, {t["key"] for t in tensors}),
+    )
 
 
 def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:

@@ -304,9 +304,9 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
         return cast(Location, self._dir)
 
     @property
-    def listed(self) -> dict[str, mf.FileEntry]:
+    def listed(self) -> store.Listed:
         """The manifest's files (after DCP read the metadata), by name."""
-        return dict(self._listed)
+        return self._listed
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         super().reset(checkpoint_id)
@@ -324,7 +324,7 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
             # the error itself stays here for :func:`load` (and any caller) to raise.
             self.refusal = e
             raise
-        self.manifest, self._metadata, self._listed = man, md, listed
+        self.manifest, self._metadata, self._listed = man, md, store.Listed.whole(listed)
         return super().read_metadata(*args)
 
     @classmethod

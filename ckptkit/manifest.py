@@ -200,6 +200,19 @@ class FileEntry:
     rank: int | None = None
     """Rank that wrote the file, for per-rank files."""
 
+    @classmethod
+    def from_dict(cls, f: Mapping[str, Any]) -> FileEntry:
+        """Build from an already validated JSON object."""
+        return cls(
+            path=f["path"],
+            size=f["size"],
+            xxh3_128=f["xxh3_128"],
+            compression=f.get("compression"),
+            raw_size=f.get("raw_size"),
+            component=f.get("component"),
+            rank=f.get("rank"),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "size": self.size, "xxh3_128": self.xxh3_128}
         for k in ("compression", "raw_size", "component", "rank"):
@@ -459,6 +472,12 @@ class Manifest:
     the ranks' RNG states, which :attr:`tree` has from the rank manifests read
     (:data:`RANK_STATE`). It is what the root's content, digest and signature cover.
     None: :attr:`tree` is the root's own (one rank, or a root being built)."""
+    read_later: Callable[[RankRef], tuple[FileEntry, ...]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Of a partial manifest: reads the manifest of a rank that was not read, through the
+    checks the read made on those it read, and returns its file entries (:meth:`entry`).
+    Not part of the content."""
 
     @property
     def complete(self) -> bool:
@@ -466,12 +485,12 @@ class Manifest:
         return self.read_ranks is None
 
     @cached_property
-    def _unread(self) -> frozenset[str]:
-        """The files the unread ranks' manifests list."""
+    def _unread_files(self) -> dict[str, RankRef]:
+        """The files the unread ranks' manifests list, each with the record of its rank."""
         read = self.read_ranks
         if read is None:
-            return frozenset()
-        return frozenset(p for r in self.ranks if r.rank not in read for p in r.files or ())
+            return {}
+        return {p: r for r in self.ranks if r.rank not in read for p in r.files or ()}
 
     def elsewhere(self, file: str) -> bool:
         """Whether ``file`` (a path) is not in this manifest's entries because a rank
@@ -487,7 +506,7 @@ class Manifest:
             >>> m.elsewhere("rng-1.st"), m.elsewhere("model.safetensors")
             (True, False)
         """
-        return file in self._unread
+        return file in self._unread_files
 
     def file_sizes(self) -> dict[str, int] | None:
         """Every file of the checkpoint with the size recorded for it: the files of the
@@ -557,6 +576,41 @@ class Manifest:
             if f.path == path:
                 return f
         return None
+
+    def entry(self, path: str) -> FileEntry | None:
+        """The entry of ``path``, wherever it is listed: among :attr:`files`, else (a
+        partial manifest) in the rank manifest that lists it and was not read, which is
+        read now, checked as the ranks read were (the root's record of its size and
+        digest, its own digest and signature, its schema), and kept. None: no manifest of
+        the checkpoint lists ``path``.
+
+        A reader that finds out which files it needs only as it goes (a DCP load plans its
+        reads after the manifests are read) reads the rank manifests of those files alone.
+
+        Raises:
+            ManifestError: ``CK-M013`` and the other refusals of a rank manifest (see
+                :func:`parse`), when the one that lists ``path`` is refused.
+
+        Example:
+            >>> fe = FileEntry("a.st", 5, "0" * 32)
+            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("b.st",), ())
+            >>> m = Manifest(files=(fe,), tensors=(), tree=None, components={}, env={},
+            ...     ranks=(ref,), read_ranks=frozenset({0}),
+            ...     read_later=lambda r: (FileEntry("b.st", 7, "1" * 32, rank=r.rank),))
+            >>> m.entry("a.st").size, m.entry("b.st").rank, m.entry("c.st")
+            (5, 1, None)
+        """
+        found = self._entries.get(path)
+        ref = self._unread_files.get(path)
+        if found is not None or ref is None or self.read_later is None:
+            return found
+        self._entries.update((f.path, f) for f in self.read_later(ref))
+        return self._entries.get(path)
+
+    @cached_property
+    def _entries(self) -> dict[str, FileEntry]:
+        """:attr:`files` by path, and the entries :meth:`entry` read since."""
+        return {f.path: f for f in self.files}
 
     def _content(self) -> dict[str, Any]:
         """The signed and digested content: every field but the digest and the signature.
@@ -635,18 +689,7 @@ class Manifest:
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
         """Build from an already validated JSON object."""
         m = cls(
-            files=tuple(
-                FileEntry(
-                    path=f["path"],
-                    size=f["size"],
-                    xxh3_128=f["xxh3_128"],
-                    compression=f.get("compression"),
-                    raw_size=f.get("raw_size"),
-                    component=f.get("component"),
-                    rank=f.get("rank"),
-                )
-                for f in d["files"]
-            ),
+            files=tuple(FileEntry.from_dict(f) for f in d["files"]),
             tensors=tuple(
                 TensorEntry(
                     key=t["key"],
@@ -706,7 +749,12 @@ class Manifest:
             obj, read, root_tree = _parse(text, path, key, ranks, only)
             m = cls.from_dict(obj)
             if m.ranks:  # a root: what was read of it, and its own tree
-                m = replace(m, read_ranks=read, root_tree=root_tree)
+                m = replace(
+                    m,
+                    read_ranks=read,
+                    root_tree=root_tree,
+                    read_later=None if read is None else _later_reader(obj, path, key, ranks),
+                )
                 m.__dict__["digest"] = obj["manifest_digest"]  # replace() drops the cache
             return m
 
@@ -1087,6 +1135,20 @@ def _merged(
         frozenset(seen - {ref.rank for ref in unread}),
         held_elsewhere(unread, {t["key"] for t in tensors}),
     )
+
+
+def _later_reader(
+    root: Mapping[str, Any], path: str, key: bytes | None, fetch: RankFetch | None
+) -> Callable[[RankRef], tuple[FileEntry, ...]]:
+    """:attr:`Manifest.read_later` of a partial read of ``root``: a rank manifest read later
+    goes through :func:`_rank_part`, as the merge's did."""
+
+    def entries(ref: RankRef) -> tuple[FileEntry, ...]:
+        assert fetch is not None  # a partial read fetched the others with it
+        part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
+        return tuple(map(FileEntry.from_dict, part["files"]))
+
+    return entries
 
 
 def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:

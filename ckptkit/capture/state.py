@@ -120,8 +120,11 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank RNG
     (the model and optimizer shards, rank 0's state) and the one whose RNG state it
     restores (:func:`rng_source`). None: every rank's (a world of one, a tree this does
-    not know, a root holding the RNG states itself, or DCP storage, whose reads only
-    DCP's plan knows).
+    not know, a root holding the RNG states itself).
+
+    With DCP storage the files a rank loads are known only once DCP has planned the load:
+    the load reads the rank manifests of those (:class:`ckptkit.storage.dcp.Listed`), so
+    they are not chosen here.
 
     Example:
         >>> ref = lambda r, heads: mf.RankRef(r, mf.rank_manifest_path(r), 1, "0" * 32, (), heads)
@@ -133,38 +136,58 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     plan = _restore_plan(root)
     if plan is None:
         return None
-    shared, rng = plan
-    return shared | _rng_rank(rng, rank)
+    return plan.shared | _rng_rank(plan.rng, rank)
 
 
 def read_together(root: mf.Manifest, world_size: int) -> bool:
     """Whether the ``world_size`` ranks of a restore, each reading
-    :func:`manifests_to_read`, read every rank manifest of ``root`` (so every file) between
-    them: true at the saved world size and above, not below it.
+    :func:`manifests_to_read`, read every rank manifest of ``root`` and every file between
+    them: true at the saved world size and above, not below it. With DCP storage the load
+    reads or checks every DCP file (and so reads the manifests listing them), which covers
+    a rank whose manifest lists DCP files alone.
     """
     plan = _restore_plan(root)
     if plan is None:
         return True
-    seen, rng = plan
+    seen = plan.shared | plan.dcp_only
     for rank in range(world_size):
-        seen = seen | _rng_rank(rng, rank)
+        seen = seen | _rng_rank(plan.rng, rank)
     return seen >= {r.rank for r in root.ranks}
 
 
-def _restore_plan(root: mf.Manifest) -> tuple[set[int], set[str]] | None:
-    """What :func:`manifests_to_read` decides from: the ranks every restoring rank reads
-    (those holding state besides their own RNG, or not indexed) and the saved RNG states.
-    None when every rank reads every manifest."""
+@dataclass(frozen=True)
+class _RestorePlan:
+    shared: set[int]
+    """The ranks every restoring rank reads: those holding state besides their own RNG
+    (and DCP files), or not indexed."""
+    rng: set[str]
+    """The saved RNG states, by rank key."""
+    dcp_only: set[int]
+    """The ranks whose manifests list DCP files alone: a DCP load reads or checks each of
+    those files, and reads the manifest to check it."""
+
+
+def _restore_plan(root: mf.Manifest) -> _RestorePlan | None:
+    """What :func:`manifests_to_read` decides from. None when every rank reads every
+    manifest."""
     own = root.root_tree if root.root_tree is not None else root.tree
     if (
         not root.ranks
         or not isinstance(own, Mapping)
-        or (own.get("dcp") or {}).get("keys")
         or mf.RANK_STATE in own  # ckptkit 0.3's first per-rank layout: it references them all
     ):
         return None
+    dcp_only: set[int] = set()
+    if (own.get("dcp") or {}).get("keys"):
+        if any(r.sizes is None for r in root.ranks):
+            return None  # a root that does not record its files' sizes: the load needs them
+        prefix = dcp_store.DCP_DIR + "/"
+        dcp_only = {
+            r.rank for r in root.ranks if r.files and all(p.startswith(prefix) for p in r.files)
+        }
     shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - {mf.RANK_STATE}}
-    return shared, {rank_key(r.rank) for r in root.ranks if mf.RANK_STATE in (r.heads or ())}
+    rng = {rank_key(r.rank) for r in root.ranks if mf.RANK_STATE in (r.heads or ())}
+    return _RestorePlan(shared, rng, dcp_only)
 
 
 def _rng_rank(rng: Collection[str], rank: int) -> set[int]:

@@ -262,10 +262,71 @@ class _HashingStream(io.RawIOBase):
 # --- reading ------------------------------------------------------------------------------------
 
 
-def entries(man: mf.Manifest) -> dict[str, mf.FileEntry]:
-    """The manifest's DCP file entries, keyed by their path inside ``dcp/``."""
+class Listed(Mapping[str, mf.FileEntry]):
+    """The files of a DCP directory a manifest lists, by name inside it: every name with
+    the size recorded for it (:attr:`sizes`), and each entry (its digest) when it is first
+    asked for. A partial manifest (a restoring rank's) holds the entries of the rank
+    manifests it read; the entry of another file comes from the rank manifest that lists
+    it, read then (:meth:`ckptkit.manifest.Manifest.entry`). So a DCP load, which learns
+    which files it reads only from its plan, reads the rank manifests of those files and
+    of the files it is to check (:func:`check_unread`), not every rank's.
+
+    Example:
+        >>> fe = mf.FileEntry("dcp/__0_0.distcp", 5, "0" * 32, rank=0)
+        >>> listed = Listed.whole({"__0_0.distcp": fe})
+        >>> dict(listed.sizes), listed["__0_0.distcp"].rank, "x" in listed
+        ({'__0_0.distcp': 5}, 0, False)
+    """
+
+    def __init__(
+        self,
+        sizes: Mapping[str, int],
+        entry: Callable[[str], mf.FileEntry | None],
+        writers: Mapping[str, int] | None = None,
+    ) -> None:
+        self.sizes = sizes
+        """Every listed name with its recorded size: what :func:`coverage` checks."""
+        self.writers = writers or {}
+        """The rank that wrote each file, where the manifest says (:func:`check_unread`)."""
+        self._entry = entry
+
+    @classmethod
+    def whole(cls, entries: Mapping[str, mf.FileEntry]) -> Listed:
+        """Of entries all at hand (one manifest of every file: a foreign DCP directory's)."""
+        return cls({n: fe.size for n, fe in entries.items()}, entries.get)
+
+    @classmethod
+    def of(cls, listed: Mapping[str, mf.FileEntry]) -> Listed:
+        """``listed`` itself, or its entries as a :class:`Listed`."""
+        return listed if isinstance(listed, Listed) else cls.whole(listed)
+
+    def __getitem__(self, name: str) -> mf.FileEntry:
+        fe = self._entry(name) if name in self.sizes else None
+        if fe is None:
+            raise KeyError(name)
+        return fe
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sizes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+def entries(man: mf.Manifest) -> Listed:
+    """The manifest's DCP files, keyed by their path inside ``dcp/`` (:class:`Listed`): of a
+    partial manifest every file the root records, each entry read when it is needed."""
     prefix = DCP_DIR + "/"
-    return {f.path[len(prefix) :]: f for f in man.files if f.path.startswith(prefix)}
+    sizes = man.file_sizes() or {f.path: f.size for f in man.files}
+    writers = {p: r.rank for r in man.ranks for p in r.files or ()}
+    return Listed(
+        {p[len(prefix) :]: n for p, n in sizes.items() if p.startswith(prefix)},
+        lambda name: man.entry(prefix + name),
+        {p[len(prefix) :]: r for p, r in writers.items() if p.startswith(prefix)},
+    )
 
 
 def read_metadata(root: Location, man: mf.Manifest) -> Any:
@@ -453,8 +514,9 @@ def coverage(
                 path=md_rel,
             )
         )
+    sizes = Listed.of(listed).sizes
     for it in items:
-        problem = entry_problem(it, listed)
+        problem = entry_problem(it, sizes)
         if problem is not None:
             problems.append(problem)
             continue
@@ -470,8 +532,9 @@ def coverage(
     return problems
 
 
-def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError | None:
-    """Why a load must not read ``it`` (an unlisted shard, a range past its end), or None."""
+def entry_problem(it: Item, sizes: Mapping[str, int]) -> CkptkitError | None:
+    """Why a load must not read ``it`` (an unlisted shard, a range past its end), or None.
+    ``sizes``: the listed shards' sizes by name (:attr:`Listed.sizes`)."""
     if "/" in it.name or "\\" in it.name or it.name in ("", ".", "..", METADATA):
         return codes.error(
             codes.F021,
@@ -479,18 +542,18 @@ def entry_problem(it: Item, listed: Mapping[str, mf.FileEntry]) -> CkptkitError 
             "of this checkpoint: refusing to read it",
             path=rel_in(it.prefix, METADATA),
         )
-    fe = listed.get(it.name)
-    if fe is None:
+    size = sizes.get(it.name)
+    if size is None:
         return codes.error(
             codes.F021,
             "DCP metadata names a shard the manifest does not list: refusing to read it",
             path=it.rel,
         )
-    if it.offset < 0 or it.length < 0 or it.offset + it.length > fe.size:
+    if it.offset < 0 or it.length < 0 or it.offset + it.length > size:
         return codes.error(
             codes.F106,
             f"item {it.fqn} lies past the end of the shard ({it.offset}+{it.length} > "
-            f"{fe.size} bytes)",
+            f"{size} bytes)",
             path=it.rel,
         )
     return None
@@ -674,14 +737,24 @@ def check_unread(
     world: int,
     prefix: str = DCP_DIR,
 ) -> None:
-    """After a load, hash the listed shards no rank's plan read (a partial load reads only
-    some): each is assigned to one rank (``rank`` of ``world``), so every listed file is
-    checked by someone. ``reader`` is the :class:`VerifyingReader` of the load.
+    """After a load, hash the listed shards assigned to this rank that its plan did not
+    read (a partial load reads only some): each shard is assigned to one rank (``rank`` of
+    ``world``), so every listed file is checked by someone. A shard goes to the rank that
+    wrote it modulo ``world`` when the manifest says who did (:attr:`Listed.writers`): at
+    the saved world size that is the rank whose plan reads it, so nothing is read twice and
+    a rank reads no other rank's manifest for it; else shards go round the ranks in name
+    order. ``reader`` is the :class:`VerifyingReader` of the load.
 
     Raises:
         CkptkitError: ``CK-F001/F002/F003/F022`` as :func:`check_file`.
     """
-    mine = sorted(n for n in listed if n != METADATA)[rank::world]
+    listed = Listed.of(listed)
+    names = sorted(n for n in listed if n != METADATA)
+    writers = listed.writers
+    if all(n in writers for n in names):
+        mine = [n for n in names if writers[n] % world == rank]
+    else:
+        mine = names[rank::world]
     for name in mine:
         if name not in reader.checked:
             check_file(where / name, listed[name], rel=rel_in(prefix, name))
@@ -704,7 +777,7 @@ def check_shards(
     items, _missing = _layout(md, prefix)
     wanted: dict[str, list[Item]] = {}
     for it in items:
-        if it.byte_io and entry_problem(it, listed) is None:
+        if it.byte_io and entry_problem(it, Listed.of(listed).sizes) is None:
             wanted.setdefault(it.name, []).append(it)
     got: dict[tuple[str, int, int], bytes] = {}
     for name, fe in sorted(listed.items()):
@@ -796,7 +869,7 @@ def classes() -> tuple[type, type]:
         ) -> None:
             super().__init__(fs.url(path))
             self._metadata = metadata
-            self._listed = dict(listed)
+            self._listed = Listed.of(listed)
             self._dir = path
             self._prefix = prefix
             self.checked: set[str] = set()
@@ -861,7 +934,7 @@ def classes() -> tuple[type, type]:
             for req in reqs:
                 idx = req.storage_index
                 info = self.storage_data[idx]
-                problem = entry_problem(_item(idx, info, prefix=self._prefix), self._listed)
+                problem = entry_problem(_item(idx, info, prefix=self._prefix), self._listed.sizes)
                 if problem is not None:
                     raise problem
             fe = self._listed[name]

@@ -167,9 +167,42 @@ def test_each_restoring_rank_reads_the_shared_manifests_and_its_rng_source() -> 
     ]
     # Four ranks or more read every rank manifest between them; two do not.
     assert read_together(m, WORLD) and read_together(m, 8) and not read_together(m, 2)
-    # DCP storage: which files a rank reads is DCP's plan; it reads every manifest.
+    # DCP storage: the files a rank loads are DCP's plan, and the load reads their
+    # manifests; chosen up front are the same as without it.
     dcp_root, dcp_blobs = written({"dcp": {"keys": ["model"]}})
-    assert manifests_to_read(read(dcp_root, dcp_blobs, None)[0], 1) is None
+    dcp = read(dcp_root, dcp_blobs, None)[0]
+    assert [sorted(manifests_to_read(dcp, r) or ()) for r in range(WORLD)] == [[0], [0, 1], [0, 2], [0, 3]]
+    # A root that does not record its files' sizes: the load could not check its plan
+    # against them, so every manifest is read.
+    obj = json.loads(dcp_root)
+    del obj["ranks"][2]["sizes"], obj["manifest_digest"]
+    assert manifests_to_read(mf.Manifest.from_dict(obj), 1) is None
+
+
+def test_an_entry_an_unread_rank_manifest_lists_is_read_when_asked_for() -> None:
+    # A DCP load learns which files it reads from its plan, after the manifests chosen up
+    # front were read: Manifest.entry reads the one rank manifest that lists a file, once.
+    root, blobs = written()
+    m, fetched = read(root, blobs, {0})
+    assert fetched == [0] and m.file("rng-rank00002.safetensors") is None
+    fe = m.entry("rng-rank00002.safetensors")
+    assert fe is not None and fe.rank == 2 and fe.size == 8 and fetched == [0, 2]
+    assert m.entry("rng-rank00002.safetensors") == fe and fetched == [0, 2]  # kept
+    assert m.entry("model.safetensors") == m.file("model.safetensors") and fetched == [0, 2]
+    assert m.entry("nobody.safetensors") is None and fetched == [0, 2]
+    # A full read has nothing to fetch.
+    whole, fetched = read(root, blobs, None)
+    assert whole.read_later is None and whole.entry("rng-rank00002.safetensors") == fe
+
+
+def test_a_rank_manifest_read_late_is_checked_as_one_read_up_front() -> None:
+    root, blobs = written()
+    bad = dict(blobs)
+    bad[mf.rank_manifest_path(3)] = blobs[mf.rank_manifest_path(3)].replace(b'"step":7', b'"step":8')
+    m, _ = read(root, bad, {0})  # rank 3's manifest is not read yet: no refusal
+    with pytest.raises(ManifestError) as info:
+        m.entry("rng-rank00003.safetensors")
+    assert info.value.code == codes.M013 and "rank-00003" in str(info.value)
 
 
 def test_a_root_holding_the_rng_states_itself_is_read_whole() -> None:

@@ -100,7 +100,7 @@ def main() -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
     ts = ckptkit.TrainState(
         model=model,
-        optimizer=opt,
+        optimizer=None if spec.get("model_only") else opt,
         sampler=sampler,
         storage=spec.get("storage", "auto"),
         parallel=ckptkit.ParallelConfig.from_env(**spec.get("parallel", {})),

@@ -204,3 +204,47 @@ def test_a_root_read_alone_says_where_its_entries_are(
         mf.Manifest.from_json(text)
     assert info.value.code == codes.M013
     assert "per-rank manifests" in str(info.value)
+
+
+
+@pytest.mark.parametrize("model_only", [True, False], ids=["model", "model+optimizer"])
+def test_a_dcp_restore_reads_the_manifests_of_the_files_its_plan_loads(
+    tmp_path: Path, model_only: bool
+) -> None:
+    """FSDP2 (DTensor shards, so DCP storage) saved by 4 ranks: a restoring rank reads the
+    root, the manifests of the shared state and of its RNG source, and then the manifests
+    of the DCP files its own load plan reads or checks, not every rank's. With the model
+    alone (every item a Shard(0) DTensor) at 4 ranks that is rank 0's (``.metadata``) and
+    its own; at 2 ranks, those of the shards it reshards from (and of the files it is to
+    check: every file is checked by one rank). DCP spreads the replicated
+    items of the optimizer (each parameter's ``step``) over every rank's file, so with it
+    each rank's plan reads every file, and every manifest. Bitwise at both sizes."""
+    ck = tmp_path / "ck"
+    spec = {"storage": "dcp", "fsdp": True, "model_only": model_only, "pg_timeout": 120,
+            "samples": SAMPLES, "ckpt": str(ck)}
+    codes_, before = launch(4, tmp_path / "o-save", timeout=LAUNCH_TIMEOUT, scenario="save", **spec)
+    assert codes_ == [0] * 4, before
+    root = json.loads((ck / STEP / mf.MANIFEST_NAME).read_text())
+    writer = {p: r["rank"] for r in root["ranks"] for p in r["files"]}
+    assert writer["dcp/.metadata"] == 0
+    assert [writer[f"dcp/__{r}_0.distcp"] for r in range(4)] == [0, 1, 2, 3]
+    for world in (4, 2):
+        codes_, after = launch(
+            world, tmp_path / f"o-{world}", timeout=LAUNCH_TIMEOUT, scenario="restore", step=3,
+            **spec,
+        )
+        assert codes_ == [0] * world, after
+        for rank, r in enumerate(after):
+            assert r is not None and r["hash_at_restore"] == before[0]["hash_at_save"]
+            if world == 4 and not model_only:
+                assert r["opt_at_restore"] == before[rank]["opt_at_save"]
+            if not model_only:
+                assert r["read"] == [0, 1, 2, 3], (rank, r["read"])
+            elif world == 4:
+                assert r["read"] == sorted({0, rank}), (rank, r["read"])
+            else:  # its RNG source and the writers of the shards it reshards from
+                assert {0, rank} <= set(r["read"]), (rank, r["read"])
+        # Every file is read or checked by some rank: every manifest is read by one.
+        assert set().union(*(r["read"] for r in after)) == {0, 1, 2, 3}
+        # At 2 ranks the RNG files of ranks 2 and 3 are nobody's to read: not "verified".
+        assert [r["proven"] for r in after] == [world == 4] * world

@@ -21,7 +21,8 @@ Targets (issue 27 item 5, "one host reads at the disk's limit"), each a ratio of
 ops measured in the same run and table, printed as PASS/FAIL after the tables:
 
 * ``ckptkit.load`` and ``ckptkit.load(into=...)`` (restore-into) >= 1.0x
-  ``torch.load(weights_only=True)`` and >= 0.9x a cold sequential read (``raw_read``);
+  ``torch.load(weights_only=True)`` and >= 0.9x a cold sequential read (``cold_read``:
+  the faster of ``raw_read`` and ``raw_read_alloc`` in that table, the anchor at its best);
 * ``ckptkit.verify`` >= 0.9x that cold sequential read;
 * ``ckptkit.save`` >= 0.8x an ``O_DIRECT`` write of the same bytes (``raw_write_odirect``).
 
@@ -54,7 +55,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -625,6 +626,30 @@ def ck_verify(ctx: Ctx, path: str) -> Any:
     return report
 
 
+@contextlib.contextmanager
+def _direct_io(mode: str) -> Iterator[None]:
+    """Run an op with ``CKPTKIT_DIRECT_IO`` set to ``mode`` (the other read path)."""
+    old = os.environ.get("CKPTKIT_DIRECT_IO")
+    os.environ["CKPTKIT_DIRECT_IO"] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["CKPTKIT_DIRECT_IO"]
+        else:
+            os.environ["CKPTKIT_DIRECT_IO"] = old
+
+
+def ck_restore_buffered(ctx: Ctx, path: str) -> Any:
+    with _direct_io("0"):
+        return ck_restore(ctx, path)
+
+
+def ck_verify_buffered(ctx: Ctx, path: str) -> Any:
+    with _direct_io("0"):
+        return ck_verify(ctx, path)
+
+
 OPS: list[Op] = [
     Op("raw_write", "save", "state", "raw.bin", raw_write, "buffered write + fsync, same bytes"),
     Op(
@@ -655,6 +680,10 @@ OPS: list[Op] = [
     Op("ck_load", "load", "none", "ckpt", ck_load, "ckptkit.load (verifying)"),
     Op("ck_restore", "load", "template", "ckpt", ck_restore, "ckptkit.load(into=state)"),
     Op("ck_verify", "load", "none", "ckpt", ck_verify, "ckptkit.verify(path).ok"),
+    Op("ck_restore_buffered", "load", "template", "ckpt", ck_restore_buffered,
+       "ck_restore through the page cache (CKPTKIT_DIRECT_IO=0)"),
+    Op("ck_verify_buffered", "load", "none", "ckpt", ck_verify_buffered,
+       "ck_verify through the page cache (CKPTKIT_DIRECT_IO=0)"),
 ]
 OP_BY_NAME = {op.name: op for op in OPS}
 
@@ -674,19 +703,19 @@ TARGETS: dict[str, list[tuple[str, str, str | None, float]]] = {
     ],
     "ck_load": [
         (">=1.0x torch_load", "ratio", "torch_load", 1.0),
-        (">=0.9x raw_read", "ratio", "raw_read", 0.9),
+        (">=0.9x cold_read", "ratio", "cold_read", 0.9),
     ],
     "ck_restore": [
         (">=1.0x torch_load", "ratio", "torch_load", 1.0),
-        (">=0.9x raw_read", "ratio", "raw_read", 0.9),
+        (">=0.9x cold_read", "ratio", "cold_read", 0.9),
         ("xRSS<=0.1", "rss", None, 0.1),
     ],
-    "ck_verify": [(">=0.9x raw_read", "ratio", "raw_read", 0.9)],
+    "ck_verify": [(">=0.9x cold_read", "ratio", "cold_read", 0.9)],
 }
 ISSUE_TARGETS = {
-    "ck_load": (">=1.0x torch_load", ">=0.9x raw_read"),
-    "ck_restore": (">=1.0x torch_load", ">=0.9x raw_read"),
-    "ck_verify": (">=0.9x raw_read",),
+    "ck_load": (">=1.0x torch_load", ">=0.9x cold_read"),
+    "ck_restore": (">=1.0x torch_load", ">=0.9x cold_read"),
+    "ck_verify": (">=0.9x cold_read",),
     "ck_save": (">=0.8x raw_write_odirect",),
 }
 """The targets of issue 27 item 5, printed as a verdict list after the tables."""
@@ -844,7 +873,11 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
 def derive(summary: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[str, Any]]:
     gb = {k: nbytes / v["seconds"] / 1e9 for k, v in summary.items() if "seconds" in v}
     write_limit = max([gb[k] for k in ("raw_write", "raw_write_odirect") if k in gb] or [0]) or None
-    read_limit = gb.get("raw_read")
+    # The cold read anchor at its best: the faster of the two plain reads. On the
+    # reference VM (2026-12-02) reading into one reused buffer ran 0.3-0.6 GB/s while
+    # the same reads into fresh memory ran 0.9-1.1.
+    read_limit = max([gb[k] for k in ("raw_read", "raw_read_alloc") if k in gb] or [0]) or None
+    anchors = {**gb, "cold_read": read_limit}
     out: dict[str, dict[str, Any]] = {}
     for op in OPS:
         s = summary.get(op.name, {"na": "not run"})
@@ -866,7 +899,8 @@ def derive(summary: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[st
             checks = []
             for label, kind, ref, lim in TARGETS.get(op.name, []):
                 if kind == "ratio":
-                    val = g / gb[ref] if ref in gb else None
+                    anchor = anchors.get(ref) if ref is not None else None
+                    val = g / anchor if anchor else None
                     passed = None if val is None else val >= lim
                 else:
                     val = d.get("extra_rss_x")

@@ -21,7 +21,7 @@ import torch
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.capture.state import TrainState, manifests_to_read, read_together
-from ckptkit.errors import CkptkitError, ManifestError
+from ckptkit.errors import CkptkitError, ManifestError, SignatureError
 
 WORLD = 4
 
@@ -193,6 +193,32 @@ def test_an_entry_an_unread_rank_manifest_lists_is_read_when_asked_for() -> None
     # A full read has nothing to fetch.
     whole, fetched = read(root, blobs, None)
     assert whole.read_later is None and whole.entry("rng-rank00002.safetensors") == fe
+
+
+def test_a_signed_checkpoint_read_in_part_reads_the_rest_with_its_key() -> None:
+    key = b"k" * 32
+    blobs: dict[str, bytes] = {}
+    refs = []
+    for r in range(WORLD):
+        data = rank_manifest(r).signed(key).to_json().encode()
+        blobs[mf.rank_manifest_path(r)] = data
+        refs.append(rank_manifest(r).ref(data))
+    root = mf.Manifest(files=(), tensors=(), tree={"model": {"w": tensor("model/w")}},
+                       components={}, env={}, step=7, ranks=tuple(refs)).signed(key)
+    m = mf.Manifest.from_json(root.to_json().encode(), key=key, ranks=lambda ref: blobs[ref.path],
+                              only=lambda _root: {0})
+    fe = m.entry("rng-rank00003.safetensors")
+    assert fe is not None and fe.rank == 3
+    # The key travels with the manifest: a rank manifest without a signature (its bytes
+    # recorded by a root that is signed) is refused when it is read late, as up front.
+    unsigned = rank_manifest(3).to_json().encode()
+    blobs[mf.rank_manifest_path(3)] = unsigned
+    root = replace(root, ranks=(*refs[:3], rank_manifest(3).ref(unsigned)), signature=None).signed(key)
+    m = mf.Manifest.from_json(root.to_json().encode(), key=key, ranks=lambda ref: blobs[ref.path],
+                              only=lambda _root: {0})
+    with pytest.raises(SignatureError) as info:
+        m.entry("rng-rank00003.safetensors")
+    assert info.value.code == codes.M010 and "rank-00003" in str(info.value)
 
 
 def test_a_rank_manifest_read_late_is_checked_as_one_read_up_front() -> None:

@@ -203,3 +203,27 @@ def test_ls_verify_and_prune_keep_the_restorable_steps(
 
     _assert_restored_bitwise(run, saved[GOOD])
     assert not marker.exists()
+
+
+def test_verify_parses_the_metadata_once_and_restore_once_more(
+    dcp_run: tuple[Path, dict[int, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``.metadata`` holds W x T chunks at scale (seconds per parse): a verify parses it once
+    for every check that needs it, and a restore parses it once for its checks and once
+    for the DCP load."""
+    from ckptkit.storage import dcp as store
+    from ckptkit.verify.runner import verify_one
+
+    run, saved = dcp_run
+    parses: list[int] = []
+    real = store.loads_metadata
+    monkeypatch.setattr(store, "loads_metadata", lambda data: parses.append(len(data)) or real(data))
+    assert not verify_one(run / "step-00000030").errors
+    assert len(parses) == 1
+    parses.clear()
+    ts, m, _ = _trainstate(99)
+    with ckptkit.CheckpointManager(run, readonly=True) as mgr:
+        res = mgr.restore(ts)
+    assert res is not None and res.step == 30 and len(parses) == 2
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(),
+                                                 saved[30]["model"].values(), strict=True))

@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
+from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.checkpoint.read import COMPONENT_ALIASES
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
-from ckptkit.storage import fs, remote, shards
+from ckptkit.storage import dcp, fs, remote, shards
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
@@ -154,6 +155,23 @@ def view(ctx: CheckContext) -> StateView:
 def manifest(ctx: CheckContext) -> mf.Manifest:
     assert ctx.manifest is not None  # checks needing ("manifest",) only run with one
     return ctx.manifest
+
+
+def dcp_metadata(ctx: CheckContext) -> Any:
+    """The native checkpoint's DCP ``.metadata`` as :func:`ckptkit.storage.dcp.read_metadata`
+    returns it (listed, digest-checked, unpickled with the allow-list), or the error that
+    refused it: read once per verify, for every check that needs it (at thousands of ranks
+    it holds W x T chunks, and each parse costs seconds)."""
+
+    def read() -> Any:
+        try:
+            return dcp.read_metadata(ctx.root, manifest(ctx))
+        except CkptkitError as e:
+            return e
+        except OSError as e:  # unreadable now: the file scan reports it with its code
+            return codes.read_error(e, path=dcp.METADATA_REL)
+
+    return ctx.memo("dcp.metadata", read)
 
 
 def component(ctx: CheckContext, name: str) -> mf.Component | None:

@@ -13,8 +13,9 @@ from typing import Any
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.codes import UNREADABLE
+from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
-from ckptkit.storage import dcp, fs
+from ckptkit.storage import fs
 from ckptkit.storage.dcp import DCP_DIR, METADATA
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
@@ -311,10 +312,11 @@ def st_tree_refs(node: Any) -> list[tuple[tuple[str, ...], str]]:
 
 def _dcp_has(ctx: CheckContext, component: str) -> bool:
     """Whether the (digest-checked) DCP metadata lists items of ``component``."""
-    m = st.manifest(ctx)
+    md = st.dcp_metadata(ctx)
+    if isinstance(md, CkptkitError):
+        return False  # unlisted, damaged or hostile: the integrity findings say why
     try:
-        md = dcp.read_metadata(ctx.root, m)
         keys = dict(getattr(md, "state_dict_metadata", None) or {})
-    except Exception:  # damaged/hostile metadata: integrity findings say why
+    except Exception:  # an unexpected structure: CK-F108 says why
         return False
     return any(isinstance(k, str) and k.startswith(component + ".") for k in keys)

@@ -8,6 +8,7 @@ from ckptkit import codes
 from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
 from ckptkit.storage import atomic, dcp, fs
+from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, ERROR, Finding, check
 
@@ -201,10 +202,9 @@ def _dcp_coverage(ctx: CheckContext) -> list[CkptkitError]:
     scan = scans.get(dcp.METADATA_REL)
     if scan is None or scan.digest != scan.entry.xxh3_128:
         return []  # unlisted (CK-F021 below) or damaged (file findings): never parsed
-    try:
-        md = dcp.read_metadata(ctx.root, m)
-    except CkptkitError as e:
-        return [e]
+    md = st.dcp_metadata(ctx)
+    if isinstance(md, CkptkitError):
+        return [md]
 
     def proven_bytes(it: dcp.Item) -> bytes | None:
         s = scans.get(it.rel)

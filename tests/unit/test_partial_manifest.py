@@ -179,6 +179,25 @@ def test_each_restoring_rank_reads_the_shared_manifests_and_its_rng_source() -> 
     assert manifests_to_read(mf.Manifest.from_dict(obj), 1) is None
 
 
+def test_a_dcp_restore_proves_a_rank_that_holds_dcp_files_alone() -> None:
+    # Every DCP file is read or checked by one restoring rank (check_unread), so a rank
+    # manifest listing only DCP files is covered at any world size; one that also lists
+    # its RNG file is covered only where a restoring rank takes that state.
+    def ref(rank: int, files: tuple[str, ...], heads: tuple[str, ...]) -> mf.RankRef:
+        return mf.RankRef(rank, mf.rank_manifest_path(rank), 1, "0" * 32, files, heads,
+                          (5,) * len(files))
+
+    def root(*refs: mf.RankRef) -> mf.Manifest:
+        return mf.Manifest(files=(), tensors=(), components={}, env={},
+                           tree={"dcp": {"keys": ["model"]}}, ranks=refs)
+
+    zero = ref(0, ("dcp/.metadata", "dcp/__0_0.distcp", "rng-rank00000.safetensors"), ("rng",))
+    alone = root(zero, ref(1, ("dcp/__1_0.distcp",), ()))
+    assert manifests_to_read(alone, 0) == {0} and read_together(alone, 1)
+    with_rng = root(zero, ref(1, ("dcp/__1_0.distcp", "rng-rank00001.safetensors"), ("rng",)))
+    assert not read_together(with_rng, 1) and read_together(with_rng, 2)
+
+
 def test_an_entry_an_unread_rank_manifest_lists_is_read_when_asked_for() -> None:
     # A DCP load learns which files it reads from its plan, after the manifests chosen up
     # front were read: Manifest.entry reads the one rank manifest that lists a file, once.

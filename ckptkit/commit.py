@@ -485,10 +485,11 @@ class StateSave:
         In a multi-rank save it is a root (:meth:`root`); only the root is written. The
         manifest returned also has what rank 0 would read of it to restore, read back from
         the rank manifests in ``tmp`` for the checks before the commit: its own and those
-        holding the shared state (:func:`~ckptkit.capture.state.manifests_to_read`; every
-        rank's with DCP storage). So rank 0's work before the commit does not grow with
-        ranks x tensors; the read-back verify after it (``verify_after_save``) reads every
-        rank manifest and every byte.
+        holding the shared state (:func:`~ckptkit.capture.state.manifests_to_read`; with
+        DCP storage, a check that needs a DCP file's entry reads that rank's manifest then:
+        :meth:`~ckptkit.manifest.Manifest.entry`). So rank 0's work before the commit does
+        not grow with ranks x tensors; the read-back verify after it (``verify_after_save``)
+        reads every rank manifest and every byte.
         """
         return manifest_io.with_ranks(
             tmp, self.root(parts), key=self.key, only=lambda root: manifests_to_read(root, 0)

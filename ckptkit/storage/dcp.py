@@ -320,7 +320,9 @@ def entries(man: mf.Manifest) -> Listed:
     """The manifest's DCP files, keyed by their path inside ``dcp/`` (:class:`Listed`): of a
     partial manifest every file the root records, each entry read when it is needed."""
     prefix = DCP_DIR + "/"
-    sizes = man.file_sizes() or {f.path: f.size for f in man.files}
+    sizes = man.file_sizes()
+    if sizes is None:  # a partial read of a root without sizes: its own entries only
+        sizes = {f.path: f.size for f in man.files}
     writers = {p: r.rank for r in man.ranks for p in r.files or ()}
     return Listed(
         {p[len(prefix) :]: n for p, n in sizes.items() if p.startswith(prefix)},
@@ -716,8 +718,8 @@ def load(
     """
     import torch.distributed.checkpoint as dcp
 
-    md = read_metadata(root, man)
     listed = entries(man)
+    md = read_metadata_file(root / METADATA_REL, listed.get(METADATA), rel=METADATA_REL)
     problems = coverage(md, listed)
     if problems:
         raise problems[0]
@@ -775,9 +777,10 @@ def check_shards(
             in name order.
     """
     items, _missing = _layout(md, prefix)
+    sizes = Listed.of(listed).sizes
     wanted: dict[str, list[Item]] = {}
     for it in items:
-        if it.byte_io and entry_problem(it, Listed.of(listed).sizes) is None:
+        if it.byte_io and entry_problem(it, sizes) is None:
             wanted.setdefault(it.name, []).append(it)
     got: dict[tuple[str, int, int], bytes] = {}
     for name, fe in sorted(listed.items()):

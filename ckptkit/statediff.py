@@ -98,6 +98,13 @@ class Tolerance:
     ``Tolerance()`` (0/0) means bitwise: same dtype, same shape, same bytes (so ``-0.0``
     differs from ``0.0`` and a NaN equals a NaN of the same bits).
 
+    Within a tolerance, element by element (tensors) and value by value (other leaves),
+    one rule: two equal numbers are equal (``inf`` and ``inf`` too), two NaNs are equal
+    (whatever their bits), and otherwise a non-finite number (NaN, ``inf``, ``-inf``)
+    differs from every other number, whatever the tolerance and in both directions
+    (``|b - a| <= rtol * |a|`` would call ``a = inf`` close to any finite ``b``, and to
+    ``-inf``); two finite numbers are equal within ``atol + rtol * |a|``.
+
     Example:
         >>> Tolerance().bitwise, Tolerance(atol=1e-6).bitwise
         (True, False)
@@ -762,6 +769,7 @@ def _numbers(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> tuple[float | 
             x = fa[i : i + CHUNK].to(wide)
             y = fb[i : i + CHUNK].to(wide)
             d = (y - x).abs().to(torch.float64)
+            # Tolerance's rule, element-wise (_close_value is the same rule for one value).
             same = (x == y) | (torch.isnan(x.abs()) & torch.isnan(y.abs()))
             d = torch.where(same, torch.zeros_like(d), d)
             d = torch.where(torch.isnan(d), torch.full_like(d, math.inf), d)
@@ -769,7 +777,9 @@ def _numbers(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> tuple[float | 
             mx = max(mx, float(d.max())) if d.numel() else mx
             sq_d += float((d * d).sum())
             sq_a += float((torch.where(torch.isfinite(ax), ax, torch.zeros_like(ax)) ** 2).sum())
-            close = close and bool((d <= tol.atol + tol.rtol * ax).all())
+            finite = torch.isfinite(x) & torch.isfinite(y)
+            within = finite & (d <= tol.atol + tol.rtol * ax)
+            close = close and bool((same | within).all())
     except (RuntimeError, TypeError):  # a dtype without CPU arithmetic: compare nothing
         return None, None, False
     rel = math.sqrt(sq_d) / math.sqrt(sq_a) if sq_a > 0 else (0.0 if sq_d == 0 else math.inf)
@@ -793,13 +803,30 @@ def _same_value(a: Any, b: Any, tol: Tolerance) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same_value(x, y, tol) for x, y in zip(a, b, strict=True))
     if _is_num(a) and _is_num(b):
-        fa, fb = float(a), float(b)
         if isinstance(a, int) and isinstance(b, int):
             return bool(a == b)
-        if math.isnan(fa) or math.isnan(fb):
-            return math.isnan(fa) and math.isnan(fb)
-        return fa == fb or abs(fb - fa) <= tol.atol + tol.rtol * abs(fa)
+        try:
+            return _close_value(float(a), float(b), tol)
+        except OverflowError:  # an int past every float: only an exact match is equal
+            return bool(a == b)
     return bool(a == b) and type(a) is type(b)
+
+
+def _close_value(fa: float, fb: float, tol: Tolerance) -> bool:
+    """:class:`Tolerance`'s rule for one pair of numbers (``_numbers`` applies it element-wise).
+
+    Example:
+        >>> t = Tolerance(rtol=0.5)
+        >>> _close_value(math.inf, 1.0, t), _close_value(1.0, math.inf, t)
+        (False, False)
+        >>> _close_value(math.nan, math.nan, t), _close_value(math.inf, -math.inf, t)
+        (True, False)
+    """
+    if fa == fb or (math.isnan(fa) and math.isnan(fb)):
+        return True
+    if not (math.isfinite(fa) and math.isfinite(fb)):
+        return False
+    return abs(fb - fa) <= tol.atol + tol.rtol * abs(fa)
 
 
 def _is_num(v: Any) -> bool:

@@ -35,6 +35,17 @@ A checkpoint's status:
     tensor held different bytes (``CK-F120``, recorded in its manifest's ``replicas``;
     :mod:`ckptkit.replicas`). Never verified, never ``latest``, never restored or rolled
     back to; retention keeps it as evidence, like a corrupt one.
+``untrusted``
+    the run has a key and it does not vouch for this checkpoint: its manifest (or a rank
+    manifest) is unsigned, signed with another key, or changed after it was signed
+    (``CK-M010``/``CK-M011``). Never restored, loaded, rolled back to or counted as good
+    under the key, and never deleted by retention: it says who wrote it, not that its bytes
+    are damaged (delete it by hand once you know it is not yours).
+``unsound``
+    its bytes are intact but the state they hold cannot be resumed: a completeness or
+    consistency finding (a component missing, values that disagree, a file that needs code
+    to load). Never restored or counted as good, and no retention option deletes it: only
+    damage is deleted.
 ``incomplete``
     a step directory without a manifest.
 
@@ -59,7 +70,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 from ckptkit import codes, signing
 from ckptkit import manifest as mf
@@ -82,14 +93,27 @@ LATEST = "latest"
 """The pointer file: the name of the newest verified checkpoint, one line."""
 INDEX = ".ckptkit-index.json"
 """Run-level record of verify outcomes (and pins added after a save); written under the lock."""
+SIGNED = "signed"
+"""The run index's record that the run is signed, and with which key (its id, and a MAC
+under that key): :meth:`Catalog.mark_signed`."""
 
-Status = Literal["verified", "committed", "corrupt", "unreadable", "incomplete", "replica-divergent"]
+Status = Literal[
+    "verified", "committed", "corrupt", "unreadable", "incomplete", "replica-divergent",
+    "untrusted", "unsound",
+]
 
-UNUSABLE: frozenset[Status] = frozenset({"corrupt", "incomplete", "replica-divergent"})
+UNUSABLE: frozenset[Status] = frozenset(
+    {"corrupt", "incomplete", "replica-divergent", "untrusted", "unsound"}
+)
 """Statuses a run never resumes from nor counts as good, known without reading bytes again:
-damaged, unfinished, or whole but with replicas that disagree (``CK-F120``). Kept as
-evidence until ``prune --delete-corrupt``. (``unreadable``: the step or manifest cannot be
+damaged, unfinished, whole but with replicas that disagree (``CK-F120``), not vouched for
+by the run's key, or whole but unsound. (``unreadable``: the step or manifest cannot be
 read, so what it holds is unknown; never deleted, judged from its bytes when it matters.)"""
+DELETABLE: frozenset[Status] = frozenset({"corrupt", "incomplete", "replica-divergent"})
+"""Of :data:`UNUSABLE`, the statuses ``prune --delete-corrupt`` may delete (after a re-verify
+from the bytes shows damage, for ``corrupt``): damaged, unfinished, or evidence of a
+divergence. ``untrusted`` and ``unsound`` checkpoints have intact bytes: no retention
+option deletes them."""
 
 
 def step_dir_name(step: int) -> str:
@@ -442,18 +466,22 @@ class Catalog:
                 step, p, "unreadable", size, _stored_at(p), problem=f"{e.code}: {e.what}"
             )
         except CkptkitError as e:
+            # A manifest that cannot be parsed is damage; one the key does not vouch for
+            # is untrusted (codes.outcome: the one classification of a finding).
+            found = codes.outcome([e.code])
+            status: Status = "untrusted" if found == "untrusted" else "corrupt"
             return CheckpointInfo(
-                step, p, "corrupt", size, _stored_at(p), problem=f"{e.code}: {e.what}"
+                step, p, status, size, _stored_at(p), problem=f"{e.code}: {e.what}"
             )
         mtime = _created_at(man) or _stored_at(p)
-        status: Status = "committed"
+        status = "committed"
         problem: str | None = None
         verdict = self.verdict(p.name, digest, rec)
         verified_at = verdict.at
         wrong_place = misplaced(p.name, man.step)
         if wrong_place is not None:
             # Not a checkpoint of this step, whatever a verify recorded for its bytes.
-            status, problem = "corrupt", f"{codes.S020}: {wrong_place}"
+            status, problem = "unsound", f"{codes.S020}: {wrong_place}"
         elif verdict.outcome is None:
             problem = verdict.problem
         elif verdict.outcome != "verified":
@@ -515,8 +543,8 @@ class Catalog:
         at = rec.get("at")
         raw = rec.get("outcome")
         outcome: codes.Outcome
-        if raw in ("verified", "corrupt", "unreadable", "replica-divergent"):
-            outcome = raw
+        if raw in get_args(codes.Outcome):
+            outcome = cast(codes.Outcome, raw)
         elif isinstance(rec.get("ok"), bool):  # written before outcomes had names
             outcome = "verified" if rec["ok"] else "corrupt"
         else:
@@ -619,6 +647,54 @@ class Catalog:
         if self.key is not None and signing.check_verdict(name, rec, self.key) is not None:
             return None
         return step
+
+    # --- the run's signing record ----------------------------------------------------------
+
+    def signed_by(self) -> str | None:
+        """The id of the key this run is signed with, as far as its files say; None when
+        nothing says it is signed.
+
+        The run index records it (:meth:`mark_signed`, written by the first writer with a
+        key); a run signed before that record existed, or whose record was removed, is
+        still known by its checkpoints: the key id of the newest signed manifest. A record
+        is a claim (whoever can write the directory can write one): it serves to refuse a
+        writer without the run's key, never to trust a checkpoint. (Framework layouts keep
+        their adopted manifests beside their own files: for them the record alone says it.)
+
+        Example:
+            >>> import tempfile
+            >>> c = Catalog(tempfile.mkdtemp(), key=b"0123456789abcdef")
+            >>> c.signed_by() is None
+            True
+            >>> c.mark_signed(); c.signed_by() == signing.key_id(b"0123456789abcdef")
+            True
+        """
+        if fs.kind(self.root) != "dir":
+            return None
+        rec = self.index().get(SIGNED)
+        if isinstance(rec, dict) and isinstance(rec.get("key_id"), str):
+            return str(rec["key_id"])
+        for _step, paths in sorted(step_dirs(self.root).items(), reverse=True):
+            with contextlib.suppress(OSError, CkptkitError):
+                man, _ = self.manifest(paths[0])
+                if man.signature is not None:
+                    return man.signature.key_id
+        return None
+
+    def mark_signed(self) -> None:
+        """Record in the run index that this run is signed with the catalog's key (the
+        caller holds the run lock); nothing without a key, or when a valid record of this
+        key is there already."""
+        if self.key is None:
+            return
+        idx = self.index()
+        body = {"key_id": signing.key_id(self.key)}
+        rec = idx.get(SIGNED)
+        if isinstance(rec, dict) and rec.get("key_id") == body["key_id"]:
+            if signing.check_verdict(SIGNED, rec, self.key) is None:
+                return
+        idx[SIGNED] = {**body, "mac": signing.sign_verdict(SIGNED, body, self.key)}
+        self._write_index(idx)
 
     def forget(self, names: Iterable[str]) -> None:
         """Drop the index records (verdicts, pins, intents) of deleted checkpoints."""

@@ -530,9 +530,12 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
         infos = listing(run, verify=reverify)
         left = run.leftovers()
         strays = ignored(run)
+        unsigned_note = run.signature_note()
     finally:
         run.close()
     _warn_ignored(strays)
+    if unsigned_note is not None:
+        click.echo(f"note: {unsigned_note}", err=True)
     recs = list(iter_records(run_dir))
     if as_json:
         click.echo(

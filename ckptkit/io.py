@@ -239,14 +239,16 @@ def load(
     wrong = not_a_checkpoint(path)
     if wrong is not None:
         raise wrong
+    k = signing.resolve_key(key)
     obj, _, fit = read_checkpoint(
         path,
+        manifest=manifest_io.read(path, key=k),
+        key=k,
         targets_from=into,
         strict=strict,
         map_location=map_location,
         progress=progress,
         max_bytes=max_bytes,
-        manifest=manifest_io.read(path, key=signing.resolve_key(key)),
     )
     if into is not None and not strict:
         assert fit is not None

@@ -478,6 +478,10 @@ class Manifest:
     """Of a partial manifest: reads the manifest of a rank that was not read, through the
     checks the read made on those it read, and returns its file entries (:meth:`entry`).
     Not part of the content."""
+    vouched: str | None = field(default=None, compare=False)
+    """The id of the key (:func:`ckptkit.signing.key_id`) whose signature this manifest,
+    and every rank manifest read with it, was checked under when it was parsed; None when
+    it was read without a key. Not part of the content: :meth:`trusted` reads it."""
 
     @property
     def complete(self) -> bool:
@@ -733,6 +737,38 @@ class Manifest:
             m.__dict__["digest"] = d["manifest_digest"]
         return m
 
+    def trusted(self, key: bytes | None, *, path: object = MANIFEST_NAME) -> Manifest:
+        """Return this manifest if ``key`` vouched for it when it was read, else raise.
+
+        The one trust decision is made where a manifest is parsed (:func:`parse` with the
+        key: the root's signature and every rank manifest's); a reader handed a manifest
+        makes this check so that none ever uses one that was read without the key, or
+        under another one. Without a key every manifest passes.
+
+        Raises:
+            SignatureError: ``CK-M010``, a key is configured and this manifest was not
+                checked under it.
+
+        Example:
+            >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={})
+            >>> m.trusted(None) is m
+            True
+            >>> m.trusted(b"0123456789abcdef")
+            Traceback (most recent call last):
+            ...
+            ckptkit.errors.SignatureError: CK-M010 manifest.json: ...
+        """
+        if key is None or self.vouched == signing.key_id(key):
+            return self
+        raise codes.error(
+            codes.M010,
+            "a key is configured, but this manifest was not checked under it (read without "
+            "the key, or with another one): its origin is not proven",
+            path=path,
+            hint="read the checkpoint with the key (ckptkit.checkpoint.manifest_io.read(path, "
+            "key=...)) and pass that manifest on",
+        )
+
     @classmethod
     def from_json(
         cls,
@@ -748,13 +784,17 @@ class Manifest:
         with _gc_paused():
             obj, read, root_tree = _parse(text, path, key, ranks, only)
             m = cls.from_dict(obj)
+            read_with: dict[str, Any] = {}
+            if key is not None:  # _parse checked the signatures under it, or raised
+                read_with["vouched"] = signing.key_id(key)
             if m.ranks:  # a root: what was read of it, and its own tree
-                m = replace(
-                    m,
+                read_with.update(
                     read_ranks=read,
                     root_tree=root_tree,
                     read_later=None if read is None else _later_reader(obj, path, key, ranks),
                 )
+            if read_with:
+                m = replace(m, **read_with)
                 m.__dict__["digest"] = obj["manifest_digest"]  # replace() drops the cache
             return m
 

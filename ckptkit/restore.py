@@ -26,6 +26,7 @@ from ckptkit.capture.state import (
     read_together,
 )
 from ckptkit.catalog import CheckpointInfo
+from ckptkit.checkpoint import manifest_io
 from ckptkit.checkpoint.read import read_checkpoint
 from ckptkit.collective import Collective, consensus, current
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
@@ -85,6 +86,13 @@ def restore_candidate(
     man: mf.Manifest | None = None
     rep = None
     try:
+        # The trust decision first: the manifest (and every rank manifest this rank reads)
+        # as the key vouches for it, or the error that says why not. Every check and read
+        # below works on this manifest and never reads it again.
+        if manifest is None:
+            manifest = manifest_io.read(
+                path, key=key, only=lambda root: manifests_to_read(root, coll.rank)
+            )
         # Manifest-level checks only: the read below verifies every digest.
         rep = verify_one(
             path,
@@ -93,7 +101,6 @@ def restore_candidate(
             options={"scan_values": False, "read_files": False},
             manifest=manifest,
             key=key,
-            only=lambda root: manifests_to_read(root, coll.rank),
         )
         if rep.gone:
             raise codes.error(codes.F020, "deleted while it was being restored", path=path)
@@ -102,10 +109,11 @@ def restore_candidate(
         # Targets are best effort here: restore_tree judges the fit, with its own codes.
         obj, man, _ = read_checkpoint(
             path,
+            manifest=manifest,
+            key=key,
             targets_from=state.targets(),
             strict=False,
             progress=False,
-            manifest=rep.manifest,
         )
     except CkptkitError as e:
         err = e
@@ -176,13 +184,18 @@ def restore_candidate(
     return result
 
 
+_CANDIDATE = frozenset({"verified", "committed", "corrupt", "unreadable", "untrusted", "unsound"})
+"""Statuses a restore reads (again): all but an unfinished save and a divergent state."""
+
+
 def candidates(
     infos: list[CheckpointInfo], *, step: int | None, healthy: bool, root: Location
 ) -> tuple[list[CheckpointInfo], list[str]]:
     """The checkpoints a restore may try, oldest first, and notes on those passed over.
 
-    Committed, verified, unreadable and corrupt ones are candidates (the caller reads a
-    recorded corrupt one again: the record is a claim, not proof); ``healthy`` keeps those whose recorded health
+    Every status but ``incomplete`` and ``replica-divergent`` is a candidate (the caller
+    reads a recorded corrupt, untrusted or unsound one again: the record is a claim, not
+    proof, and a restore under the key refuses what the key does not vouch for itself); ``healthy`` keeps those whose recorded health
     is ``ok`` (all of the newest good one when the run has no health data); ``step`` keeps
     that step only.
 
@@ -191,7 +204,7 @@ def candidates(
             every step directory incomplete).
     """
     diverged = [c for c in infos if c.status == "replica-divergent"]
-    infos = [c for c in infos if c.status in ("verified", "committed", "corrupt", "unreadable")]
+    infos = [c for c in infos if c.status in _CANDIDATE]
     notes: list[str] = []
     if step is not None and any(c.step == step for c in diverged):
         c = next(c for c in diverged if c.step == step)

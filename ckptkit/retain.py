@@ -11,13 +11,16 @@ a run, whatever its layout, with the rules that make deletion safe:
    nothing it would have justified is deleted;
 3. the newest good checkpoint is never deleted, whatever the plan says;
 4. a checkpoint is deleted *as corrupt* only after it failed a verify from its bytes
-   just now, with evidence of damage: a recorded ``corrupt`` is a claim of the run index
-   (unsigned without a key, and possibly a transient failure). If it verifies now, or
-   cannot be read for a reason that is not damage (``unreadable``), or its only faults say
-   nothing about its bytes (:data:`WHOLE_BUT`: a wrong key, a renamed directory, a file
-   that needs code to load), it is kept;
-5. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
-6. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
+   just now, with evidence of damage (:func:`ckptkit.codes.damage`): a recorded
+   ``corrupt`` is a claim of the run index (unsigned without a key, and possibly a
+   transient failure). If it verifies now, or cannot be read for a reason that is not
+   damage (``unreadable``), or its bytes are intact but it is ``untrusted`` or ``unsound``
+   (:data:`KEPT_BECAUSE`), it is kept;
+5. an ``untrusted`` or ``unsound`` checkpoint (intact bytes) is never deleted by any
+   option, and the newest checkpoint whose bytes are intact is never deleted either
+   (:func:`rotation.plan`);
+6. an ``unreadable`` checkpoint is never deleted (:func:`rotation.plan` keeps it);
+7. the loop of rule 2 always ends: when a failed re-verify did not change the plan (the
    checkpoint that failed is still the newest the plan counts good: the run could not
    record the failure, e.g. a manifest it cannot parse or an index it cannot write),
    nothing is deleted and :attr:`Outcome.stopped` says why. Each round that goes on has
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ckptkit import codes, crashpoints, rotation
-from ckptkit.catalog import UNUSABLE, CheckpointInfo
+from ckptkit.catalog import DELETABLE, UNUSABLE, CheckpointInfo
 from ckptkit.codes import Finding
 
 log = logging.getLogger("ckptkit")
@@ -89,7 +92,7 @@ class Outcome:
     rechecked: list[str] = field(default_factory=list)
     """Checkpoints verified again before deleting (and what was found)."""
     stopped: str | None = None
-    """Why nothing was deleted although the policy asked for deletions (rule 4), else None."""
+    """Why nothing was deleted although the policy asked for deletions (rule 7), else None."""
 
 
 def plan(run: RunStore, policy: Policy) -> rotation.RetentionPlan:
@@ -120,7 +123,7 @@ def apply(
     """
     rechecked: list[str] = []
     failed: dict[int, str] = {}
-    """Steps whose re-verify failed in this call, and how (rule 6)."""
+    """Steps whose re-verify failed in this call, and how (rule 7)."""
     stopped: str | None = None
     while True:
         p = plan(run, policy)
@@ -184,61 +187,58 @@ def apply(
     return out
 
 
-WHOLE_BUT: dict[str, str] = {
-    codes.M010: "it is unsigned under the key in use, which says who wrote it, not that its "
-    "bytes are damaged (a new key?); never restored under this key, delete it by hand if it "
-    "is not yours",
-    codes.M011: "it is signed with another key, which says who wrote it, not that its bytes "
-    "are damaged (a wrong key?); never restored under this key, delete it by hand if it is "
-    "not yours",
-    codes.F103: "a file of it needs code, or globals off its framework's allow-list, to "
-    "load: its bytes are whole, but no resume loads it (a planted pickle, or a numpy value "
-    "the framework refuses); convert that file or delete the checkpoint by hand",
-    codes.S020: "its manifest records another step than its directory's name (a copy, or a "
-    "rename that may be the only copy): its bytes are whole; rename it to its step or delete "
-    "it by hand",
+KEPT_BECAUSE: dict[str, str] = {
+    "verified": "it verified from its bytes before deleting",
+    "unreadable": "unreadable now (not evidence of damage)",
+    "untrusted": "the key in use does not vouch for it, which says who wrote it, not that "
+    "its bytes are damaged (a new key?); never restored under this key, delete it by hand "
+    "if it is not yours",
+    "unsound": "its bytes are intact; what they hold cannot be resumed (a component "
+    "missing, values inconsistent, a file that needs code, a manifest of another step): "
+    "fix or delete it by hand",
+    "replica-divergent": "its bytes are intact; kept as evidence of a divergence",
 }
-"""Findings that make a checkpoint unusable but are no evidence that its bytes are damaged:
-``delete_corrupt`` never deletes a checkpoint whose only faults are these (a wrong key must
-not empty a run; a renamed checkpoint may be the only copy of its step; a file that needs
-code is evidence to keep, never run)."""
+"""Why a checkpoint recorded corrupt is kept after all, by what its re-verify found: only
+damage (:func:`ckptkit.codes.damage`) is deleted as corrupt (a wrong key must not empty a
+run; a renamed checkpoint may be the only copy of its step; a file that needs code is
+evidence to keep, never run)."""
 
 
 def _recheck_corrupt(
     run: RunStore, info: CheckpointInfo, out: Outcome
-) -> tuple[str, bool] | None:
+) -> tuple[str, codes.Outcome] | None:
     """Verify a checkpoint recorded corrupt from its bytes before it is deleted as corrupt.
 
-    Returns None when its bytes show damage now (delete it); else why it is kept and whether
-    it is unreadable now: it verifies, it cannot be read now (a permission, EIO:
-    ``CK-F025``), or its only faults are in :data:`WHOLE_BUT`. The run records the outcome.
+    Returns None when its bytes show damage now (delete it); else why it is kept and what
+    its re-verify found: it verifies, it cannot be read now (a permission, EIO:
+    ``CK-F025``), or its bytes are intact (:data:`KEPT_BECAUSE`). The run records the outcome.
     """
     bad = run.reverify(info)
     found = codes.outcome(f.code for f in bad)
-    if found == "corrupt" and all(f.code in WHOLE_BUT for f in bad):
-        why = f"keep: recorded corrupt, but {bad[0].code}: {WHOLE_BUT[bad[0].code]}"
-    elif found == "verified":
-        why = "keep: recorded corrupt, but it verified from its bytes before deleting"
-    elif found == "unreadable":
-        why = "keep: recorded corrupt, but unreadable now (not evidence of damage)"
-    else:
+    if found == "corrupt":
         out.rechecked.append(f"{_name(info)}: {bad[0].code} {bad[0].message}")
         return None
+    why = f"keep: recorded corrupt, but {KEPT_BECAUSE[found]}"
     first = f"{bad[0].code} {bad[0].message}" if bad else "verified again, ok"
     out.rechecked.append(f"{_name(info)}: {first}; kept")
     log.warning("ckptkit: %s is not deleted as corrupt: %s", _name(info), why.removeprefix("keep: "))
-    return why, found == "unreadable"
+    return why, found
 
 
 def _kept(
-    plan: rotation.RetentionPlan, step: int, reason: str, unreadable: bool
+    plan: rotation.RetentionPlan, step: int, reason: str, found: codes.Outcome
 ) -> rotation.RetentionPlan:
     """``plan`` with the checkpoint of ``step``, recorded corrupt, kept after all for
     ``reason`` (its bytes, read again before deleting, showed no damage)."""
     decisions = tuple(
         replace(
             d, keep=True, reason=reason,
-            ckpt=replace(d.ckpt, corrupt=False, unreadable=unreadable),
+            ckpt=replace(
+                d.ckpt,
+                corrupt=False,
+                unreadable=found == "unreadable",
+                intact=found in ("untrusted", "unsound"),
+            ),
         )
         if d.ckpt.step == step
         else d
@@ -268,8 +268,10 @@ def _info(c: CheckpointInfo, policy: Policy) -> rotation.CkptInfo:
         verified=c.status in policy.good,
         # A replica-divergent checkpoint is whole but not trustworthy: kept as evidence
         # like a corrupt one (delete_corrupt removes it), never counted as good.
-        corrupt=c.status in UNUSABLE,
+        corrupt=c.status in DELETABLE,
         unreadable=c.status == "unreadable",
+        # Intact bytes the run cannot use (untrusted, unsound): never counted, never deleted.
+        intact=c.status in UNUSABLE and c.status not in DELETABLE,
         pinned=frozenset({*c.pins, ONLY_PIN} if spared else c.pins),
         health=c.health,
         time=c.time,

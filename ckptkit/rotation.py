@@ -40,7 +40,7 @@ class CkptInfo:
 
     Example:
         >>> CkptInfo(step=1000, size=2_000_000, verified=True, pinned=frozenset({"best"}))
-        CkptInfo(step=1000, size=2000000, verified=True, corrupt=False, pinned=frozenset({'best'}), health=None, time=0.0, unreadable=False)
+        CkptInfo(step=1000, size=2000000, verified=True, corrupt=False, pinned=frozenset({'best'}), health=None, time=0.0, unreadable=False, intact=False)
     """
 
     step: int
@@ -61,6 +61,10 @@ class CkptInfo:
     unreadable: bool = False
     """True when its last read failed for a reason that is not damage (``CK-F025``): it
     may be whole, so no rule deletes it; it does not count toward ``keep_last`` either."""
+    intact: bool = False
+    """True when its bytes are intact but the run cannot use it (``untrusted``: the key does
+    not vouch for it; ``unsound``: a completeness or consistency finding): no rule deletes
+    it, and it does not count toward ``keep_last``. Only damage is deleted."""
 
     @property
     def good(self) -> bool:
@@ -348,7 +352,9 @@ def plan(
        ``delete_corrupt=True``: they are evidence, and deleting them must be asked
        for. They never count toward ``keep_last`` and ``max_bytes`` never drops them
        (it does count their bytes). Unreadable ones are always kept, with the same
-       protection: they may be whole, and nothing has shown otherwise.
+       protection: they may be whole, and nothing has shown otherwise; so are intact
+       ones the run cannot use (``intact``: untrusted or unsound), whatever the options:
+       only damage is deleted.
     4. Otherwise a checkpoint is kept if any policy keeps it: :class:`KeepLast`
        (``keep_last``), :class:`KeepEvery` (``keep_every``), :class:`KeepHealthy`
        (``keep_healthy``) and :class:`KeepPending` (unverified ones newer than the
@@ -405,6 +411,13 @@ def plan(
             why.append(
                 "keep: unreadable now (not evidence of damage); retried later, never "
                 "deleted by retention"
+            )
+            protected.append(True)
+        elif c.intact and not c.corrupt:
+            keep.append(True)
+            why.append(
+                "keep: its bytes are intact but it cannot be resumed (untrusted or unsound); "
+                "never deleted by retention, delete it by hand"
             )
             protected.append(True)
         elif c.corrupt:

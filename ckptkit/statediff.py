@@ -364,7 +364,7 @@ def _read(path: str | Path, *, key: bytes | None) -> _State:
 
 def _read_native(loc: fs.Location, *, key: bytes | None) -> _State:
     m = manifest_io.read(loc, key=key)
-    tree, m, _ = read_checkpoint(loc, manifest=m)
+    tree, m, _ = read_checkpoint(loc, manifest=m, key=key)
     st = _State(str(loc), "ckptkit", m.step)
     if not isinstance(tree, Mapping):
         st.parts["state"] = dict(_leaves(tree))

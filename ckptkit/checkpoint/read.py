@@ -17,7 +17,6 @@ import torch
 
 from ckptkit import _progress, codes
 from ckptkit import manifest as mf
-from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
 from ckptkit.fit import FitReport, match_targets
 from ckptkit.format import dtypes, tree
@@ -129,7 +128,8 @@ def read_checkpoint(
     map_location: str | torch.device | None = "cpu",
     progress: bool | None = None,
     max_bytes: int | None = None,
-    manifest: mf.Manifest | None = None,
+    manifest: mf.Manifest,
+    key: bytes | None,
 ) -> tuple[Any, mf.Manifest, FitReport | None]:
     """Read a checkpoint, verifying every file's size, header and digest while streaming.
 
@@ -145,18 +145,23 @@ def read_checkpoint(
         progress: force the progress bar on/off.
         max_bytes: refuse checkpoints declaring more tensor bytes than this (default:
             physical RAM), before allocating anything.
-        manifest: an already read manifest of ``path``. A partial one (a restoring rank's,
-            :attr:`~ckptkit.manifest.Manifest.read_ranks`) reads the files of its ranks
-            and rebuilds its tree (the RNG states of those ranks only).
+        manifest: the manifest of ``path``, read by the caller
+            (:func:`ckptkit.checkpoint.manifest_io.read`, with ``key``): this reader never
+            reads one itself, so none is ever read here without the key. A partial one (a
+            restoring rank's, :attr:`~ckptkit.manifest.Manifest.read_ranks`) reads the
+            files of its ranks and rebuilds its tree (the RNG states of those ranks only).
+        key: the key configured for this read (None: none): ``manifest`` must have been
+            checked under it (:meth:`~ckptkit.manifest.Manifest.trusted`).
 
     Returns:
         ``(object, manifest, fit report or None without targets)``.
 
     Raises:
         StateError: ``CK-R010`` a target does not fit (``strict``).
+        SignatureError: ``CK-M010``, ``key`` is given and ``manifest`` was not read under it.
     """
     root = fs.location(path)
-    m = manifest or manifest_io.read(root)
+    m = manifest.trusted(key, path=fs.url(root / atomic.MANIFEST_NAME))
     limit = max_bytes if max_bytes is not None else _max_bytes_default()
     need = sum(t.nbytes for t in m.tensors)
     if need > limit:

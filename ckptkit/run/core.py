@@ -206,16 +206,22 @@ class Run:
         at open, before any training, not at the first save; taking it removes the
         leftovers of an interrupted save or deletion (temporary directories, half-written
         ``latest``/index replacements), with a warning naming them. A read-only run only
-        reports them. A committed checkpoint is never touched.
+        reports them, and warns when it is signed but opened without a key. A committed
+        checkpoint is never touched.
 
         Raises:
             LockHeldError: writable, and another live writer holds the run.
+            SignatureError: ``CK-R012``, writable, and the run is signed with a key this
+                run was not given.
         """
         if current().rank != 0:
             return
         if not self.readonly:
             self.writer()
             return
+        note = self.signature_note()
+        if note is not None:
+            log.warning("ckptkit: %s", note)
         left = [p.name for p in self.leftovers()]
         if left:
             log.warning("ckptkit: %s (left in place: opened read-only)", _leftovers_note(self.root, left))
@@ -227,17 +233,56 @@ class Run:
         Raises:
             NotWritableError: the run was opened read-only.
             LockHeldError: another live process holds the lock.
+            SignatureError: ``CK-R012``, the run is signed with a key this run was not
+                given (:meth:`_keep_signed`).
         """
         if self._lock is not None:
             return
         self._refuse_readonly()
         lock = lock_for(self.meta, timeout=self.lock_timeout, lease_ttl=self.lease_ttl)
         lock.acquire()
+        try:
+            self._keep_signed()
+        except BaseException:
+            lock.release()
+            raise
         self._lock = lock
         left = [p.name for p in self.leftovers()]
         if left:
             log.warning("ckptkit: %s; cleaning up", _leftovers_note(self.root, left))
         self._clean()
+
+    def signed_by(self) -> str | None:
+        """The id of the key this run is signed with (:meth:`Catalog.signed_by`), or None."""
+        return self.catalog.signed_by()
+
+    def signature_note(self) -> str | None:
+        """What a command run without a key should say of a signed run, or None."""
+        if self.key is not None:
+            return None
+        kid = self.signed_by()
+        if kid is None:
+            return None
+        return (
+            f"{self.root} is a signed run (key id {kid}); without its key, signatures are not "
+            "checked and nothing here proves who wrote a checkpoint: pass --key-file (or set "
+            f"{signing.ENV_KEY_FILE})"
+        )
+
+    def _keep_signed(self) -> None:
+        """A run saved with a key stays signed (the caller just took the lock): a writer
+        without the run's key, or with another, is refused before it writes or deletes
+        anything (``CK-R012``); a writer with a key records that the run is signed."""
+        kid = self.signed_by()
+        mine = signing.key_id(self.key) if self.key is not None else None
+        if kid is not None and kid != mine:
+            given = "without a key" if mine is None else f"with another key (id {mine})"
+            raise codes.error(
+                codes.R012,
+                f"this run is signed (key id {kid}) and was opened for writing {given}",
+                path=self.root,
+            )
+        self.catalog.mark_signed()
 
     def fence(self) -> None:
         """Raise unless this run may delete: it was opened writable and holds the lock

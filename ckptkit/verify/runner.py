@@ -109,6 +109,13 @@ def verify_one(
             # away mid-check: gone, not damaged (see below). Still there: a real error.
             if not (existed and fs.kind(root) is None):
                 raise
+    if err is not None and "integrity" not in fams:
+        # Without a manifest the key vouches for, no family's verdict means anything: the
+        # manifest's own finding (the integrity family's) is never dropped.
+        code = err.code if err.code in CODES else codes.F024
+        findings.append(
+            CODES[code].finding(err.what, path=atomic.MANIFEST_NAME, hint=err.hint)
+        )
     if m is not None and "consistency" in fams:  # what the saver found and accepted
         values = ctx.options.get("scan_values", True) is not False
         findings = atsave.reconcile(m, findings, values_scanned=values)

@@ -63,9 +63,14 @@ def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for s in (10, 20):
                 ts.step = s
                 mgr.save(ts)
-        with ckptkit.CheckpointManager(root, keep_last=10) as mgr:
+        # A writer without the key is refused in a signed run (CK-R012): the planted
+        # checkpoint is saved elsewhere and moved in, as someone who can write the
+        # directory would.
+        side = root.parent / "side"
+        with ckptkit.CheckpointManager(side, keep_last=10) as mgr:
             ts.step = 30
             mgr.save(ts)
+        shutil.move(str(side / "step-00000030"), str(root / "step-00000030"))
     return root
 
 
@@ -99,12 +104,12 @@ def test_ls_with_key_file_marks_the_unsigned_checkpoint(
     p = _ckptkit(cli_zygote, "ls", str(run), "--json")
     assert p.returncode == 0, p.stderr
     assert {c["step"]: c["status"] for c in json.loads(p.stdout)["checkpoints"]} == {
-        10: "verified", 20: "verified", 30: "verified"
+        10: "verified", 20: "verified", 30: "committed"  # moved in: never verified here
     }
     p = _ckptkit(cli_zygote, "ls", str(run), "--json", "--key-file", str(key_file))
     assert p.returncode == 1, p.stderr
     st = {c["step"]: c["status"] for c in json.loads(p.stdout)["checkpoints"]}
-    assert st == {10: "verified", 20: "verified", 30: "corrupt"}
+    assert st == {10: "verified", 20: "verified", 30: "untrusted"}
     # The environment's key file gives the same verdicts as the option (in a new interpreter:
     # the variable is there from the start, as a user sets it).
     q = fresh_ckptkit("ls", run, "--json", env=_env(CKPTKIT_HMAC_KEY_FILE=str(key_file)))

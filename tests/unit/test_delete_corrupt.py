@@ -1,19 +1,22 @@
-"""Issue 23: ``prune --delete-corrupt`` deletes damage only, never a checkpoint whose faults
-say nothing about its bytes (``retain.WHOLE_BUT``). A wrong or new key never empties a run:
-under a key, unsigned checkpoints (or ones signed with another key) list as corrupt and are
-never restored, but they are kept. A renamed checkpoint (CK-S020) is kept the same way.
-Real damage under the right key is still deleted."""
+"""Issues 23 and 39: ``prune --delete-corrupt`` deletes damage only (``codes.damage``), never
+a checkpoint whose bytes are intact. A wrong or new key never empties a run: under a key,
+unsigned checkpoints list as ``untrusted`` and are never restored, but they are kept; a run
+signed with another key refuses the writer outright (CK-R012). A renamed checkpoint
+(CK-S020) and a framework file that needs code (CK-F103) are ``unsound`` and kept the same
+way. Real damage under the right key is still deleted."""
 
 from __future__ import annotations
 
 import secrets
 from pathlib import Path
 
+import pytest
 from hostile import STEPS, make_run, train_state
 
 import ckptkit
-from ckptkit import retain, runs
+from ckptkit import codes, retain, runs
 from ckptkit.catalog import step_dir_name
+from ckptkit.errors import SignatureError
 
 
 def _prune_delete_corrupt(run_dir: Path, key: bytes | None) -> set[str]:
@@ -29,7 +32,7 @@ def test_unsigned_checkpoints_survive_delete_corrupt_under_a_new_key(tmp_path: P
     run = make_run(tmp_path / "run")  # saved without a key
     key = secrets.token_bytes(32)
     with ckptkit.CheckpointManager(run, readonly=True, key=key) as mgr:
-        assert {c.status for c in mgr.list()} == {"corrupt"}
+        assert {c.status for c in mgr.list()} == {"untrusted"}
     assert _prune_delete_corrupt(run, key) == {step_dir_name(s) for s in STEPS}
 
 
@@ -40,7 +43,12 @@ def test_checkpoints_signed_with_another_key_survive_delete_corrupt(tmp_path: Pa
         for s in STEPS:
             ts.step = s
             mgr.save(ts)
-    assert _prune_delete_corrupt(tmp_path / "run", new_key) == {step_dir_name(s) for s in STEPS}
+    with pytest.raises(SignatureError) as e:
+        _prune_delete_corrupt(tmp_path / "run", new_key)
+    assert e.value.code == codes.R012
+    assert {p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("step-")} == {
+        step_dir_name(s) for s in STEPS
+    }
 
 
 def test_damage_under_the_right_key_is_still_deleted(tmp_path: Path) -> None:
@@ -96,7 +104,7 @@ def test_a_framework_file_needing_code_survives_delete_corrupt(tmp_path: Path) -
     run = runs.open_run(d, readonly=False)
     try:
         assert {c.step: c.status for c in runs.listing(run, verify=True)} == {
-            10: "verified", 20: "corrupt"
+            10: "verified", 20: "unsound"
         }
         runs.prune(run, retain.Policy(keep_last=5, delete_corrupt=True))
     finally:

@@ -478,6 +478,7 @@ S012: Final = "CK-S012"
 S013: Final = "CK-S013"
 S020: Final = "CK-S020"
 S021: Final = "CK-S021"
+S030: Final = "CK-S030"
 R001: Final = "CK-R001"
 R002: Final = "CK-R002"
 R003: Final = "CK-R003"
@@ -1056,6 +1057,17 @@ register_code(
     hint="the run uses the directory named step-NNNNNNNN (8 digits) and ignores this one: "
     "it is never restored or pruned; compare the two and remove or move out the one you "
     "do not want",
+)
+register_code(
+    "CK-S030",
+    family="consistency",
+    severity=ERROR,
+    title="stability watch state malformed",
+    hint="the watch state saved with the checkpoint was edited or damaged (a value of the "
+    "wrong type, or one no watch writes: a zero spread, a level past the float range); the "
+    "watch starts afresh and warms up again, so health is 'not judged' for its warm-up. "
+    "Nothing else is lost; if it recurs, roll back to the previous verified checkpoint",
+    component="progress",
 )
 register_code(
     "CK-R001",

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -68,7 +69,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ckptkit import codes
 from ckptkit._jsonval import encode_float
+from ckptkit.errors import CkptkitError
 from ckptkit.records import HEALTH_LEVELS, Health
 
 if TYPE_CHECKING:
@@ -87,6 +90,8 @@ _MAD_TO_SIGMA = 1.4826
 # give infinite z-scores for the first change in the last digit.
 _SCALE_FLOOR = 1e-3
 _LOG_FLOOR = 1e-30
+# A log-scale track holds levels log(max(x, _LOG_FLOOR)) of finite floats: nothing else.
+_LOG_RANGE = (math.log(_LOG_FLOOR), math.log(sys.float_info.max))
 log = logging.getLogger(__name__)
 WATCH_KEY = "stability-watch"
 """The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
@@ -261,6 +266,61 @@ class _Track:
             setattr(self, k, _typed(st, k, int))
         for k in self._FLOATS:
             setattr(self, k, _typed(st, k, float))
+        self._check()
+
+    def _check(self) -> None:
+        """Refuse what no watch writes and :meth:`push` could not survive (ValueError).
+
+        A watch's own state always holds these: finite levels (on a log scale, within the
+        logs of finite floats), changes that are numbers, spreads above zero
+        (:meth:`recompute` floors them), the statistics set once the baseline is ready,
+        trigger counts that count the triggers. A zero spread would divide by zero in the
+        next :meth:`push`; a level past the float range would overflow ``exp``.
+        """
+        lo, hi = _LOG_RANGE if self.spec.log else (-sys.float_info.max, sys.float_info.max)
+
+        def level(key: str, v: float, *, unset: float = math.nan) -> None:
+            if (math.isnan(unset) and math.isnan(v)) or v == unset:
+                return
+            if not lo <= v <= hi:
+                scale = "log-scale " if self.spec.log else ""
+                raise ValueError(f"{key!r} is {v!r}, not a finite {scale}level")
+
+        def spread(key: str, v: float, *, zero: bool = False) -> None:
+            if v < 0 or (v == 0 and not zero):  # NaN: not set
+                raise ValueError(f"{key!r} is {v!r}, not a spread above zero")
+
+        for v in self.values:
+            level("values", v)
+        for v in self.diffs:
+            # Two finite levels differ by a number (past the float range: inf); on a log
+            # scale by a finite one.
+            if math.isnan(v) or (self.spec.log and not math.isfinite(v)):
+                raise ValueError(f"'diffs' holds {v!r}, not a step-to-step change")
+        for _, v in self.ref_level:
+            level("ref_level", v)
+        for v in self.spreads:
+            if not v > 0:
+                raise ValueError(f"'spreads' holds {v!r}, not a spread above zero")
+        level("med", self.med)
+        level("med_recent", self.med_recent)
+        level("best", self.best, unset=math.inf)
+        spread("sig", self.sig)
+        spread("dsig_base", self.dsig_base)
+        spread("dsig_recent", self.dsig_recent, zero=True)
+        spread("spread_ref", self.spread_ref)
+        if self.ready:
+            unset = [k for k in ("med", "sig", "dsig_base", "med_recent", "best")
+                     if not math.isfinite(getattr(self, k))]
+            if unset:
+                raise ValueError(f"the baseline is ready but {', '.join(unset)} not set")
+        if self.n_warn != sum(t >= 1 for t in self.trig) or self.n_crit != sum(
+            t >= 2 for t in self.trig
+        ):
+            raise ValueError("'n_warn'/'n_crit' do not count the triggers in 'trig'")
+        for k in ("since", "count"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k!r} is negative")
 
     def transform(self, x: float) -> float:
         return math.log(max(x, _LOG_FLOOR)) if self.spec.log else x
@@ -269,6 +329,12 @@ class _Track:
         """Recompute the baseline and recent statistics: O(window + recent)."""
         w.recomputes += 1
         self.since = 0
+        # Levels past ±1e308 differ by inf, and inf - inf is NaN: a statistic that is not
+        # finite judges nothing (every test asks isfinite or compares), it never raises.
+        with np.errstate(invalid="ignore", over="ignore"):
+            self._recompute(w)
+
+    def _recompute(self, w: StabilityWatch) -> None:
         n_recent = min(w.recent, len(self.values))
         vals = np.fromiter(self.values, dtype=np.float64, count=len(self.values))
         base = vals[: len(vals) - n_recent]
@@ -335,7 +401,7 @@ class _Track:
                     )
                 )
         if armed and self.spec.regression and self.spec.log and math.isfinite(self.best):
-            ratio = math.exp(self.med_recent - self.best)
+            ratio = _exp(self.med_recent - self.best)
             if w.regress_warn is not None and ratio >= w.regress_warn:
                 crit = w.regress_critical is not None and ratio >= w.regress_critical
                 out.append(
@@ -367,7 +433,7 @@ class _Track:
         """Level and spread against the healthiest baselines of the last ``ref_horizon`` steps."""
         out: list[Signal] = []
         ref = self.ref_level[0][1]
-        ratio = math.exp(self.med_recent - ref)
+        ratio = _exp(self.med_recent - ref)
         if self.spec.drift and w.drift_warn is not None and ratio >= w.drift_warn:
             crit = w.drift_critical is not None and ratio >= w.drift_critical
             out.append(
@@ -430,7 +496,7 @@ class _Track:
         ref, sref = self.ref_level[0][1], self.spread_ref
         return {
             "reference_median": encode_float(math.exp(ref)),
-            "drift_ratio": encode_float(math.exp(self.med_recent - ref)),
+            "drift_ratio": encode_float(_exp(self.med_recent - ref)),
             "spread_drift_ratio": encode_float(self.dsig_recent / sref)
             if math.isfinite(self.dsig_recent)
             else None,
@@ -649,35 +715,76 @@ class StabilityWatch:
             "tracks": {name: tr.state() for name, tr in self.tracks.items()},
         }
 
-    def load_state_dict(self, state: Any, *, where: str = "the checkpoint") -> bool:
+    def load_state_dict(
+        self, state: Any, *, where: str = "the checkpoint", strict: bool = False
+    ) -> bool:
         """Go on from a :meth:`state_dict` saved with a checkpoint; True when it did.
 
         False, with a warning naming ``where`` and why, when the state was saved by a
         watch with other parameters (its windows would be judged by thresholds they were
-        not built for) or is malformed (it comes from a file): the watch is then reset and
-        warms up again, judging nothing it cannot. The listeners stay as they are.
+        not built for) or is malformed (``CK-S030``; it comes from a file): a value of the
+        wrong type, or one no watch writes and the next :meth:`update` could not survive
+        (a zero or negative spread, a level past the float range, trigger counts that do
+        not count the triggers). The watch is then reset and warms up again, judging
+        nothing it cannot. The listeners stay as they are. Every state this method takes
+        is one :meth:`update` and :meth:`health` work from.
+
+        Args:
+            state: what :meth:`state_dict` returned, read back from a file.
+            where: the file or checkpoint it came from, for the message.
+            strict: raise on a malformed state instead of warning (the watch is left as
+                it was).
+
+        Raises:
+            StateError: ``CK-S030``, with ``strict``, the state is malformed.
+
+        Example:
+            >>> w = StabilityWatch()
+            >>> w.load_state_dict({"version": 1}, where="x.ckpt", strict=True)
+            Traceback (most recent call last):
+            ...
+            ckptkit.errors.StateError: CK-S030 the stability watch's state in x.ckpt is malformed: ...
+        """
+        try:
+            fresh = self._restored(state, where)
+        except CkptkitError as e:
+            if strict:
+                raise
+            log.warning("ckptkit: %s %s; the watch starts afresh (warming up for %d steps)",
+                        e.code, e.what, self.warmup)
+            self.reset()
+            return False
+        if fresh is None:
+            log.warning(
+                "ckptkit: the stability watch's state in %s was saved with other "
+                "parameters; the watch starts afresh (warming up for %d steps)",
+                where, self.warmup)
+            self.reset()
+            return False
+        vars(self).update({k: v for k, v in vars(fresh).items() if k != "listeners"})
+        return True
+
+    def _restored(self, state: Any, where: str) -> StabilityWatch | None:
+        """A copy of this watch filled from ``state``; None when saved with other parameters.
+
+        Raises:
+            StateError: ``CK-S030``, the state is malformed.
         """
         try:
             if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
                 raise ValueError(f"not a watch state of version {_STATE_VERSION}")
-            if state.get("params") != self.params():
-                log.warning(
-                    "ckptkit: the stability watch's state in %s was saved with other "
-                    "parameters; the watch starts afresh (warming up for %d steps)",
-                    where, self.warmup)
-                self.reset()
-                return False
+            if state["params"] != self.params():
+                return None
             fresh = StabilityWatch.__new__(StabilityWatch)
             vars(fresh).update({k: v for k, v in vars(self).items() if k != "listeners"})
             fresh.reset()
             fresh._load(state)
         except (KeyError, TypeError, ValueError) as e:
-            log.warning("ckptkit: the stability watch's state in %s is malformed (%s); the "
-                        "watch starts afresh (warming up for %d steps)", where, e, self.warmup)
-            self.reset()
-            return False
-        vars(self).update({k: v for k, v in vars(fresh).items() if k != "listeners"})
-        return True
+            why = f"{e.args[0]!r} is missing" if isinstance(e, KeyError) else str(e)
+            raise codes.error(
+                codes.S030, f"the stability watch's state in {where} is malformed: {why}"
+            ) from None
+        return fresh
 
     def _load(self, st: Mapping[str, Any]) -> None:
         """Fill a reset watch from a checked :meth:`state_dict` (raises ValueError)."""
@@ -697,6 +804,11 @@ class StabilityWatch:
                                 _typed(last, "step", int))
         self.quiet = _typed(st, "quiet", int)
         self._scale_last = _typed(st, "scale_last", float, none=True)
+        if self._scale_last is not None and not math.isfinite(self._scale_last):
+            raise ValueError(f"'scale_last' is {self._scale_last!r}, not a finite loss scale")
+        for k in ("updates", "recomputes", "quiet"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k!r} is negative")
         self._backoffs = deque(_ints(st, "backoffs", None))
         self._scale_grew_at = _typed(st, "scale_grew_at", int, none=True)
         nonfinite = _typed(st, "nonfinite", Mapping)
@@ -709,7 +821,11 @@ class StabilityWatch:
             if spec is None:
                 raise ValueError(f"a window of {name!r}, a metric this watch does not track")
             tr = self.tracks[name] = _Track(name, spec, self)
-            tr.load(_typed(tracks, name, Mapping), self)
+            try:
+                tr.load(_typed(tracks, name, Mapping), self)
+            except (KeyError, TypeError, ValueError) as e:
+                why = f"{e.args[0]!r} is missing" if isinstance(e, KeyError) else str(e)
+                raise ValueError(f"the window of {name!r}: {why}") from None
 
     # --- feeding ---------------------------------------------------------------------------
 
@@ -1148,6 +1264,15 @@ def _slide_min(q: deque[tuple[int, float]], at: int, value: float, horizon: int)
         q.popleft()
 
 
+def _exp(x: float) -> float:
+    """``exp(x)``, ``inf`` past the float range: a ratio of two log-scale levels can be past
+    it (a loss of 1e300 after one of 1e-30), and a ratio that large is simply critical."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _mad_sigma(a: np.ndarray) -> float:
     if len(a) == 0:
         return math.nan
@@ -1169,6 +1294,8 @@ def _as(v: Any, kind: Any, what: str, *, none: bool = False) -> Any:
     if v is None and none:
         return None
     if kind is float and type(v) is int:
+        if abs(v) > sys.float_info.max:
+            raise ValueError(f"{what} is {v}, past every float")
         return float(v)
     name = getattr(kind, "__name__", str(kind))
     if (isinstance(v, bool) and kind is not bool) or not isinstance(v, kind):

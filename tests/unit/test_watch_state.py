@@ -14,9 +14,11 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from ckptkit import codes
+from ckptkit.errors import CkptkitError
 from ckptkit.format import tree
 from ckptkit.stability import StabilityWatch
 
@@ -168,3 +170,108 @@ def test_a_malformed_state_is_refused_with_a_warning_and_the_watch_starts_afresh
 
 def test_not_a_mapping_is_refused() -> None:
     assert not StabilityWatch(**PARAMS).load_state_dict(["not", "a", "state"])
+
+
+# --- every state load_state_dict takes is one the watch can go on from (issue 39) -------------
+
+def _bases() -> list[dict[str, Any]]:
+    """Real states: warming up, judging with drift references, and inside an episode."""
+    out = []
+    for n, spike in ((6, None), (60, None), (70, 60)):
+        w = StabilityWatch(**PARAMS, extra=["acc"])
+        for i in range(n):
+            loss = 30.0 if spike is not None and i >= spike else 2.0 + 0.05 * (i % 7)
+            w.update(i, loss=loss, grad_norm=1.0 + 0.1 * (i % 5), max_logit=5.0 + (i % 3),
+                     attn_entropy=3.0 - 0.01 * (i % 4), acc=0.5 + 0.01 * (i % 9),
+                     loss_scale=2.0**16 if i % 9 else 2.0**15)
+        out.append(_through_a_checkpoint(w.state_dict()))
+    return out
+
+
+_BASES = _bases()
+
+
+def _leaf_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _leaf_paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _leaf_paths(v, (*prefix, i))
+    return out
+
+
+hostile = st.one_of(
+    st.sampled_from([0.0, -0.0, -1.0, 5e-324, 1e-300, 1e6, 1e300, 1.7e308, -1.7e308,
+                     math.nan, math.inf, -math.inf, 0, -1, 3, 10**400, 2**63, True, None,
+                     "x", "nan", [], {}, [1, 2.0], [[0, 1e6]]]),
+    st.floats(), st.integers(-(2**70), 2**70),
+)
+
+
+@st.composite
+def malformed_states(draw: st.DrawFn) -> dict[str, Any]:
+    state = json.loads(json.dumps(draw(st.sampled_from(_BASES))))  # deep copy, NaN kept
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(_leaf_paths(state) or [("version",)]))
+        parent: Any = state
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            if draw(st.booleans()) or not isinstance(parent, dict):
+                parent[path[-1]] = draw(hostile)
+            else:
+                del parent[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            continue
+    return state
+
+
+metrics = st.fixed_dictionaries(
+    {"loss": st.one_of(st.floats(1e-40, 1e300), st.sampled_from([math.nan, math.inf, 0.0])),
+     "grad_norm": st.floats(0.0, 1e300),
+     "max_logit": st.floats(1e-40, 1e300),
+     "attn_entropy": st.floats(-1e300, 1e300),
+     "acc": st.floats(-1e6, 1e6),
+     "loss_scale": st.sampled_from([2.0**16, 2.0**15, 1.0, 0.5])},
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(state=malformed_states(), steps=st.lists(metrics, min_size=1, max_size=12))
+def test_every_state_the_watch_takes_it_can_go_on_from(
+    state: dict[str, Any], steps: list[dict[str, float]]
+) -> None:
+    w = StabilityWatch(**PARAMS, extra=["acc"])
+    try:
+        w.load_state_dict(state, where="x.ckpt", strict=True)
+    except CkptkitError as e:
+        assert e.code == codes.S030 and "x.ckpt" in str(e) and "malformed" in str(e)
+        event("refused")
+        return
+    event("taken")
+    start = w.updates + 100
+    for i, m in enumerate(steps, start):  # the issue's repro: ZeroDivisionError, OverflowError
+        w.update(i, **m)
+        w.health()
+    again = StabilityWatch(**PARAMS, extra=["acc"])
+    assert again.load_state_dict(w.state_dict(), strict=True)  # its own state: always taken
+
+
+@pytest.mark.parametrize(
+    ("track", "key", "value"),
+    [("loss", "sig", 0.0), ("grad_norm", "dsig_base", 0.0), ("loss", "med_recent", 1e6),
+     ("grad_norm", "spread_ref", 0.0), ("grad_norm", "spreads", [0.0])],
+)
+def test_the_states_that_raised_in_update_are_refused_naming_the_value(
+    track: str, key: str, value: Any
+) -> None:
+    # Outside trial of issue 39: each was taken, and the next update() raised
+    # ZeroDivisionError (a zero spread) or OverflowError (a median past exp's range).
+    state = _BASES[1]
+    state = json.loads(json.dumps(state))
+    state["tracks"][track][key] = value
+    with pytest.raises(CkptkitError) as e:
+        StabilityWatch(**PARAMS, extra=["acc"]).load_state_dict(state, where="x.ckpt", strict=True)
+    assert e.value.code == codes.S030 and repr(track) in e.value.what and repr(key) in e.value.what

@@ -353,6 +353,17 @@ RANK_STATE = "rng"
 :attr:`RankManifest.rng`), not in the root: the state tree holds it at
 ``tree/rng/rankNNNNN``, one entry per rank. Sampler cursors stay in the root: a restore at
 another world size needs every rank's."""
+RANK_BUFFERS = "buffers"
+"""The other top-level state key each rank of a multi-rank save may keep in its own
+manifest (its :attr:`RankManifest.buffers`): the model's buffers when their copies differ
+between the ranks (BatchNorm running statistics under DDP), at ``tree/buffers/rankNNNNN``
+(:mod:`ckptkit.perrank`). Absent when every rank's buffers agree: they are then in the
+model's shards, once."""
+PER_RANK = (RANK_STATE, RANK_BUFFERS)
+"""The top-level state keys a rank manifest holds for its rank alone, grafted by a reader
+at ``tree/<key>/rankNNNNN``."""
+_STATE_NAMES = {RANK_STATE: "RNG state", RANK_BUFFERS: "buffer state"}
+"""How messages name each of :data:`PER_RANK`."""
 
 
 def head_of(key: str) -> str:
@@ -383,6 +394,10 @@ class RankManifest:
     (:data:`RANK_STATE`). Kept here, not in the root, so the root stays small (about
     12 kB of Python and numpy generator state per rank) and a restoring rank reads only
     the RNG state it restores. None: the rank saved none."""
+    buffers: Any = None
+    """This rank's own copies of the model's buffers as tagged JSON (its tensors are among
+    :attr:`tensors`), the entry ``tree/buffers/rankNNNNN`` (:data:`RANK_BUFFERS`). None:
+    the ranks' buffers agreed, and the model's shards hold them once."""
 
     def _content(self) -> dict[str, Any]:
         out = {
@@ -395,6 +410,8 @@ class RankManifest:
         }
         if self.rng is not None:
             out[RANK_STATE] = self.rng
+        if self.buffers is not None:
+            out[RANK_BUFFERS] = self.buffers
         return out
 
     def signed(self, key: bytes) -> RankManifest:
@@ -1128,7 +1145,7 @@ def _merged(
         chosen = only(Manifest.from_dict(root))
         wanted = None if chosen is None else set(chosen)
     files, tensors = [], []
-    states: dict[str, Any] = {}
+    states: dict[str, dict[str, Any]] = {head: {} for head in PER_RANK}
     seen: set[int] = set()
     indexed: set[str] = set()
     unread: list[RankRef] = []
@@ -1165,9 +1182,13 @@ def _merged(
         part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
         files += part["files"]
         tensors += part["tensors"]
-        if RANK_STATE in part:
-            states[rank_key(ref.rank)] = part[RANK_STATE]
-    merged = {**root, "files": files, "tensors": tensors, "tree": _grafted(root["tree"], states, path)}
+        for head in PER_RANK:
+            if head in part:
+                states[head][rank_key(ref.rank)] = part[head]
+    grafted = root["tree"]
+    for head in PER_RANK:
+        grafted = _grafted(grafted, states[head], path, head=head)
+    merged = {**root, "files": files, "tensors": tensors, "tree": grafted}
     if not unread:
         return merged, None, None
     return (
@@ -1208,11 +1229,12 @@ def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Call
     return lambda k: k not in listed and head_of(k) in heads
 
 
-def _grafted(root_tree: Any, states: Mapping[str, Any], path: str) -> Any:
-    """The root's tree with each rank's RNG state (``states``: rank key -> its rank
-    manifest's ``rng``) at ``tree/rng/<rank key>``: the state tree a single manifest would
-    hold. A root of ckptkit 0.3's first per-rank layout holds the states itself; a state in
-    both places is refused, as is a root tree with no place for them.
+def _grafted(root_tree: Any, states: Mapping[str, Any], path: str, *, head: str = RANK_STATE) -> Any:
+    """The root's tree with each rank's state under ``head`` (:data:`PER_RANK`; ``states``:
+    rank key -> its rank manifest's ``rng`` or ``buffers``) at ``tree/<head>/<rank key>``:
+    the state tree a single manifest would hold. A root of ckptkit 0.3's first per-rank
+    layout holds the RNG states itself; a state in both places is refused, as is a root
+    tree with no place for them.
 
     Example:
         >>> _grafted({"step": 3}, {"rank00001": {"rank": 1}}, "manifest.json")
@@ -1220,20 +1242,20 @@ def _grafted(root_tree: Any, states: Mapping[str, Any], path: str) -> Any:
     """
     if not states:
         return root_tree
-    held = root_tree.get(RANK_STATE, {}) if isinstance(root_tree, dict) else None
+    held = root_tree.get(head, {}) if isinstance(root_tree, dict) else None
     twice = sorted(set(states) & set(held)) if isinstance(held, dict) else []
     if not isinstance(held, dict) or twice:
         raise ManifestError(
-            f"the root's state tree holds the RNG state of {', '.join(twice)} too"
+            f"the root's state tree holds the {_STATE_NAMES[head]} of {', '.join(twice)} too"
             if twice
-            else "the rank manifests hold RNG states, but the root's state tree is not a "
-            f"mapping with a mapping at '{RANK_STATE}' to hold them",
+            else f"the rank manifests hold {_STATE_NAMES[head]}s, but the root's state tree is "
+            f"not a mapping with a mapping at '{head}' to hold them",
             path=path,
             code=codes.M003,
             hint="the manifest is damaged or hand-edited; roll back to the previous verified "
             "checkpoint",
         )
-    return {**root_tree, RANK_STATE: {**held, **states}}
+    return {**root_tree, head: {**held, **states}}
 
 
 def _sibling(path: str, rel: str) -> str:
@@ -1256,13 +1278,14 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
         )
     obj = _strict_json(data, path)
     _check_schema(obj, path, _rank_validator())
-    if tree.nesting_exceeds(obj.get(RANK_STATE), tree.MAX_NESTING - 2):  # at tree/rng/rankN
-        raise UnsafeInputError(
-            f"'{RANK_STATE}' nests deeper than {tree.MAX_NESTING - 2} levels",
-            path=path,
-            code=codes.M006,
-            hint=_UNSAFE_HINT,
-        )
+    for head in PER_RANK:
+        if tree.nesting_exceeds(obj.get(head), tree.MAX_NESTING - 2):  # at tree/<head>/rankN
+            raise UnsafeInputError(
+                f"'{head}' nests deeper than {tree.MAX_NESTING - 2} levels",
+                path=path,
+                code=codes.M006,
+                hint=_UNSAFE_HINT,
+            )
     _check_digest(obj, path, key)
     if obj["rank"] != ref.rank or obj["step"] != step:
         raise ManifestError(
@@ -1289,10 +1312,10 @@ def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: st
             hint="the rank manifest or the root is damaged or hand-edited; roll back",
         )
     listed = {t["key"] for t in obj["tensors"]}
-    for _, k in tree.iter_tensor_refs(obj.get(RANK_STATE)):
+    for head, k in ((h, k) for h in PER_RANK for _, k in tree.iter_tensor_refs(obj.get(h))):
         if k not in listed:
             raise ManifestError(
-                f"its RNG state references tensor {k!r}, which it does not list",
+                f"its {_STATE_NAMES[head]} references tensor {k!r}, which it does not list",
                 path=path,
                 code=codes.M009,
                 hint="the rank manifest is damaged or hand-edited; roll back",

@@ -690,9 +690,12 @@ class Catalog:
         idx = self.index()
         body = {"key_id": signing.key_id(self.key)}
         rec = idx.get(SIGNED)
-        if isinstance(rec, dict) and rec.get("key_id") == body["key_id"]:
-            if signing.check_verdict(SIGNED, rec, self.key) is None:
-                return
+        if (
+            isinstance(rec, dict)
+            and rec.get("key_id") == body["key_id"]
+            and signing.check_verdict(SIGNED, rec, self.key) is None
+        ):
+            return
         idx[SIGNED] = {**body, "mac": signing.sign_verdict(SIGNED, body, self.key)}
         self._write_index(idx)
 

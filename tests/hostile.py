@@ -43,6 +43,16 @@ class Case:
     """The run's storage (``tensors`` or ``dcp``)."""
     restorable: bool = False
     """True when the damaged checkpoint is still restorable (the damage is harmless)."""
+    restorable_without_key: bool = False
+    """True for a tamper only a key can tell (digests recomputed, a signature stripped):
+    restorable when the run has no key; under :data:`KEY` nothing here is."""
+
+    def good(self, key: bytes | None) -> bool:
+        """Whether the damaged checkpoint is restorable for a reader with ``key``: under a
+        key, no case is (every one edits what the signature covers, or the bytes)."""
+        if key is not None:
+            return False
+        return self.restorable or self.restorable_without_key
 
 
 class Payload:
@@ -58,6 +68,10 @@ class Payload:
 MARKER = "PWNED"
 """A file no case may ever create: its existence means pickled code ran."""
 
+KEY = b"hostile-catalogue-hmac-key-0123456789"
+"""The key of a signed run (:func:`make_run` with ``key=KEY``): the audit runs every case
+with it as well as without."""
+
 
 def train_state(seed: int = 0, storage: str = "tensors") -> ckptkit.TrainState:
     torch.manual_seed(seed)
@@ -72,10 +86,11 @@ def train_state(seed: int = 0, storage: str = "tensors") -> ckptkit.TrainState:
     )
 
 
-def make_run(run: Path, storage: str = "tensors") -> Path:
-    """A run with the checkpoints of :data:`STEPS`, each verified at save."""
+def make_run(run: Path, storage: str = "tensors", key: bytes | None = None) -> Path:
+    """A run with the checkpoints of :data:`STEPS`, each verified at save (signed with
+    ``key`` when given)."""
     ts = train_state(storage=storage)
-    with ckptkit.CheckpointManager(run, keep_last=5) as mgr:
+    with ckptkit.CheckpointManager(run, keep_last=5, key=key) as mgr:
         for s in STEPS:
             ts.step = s
             mgr.save(ts)
@@ -369,6 +384,69 @@ def _byte_io_global(d: Path, run: Path) -> list[Path]:
     return []
 
 
+# --- what only a key tells ------------------------------------------------------------------
+# An attacker who can write the run directory can hash too: each of these leaves digests
+# that match, so only a signature stands in the way (issue 39).
+
+
+def _keyless_writer(d: Path, run: Path) -> list[Path]:
+    """The newest step as a writer without the key saved it (other weights): saved in a
+    run beside this one and moved in (a key-less writer is refused in a signed run)."""
+    side = run.parent / "keyless-side"
+    ts = train_state(seed=9, storage="dcp" if (d / "dcp").exists() else "tensors")
+    ts.step = STEPS[-1]
+    with ckptkit.CheckpointManager(side, keep_last=5) as mgr:
+        mgr.save(ts)
+    shutil.rmtree(d)
+    shutil.move(str(side / d.name), str(d))
+    shutil.rmtree(side)
+    return []
+
+
+def _weights_replaced(d: Path, run: Path) -> list[Path]:
+    """A model tensor's bytes replaced, its file re-hashed and the manifest's digest
+    recomputed; the old signature (if any) kept."""
+    obj = _manifest(d)
+    entry = next(t for t in obj["tensors"] if t["key"].startswith("model/"))
+    shard = d / entry["file"]
+    data = bytearray(shard.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    begin, end = entry["offsets"]
+    data[start + begin : start + end] = torch.full(
+        ((end - begin) // 4,), 9.0, dtype=torch.float32
+    ).numpy().tobytes()
+    shard.write_bytes(bytes(data))
+    relist(d, obj, entry["file"])
+    rewrite(d, obj)
+    return []
+
+
+def _signature_stripped(d: Path, run: Path) -> list[Path]:
+    obj = _manifest(d)
+    obj.pop("signature", None)
+    rewrite(d, obj)
+    return []
+
+
+def _replicas_deleted(d: Path, run: Path) -> list[Path]:
+    """A replica-divergent newest step (signed with :data:`KEY` in a signed run), whose
+    ``replicas`` record someone without the key deleted (the divergence guard bypassed)."""
+    obj = _manifest(d)
+    signed = obj.pop("signature", None) is not None
+    obj["replicas"] = {
+        "ranks": 2, "groups": 1, "tensors": 2, "policy": "warn",
+        "divergent": [{"key": "model/w", "copies": {"aa": [0], "bb": [1]}, "minority": None}],
+    }
+    rewrite(d, obj)
+    if signed:
+        again = mf.Manifest.from_json((d / "manifest.json").read_text()).signed(KEY)
+        (d / "manifest.json").write_text(again.to_json())
+    obj = _manifest(d)
+    del obj["replicas"]
+    rewrite(d, obj)
+    return []
+
+
 # --- the catalogue -------------------------------------------------------------------------
 
 CASES: dict[str, Case] = {
@@ -413,5 +491,10 @@ CASES: dict[str, Case] = {
     "dcp:offset-past-shard": Case(_dcp_metadata(_offset_past_shard), storage="dcp"),
     "dcp:unlisted-relative-path": Case(_dcp_metadata(_unlisted_relative_path), storage="dcp"),
     "dcp:byte-io-needs-a-global": Case(_byte_io_global, storage="dcp"),
+    "key:keyless-writer": Case(_keyless_writer, restorable_without_key=True),
+    "key:keyless-writer-dcp": Case(_keyless_writer, storage="dcp", restorable_without_key=True),
+    "key:weights-replaced-digests-recomputed": Case(_weights_replaced, restorable_without_key=True),
+    "key:signature-stripped": Case(_signature_stripped, restorable_without_key=True),
+    "key:replicas-record-deleted": Case(_replicas_deleted, restorable_without_key=True),
 }
 """Every hostile newest checkpoint of the suite (see the module docstring)."""

@@ -196,6 +196,8 @@ _STATUS_STYLE = {
     "unreadable": "magenta",
     "incomplete": "red",
     "replica-divergent": "bold red",
+    "untrusted": "bold magenta",
+    "unsound": "yellow",
 }
 
 
@@ -224,7 +226,7 @@ def render_ls(
             str(c.step),
             when,
             human_bytes(c.size),
-            f"[{_STATUS_STYLE.get(c.status, '')}]{c.status}[/]",
+            f"[{_STATUS_STYLE.get(c.status, 'default')}]{_e(c.status)}[/]",
             _ago(now - at) if at else "never",
             _e(",".join(c.pins)),
             c.health or "",

@@ -27,8 +27,8 @@ from ckptkit import manifest as mf
 from ckptkit.capture.state import TrainState
 from ckptkit.commit import save_state
 from ckptkit.errors import SignatureError
-from ckptkit.restore import Skip, restore_candidate
 from ckptkit.format import digest as fdigest
+from ckptkit.restore import Skip, restore_candidate
 from ckptkit.storage import digest, fs
 
 KEY = b"k" * 32

@@ -1,6 +1,7 @@
-"""Issue 23: every "good" verdict is one a restore can use.
+"""Issues 23 and 39: every "good" verdict is one a restore can use, with a key and without.
 
-For every hostile newest checkpoint of the suite (tests/hostile.py) the readers must agree:
+For every hostile newest checkpoint of the suite (tests/hostile.py), in a run saved without a
+key and in one signed with ``hostile.KEY`` (every reader given the key), the readers must agree:
 ``ckptkit.verify`` passes it exactly when ``CheckpointManager.restore`` restores it; ``ls
 --verify`` calls it verified exactly then; ``verify RUN`` exits 0 exactly then; ``prune
 --keep-last 1`` never leaves a run that restore cannot use; no command lets a non-ckptkit
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from deadline import within
-from hostile import CASES, MARKER, STEPS, make_run, train_state
+from hostile import CASES, KEY, MARKER, STEPS, make_run, train_state
 from threadranks import on_ranks
 
 import ckptkit
@@ -30,9 +31,13 @@ DEADLINE_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Path]:
     base = tmp_path_factory.mktemp("audit-templates")
-    return {s: make_run(base / s, storage=s) for s in ("tensors", "dcp")}
+    return {
+        (s, keyed): make_run(base / f"{s}-{keyed}", storage=s, key=KEY if keyed else None)
+        for s in ("tensors", "dcp")
+        for keyed in (False, True)
+    }
 
 
 def _bounded(what: str, fn: Callable[[], Any], fifos: list[Path]) -> Any:
@@ -65,11 +70,11 @@ def _untimed(result: Any) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in result.reports]
 
 
-def _restored_dir(run: Path, storage: str, fifos: list[Path]) -> str | None:
+def _restored_dir(run: Path, storage: str, fifos: list[Path], key: bytes | None) -> str | None:
     """Which checkpoint directory a training job resuming from ``run`` restores."""
 
     def restore() -> str | None:
-        with ckptkit.CheckpointManager(run) as mgr:
+        with ckptkit.CheckpointManager(run, key=key) as mgr:
             r = mgr.restore(train_state(seed=5, storage=storage))
         return None if r is None or r.path is None else Path(str(r.path)).name
 
@@ -80,42 +85,52 @@ def _restored_dir(run: Path, storage: str, fifos: list[Path]) -> str | None:
     return got  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "key"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_verify_restore_ls_and_prune_agree(
-    templates: dict[str, Path], tmp_path: Path, name: str
+    templates: dict[tuple[str, bool], Path], tmp_path: Path, name: str, keyed: bool
 ) -> None:
     case = CASES[name]
+    key = KEY if keyed else None
     run = tmp_path / "run"
-    shutil.copytree(templates[case.storage], run, symlinks=True)
+    shutil.copytree(templates[(case.storage, keyed)], run, symlinks=True)
     newest = run / NEWEST
     fifos = case.damage(newest, run)
+    key_args: list[str] = []
+    if key is not None:
+        (tmp_path / "hmac.key").write_bytes(key)
+        key_args = ["--key-file", str(tmp_path / "hmac.key")]
+    expected = case.good(key)
 
-    verdict = _bounded("ckptkit.verify", lambda: ckptkit.verify(newest), fifos)
+    verdict = _bounded("ckptkit.verify", lambda: ckptkit.verify(newest, key=key), fifos)
     good = not isinstance(verdict, ckptkit.CkptkitError) and verdict.ok
-    assert good == case.restorable, (
+    assert good == expected, (
         f"{name}: verify says {'good' if good else 'bad'} about a checkpoint the catalogue "
-        f"marks {'restorable' if case.restorable else 'hostile'}: {verdict}"
+        f"marks {'restorable' if expected else 'hostile'}: {verdict}"
     )
 
     if not isinstance(verdict, ckptkit.CkptkitError):
         # Shared reading (two ranks, three scan threads each) reaches the same report.
         ranked = _bounded(
             "a rank-parallel verify",
-            lambda: on_ranks(2, lambda g: ckptkit.verify(newest, group=g, workers=3))[0],
+            lambda: on_ranks(2, lambda g: ckptkit.verify(newest, group=g, workers=3, key=key))[0],
             fifos,
         )
         assert _untimed(ranked) == _untimed(verdict), f"{name}: the ranks disagree"
 
-    run_verify = _cli(["verify", str(run)], fifos)
+    run_verify = _cli(["verify", *key_args, str(run)], fifos)
     assert (run_verify.exit_code == 0) == good, run_verify.output
 
-    listed = _cli(["ls", "--verify", "--json", str(run)], fifos)
-    rows = {Path(r["path"]).name: r for r in json.loads(listed.output)["checkpoints"]}
+    listed = _cli(["ls", "--verify", "--json", *key_args, str(run)], fifos)
+    rows = {Path(r["path"]).name: r for r in json.loads(listed.stdout)["checkpoints"]}
     assert (rows.get(NEWEST, {}).get("status") == "verified") == good, listed.output
 
-    picked = _restored_dir(run, case.storage, fifos)
+    picked = _restored_dir(run, case.storage, fifos, key)
     assert (picked == NEWEST) == good, f"verify said {good}, restore used {picked}"
 
-    _cli(["prune", "--keep-last", "1", str(run)], fifos)
-    assert _restored_dir(run, case.storage, fifos) == picked, "prune removed what restore used"
+    for delete in ([], ["--delete-corrupt"]):
+        _cli(["prune", "--keep-last", "1", *delete, *key_args, str(run)], fifos)
+        assert _restored_dir(run, case.storage, fifos, key) == picked, (
+            f"prune {' '.join(delete)} removed what restore used"
+        )
     assert not (run.parent / MARKER).exists(), "pickled code ran"

@@ -110,3 +110,35 @@ def test_a_framework_file_needing_code_survives_delete_corrupt(tmp_path: Path) -
     finally:
         run.close()
     assert (d / "epoch=0-step=20.ckpt").exists()
+
+
+def test_a_completeness_finding_is_not_damage_a_ckptkit_dcp_run_survives(tmp_path: Path) -> None:
+    """Issue 39: a ``ckptkit.dcp`` run written as docs/dcp.md says (``step=`` to the writer,
+    no step inside the state dict) fails CK-C001 on intact bytes; ``ls --verify`` used to
+    record both checkpoints corrupt and ``prune --keep-last 1 --delete-corrupt`` deleted
+    both. Now they list ``unsound``, and no option deletes them."""
+    import json
+
+    import torch
+    from click.testing import CliRunner
+
+    import ckptkit.dcp
+    from ckptkit.cli import main
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        m = torch.nn.Linear(4, 4)
+        o = torch.optim.AdamW(m.parameters())
+        m(torch.randn(2, 4)).sum().backward()
+        o.step()
+        ckptkit.dcp.save({"model": m.state_dict(), "optimizer": o.state_dict()},
+                         run / f"step-{step}", step=step)
+    res = CliRunner().invoke(main, ["ls", "--verify", "--json", str(run)])
+    rows = json.loads(res.output)["checkpoints"]
+    assert [(r["step"], r["status"]) for r in rows] == [(10, "unsound"), (20, "unsound")], rows
+    assert all(codes.C001 in r["problem"] for r in rows)
+    res = CliRunner().invoke(main, ["prune", "--keep-last", "1", "--delete-corrupt", str(run)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("step-")) == [
+        "step-10", "step-20"
+    ]

@@ -479,6 +479,7 @@ S013: Final = "CK-S013"
 S020: Final = "CK-S020"
 S021: Final = "CK-S021"
 S030: Final = "CK-S030"
+S031: Final = "CK-S031"
 R001: Final = "CK-R001"
 R002: Final = "CK-R002"
 R003: Final = "CK-R003"
@@ -1067,6 +1068,18 @@ register_code(
     "wrong type, or one no watch writes: a zero spread, a level past the float range); the "
     "watch starts afresh and warms up again, so health is 'not judged' for its warm-up. "
     "Nothing else is lost; if it recurs, roll back to the previous verified checkpoint",
+    component="progress",
+)
+register_code(
+    "CK-S031",
+    family="consistency",
+    severity=ERROR,
+    title="recovery record malformed",
+    hint="the record of automatic recoveries (a manifest's 'recoveries', or an entry of the "
+    "run's .ckptkit-recoveries.json) holds a value of the wrong type or out of range (an LR "
+    "scale that is not a number in (0, 1], a data skip without its step or cursor): the "
+    "checkpoint or log was edited or damaged. Restore skips such a checkpoint; "
+    + ROLLBACK,
     component="progress",
 )
 register_code(

@@ -14,7 +14,15 @@ kept in ``extra`` and written back, so an old or hand-edited record never raises
 being read. ``of(obj)`` reads anything a manifest field can hold (None, a non-object)
 and returns None when there is no record.
 
-A format-layer module: it imports nothing of ckptkit, so every layer can read the records.
+What a reader *acts on* is checked first, by one validator per record, the one verify
+uses: :func:`recovery_problems` and :func:`recoveries_problems` for the recoveries
+(``CK-S031``; verify reports them, restore skips such a checkpoint, the log reader leaves
+such an entry out and names it); the manifest's JSON Schema for ``replicas`` (every
+manifest read applies it); :func:`ckptkit.guard.problems` for the look-ahead
+(``CK-S012``). A record that passes its validator never raises in a reader.
+
+A format-layer module: it imports only the code registry, so every layer can read the
+records.
 
 Example:
     >>> h = Health.of({"level": "warn", "signals": {"loss.z": {"detail": "spike"}}})
@@ -24,9 +32,13 @@ Example:
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from ckptkit import codes
 
 HealthLevel = Literal["ok", "not judged", "warn", "critical"]
 """A checkpoint's recorded health: the watch's level, or ``not judged`` (saved while the watch
@@ -42,7 +54,9 @@ def _int(v: Any) -> int | None:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if isinstance(v, float) or abs(v) <= sys.float_info.max else None
 
 
 def _str(v: Any) -> str | None:
@@ -403,6 +417,31 @@ class Recoveries:
         )
 
     @classmethod
+    def read(cls, obj: Any, *, path: object = None) -> Recoveries | None:
+        """Read a manifest's ``recoveries`` to act on it: None when the run never recovered.
+
+        Raises:
+            StateError: ``CK-S031``, the record is malformed (:func:`recoveries_problems`).
+
+        Example:
+            >>> Recoveries.read({"count": 1, "lr_scale": 0.5, "clip_scale": 1.0,
+            ...                  "history": [{"n": 1}]}).lr_scale
+            0.5
+            >>> Recoveries.read({"count": 1, "lr_scale": 0.5, "clip_scale": 1.0, "history": [],
+            ...                  "pending_skip": {"n": 1}})
+            Traceback (most recent call last):
+            ...
+            ckptkit.errors.StateError: CK-S031 ...: pending_skip: 'at_step' is missing...
+        """
+        if obj is None:
+            return None
+        found = recoveries_problems(obj)
+        if found:
+            raise codes.error(codes.S031, "the manifest's recoveries record is malformed: "
+                              + "; ".join(found[:3]), path=path)
+        return cls.from_dict(obj)
+
+    @classmethod
     def of(cls, obj: Any) -> Recoveries | None:
         """Read whatever a manifest's ``recoveries`` holds: None when the run never recovered.
 
@@ -429,6 +468,110 @@ class Recoveries:
             out["pending_skip"] = dict(self.pending_skip)
         out.update(self.extra)
         return out
+
+
+# The one validator of each recoveries record: verify (CK-S031), restore, the log reader.
+
+
+def recovery_problems(obj: Any) -> list[str]:
+    """What makes ``obj`` a recovery record its readers cannot act on (empty: none).
+
+    Each field a reader uses (:func:`ckptkit.recovery_log.describe`, ``ckptkit ls``,
+    automatic recovery's limits) must have its type; fields it does not know are free.
+
+    Example:
+        >>> recovery_problems({"n": 1, "restored": {"step": "5"}})
+        ["restored: 'step' is '5', not an integer >= 0"]
+        >>> recovery_problems({"n": 1, "detected_at": 90, "actions": {"lr": {"scale": 0.3}}})
+        []
+    """
+    if not isinstance(obj, Mapping):
+        return [f"a record is {_shown(obj)}, not an object"]
+    out = _fields(obj, "", {"n": _INT, "detected_at": _INT, "time": _REAL, "refused": _STR,
+                            "failed": _STR, "trigger": _MAP, "restored": _MAP,
+                            "actions": _MAP, "abandoned": _LIST, "timing": _MAP})
+    if out:
+        return out
+    if "n" not in obj:
+        out.append("'n' is missing")
+    trig, rest = _map(obj.get("trigger")), _map(obj.get("restored"))
+    out += _fields(trig, "trigger: ", {"level": _STR, "signals": _MAP})
+    out += _fields(rest, "restored: ", {"step": _INT, "checkpoint": _STR})
+    acts = _map(obj.get("actions"))
+    out += _fields(acts, "actions: ", {"lr": _MAP, "clip": _MAP, "skip": _MAP})
+    for name in ("lr", "clip"):
+        out += _fields(_map(acts.get(name)), f"actions.{name}: ",
+                       {"factor": _REAL, "scale": _REAL, "applied": _BOOL})
+    out += _fields(_map(acts.get("skip")), "actions.skip: ",
+                   {"status": _STR, "from_step": _INT, "to_step": _INT, "at_step": _INT,
+                    "samples": _INT})
+    out += _fields(_map(obj.get("timing")), "timing: ", dict.fromkeys(
+        ("detect_to_resume_s", "restore_s", "set_aside_s"), _REAL))
+    return out
+
+
+def recoveries_problems(obj: Any) -> list[str]:
+    """What makes ``obj`` a manifest ``recoveries`` record a restore cannot continue from.
+
+    Example:
+        >>> recoveries_problems({"count": 1, "lr_scale": 0.0, "clip_scale": 1.0, "history": []})
+        ["'lr_scale' is 0.0, not a number in (0, 1]"]
+    """
+    if not isinstance(obj, Mapping):
+        return [f"the record is {_shown(obj)}, not an object"]
+    out = _fields(obj, "", {"count": _INT, "history": _LIST, "pending_skip": _MAP})
+    for key in ("count", "lr_scale", "clip_scale", "history"):
+        if key not in obj:
+            out.append(f"{key!r} is missing")
+    if isinstance(obj.get("count"), int) and obj["count"] < 1:
+        out.append(f"'count' is {obj['count']}, not at least 1")
+    for key in ("lr_scale", "clip_scale"):
+        v = obj.get(key, 1.0)
+        if not (_REAL[0](v) and 0 < v <= 1):
+            out.append(f"{key!r} is {_shown(v)}, not a number in (0, 1]")
+    hist = obj.get("history")
+    for i, rec in enumerate(hist if isinstance(hist, list | tuple) else ()):
+        out += [f"history[{i}]: {p}" for p in recovery_problems(rec)]
+    pend = obj.get("pending_skip")
+    if isinstance(pend, Mapping):
+        if "at_step" not in pend:
+            out.append("pending_skip: 'at_step' is missing")
+        out += _fields(pend, "pending_skip: ", {"n": _INT, "at_step": _INT, "to": _MAP})
+        to = pend.get("to")
+        if isinstance(to, Mapping) and not all(
+            isinstance(k, str) and k.isdigit() for k in to
+        ):
+            out.append("pending_skip: 'to' is not a map of ranks to cursors")
+    return out
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _real(v: Any) -> bool:
+    """A finite number a reader can format and compute with (an int past every float is not)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return math.isfinite(v) if isinstance(v, float) else abs(v) <= sys.float_info.max
+
+
+_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
+_REAL = (_real, "a finite number")
+_STR = (lambda v: isinstance(v, str), "a string")
+_MAP = (lambda v: isinstance(v, Mapping), "an object")
+_LIST = (lambda v: isinstance(v, list | tuple), "a list")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+
+
+def _fields(d: Mapping[str, Any], where: str, kinds: Mapping[str, Any]) -> list[str]:
+    """``where: 'key' is ..., not <kind>`` for each present, non-null field of the wrong kind."""
+    return [
+        f"{where}{k!r} is {_shown(d[k])}, not {want}"
+        for k, (ok, want) in kinds.items()
+        if d.get(k) is not None and not ok(d[k])
+    ]
 
 
 # --- replicas ----------------------------------------------------------------------------------
@@ -606,5 +749,7 @@ __all__ = [
     "ReplicaPolicy",
     "Replicas",
     "health_level",
+    "recoveries_problems",
+    "recovery_problems",
     "replica_problem",
 ]

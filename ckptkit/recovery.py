@@ -73,7 +73,7 @@ from ckptkit import codes
 from ckptkit.catalog import CheckpointInfo, step_dir_name
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
-from ckptkit.records import Health, Recoveries
+from ckptkit.records import Health, Recoveries, Recovery
 from ckptkit.recovery_log import LOG, LOG_VERSION, describe, iter_records, read_log, write_log
 from ckptkit.sampler import ResumableSampler
 from ckptkit.stability import EmergencyPolicy, StabilityWatch
@@ -333,7 +333,9 @@ class AutoRecovery:
         the checkpoint's scales are noted (the recovery computes the new ones).
         """
         man = result.manifest
-        rec = Recoveries.of(getattr(man, "recoveries", None))
+        # Checked by verify first (CK-S031: restore skips such a checkpoint); a reader
+        # that reaches here without it gets the same error, never a TypeError later.
+        rec = Recoveries.read(getattr(man, "recoveries", None), path=result.path)
         self._from_ckpt = rec
         self._seen, self._streak = self.host.watch.last, 0
         if self._restoring:
@@ -533,16 +535,17 @@ class AutoRecovery:
                 "why": f"{len(done)} recoveries already in this run (max_recoveries="
                 f"{p.max_recoveries}); the instability keeps coming back",
             }
-        if done:
-            last = done[-1]
-            since = detect - int(last.get("restored", {}).get("step", detect))
+        last = Recovery.from_dict(done[-1]) if done else None  # checked by read_log
+        step = last.restored.get("step") if last is not None else None
+        if last is not None and isinstance(step, int):
+            since = detect - step
             if since < p.min_steps_between:
                 return {
                     "ok": False,
                     "n": n,
                     "time": time.time(),
-                    "why": f"only {since} steps after recovery #{last.get('n')} restored step "
-                    f"{last['restored']['step']} (min_steps_between={p.min_steps_between}): "
+                    "why": f"only {since} steps after recovery #{last.n} restored step "
+                    f"{step} (min_steps_between={p.min_steps_between}): "
                     "the recovery did not help",
                 }
         return {"ok": True, "n": n, "time": time.time()}

@@ -26,7 +26,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES
 from ckptkit.manifest import Manifest
-from ckptkit.records import GUARD_KEY
+from ckptkit.records import GUARD_KEY, recoveries_problems
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -418,6 +418,24 @@ def guard_findings(man: Manifest) -> list[Finding]:
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
     found = guard.problems(look.get(GUARD_KEY), man.tree)
     return [CODES[codes.S012].finding("; ".join(found[:MAX_NAMED]))] if found else []
+
+
+# --- what a restore continues from ------------------------------------------------------------
+
+
+@check(codes.S031, needs=("manifest",))
+def recoveries_record(ctx: CheckContext) -> Iterator[Finding]:
+    # One rule for verify and every reader (Recoveries.read, the recoveries log): restore's
+    # candidate check runs it, so a malformed record skips the checkpoint before any state
+    # is touched.
+    man = ctx.manifest
+    assert man is not None
+    found = recoveries_problems(man.recoveries) if man.recoveries is not None else []
+    if found:
+        more = f"; and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
+        yield CODES[codes.S031].finding(
+            "the recoveries record is malformed: " + "; ".join(found[:MAX_NAMED]) + more
+        )
 
 
 # --- what restore applies ----------------------------------------------------------------------

@@ -520,7 +520,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
     from ckptkit.catalog import UNUSABLE
     from ckptkit.recovery_log import iter_records
     from ckptkit.render.text import render_ls
-    from ckptkit.runs import ignored, listing, open_run
+    from ckptkit.runs import ignored, listing, open_run, signature_note
 
     _must_be_a_run(run_dir)
     # Lazy (open_run): --verify records only while no live writer holds the run lock; a
@@ -530,7 +530,7 @@ def ls(run_dir: Path, as_json: bool, reverify: bool, key_file: Path | None) -> N
         infos = listing(run, verify=reverify)
         left = run.leftovers()
         strays = ignored(run)
-        unsigned_note = run.signature_note()
+        unsigned_note = signature_note(run)
     finally:
         run.close()
     _warn_ignored(strays)

@@ -375,6 +375,14 @@ def resume_hint(run: RunLike, info: CheckpointInfo) -> str:
     return f"resume from {info.path}"
 
 
+def signature_note(run: RunLike) -> str | None:
+    """What a command run without a key says of a signed run (:meth:`ckptkit.run.Run.
+    signature_note`); None for an unsigned run, or a third party's run that cannot tell."""
+    note = getattr(run, "signature_note", None)
+    said = note() if callable(note) else None
+    return str(said) if said is not None else None
+
+
 __all__ = [
     "BUILTIN_LAYOUTS",
     "DETECTORS",
@@ -394,4 +402,5 @@ __all__ = [
     "register",
     "resume_hint",
     "rollback",
+    "signature_note",
 ]

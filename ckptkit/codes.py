@@ -478,6 +478,7 @@ S012: Final = "CK-S012"
 S013: Final = "CK-S013"
 S020: Final = "CK-S020"
 S021: Final = "CK-S021"
+S022: Final = "CK-S022"
 S030: Final = "CK-S030"
 S031: Final = "CK-S031"
 R001: Final = "CK-R001"
@@ -1058,6 +1059,16 @@ register_code(
     hint="the run uses the directory named step-NNNNNNNN (8 digits) and ignores this one: "
     "it is never restored or pruned; compare the two and remove or move out the one you "
     "do not want",
+)
+register_code(
+    "CK-S022",
+    family="consistency",
+    severity=ERROR,
+    title="ranks hold different model/optimizer state",
+    hint="every rank of a data-parallel save must hold the same parameters, buffers and "
+    "optimizer state (DDP replicas do): register the tensor on every rank (or on none), "
+    "build the optimizer after the model is complete, and save again; nothing was written",
+    error_class=errors.StateError,
 )
 register_code(
     "CK-S030",

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ckptkit import _progress, crashpoints
+from ckptkit import _progress, crashpoints, perrank
 from ckptkit import manifest as mf
 from ckptkit.capture import env as env_capture
 from ckptkit.capture.state import TrainState, grouper, manifests_to_read
@@ -433,12 +433,22 @@ class StateSave:
                 )
             )
         mine = rank_key(self.rank)
+        # The ranks agree on what they write once (refused otherwise, naming what differs),
+        # and on whether each rank writes its own buffers (they differ between the ranks).
+        decided = perrank.plan(
+            coll,
+            {k: t for k, t in self.encoded.tensors.items() if k.split("/", 1)[0] in SPREAD},
+            perrank.buffers_of(self.encoded, self.buffers),
+        )
+        if decided.own_buffers:
+            # Rank 0's root is then built from its split tree too (:meth:`root`).
+            self.encoded = perrank.own_buffers(self.encoded, self.buffers, self.rank)
         spread, own, rest = {}, {}, {}
         for k, t in self.encoded.tensors.items():
-            head = k.split("/", 1)[0]
+            head, _, tail = k.partition("/")
             if head in SPREAD:
                 spread[k] = t
-            elif k.startswith(f"rng/{mine}/"):
+            elif head in mf.PER_RANK and tail.startswith(f"{mine}/"):
                 own[k] = t
             else:
                 rest[k] = t
@@ -465,6 +475,7 @@ class StateSave:
                     tuple(files.files),
                     tuple(files.tensors),
                     rng=self.encoded.tree.get(mf.RANK_STATE, {}).get(mine),
+                    buffers=self.encoded.tree.get(mf.RANK_BUFFERS, {}).get(mine),
                 ),
                 key=self.key,
                 fsync=self.fsync,
@@ -513,7 +524,8 @@ class StateSave:
             for head, paths in p.where.items():
                 by_head.setdefault(head, {}).update(dict.fromkeys(paths))
         if len(parts) > 1:
-            tree_.pop(mf.RANK_STATE, None)  # each rank's is in its manifest
+            for head in mf.PER_RANK:
+                tree_.pop(head, None)  # each rank's is in its manifest
             prints = {
                 rank_key(r): p.rng_fingerprint
                 for r, p in enumerate(parts)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ckptkit import codes
+from ckptkit import codes, perrank
 from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.capture import env as env_capture
@@ -69,6 +69,7 @@ def tree_problems(tree: Mapping[str, Any]) -> list[str]:
             out += [f"{name}: {p}" for p in problems(tree[name])]
     if "rng" in tree:
         out += [f"rng: {p}" for p in _rng_problems(tree["rng"])]
+    out += [f"{mf.RANK_BUFFERS}: {p}" for p in perrank.problems(tree)]
     return out
 
 
@@ -99,28 +100,13 @@ def _rng_problems(per_rank: Any) -> list[str]:
     return out
 
 
-def rng_source(keys: Collection[str], rank: int) -> str | None:
-    """The saved RNG state rank ``rank`` restores from (``keys``: the rank keys of the
-    saved states): its own, else rank 0's (the base of a fresh stream), else the first;
-    None when there is none.
-
-    Example:
-        >>> rng_source({"rank00000", "rank00001"}, 1), rng_source({"rank00000"}, 5)
-        ('rank00001', 'rank00000')
-    """
-    if rank_key(rank) in keys:
-        return rank_key(rank)
-    if rank_key(0) in keys:
-        return rank_key(0)
-    return min(keys, default=None)
-
-
 def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     """The ranks whose manifests rank ``rank`` of a restore reads, from a multi-rank root
-    (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank RNG
-    (the model and optimizer shards, rank 0's state) and the one whose RNG state it
-    restores (:func:`rng_source`). None: every rank's (a world of one, a tree this does
-    not know, a root holding the RNG states itself).
+    (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank state
+    (:data:`~ckptkit.manifest.PER_RANK`: the model and optimizer shards, rank 0's state)
+    and those whose RNG state and buffers it restores (:func:`ckptkit.perrank.source`).
+    None: every rank's (a world of one, a tree this does not know, a root holding the RNG
+    states itself).
 
     With DCP storage the files a rank loads are known only once DCP has planned the load:
     the load reads the rank manifests of those (:class:`ckptkit.storage.dcp.Listed`), so
@@ -136,7 +122,7 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     plan = _restore_plan(root)
     if plan is None:
         return None
-    return plan.shared | _rng_rank(plan.rng, rank)
+    return plan.shared | _source_rank(plan.rng, rank) | _source_rank(plan.buffers, rank)
 
 
 def read_together(root: mf.Manifest, world_size: int) -> bool:
@@ -151,17 +137,19 @@ def read_together(root: mf.Manifest, world_size: int) -> bool:
         return True
     seen = plan.shared | plan.dcp_only
     for rank in range(world_size):
-        seen = seen | _rng_rank(plan.rng, rank)
+        seen = seen | _source_rank(plan.rng, rank) | _source_rank(plan.buffers, rank)
     return seen >= {r.rank for r in root.ranks}
 
 
 @dataclass(frozen=True)
 class _RestorePlan:
     shared: set[int]
-    """The ranks every restoring rank reads: those holding state besides their own RNG
-    (and DCP files), or not indexed."""
+    """The ranks every restoring rank reads: those holding state besides their own
+    (:data:`~ckptkit.manifest.PER_RANK`) and DCP files, or not indexed."""
     rng: set[str]
     """The saved RNG states, by rank key."""
+    buffers: set[str]
+    """The saved per-rank buffers, by rank key."""
     dcp_only: set[int]
     """The ranks whose manifests list DCP files alone: a DCP load reads or checks each of
     those files, and reads the manifest to check it."""
@@ -185,23 +173,53 @@ def _restore_plan(root: mf.Manifest) -> _RestorePlan | None:
         dcp_only = {
             r.rank for r in root.ranks if r.files and all(p.startswith(prefix) for p in r.files)
         }
-    shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - {mf.RANK_STATE}}
+    shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - set(mf.PER_RANK)}
     rng = {rank_key(r.rank) for r in root.ranks if mf.RANK_STATE in (r.heads or ())}
-    return _RestorePlan(shared, rng, dcp_only)
+    buffers = {rank_key(r.rank) for r in root.ranks if mf.RANK_BUFFERS in (r.heads or ())}
+    return _RestorePlan(shared, rng, buffers, dcp_only)
 
 
-def _rng_rank(rng: Collection[str], rank: int) -> set[int]:
-    """The rank whose manifest holds the RNG state rank ``rank`` restores (it wrote it)."""
-    key = rng_source(rng, rank)
+def _source_rank(held: Collection[str], rank: int) -> set[int]:
+    """The rank whose manifest holds the per-rank state rank ``rank`` restores (``held``:
+    the rank keys of those saved)."""
+    key = perrank.source(held, rank)
     saved = rank_of(key) if key is not None else None
     return set() if saved is None else {saved}
 
 
+def _own_buffers(
+    tree: Mapping[str, Any], manifest: mf.Manifest | None, rank: int, path: Location | None
+) -> tuple[Mapping[str, Any], str | None]:
+    """``tree`` with its model holding the buffers rank ``rank`` restores, and whose they
+    are (:func:`ckptkit.perrank.source`) when the save kept them per rank; else ``tree``
+    itself and None (the model's buffers were saved once, with it).
+
+    Raises:
+        ManifestError: ``CK-M009`` no manifest the rank read holds the buffers it restores.
+    """
+    held = tree.get(mf.RANK_BUFFERS)
+    if held is None:
+        return tree, None
+    keys = {rank_key(r) for r in perrank.holders(manifest)} if manifest is not None else set(held)
+    key = perrank.source(keys, rank)
+    if key is None or key not in held:
+        raise codes.error(
+            codes.M009,
+            f"the checkpoint holds the model buffers of {key}, which rank {rank} restores, "
+            "but no manifest it read holds them",
+            path=path,
+            hint="the rank manifests are damaged or hand-edited; roll back to the previous "
+            "verified checkpoint",
+        )
+    return {**tree, "model": perrank.restored_model(tree, key)}, key
+
+
 def grouper(key: str) -> str:
-    """File group of a tensor key: per-rank RNG gets its own file (``rng-rank00000``)."""
+    """File group of a tensor key: per-rank state gets its own file (``rng-rank00000``,
+    ``buffers-rank00000``)."""
     parts = key.split("/")
-    if parts[0] == "rng" and len(parts) > 2:
-        return f"rng-{parts[1]}"
+    if parts[0] in mf.PER_RANK and len(parts) > 2:
+        return f"{parts[0]}-{parts[1]}"
     return tree_mod.default_group(key)
 
 
@@ -534,7 +552,7 @@ class TrainState:
             if manifest is not None
             else set(tree.get("rng") or {})
         )
-        source = rng_source(held_rng, self.parallel.rank)
+        source = perrank.source(held_rng, self.parallel.rank)
         if source is not None and source not in (tree.get("rng") or {}):
             raise codes.error(
                 codes.M009,
@@ -543,6 +561,13 @@ class TrainState:
                 path=path,
                 hint="the rank manifests are damaged or hand-edited; roll back to the "
                 "previous verified checkpoint",
+            )
+        tree, buffers_from = _own_buffers(tree, manifest, self.parallel.rank, path)
+        if buffers_from is not None and buffers_from != rank_key(self.parallel.rank):
+            notes.append(
+                f"buffers: the checkpoint holds each saving rank's own model buffers (they "
+                f"differed between the ranks, e.g. BatchNorm statistics) but none of rank "
+                f"{self.parallel.rank}; it takes {buffers_from}'s"
             )
         dcp_keys: list[str] = list((tree.get("dcp") or {}).get("keys") or [])
         if dcp_keys:

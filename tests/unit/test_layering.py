@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ckptkit.fit",
             "ckptkit.commit",
             "ckptkit.replicas",
+            "ckptkit.perrank",
             "ckptkit.io",
             "ckptkit.dcp",
             "ckptkit.lookahead",

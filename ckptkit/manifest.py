@@ -33,7 +33,7 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
@@ -856,14 +856,60 @@ def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry
                 f"adopted manifest has a malformed file entry: {str(f)[:120]}",
                 path=path, code=codes.M003, hint=_M002_HINT,
             )
-        pp = PurePosixPath(f["path"])
-        if pp.is_absolute() or ".." in pp.parts or not f["path"]:
-            raise UnsafeInputError(
-                f"adopted manifest path {f['path']!r} escapes the checkpoint",
-                path=path, code=codes.M005, hint=_UNSAFE_HINT,
-            )
         out.append(FileEntry(path=f["path"], size=f["size"], xxh3_128=f["xxh3_128"]))
+    check_listing([fe.path for fe in out], path=path)
     return tuple(out)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def path_problem(p: str) -> str | None:
+    """Why ``p`` may not name a file of a checkpoint, or None: the one path rule of every
+    manifest, native and adopted (the native schema's pattern is narrower still).
+
+    A path is not empty, relative, stays inside the checkpoint (no ``..`` part) and holds
+    no NUL or other control character (the OS refuses a NUL with ``ValueError``; a
+    newline forges lines in a listing).
+
+    Example:
+        >>> path_problem("dcp/__0_0.distcp") is None, path_problem("a" + chr(0) + "b")
+        (True, 'holds the control character U+0000')
+        >>> path_problem("../x"), path_problem("/x")
+        ('escapes the checkpoint', 'escapes the checkpoint')
+    """
+    bad = _CONTROL.search(p)
+    if bad is not None:
+        return f"holds the control character U+{ord(bad.group()):04X}"
+    pp = PurePosixPath(p)
+    if not p or pp.is_absolute() or ".." in pp.parts:
+        return "escapes the checkpoint"
+    return None
+
+
+def check_listing(paths: Iterable[str], *, path: str) -> None:
+    """Check the file paths a manifest lists: each by :func:`path_problem`, none twice.
+
+    Raises:
+        UnsafeInputError: ``CK-M005`` a path breaks the path rule.
+        ManifestError: ``CK-M003`` a path is listed twice.
+    """
+    seen: set[str] = set()
+    for p in paths:
+        why = path_problem(p)
+        if why is not None:
+            raise UnsafeInputError(
+                f"file path {p!r} {why}", path=path, code=codes.M005, hint=_UNSAFE_HINT
+            )
+        if p in seen:
+            raise ManifestError(
+                f"file {p!r} listed twice: which entry a reader would check is not for a "
+                "dict build to decide",
+                path=path,
+                code=codes.M003,
+                hint="the manifest was damaged or hand-edited; " + codes.ROLLBACK,
+            )
+        seen.add(p)
 
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -1440,20 +1486,16 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
         UnsafeInputError: ``CK-M005`` / ``CK-M006``.
         ManifestError: ``CK-M003`` duplicates or dangling references.
     """
+    check_listing([f["path"] for f in obj["files"]], path=path)
     files: dict[str, Mapping[str, Any]] = {}
     for f in obj["files"]:
         p = f["path"]
-        reserved = p == MANIFEST_NAME or PurePosixPath(p).parts[0] == RANKS_DIR
-        if PurePosixPath(p).is_absolute() or ".." in PurePosixPath(p).parts or reserved:
+        if p == MANIFEST_NAME or PurePosixPath(p).parts[0] == RANKS_DIR:
             raise UnsafeInputError(
-                f"file path {p!r} escapes the checkpoint directory",
+                f"file path {p!r} is reserved for ckptkit's own files",
                 path=path,
                 code=codes.M005,
-                hint="do not load this checkpoint; its manifest may be hostile",
-            )
-        if p in files:
-            raise ManifestError(
-                f"file {p!r} listed twice", path=path, code=codes.M003, hint="roll back"
+                hint=_UNSAFE_HINT,
             )
         if f.get("compression") and "raw_size" not in f:
             raise ManifestError(

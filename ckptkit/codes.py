@@ -441,6 +441,8 @@ F022: Final = "CK-F022"
 F023: Final = "CK-F023"
 F024: Final = "CK-F024"
 F025: Final = "CK-F025"
+F026: Final = "CK-F026"
+F027: Final = "CK-F027"
 F101: Final = "CK-F101"
 F102: Final = "CK-F102"
 F103: Final = "CK-F103"
@@ -732,6 +734,29 @@ register_code(
     "'unreadable', not corrupt: it is tried again later and never deleted as corrupt. "
     "Fix the cause (chmod, the mount, the credentials or the network), then verify again",
     error_class=errors.UnreadableError,
+)
+register_code(
+    "CK-F026",
+    family="integrity",
+    severity=ERROR,
+    title="DCP item does not fit its chunk",
+    hint="DCP's .metadata declares each tensor's size and the chunks it is stored in; here a "
+    "chunk lies outside its tensor, needs more bytes than its storage entry holds, or the "
+    "tensor stored for it has another shape or dtype (items that swap storage). A load "
+    "would fill the tensor with the wrong bytes or fail part-way, so it was refused. "
+    "Do not load it: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
+)
+register_code(
+    "CK-F027",
+    family="integrity",
+    severity=ERROR,
+    title="DCP metadata declares more chunks than its size allows",
+    hint="a genuine .metadata takes about 100 bytes of pickle per chunk and storage entry; "
+    "this one declares far more (pickle references repeating one object), which would "
+    "take a load minutes and gigabytes to plan, so it was refused before any of that work. "
+    "Do not load it: it may be hostile; " + ROLLBACK,
+    error_class=errors.UnsafeInputError,
 )
 register_code(
     "CK-F101",

@@ -158,6 +158,15 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
             )
         self._coordinator = is_coordinator
 
+    def storage_meta(self) -> Any:
+        # DCP's own record of the save, with this writer's mark (its ``modules``, a list
+        # DCP keeps but never reads): ``ckptkit verify`` then knows a ``.metadata`` left
+        # without its manifest by a save that died as an uncommitted ckptkit.dcp save.
+        meta = super().storage_meta()
+        if meta is not None:
+            meta.modules = [*meta.modules, store.MARK]
+        return meta
+
     def prepare_local_plan(self, plan: Any) -> Any:
         plan = super().prepare_local_plan(plan)
         if self._coordinator:
@@ -382,9 +391,11 @@ def check(path: str | os.PathLike[str], *, key: bytes | str | None = None) -> mf
     """Check a DCP directory from its bytes, reading each once; raise the first problem.
 
     What :class:`Reader` checks before and during a load, without loading: the manifest
-    and its signature, ``.metadata`` (digest, allow-listed unpickle), coverage, then every
-    listed file's size and digest, and every non-tensor item parsed with
-    ``weights_only=True``. Use it to pick the newest step that loads.
+    and its signature, ``.metadata`` (digest, allow-listed unpickle, chunk count),
+    coverage, then every listed file's size and digest, every tensor item parsed and held
+    to its chunk and every non-tensor item parsed, with ``weights_only=True``
+    (:func:`ckptkit.storage.dcp.check_shards`, the shard pass ``ckptkit verify`` makes
+    too). Use it to pick the newest step that loads.
 
     Returns:
         The manifest, when everything matches.
@@ -401,8 +412,12 @@ def check(path: str | os.PathLike[str], *, key: bytes | str | None = None) -> mf
     """
     where = fs.location(path)
     man, md, listed = open_checked(where, key=signing.resolve_key(key))
-    item_bytes = store.check_shards(where, md, listed, prefix="")
-    problems = store.coverage(md, listed, prefix="", item_bytes=item_bytes)
+    read = store.check_shards(where, md, listed, prefix="")
+    problems = [
+        *read.file_problems,
+        *read.problems,
+        *store.coverage(md, listed, prefix="", item_bytes=read.item_bytes),
+    ]
     if problems:
         raise problems[0]
     return man

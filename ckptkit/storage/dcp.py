@@ -41,7 +41,7 @@ import pickle
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import IO, Any, cast
 
@@ -62,6 +62,17 @@ METADATA = ".metadata"
 METADATA_REL = f"{DCP_DIR}/{METADATA}"
 MAX_METADATA_BYTES = 1 << 30
 """Refuse a ``.metadata`` larger than this before reading it."""
+MARK = "ckptkit.dcp.Writer"
+"""The mark :class:`ckptkit.dcp.Writer` leaves in the ``.metadata`` it writes (in DCP's
+``storage_meta.modules``): :func:`written_here`."""
+METADATA_BYTES_PER_CHUNK = 16
+"""A ``.metadata`` may declare one chunk or storage entry per this many bytes of its pickle
+(beyond :data:`FREE_CHUNKS`): a genuine one takes about 100 bytes per chunk, a pickle that
+repeats a reference to one chunk 2 (a million chunks in 2 MB took ``check`` 83 s and a load
+minutes to plan). Counted right after the unpickle, before any work per chunk
+(``CK-F027``), so the work a ``.metadata`` can cause grows with its size, never faster."""
+FREE_CHUNKS = 4096
+"""Chunks and storage entries any ``.metadata`` may declare, whatever its size."""
 
 _ALLOWED: dict[str, frozenset[str]] = {
     "torch.distributed.checkpoint.metadata": frozenset(
@@ -108,13 +119,58 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 def loads_metadata(data: bytes) -> Any:
-    """Unpickle ``.metadata`` bytes with :class:`MetadataUnpickler`.
+    """Unpickle ``.metadata`` bytes with :class:`MetadataUnpickler`, then bound what they
+    declare: at most one chunk or storage entry per :data:`METADATA_BYTES_PER_CHUNK` bytes.
+
+    The one unpickle of a ``.metadata`` (every reader, ``ckptkit verify`` included).
 
     Raises:
+        UnsafeInputError: ``CK-F027`` more chunks than the bytes allow (named ``.metadata``;
+            callers that know its path inside the checkpoint re-name it).
         pickle.UnpicklingError: a global outside the allow-list (never executed).
         Exception: whatever a damaged pickle raises; callers treat any as damage.
     """
-    return MetadataUnpickler(io.BytesIO(data)).load()
+    md = MetadataUnpickler(io.BytesIO(data)).load()
+    declared = _declared_chunks(md)
+    limit = max(FREE_CHUNKS, len(data) // METADATA_BYTES_PER_CHUNK)
+    if declared > limit:
+        raise codes.error(
+            codes.F027,
+            f"declares {declared} chunks and storage entries in {len(data)} bytes (at most "
+            f"{limit}: one per {METADATA_BYTES_PER_CHUNK} bytes); refused before any work per "
+            "chunk",
+            path=METADATA,
+        )
+    return md
+
+
+def written_here(md: Any) -> bool:
+    """Whether ``.metadata`` ``md`` was written by :class:`ckptkit.dcp.Writer` (its mark):
+    such a directory is committed only once its manifest is there.
+
+    Example:
+        >>> from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+        >>> written_here(Metadata({}, storage_meta=StorageMeta(modules=[MARK])))
+        True
+    """
+    modules = getattr(getattr(md, "storage_meta", None), "modules", None)
+    return isinstance(modules, list) and MARK in modules
+
+
+def _declared_chunks(md: Any) -> int:
+    """The chunks and storage entries ``md`` declares, counted without looking into them
+    (what is not DCP's structure counts nothing here: :func:`coverage` says what it is)."""
+    n = 0
+    storage = getattr(md, "storage_data", None)
+    if isinstance(storage, dict):
+        n += len(storage)
+    items = getattr(md, "state_dict_metadata", None)
+    if isinstance(items, dict):
+        for m in items.values():
+            chunks = getattr(m, "chunks", None)
+            if isinstance(chunks, list):
+                n += len(chunks)
+    return n
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -288,12 +344,24 @@ class Listed(Mapping[str, mf.FileEntry]):
         """Every listed name with its recorded size: what :func:`coverage` checks."""
         self.writers = writers or {}
         """The rank that wrote each file, where the manifest says (:func:`check_unread`)."""
+        self.unlisted = codes.F021
+        """The code of a shard ``.metadata`` names that is not here: ``CK-F021`` (a
+        manifest's list: refused unread), ``CK-F105`` of a :meth:`directory`'s (missing)."""
         self._entry = entry
 
     @classmethod
     def whole(cls, entries: Mapping[str, mf.FileEntry]) -> Listed:
         """Of entries all at hand (one manifest of every file: a foreign DCP directory's)."""
         return cls({n: fe.size for n, fe in entries.items()}, entries.get)
+
+    @classmethod
+    def directory(cls, sizes: Mapping[str, int]) -> Listed:
+        """The files present in a DCP directory no manifest lists (a plain DCP checkpoint
+        that was not adopted), with their sizes: :func:`coverage` holds ``.metadata`` to
+        them, a shard it names that is not there being missing (``CK-F105``)."""
+        listed = cls(sizes, lambda name: None)
+        listed.unlisted = codes.F105
+        return listed
 
     @classmethod
     def of(cls, listed: Mapping[str, mf.FileEntry]) -> Listed:
@@ -363,6 +431,8 @@ def read_metadata_file(path: Location, fe: mf.FileEntry | None, *, rel: str) -> 
     data = read_verified(path, fe, rel=rel)
     try:
         return loads_metadata(data)
+    except CkptkitError as e:
+        raise type(e)(e.what, path=rel, code=e.code, hint=e.hint) from None
     except pickle.UnpicklingError as e:
         if "not allowed" in str(e):
             raise codes.error(codes.F023, f"{e}; not executed", path=rel) from None
@@ -431,6 +501,13 @@ class Item:
     """A non-tensor value (DCP's ``BYTE_IO``): loaded as a whole ``torch.save`` blob."""
     descriptors: tuple[str, ...]
     """DCP stream transforms applied to the stored bytes (none for what ckptkit writes)."""
+    shape: tuple[int, ...] | None = None
+    """Of a tensor chunk: its sizes, as ``.metadata`` declares them (the stored tensor must
+    have them: :func:`load_tensor_item`); None for any other entry."""
+    dtype: torch.dtype | None = None
+    """Of a tensor chunk: the tensor's dtype, as ``.metadata`` declares it."""
+    offset_key: tuple[int, ...] | None = None
+    """The chunk's offsets in its tensor (its storage index's); None for a non-tensor item."""
     prefix: str = DCP_DIR
     """Where the DCP directory lies inside the checkpoint (``dcp`` in a native one; empty
     when the checkpoint is the DCP directory itself, as :mod:`ckptkit.dcp` writes it)."""
@@ -464,25 +541,30 @@ def coverage(
 ) -> list[CkptkitError]:
     """Everything a load of ``md`` would refuse, checked before any shard is opened.
 
-    The one rule for DCP coverage: the reader (:func:`load`) raises the first problem
-    before DCP plans a read, and native verify reports each as a finding, so a checkpoint
-    verify calls good is one the reader will read. Checked:
+    The one rule for DCP coverage: the readers (:func:`load`, :mod:`ckptkit.dcp`) raise the
+    first problem before DCP plans a read, and verify (native, and of a ``ckptkit.dcp``
+    directory) reports each as a finding, so a checkpoint verify calls good is one the
+    reader will read. Checked, against the files ``listed`` (the manifest's list, never
+    the files present):
 
     * ``.metadata`` has DCP's structure (``CK-F108``) and every transform it names is
       one DCP's reader knows (``CK-F108``);
     * every item of the state dict has a storage entry (``CK-F105``);
+    * every chunk of a tensor lies inside the tensor and its storage entry holds at least
+      its bytes (``CK-F026``: :func:`layout`);
     * every storage entry names a shard the manifest lists, by a plain file name
       (``CK-F021``): an unlisted file would be read without a digest;
     * its byte range lies inside the size the manifest records for that shard
       (``CK-F106``); the reader and verify's file scan both prove the file has that size;
     * with ``item_bytes``, every non-tensor item parses with ``weights_only=True``
       (:func:`load_byte_item`: ``CK-F023`` a global, ``CK-F108`` damage). The reader
-      parses them the same way as it reads each proven shard.
+      parses them the same way as it reads each proven shard; tensor items are parsed in
+      the shard read itself (:func:`check_shards`, :func:`load_tensor_item`).
 
     Args:
         md: ``.metadata`` as :func:`read_metadata` returned it (unpickled safely, but its
             fields can hold anything).
-        listed: the manifest's DCP entries (:func:`entries`).
+        listed: the manifest's DCP entries (:func:`entries`), or a :class:`Listed`.
         item_bytes: reads an item's bytes from a proven shard; None checks structure only.
         prefix: where the DCP directory lies inside the checkpoint (:attr:`Item.prefix`):
             the paths the problems name.
@@ -497,7 +579,7 @@ def coverage(
     """
     md_rel = rel_in(prefix, METADATA)
     try:
-        items, missing = _layout(md, prefix)
+        lay = layout(md, prefix)
     except Exception as e:  # untrusted structure: any failure is damage, never a traceback
         return [
             codes.error(
@@ -507,18 +589,19 @@ def coverage(
             )
         ]
     problems: list[CkptkitError] = []
-    if missing:
+    if lay.missing:
         problems.append(
             codes.error(
                 codes.F105,
-                f"{len(missing)} item(s) of the state dict have no storage entry in "
-                ".metadata, e.g. " + ", ".join(missing[:4]),
+                f"{len(lay.missing)} item(s) of the state dict have no storage entry in "
+                ".metadata, e.g. " + ", ".join(lay.missing[:4]),
                 path=md_rel,
             )
         )
-    sizes = Listed.of(listed).sizes
-    for it in items:
-        problem = entry_problem(it, sizes)
+    problems.extend(codes.error(codes.F026, why, path=md_rel) for why in lay.misfits)
+    files = Listed.of(listed)
+    for it in lay.items:
+        problem = entry_problem(it, files.sizes, unlisted=files.unlisted)
         if problem is not None:
             problems.append(problem)
             continue
@@ -534,9 +617,12 @@ def coverage(
     return problems
 
 
-def entry_problem(it: Item, sizes: Mapping[str, int]) -> CkptkitError | None:
+def entry_problem(
+    it: Item, sizes: Mapping[str, int], *, unlisted: str = codes.F021
+) -> CkptkitError | None:
     """Why a load must not read ``it`` (an unlisted shard, a range past its end), or None.
-    ``sizes``: the listed shards' sizes by name (:attr:`Listed.sizes`)."""
+    ``sizes``: the listed shards' sizes by name (:attr:`Listed.sizes`); ``unlisted``: the
+    code of a shard not among them (:attr:`Listed.unlisted`)."""
     if "/" in it.name or "\\" in it.name or it.name in ("", ".", "..", METADATA):
         return codes.error(
             codes.F021,
@@ -545,6 +631,10 @@ def entry_problem(it: Item, sizes: Mapping[str, int]) -> CkptkitError | None:
             path=rel_in(it.prefix, METADATA),
         )
     size = sizes.get(it.name)
+    if size is None and unlisted == codes.F105:
+        return codes.error(
+            codes.F105, f"shard {it.name} is missing: it holds item {it.fqn}", path=it.rel
+        )
     if size is None:
         return codes.error(
             codes.F021,
@@ -572,8 +662,50 @@ def load_byte_item(data: bytes, *, fqn: str, rel: str, map_location: Any = None)
             weights-only allow-list.
         IntegrityError: ``CK-F108`` the bytes are not a loadable ``torch.save`` blob.
     """
+    return _weights_only(io.BytesIO(data), fqn=fqn, rel=rel, map_location=map_location)
+
+
+def load_tensor_item(stream: IO[bytes], it: Item, *, map_location: Any = "cpu") -> torch.Tensor:
+    """Parse one tensor chunk of a DCP shard, as every reader parses it: with the same
+    ``weights_only=True`` rules as a non-tensor item (:func:`load_byte_item`), then held to
+    the sizes and dtype ``.metadata`` declares for the chunk.
+
+    The one parse of a tensor item: a load (:class:`VerifyingReader`), ``ckptkit.dcp.check``
+    and ``ckptkit verify`` (:func:`check_shards`).
+
+    Raises:
+        UnsafeInputError: ``CK-F023`` the pickle names a global outside the allow-list
+            (never executed); ``CK-F026`` it holds no tensor, or one of another shape or
+            dtype than its chunk (two items that swap storage).
+        IntegrityError: ``CK-F108`` the bytes are not a loadable ``torch.save`` blob.
+
+    Example:
+        >>> buf = io.BytesIO(); torch.save(torch.ones(2), buf); _ = buf.seek(0)
+        >>> it = Item("w", "__0_0.distcp", 0, 0, False, (), shape=(3,), dtype=torch.float32)
+        >>> load_tensor_item(buf, it)
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.UnsafeInputError: CK-F026 dcp/__0_0.distcp: item w holds a tensor of shape (2,) ...
+    """
+    t = _weights_only(stream, fqn=it.fqn, rel=it.rel, map_location=map_location)
+    if not isinstance(t, torch.Tensor):
+        raise codes.error(
+            codes.F026, f"item {it.fqn} holds a {type(t).__name__}, not a tensor", path=it.rel
+        )
+    if it.shape is not None and (tuple(t.shape) != it.shape or t.dtype != it.dtype):
+        raise codes.error(
+            codes.F026,
+            f"item {it.fqn} holds a tensor of shape {tuple(t.shape)} and {t.dtype}; "
+            f".metadata declares its chunk {it.shape} and {it.dtype}",
+            path=it.rel,
+        )
+    return t
+
+
+def _weights_only(stream: IO[bytes], *, fqn: str, rel: str, map_location: Any) -> Any:
+    """``torch.load(weights_only=True)`` of one item, every failure a finding code."""
     try:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        return torch.load(stream, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "global" in str(e).lower():
@@ -583,6 +715,8 @@ def load_byte_item(data: bytes, *, fqn: str, rel: str, map_location: Any = None)
                 path=rel,
             ) from None
         raise codes.error(codes.F108, f"item {fqn} is a damaged pickle: {first[:200]}", path=rel) from None
+    except CkptkitError:
+        raise  # the shard read under it failed (a short file, a read error): its code
     except Exception as e:  # untrusted bytes: any failure is damage, never a traceback
         raise codes.error(
             codes.F108, f"item {fqn} cannot be read: {type(e).__name__}: {e}"[:300], path=rel
@@ -608,8 +742,30 @@ def read_item(root: Location, it: Item) -> bytes:
         return f.read(it.length)
 
 
-def _layout(md: Any, prefix: str = DCP_DIR) -> tuple[list[Item], list[str]]:
-    """The storage entries of ``md`` and the state-dict items that have none.
+@dataclass(frozen=True)
+class Layout:
+    """What a ``.metadata`` asks a load to read (:func:`layout`)."""
+
+    items: list[Item]
+    """Every storage entry, in ``.metadata`` order."""
+    missing: list[str]
+    """Items of the state dict with no storage entry for some chunk (``CK-F105``)."""
+    misfits: list[str]
+    """Why a chunk does not fit its tensor, one message each (``CK-F026``)."""
+
+    def item(self, idx: Any) -> Item | None:
+        """The item of storage index ``idx`` (a ``MetadataIndex``), or None."""
+        return self._by_index.get(_index_key(idx.fqn, idx.offset))
+
+    @functools.cached_property
+    def _by_index(self) -> dict[tuple[str, tuple[int, ...] | None], Item]:
+        return {_index_key(it.fqn, it.offset_key): it for it in self.items}
+
+
+def layout(md: Any, prefix: str = DCP_DIR) -> Layout:
+    """The storage entries of ``md``, each tensor chunk with the sizes and dtype it must
+    hold, the items with no storage entry, and the chunks that do not fit their tensor
+    (outside its size, or more bytes than their storage entry holds).
 
     Raises:
         AttributeError, TypeError, ValueError, KeyError: not DCP's structure.
@@ -630,6 +786,8 @@ def _layout(md: Any, prefix: str = DCP_DIR) -> tuple[list[Item], list[str]]:
         raise TypeError("state_dict_metadata and storage_data must be dicts")
     byte_io: set[str] = set()
     missing: list[str] = []
+    misfits: list[str] = []
+    chunks: dict[tuple[str, tuple[int, ...] | None], tuple[tuple[int, ...], torch.dtype]] = {}
     for fqn, m in sd_meta.items():
         if not isinstance(fqn, str):
             raise TypeError(f"state_dict_metadata key {fqn!r} is not a string"[:200])
@@ -637,7 +795,22 @@ def _layout(md: Any, prefix: str = DCP_DIR) -> tuple[list[Item], list[str]]:
             byte_io.add(fqn)
             needed = [MetadataIndex(fqn)]
         elif isinstance(m, TensorStorageMetadata) and isinstance(m.chunks, list):
-            needed = [MetadataIndex(fqn, c.offsets) for c in m.chunks]
+            size = _dims(m.size, fqn)
+            dtype = getattr(m.properties, "dtype", None)
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"item {fqn} declares dtype {dtype!r}"[:200])
+            needed = []
+            for c in m.chunks:
+                offsets, sizes = _dims(c.offsets, fqn), _dims(c.sizes, fqn)
+                if len(offsets) != len(size) or len(sizes) != len(size) or any(
+                    o + n > d for o, n, d in zip(offsets, sizes, size, strict=True)
+                ):
+                    misfits.append(
+                        f"item {fqn} of size {list(size)}: its chunk at {list(offsets)} of "
+                        f"sizes {list(sizes)} lies outside it"[:300]
+                    )
+                chunks[_index_key(fqn, offsets)] = (sizes, dtype)
+                needed.append(MetadataIndex(fqn, offsets))
         else:
             raise TypeError(f"item {fqn} has metadata of type {type(m).__name__}"[:200])
         if any(ix not in storage for ix in needed):
@@ -649,8 +822,30 @@ def _layout(md: Any, prefix: str = DCP_DIR) -> tuple[list[Item], list[str]]:
             raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
         it = _item(idx, info, byte_io=idx.fqn in byte_io and idx.offset is None, prefix=prefix)
         registry.from_descriptor_list(list(it.descriptors))  # ValueError: unknown to DCP
+        chunk = chunks.get(_index_key(it.fqn, it.offset_key))
+        if chunk is not None:
+            it = replace(it, shape=chunk[0], dtype=chunk[1])
+            need = math.prod(chunk[0]) * chunk[1].itemsize
+            if not it.descriptors and need > it.length:
+                misfits.append(
+                    f"item {it.fqn}: its chunk of sizes {list(chunk[0])} x {chunk[1]} needs "
+                    f"{need} bytes, its storage entry holds {it.length}"[:300]
+                )
         items.append(it)
-    return items, missing
+    return Layout(items, missing, misfits)
+
+
+def _index_key(fqn: str, offset: Any) -> tuple[str, tuple[int, ...] | None]:
+    return fqn, None if offset is None else tuple(offset)
+
+
+def _dims(v: Any, fqn: str) -> tuple[int, ...]:
+    """A size or offset of a tensor: non-negative integers (else not DCP's structure)."""
+    if not isinstance(v, Sequence) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v
+    ):
+        raise TypeError(f"item {fqn} declares sizes or offsets {v!r}"[:200])
+    return tuple(v)
 
 
 def _item(idx: Any, info: Any, *, byte_io: bool = False, prefix: str = DCP_DIR) -> Item:
@@ -672,6 +867,7 @@ def _item(idx: Any, info: Any, *, byte_io: bool = False, prefix: str = DCP_DIR) 
         length=_byte_count(info.length, fqn),
         byte_io=byte_io,
         descriptors=descriptors,
+        offset_key=None if idx.offset is None else _dims(idx.offset, fqn),
         prefix=prefix,
     )
 
@@ -762,37 +958,84 @@ def check_unread(
             check_file(where / name, listed[name], rel=rel_in(prefix, name))
 
 
+@dataclass
+class ShardPass:
+    """What one read of every listed shard established (:func:`check_shards`)."""
+
+    digests: dict[str, tuple[str, int]]
+    """``{name: (xxh3-128, size)}`` of every shard read whole."""
+    file_problems: list[CkptkitError]
+    """Shards that are missing, of another size or digest, not regular or unreadable
+    (``CK-F001/F002/F003/F022/F025``), in name order."""
+    problems: list[CkptkitError]
+    """Tensor items of shards whose digest matched that do not parse or fit their chunk
+    (:func:`load_tensor_item`), in file order."""
+    item_bytes: ItemBytes
+    """The bytes of each non-tensor item of a shard whose digest matched: the
+    ``item_bytes`` of the :func:`coverage` call that parses them."""
+
+
 def check_shards(
-    where: Location, md: Any, listed: Mapping[str, mf.FileEntry], *, prefix: str = DCP_DIR
-) -> ItemBytes:
+    where: Location,
+    md: Any,
+    listed: Mapping[str, mf.FileEntry],
+    *,
+    prefix: str = DCP_DIR,
+    on_tensor: Callable[[Item, torch.Tensor], None] | None = None,
+) -> ShardPass:
     """Read every listed shard of the DCP directory ``where`` once, checking size and
-    digest, and keep the bytes of its non-tensor items as they go by.
+    digest; parse each tensor item as its bytes go by (:func:`load_tensor_item`, as a load
+    parses it) and keep the bytes of each non-tensor item for :func:`coverage` to parse
+    once the digest matched.
 
-    ``md`` must have passed :func:`coverage` (structure and ranges). What it returns is
-    the ``item_bytes`` of the :func:`coverage` call that parses those items, from bytes
-    already proven: no item is read a second time.
+    The one shard pass of ``ckptkit.dcp.check`` and of ``ckptkit verify`` of a
+    ``ckptkit.dcp`` directory (which scans each tensor for NaN/Inf through ``on_tensor``),
+    so the two refuse the same items with the same codes. ``md`` must have passed
+    :func:`coverage` (structure and ranges); a problem of an item in a shard whose digest
+    does not match is the digest's (a file problem), not the item's.
 
-    Raises:
-        CkptkitError: the first file that does not match (``CK-F001/F002/F003/F022/F025``),
-            in name order.
+    Returns:
+        What the pass established (:class:`ShardPass`); every problem is returned, none
+        raised.
     """
-    items, _missing = _layout(md, prefix)
-    sizes = Listed.of(listed).sizes
+    lay = layout(md, prefix)
+    files = Listed.of(listed)
     wanted: dict[str, list[Item]] = {}
-    for it in items:
-        if it.byte_io and entry_problem(it, sizes) is None:
+    for it in lay.items:
+        if entry_problem(it, files.sizes) is None and (it.byte_io or it.shape is not None):
             wanted.setdefault(it.name, []).append(it)
+    out = ShardPass({}, [], [], lambda it: None)
     got: dict[tuple[str, int, int], bytes] = {}
-    for name, fe in sorted(listed.items()):
+    for name, fe in sorted(files.items()):
         if name == METADATA:
             continue
-        with open_shard(where / name, rel=rel_in(prefix, name), expected_size=fe.size) as shard:
-            for it in sorted(wanted.get(name, []), key=lambda i: (i.offset, i.length)):
-                buf = bytearray(it.length)
-                shard.read_into(it.offset, memoryview(buf))
-                got[(it.name, it.offset, it.length)] = bytes(buf)
-            shard.verify(fe)
-    return lambda it: got.get((it.name, it.offset, it.length))
+        kept: dict[tuple[str, int, int], bytes] = {}
+        found: list[CkptkitError] = []
+        try:
+            with open_shard(where / name, rel=rel_in(prefix, name), expected_size=fe.size) as shard:
+                for it in sorted(wanted.get(name, []), key=lambda i: (i.offset, i.length)):
+                    buf = bytearray(it.length)
+                    shard.read_into(it.offset, memoryview(buf))
+                    if it.byte_io:
+                        kept[(it.name, it.offset, it.length)] = bytes(buf)
+                        continue
+                    try:
+                        raw = _untransformed(bytes(buf), it.descriptors)
+                        t = load_tensor_item(io.BytesIO(raw), it)
+                    except CkptkitError as e:
+                        found.append(e)
+                    else:
+                        if on_tensor is not None:
+                            on_tensor(it, t)
+                shard.verify(fe)
+                out.digests[name] = (fe.xxh3_128, shard.size)
+        except CkptkitError as e:
+            out.file_problems.append(e)
+            continue
+        got.update(kept)
+        out.problems.extend(found)
+    out.item_bytes = lambda it: got.get((it.name, it.offset, it.length))
+    return out
 
 
 def check_file(path: Location, fe: mf.FileEntry, *, rel: str) -> None:
@@ -877,6 +1120,7 @@ def classes() -> tuple[type, type]:
             self._prefix = prefix
             self.checked: set[str] = set()
             """Shard names whose digest was checked by a read."""
+            self._layout: Layout | None = None
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             from torch.distributed.checkpoint.metadata import StorageMeta
@@ -917,7 +1161,7 @@ def classes() -> tuple[type, type]:
                 deferred.append((req, bytes(stream.read(-1))))
                 return
             raw = stream if stream.seekable() else io.BytesIO(stream.read(-1))
-            tensor = cast(torch.Tensor, torch.load(raw, map_location="cpu", weights_only=True))
+            tensor = load_tensor_item(raw, self._item_of(req))
             tensor = _narrow(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
@@ -930,14 +1174,21 @@ def classes() -> tuple[type, type]:
             target.copy_(tensor)
             planner.commit_tensor(req, target)
 
+        def _item_of(self, req: Any) -> Item:
+            """The :class:`Item` of a read request: its storage entry, and of a tensor
+            chunk the sizes and dtype ``.metadata`` declares for it (:func:`layout`)."""
+            if self._layout is None:
+                self._layout = layout(self._metadata, self._prefix)
+            idx = req.storage_index
+            it = self._layout.item(idx)
+            return it if it is not None else _item(idx, self.storage_data[idx], prefix=self._prefix)
+
         def _read_file(self, name: str, reqs: Sequence[Any], planner: Any) -> None:
 
             rel = rel_in(self._prefix, name)
             # The same rule coverage() applied to every entry before the load began.
             for req in reqs:
-                idx = req.storage_index
-                info = self.storage_data[idx]
-                problem = entry_problem(_item(idx, info, prefix=self._prefix), self._listed.sizes)
+                problem = entry_problem(self._item_of(req), self._listed.sizes)
                 if problem is not None:
                     raise problem
             fe = self._listed[name]
@@ -959,11 +1210,10 @@ def classes() -> tuple[type, type]:
                     with shard.item(info.offset, info.length) as item:
                         try:
                             self._load_item(req, info, item, planner, deferred, rel)
-                        except CkptkitError:
-                            raise
                         except Exception:
-                            # torch.load failed on these bytes: when the file does not
-                            # match its digest, that is what the caller needs to hear.
+                            # The item was refused or torch.load failed on these bytes:
+                            # when the file does not match its digest, that is what the
+                            # caller needs to hear (as check_shards decides).
                             try:
                                 shard.verify(fe)
                             except CkptkitError as damaged:
@@ -1360,14 +1610,19 @@ def _empty_like_stored(m: Any, fqn: str, stored: int, transformed: bool, prefix:
 __all__ = [
     "DCP_COMPONENT",
     "DCP_DIR",
+    "FREE_CHUNKS",
+    "MARK",
     "METADATA",
+    "METADATA_BYTES_PER_CHUNK",
     "METADATA_REL",
     "SHARD_CHUNK",
     "HashingFileSystem",
     "Item",
     "ItemBytes",
+    "Layout",
     "MetadataUnpickler",
     "Shard",
+    "ShardPass",
     "check_file",
     "check_shards",
     "check_unread",
@@ -1377,8 +1632,10 @@ __all__ = [
     "entry_problem",
     "files_of",
     "hashing_filesystem",
+    "layout",
     "load",
     "load_byte_item",
+    "load_tensor_item",
     "loads_metadata",
     "open_regular",
     "open_shard",
@@ -1391,4 +1648,5 @@ __all__ = [
     "save",
     "translate",
     "writer_for",
+    "written_here",
 ]

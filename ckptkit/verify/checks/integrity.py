@@ -262,6 +262,18 @@ def dcp_items_inside(ctx: CheckContext) -> Iterator[Finding]:
     yield from _dcp_findings(ctx, codes.F106)
 
 
+@check(codes.F026)
+def dcp_chunks_fit(ctx: CheckContext) -> Iterator[Finding]:
+    """Every DCP tensor chunk lies inside its tensor, and its storage entry holds its bytes."""
+    yield from _dcp_findings(ctx, codes.F026)
+
+
+@check(codes.F027)
+def dcp_metadata_bounded(ctx: CheckContext) -> Iterator[Finding]:
+    """The DCP metadata declares no more chunks than its size allows."""
+    yield from _dcp_findings(ctx, codes.F027)
+
+
 @check(codes.F108)
 def dcp_readable(ctx: CheckContext) -> Iterator[Finding]:
     """The DCP metadata and its non-tensor items parse (damage, unexpected structure)."""

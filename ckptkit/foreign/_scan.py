@@ -136,6 +136,19 @@ class Scan:
     digests: dict[str, tuple[str, int]] = field(default_factory=dict)
     """``{file: (xxh3-128, size)}`` of files the reader read whole while scanning them (a
     DCP shard): the check against an adopted manifest takes these instead of a second read."""
+    adopted_record: dict[str, Any] | None = None
+    """``user.adopted`` of the adopted manifest, read before the format's reader ran
+    (:func:`ckptkit.foreign.read.scan` with ``adopted=True``): None when there is none, empty
+    when there is one that was refused (its finding says why)."""
+    adopted: mf.Manifest | None = None
+    """The adopted manifest, when there is one and it is valid."""
+
+    def listing(self) -> dict[str, mf.FileEntry] | None:
+        """The files the adopted manifest lists, by path (what a reader that trusts it may
+        read), or None when there is no valid one."""
+        if self.adopted is None:
+            return None
+        return {fe.path: fe for fe in mf.adopted_files(self.adopted)}
 
     @classmethod
     def start(cls, target: Path | str, fmt: str, *, scan_values: bool = True) -> Scan:

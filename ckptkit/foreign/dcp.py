@@ -20,27 +20,38 @@ sampler and progress are present only when the caller put them in the state dict
 from __future__ import annotations
 
 import io
+import os
 import pickle
-from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ckptkit import codes
+from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign import _load
-from ckptkit.foreign._scan import Scan
+from ckptkit.foreign._scan import ADOPTED_SUFFIX, Scan
 from ckptkit.foreign.structure import Lazy, TensorMeta
 from ckptkit.foreign.torch_save import scan_tree
 from ckptkit.format import digest
-from ckptkit.storage import dcp
+from ckptkit.storage import dcp, fs
 
 META = ".metadata"
 
 
 def scan(s: Scan) -> None:
-    """Fill ``s`` for a DCP directory."""
+    """Fill ``s`` for a DCP directory.
+
+    With an adopted manifest (``ckptkit adopt``'s, or the one :mod:`ckptkit.dcp` commits)
+    the directory is read as ``ckptkit.dcp.check`` reads it: ``.metadata`` listed and
+    digest-checked (:func:`ckptkit.storage.dcp.read_metadata_file`), coverage against the
+    manifest's list, every shard read once with each item parsed and held to its chunk
+    (:func:`ckptkit.storage.dcp.check_shards`); so verify, ``check`` and a load refuse the
+    same directories with the same codes. Without one, coverage is held to the files
+    present, and a ``.metadata`` that :class:`ckptkit.dcp.Writer` marked is a save that
+    did not commit (``CK-M001``, as ``ckptkit.dcp.load`` says).
+    """
+    listing = s.listing()
     if not s.readable(META):
         shards = s.glob("*.distcp")
         if s.has(META):
@@ -54,25 +65,20 @@ def scan(s: Scan) -> None:
         )
         s.absent("model", ".metadata is missing: no item of the checkpoint can be located")
         return
-    md: Any = None
-    problem: _load.Problem | None
-    try:
-        data = s.path(META).read_bytes()
-    except OSError as e:
-        problem = _load.failed_read(e, codes.F108, "cannot be read")
-    else:
-        s.digests[META] = (digest.hexdigest_bytes(data), len(data))  # read once
-        md, problem = _load.loads_dcp_metadata(data)
-    if problem is not None and problem.code == codes.F103:
-        s.refused_pickle(META, f".metadata {problem.message}")
-        s.absent("model", f".metadata could not be read ({problem.code})")
+    md = _metadata(s, listing)
+    if md is None:
         return
-    if problem is not None:
-        s.add(problem.code, f".metadata {problem.message}", path=META)
-        s.absent("model", f".metadata could not be read ({problem.code})")
-        return
+    unmanifested = listing is None and not os.path.lexists(s.target / ADOPTED_SUFFIX)
+    if unmanifested and dcp.written_here(md):
+        s.add(
+            codes.M001,
+            f"written by ckptkit.dcp, but its manifest ({ADOPTED_SUFFIX}) is missing: the "
+            "save did not commit (it died after .metadata), and ckptkit.dcp.load refuses it",
+            path=ADOPTED_SUFFIX,
+        )
     try:
-        walked = _walk(md)
+        lay = dcp.layout(md, prefix="")
+        sd_meta, planner = _walk(md)
     except (AttributeError, TypeError, ValueError, KeyError) as e:
         s.add(
             codes.F108,
@@ -81,59 +87,32 @@ def scan(s: Scan) -> None:
         )
         s.absent("model", ".metadata has an unexpected structure")
         return
-    sd_meta, entries, planner = walked
+    entries = lay.items
 
-    # Every item covered by a storage entry.
-    covered: dict[str, int] = defaultdict(int)
-    for ent in entries:
-        covered[ent.fqn] += 1
-    uncovered = [fqn for fqn, (need, _m) in sd_meta.items() if covered.get(fqn, 0) < need]
-    if uncovered:
-        s.add(
-            codes.F105,
-            f"{len(uncovered)} item(s) have no storage entry in .metadata: "
-            + ", ".join(uncovered[:5]),
-            path=META,
-        )
-
-    # Every storage entry inside a present shard of sufficient size.
-    by_file: dict[str, list[_Entry]] = defaultdict(list)
-    for ent in entries:
-        by_file[ent.rel].append(ent)
-    bad_files: set[str] = set()
-    for rel, items in sorted(by_file.items()):
-        if not s.readable(rel):
-            bad_files.add(rel)
-            if rel in s.outside:
-                continue  # CK-F009 says it; never read
-            s.add(
-                codes.F105,
-                f"shard {rel} is missing: it holds {len(items)} item(s), e.g. "
-                + ", ".join(sorted({i.fqn for i in items})[:4]),
-                path=rel,
-            )
-            continue
-        size = s.path(rel).stat().st_size
-        end = max(i.offset + i.length for i in items)
-        if size < end:
-            bad_files.add(rel)
-            short = sorted({i.fqn for i in items if i.offset + i.length > size})
-            s.add(
-                codes.F106,
-                f"shard {rel} is {size} bytes but .metadata needs {end}: "
-                f"{len(short)} item(s) cut off, e.g. " + ", ".join(short[:4]),
-                path=rel,
-            )
-    extra = [f for f in s.glob("*.distcp") if f not in by_file]
-    s.unrecognised("shards (not referenced by .metadata)", extra)
+    # What .metadata asks a load to read, held to the manifest's list (or, with none, to
+    # the files present): the one coverage rule of every DCP reader.
+    files = (
+        dcp.Listed.whole(listing)
+        if listing is not None
+        else dcp.Listed.directory({f: s.path(f).stat().st_size for f in s.files if s.readable(f)})
+    )
+    bad_files = {
+        ent.name
+        for ent in entries
+        if dcp.entry_problem(ent, files.sizes, unlisted=files.unlisted) is not None
+    }
+    named = {ent.name for ent in entries}
+    s.unrecognised(
+        "shards (not referenced by .metadata)", [f for f in s.glob("*.distcp") if f not in named]
+    )
 
     # The state dict's tree, with tensors known by metadata and small items read lazily.
-    first: dict[str, _Entry] = {}
+    first: dict[str, dcp.Item] = {}
     for ent in entries:
         first.setdefault(ent.fqn, ent)
     reader = _Reader(s, bad_files)
     tree: dict[Any, Any] = {}
-    for fqn, (_need, meta) in sd_meta.items():
+    for fqn, meta in sd_meta.items():
         where = first.get(fqn)
         leaf: Any
         if isinstance(meta, tuple):  # a tensor: (shape, dtype)
@@ -145,40 +124,95 @@ def scan(s: Scan) -> None:
     tree = _listify(tree)
     scan_tree(s, tree, file=META, what="the DCP state dict")
 
-    # Values: per-item CRCs and NaN/Inf in model/optimizer tensors, each shard read once
-    # and hashed in the same pass (the digest an adopted manifest is checked against).
-    if not s.scan_values:
-        return
     model_keys = _keys_of(s, "model")
     opt_keys = _keys_of(s, "optimizer")
-    wanted: dict[str, list[tuple[_Entry, str, tuple[Any, ...]]]] = {}
+
+    def component(ent: dcp.Item) -> tuple[str | None, tuple[Any, ...]]:
+        path = item_path(ent.fqn, planner)
+        if _under(path, model_keys):
+            return "model", path
+        return ("optimizer" if _under(path, opt_keys) else None), path
+
+    if listing is not None:
+        # Each listed shard read once, as check reads it: its digest for the file check
+        # (no second read), every tensor parsed and held to its chunk (and scanned for
+        # NaN/Inf), every non-tensor item parsed once its shard's digest matched.
+        def scan_value(ent: dcp.Item, t: torch.Tensor) -> None:
+            comp, path = component(ent)
+            if comp is not None and s.scan_values:
+                reader.scan(comp, path, t)
+
+        read = dcp.check_shards(
+            fs.location(s.root), md, dcp.Listed.whole(listing), prefix="", on_tensor=scan_value
+        )
+        s.digests.update(read.digests)  # file problems: the file check reports them
+        found = [*read.problems, *dcp.coverage(md, files, prefix="", item_bytes=read.item_bytes)]
+    else:
+        found = dcp.coverage(md, files, prefix="")
+    for problem in found:
+        s.add(
+            problem.code or codes.F108,
+            problem.what,
+            path=str(problem.path) if problem.path is not None else META,
+        )
+    if listing is not None or not s.scan_values:
+        return
+
+    # Values: per-item CRCs and NaN/Inf in model/optimizer tensors, each shard read once
+    # and hashed in the same pass.
+    wanted: dict[str, list[tuple[dcp.Item, str, tuple[Any, ...]]]] = {}
     for ent in entries:
-        if ent.rel in bad_files:
+        if ent.name in bad_files:
             continue
         todo = wanted.setdefault(ent.rel, [])  # every good shard is hashed, values or not
-        if ent.transformed:
+        if ent.descriptors:
             continue
-        path = item_path(ent.fqn, planner)
-        comp = (
-            "model" if _under(path, model_keys)
-            else "optimizer" if _under(path, opt_keys) else None
-        )
-        if comp is None or not isinstance(sd_meta.get(ent.fqn, (0, None))[1], tuple):
+        comp, path = component(ent)
+        if comp is None or not isinstance(sd_meta.get(ent.fqn), tuple):
             continue
         todo.append((ent, comp, path))
     for rel, todo in wanted.items():
         reader.scan_shard(rel, todo)
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One ``storage_data`` entry of ``.metadata``: where an item's bytes are."""
+def _metadata(s: Scan, listing: dict[str, mf.FileEntry] | None) -> Any:
+    """``.metadata``, unpickled with the allow-list and bounded (:func:`ckptkit.storage.dcp.
+    loads_metadata`): with an adopted ``listing``, only once it is listed and its digest
+    matched, as every reader opens it. None (with a finding) when it cannot be used."""
+    problem: _load.Problem | None
+    if listing is not None:
+        try:
+            md = dcp.read_metadata_file(fs.location(s.path(META)), listing.get(META), rel=META)
+        except CkptkitError as e:
+            if e.code not in _FILE_CHECK:  # those the file check reports, once
+                s.add(e.code or codes.F108, e.what, path=META)
+            s.absent("model", f".metadata could not be read ({e.code})")
+            return None
+        fe = listing[META]
+        s.digests[META] = (fe.xxh3_128, fe.size)  # read and matched: no second read
+        return md
+    try:
+        data = s.path(META).read_bytes()
+    except OSError as e:
+        problem = _load.failed_read(e, codes.F108, "cannot be read")
+        md = None
+    else:
+        s.digests[META] = (digest.hexdigest_bytes(data), len(data))  # read once
+        md, problem = _load.loads_dcp_metadata(data)
+    if problem is not None and problem.code == codes.F103:
+        s.refused_pickle(META, f".metadata {problem.message}")
+        s.absent("model", f".metadata could not be read ({problem.code})")
+        return None
+    if problem is not None:
+        s.add(problem.code, f".metadata {problem.message}", path=META)
+        s.absent("model", f".metadata could not be read ({problem.code})")
+        return None
+    return md
 
-    fqn: str
-    rel: str
-    offset: int
-    length: int
-    transformed: bool
+
+_FILE_CHECK = frozenset({codes.F001, codes.F002, codes.F003, codes.F022, codes.UNREADABLE})
+"""Codes of a listed file's own check (present, regular, its size and digest): reported by
+the file check against the adopted manifest, not again by the reader."""
 
 
 class _Reader:
@@ -188,12 +222,12 @@ class _Reader:
         self._s = s
         self._bad = bad_files
 
-    def reader(self, ent: _Entry) -> Any:
+    def reader(self, ent: dcp.Item) -> Any:
         return lambda: self.read(ent, component="checkpoint", critical=False)
 
-    def read(self, ent: _Entry, *, component: str, critical: bool = True) -> Any:
+    def read(self, ent: dcp.Item, *, component: str, critical: bool = True) -> Any:
         s, rel, fqn = self._s, ent.rel, ent.fqn
-        if rel in self._bad or ent.transformed:
+        if ent.name in self._bad or ent.descriptors:
             raise ValueError("item not readable")
         try:
             with open(s.path(rel), "rb") as f:
@@ -204,7 +238,7 @@ class _Reader:
             return None
         return self.parse(ent, blob, component=component, critical=critical)
 
-    def scan_shard(self, rel: str, todo: list[tuple[_Entry, str, tuple[Any, ...]]]) -> None:
+    def scan_shard(self, rel: str, todo: list[tuple[dcp.Item, str, tuple[Any, ...]]]) -> None:
         """Read shard ``rel`` once, in file order (:class:`ckptkit.storage.dcp.Shard`, the
         reader ``ckptkit.dcp`` loads and checks with): scan the values of ``todo``'s items
         for NaN/Inf as their bytes go by, and keep the file's digest (:attr:`Scan.digests`)
@@ -222,17 +256,18 @@ class _Reader:
                     blob = bytearray(ent.length)
                     shard.read_into(ent.offset, memoryview(blob))
                     done += 1
-                    self._scan(comp, path, self.parse(ent, bytes(blob), component=comp))
+                    self.scan(comp, path, self.parse(ent, bytes(blob), component=comp))
                 s.digests[rel] = (shard.hexdigest(), shard.size)
         except CkptkitError:
             for ent, comp, path in todo[done:]:
-                self._scan(comp, path, self.read(ent, component=comp))
+                self.scan(comp, path, self.read(ent, component=comp))
 
-    def _scan(self, comp: str, path: tuple[Any, ...], obj: Any) -> None:
+    def scan(self, comp: str, path: tuple[Any, ...], obj: Any) -> None:
+        """Count NaN/Inf in ``obj`` when it is a tensor of ``comp`` at ``path``."""
         if isinstance(obj, torch.Tensor):
             self._s.scan_tensor(comp, "/".join(str(p) for p in path), obj)
 
-    def parse(self, ent: _Entry, blob: bytes, *, component: str, critical: bool = True) -> Any:
+    def parse(self, ent: dcp.Item, blob: bytes, *, component: str, critical: bool = True) -> Any:
         """One item's bytes: zip CRCs checked, then ``torch.load(weights_only=True)``."""
         s, rel, fqn = self._s, ent.rel, ent.fqn
         if blob[:4] == b"PK\x03\x04":
@@ -285,50 +320,23 @@ class _Reader:
             return None
 
 
-def _walk(md: Any) -> tuple[dict[str, tuple[int, Any]], list[_Entry], dict[str, Any]]:
-    """Read what the scan needs from unpickled ``.metadata``, checking its shape.
-
-    The restricted unpickler only builds allowed classes, but their fields can hold
-    anything: every value used later is type-checked here.
+def _walk(md: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the component scan needs from ``.metadata`` beyond its storage entries
+    (:func:`ckptkit.storage.dcp.layout`, which checked the structure first).
 
     Returns:
-        ``({fqn: (chunks needed, (shape, dtype) for a tensor else None)}, storage
-        entries, planner_data)``.
+        ``({fqn: (shape, dtype) for a tensor, else None}, planner_data)``.
 
     Raises:
         AttributeError, TypeError, ValueError, KeyError: an unexpected structure.
     """
-    sd_meta: dict[str, tuple[int, Any]] = {}
-    for fqn, m in dict(md.state_dict_metadata or {}).items():
-        if not isinstance(fqn, str):
-            raise TypeError(f"state_dict_metadata key {fqn!r} is not a string")
-        chunks = getattr(m, "chunks", None)
-        need = (len(chunks) if chunks is not None else 0) or 1
+    sd_meta: dict[str, Any] = {}
+    for fqn, m in md.state_dict_metadata.items():
         size = getattr(m, "size", None)
-        tensor: Any = None
-        if size is not None:
-            shape = tuple(int(d) for d in size)
-            props = getattr(m, "properties", None)
-            dtype = getattr(props, "dtype", None)
-            tensor = (shape, dtype if isinstance(dtype, torch.dtype) else None)
-        sd_meta[fqn] = (need, tensor)
-    entries = []
-    for idx, info in dict(getattr(md, "storage_data", None) or {}).items():
-        fqn = getattr(idx, "fqn", idx)
-        rel = info.relative_path
-        if not isinstance(fqn, str) or not isinstance(rel, str):
-            raise TypeError(f"storage_data entry {idx!r}: {info!r}"[:200])
-        offset, length = _nonneg(info.offset), _nonneg(info.length)
-        transformed = bool(getattr(info, "transform_descriptors", None))
-        entries.append(_Entry(fqn, rel, offset, length, transformed))
+        dtype = getattr(getattr(m, "properties", None), "dtype", None)
+        sd_meta[fqn] = (tuple(int(d) for d in size), dtype) if size is not None else None
     planner = dict(getattr(md, "planner_data", None) or {})
-    return sd_meta, entries, planner
-
-
-def _nonneg(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"byte offset/length {v!r} is not a non-negative integer")
-    return v
+    return sd_meta, planner
 
 
 def item_path(fqn: str, planner: dict[str, Any]) -> tuple[Any, ...]:

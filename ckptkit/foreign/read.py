@@ -13,6 +13,7 @@ from pathlib import Path
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.foreign import accelerate, dcp, hf_trainer, lightning, torch_save, weights
 from ckptkit.foreign._scan import Scan
+from ckptkit.foreign.adopted import read_adopted_manifest
 from ckptkit.foreign.detect import FORMATS, detect
 
 SCANNERS: dict[str, Callable[[Scan], None]] = {
@@ -48,8 +49,20 @@ def resolve_format(path: Path, fmt: str | None) -> str:
     return found
 
 
-def scan(path: Path | str, fmt: str | None = None, *, scan_values: bool = True) -> Scan:
+def scan(
+    path: Path | str,
+    fmt: str | None = None,
+    *,
+    scan_values: bool = True,
+    adopted: bool = False,
+    key: bytes | None = None,
+) -> Scan:
     """Read a foreign checkpoint into a :class:`Scan` (components and container findings).
+
+    With ``adopted``, the adopted manifest is read first (validated, and signed with ``key``
+    when one is given; a refusal is a finding on the scan), so that the format's reader
+    holds the files to its list (:meth:`Scan.listing`): a ``ckptkit.dcp`` directory is
+    then read exactly as ``ckptkit.dcp.check`` reads it.
 
     Example:
         >>> import tempfile, pathlib, torch
@@ -63,6 +76,8 @@ def scan(path: Path | str, fmt: str | None = None, *, scan_values: bool = True) 
         raise IncompleteCheckpointError("no such file or directory", path=p, hint="check the path")
     name = resolve_format(p, fmt)
     s = Scan.start(p, name, scan_values=scan_values)
+    if adopted:
+        s.adopted_record, s.adopted = read_adopted_manifest(s, key=key)
     SCANNERS[name](s)
     return s
 

@@ -23,12 +23,7 @@ from typing import Any
 from ckptkit import codes
 from ckptkit.foreign import _load
 from ckptkit.foreign._scan import Scan
-from ckptkit.foreign.adopted import (
-    adopted_path,
-    read_adopted,
-    read_adopted_manifest,
-    recorded_files,
-)
+from ckptkit.foreign.adopted import adopted_path, read_adopted, recorded_files
 from ckptkit.foreign.read import scan
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.checks.consistency import guard_findings
@@ -92,8 +87,8 @@ def verify_foreign(
     if expect is not None and expect not in EXPECTS:
         raise ValueError(f"expect must be one of {EXPECTS}, not {expect!r}")
     t0 = time.perf_counter()
-    s = scan(path, fmt)
-    adopted, adopted_man = read_adopted_manifest(s, key=key)
+    s = scan(path, fmt, adopted=True, key=key)
+    adopted, adopted_man = s.adopted_record, s.adopted
     recorded = recorded_files(s, adopted) if adopted is not None else None
     if adopted is None and not s.opaque:  # opaque: nothing was checked, say only why
         s.add(

@@ -12,128 +12,44 @@ listing must call it ``untrusted`` and no retention option may delete it or coun
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from hostile import CASES, KEY, STEPS, make_run, rewrite, train_state
 from threadranks import ThreadRank, on_ranks
 
 import ckptkit
 from ckptkit import codes
 from ckptkit import manifest as mf
 from ckptkit.capture.state import TrainState
+from ckptkit.catalog import step_dir_name
 from ckptkit.commit import save_state
 from ckptkit.errors import SignatureError
-from ckptkit.format import digest as fdigest
+from ckptkit.format import digest
 from ckptkit.restore import Skip, restore_candidate
-from ckptkit.storage import digest, fs
+from ckptkit.storage import fs
 
-KEY = b"k" * 32
-NEWEST = "step-00000030"
-
-
-def _state(fill: float | None = None) -> ckptkit.TrainState:
-    torch.manual_seed(0)
-    m = torch.nn.Linear(4, 4)
-    if fill is not None:
-        with torch.no_grad():
-            for p in m.parameters():
-                p.fill_(fill)
-    return ckptkit.TrainState(model=m, step=0)
+NEWEST = step_dir_name(STEPS[-1])
+TAMPERS: dict[str, str] = {
+    "key:keyless-writer": codes.M010,
+    "key:keyless-writer-dcp": codes.M010,
+    "key:weights-replaced-digests-recomputed": codes.M011,
+    "key:signature-stripped": codes.M010,
+    "key:replicas-record-deleted": codes.M011,
+}
+"""The tampers of the hostile catalogue that only a key tells, and the code each gets."""
 
 
-def _weights(ts: ckptkit.TrainState) -> float:
-    return float(ts.model.weight.detach()[0, 0])  # type: ignore[union-attr,index]
-
-
-def _signed_run(tmp: Path) -> Path:
-    run = tmp / "run"
-    with ckptkit.CheckpointManager(run, keep_last=5, key=KEY) as mgr:
-        for s, fill in ((10, 1.0), (20, 2.0), (30, 3.0)):
-            ts = _state(fill)
-            ts.step = s
-            mgr.save(ts)
+def _signed_run(tmp: Path, tamper: str) -> Path:
+    case = CASES[tamper]
+    run = make_run(tmp / "run", storage=case.storage, key=KEY)
+    case.damage(run / NEWEST, run)
     return run
 
 
-def _manifest(d: Path) -> dict[str, Any]:
-    return json.loads((d / "manifest.json").read_text())  # type: ignore[no-any-return]
-
-
-def _rewrite(d: Path, obj: dict[str, Any]) -> None:
-    obj["manifest_digest"] = mf.content_digest(obj)
-    (d / "manifest.json").write_text(json.dumps(obj))
-
-
-def _keyless_writer(run: Path, tmp: Path) -> None:
-    """Step 30 as a writer without the key saved it (weights 9.0): saved elsewhere, moved in
-    (a key-less manager is refused at open in a signed run)."""
-    side = tmp / "side"
-    with ckptkit.CheckpointManager(side, keep_last=5) as mgr:
-        ts = _state(9.0)
-        ts.step = 30
-        mgr.save(ts)
-    shutil.rmtree(run / NEWEST)
-    shutil.copytree(side / NEWEST, run / NEWEST)
-
-
-def _weights_replaced(run: Path, tmp: Path) -> None:
-    """Step 30's weights replaced by 9.0 and its unkeyed digests recomputed; the old
-    signature kept."""
-    d = run / NEWEST
-    obj = _manifest(d)
-    ckptkit.save({"w": _state(9.0).model.state_dict()}, tmp / "evil")  # type: ignore[union-attr]
-    shard = next(f["path"] for f in obj["files"] if f["path"].startswith("model"))
-    data = (d / shard).read_bytes()
-    forged = torch.full((4, 4), 9.0).numpy().tobytes()
-    header = 8 + int.from_bytes(data[:8], "little")
-    w = next(t for t in obj["tensors"] if t["key"].endswith("weight"))
-    b0, b1 = w["offsets"]
-    data = data[: header + b0] + forged + data[header + b1 :]
-    (d / shard).write_bytes(data)
-    hexd, size = digest.hash_file(d / shard)
-    for f in obj["files"]:
-        if f["path"] == shard:
-            f["xxh3_128"], f["size"] = hexd, size
-    _rewrite(d, obj)
-
-
-def _signature_stripped(run: Path, tmp: Path) -> None:
-    d = run / NEWEST
-    obj = _manifest(d)
-    del obj["signature"]
-    _rewrite(d, obj)
-
-
-def _replicas_deleted(run: Path, tmp: Path) -> None:
-    """A replica-divergent step 30 (signed with the key) whose ``replicas`` record someone
-    without the key deleted: the divergence guard bypassed."""
-    d = run / NEWEST
-    obj = _manifest(d)
-    obj["replicas"] = {
-        "ranks": 2, "groups": 1, "tensors": 2, "policy": "warn",
-        "divergent": [{"key": "model/weight", "copies": {"aa": [0], "bb": [1]}, "minority": None}],
-    }
-    obj.pop("signature")
-    signed = mf.Manifest.from_json(json.dumps({**obj, "manifest_digest": mf.content_digest(obj)}))
-    (d / "manifest.json").write_text(signed.signed(KEY).to_json())
-    assert ckptkit.CheckpointManager(run, key=KEY, readonly=True).list()[-1].status == (
-        "replica-divergent"
-    )
-    obj = _manifest(d)
-    del obj["replicas"]
-    _rewrite(d, obj)
-
-
-TAMPERS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
-    "keyless-writer": (_keyless_writer, codes.M010),
-    "weights-replaced-digests-recomputed": (_weights_replaced, codes.M011),
-    "signature-stripped": (_signature_stripped, codes.M010),
-    "replicas-record-deleted": (_replicas_deleted, codes.M011),
-}
+def _model_bytes(ts: ckptkit.TrainState) -> list[bytes]:
+    return [t.detach().numpy().tobytes() for t in ts.model.state_dict().values()]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("readonly", [True, False], ids=["readonly", "writable"])
@@ -141,24 +57,25 @@ TAMPERS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
 def test_a_keyed_restore_never_loads_what_the_key_does_not_vouch_for(
     tmp_path: Path, tamper: str, readonly: bool
 ) -> None:
-    run = _signed_run(tmp_path)
-    damage, code = TAMPERS[tamper]
-    damage(run, tmp_path)
+    run = _signed_run(tmp_path, tamper)
+    code, storage = TAMPERS[tamper], CASES[tamper].storage
+    with ckptkit.CheckpointManager(run, key=KEY, readonly=True) as mgr:
+        good = train_state(seed=5, storage=storage)
+        assert mgr.restore(good, step=STEPS[0]) is not None  # what step 10 holds
 
     with ckptkit.CheckpointManager(run, key=KEY, readonly=readonly) as mgr:
-        rows = {c.path.name: c for c in mgr.list()}
-        assert rows[NEWEST].status == "untrusted", rows[NEWEST]
-        assert code in (rows[NEWEST].problem or "")
-
-        ts = _state(0.0)
+        ts = train_state(seed=7, storage=storage)
         r = mgr.restore(ts)
-        assert r is not None and r.step == 20 and _weights(ts) == 2.0
+        assert r is not None and r.step == STEPS[0] and _model_bytes(ts) == _model_bytes(good)
         assert any(NEWEST in n and code in n for n in r.notes), r.notes
 
         with pytest.raises(SignatureError) as e:
-            mgr.restore(_state(0.0), step=30)
+            mgr.restore(train_state(seed=7, storage=storage), step=STEPS[-1])
         assert e.value.code == code
-    # The library load and the CLI agree.
+
+        rows = {c.path.name: c for c in mgr.list()}
+        assert rows[NEWEST].status == "untrusted", rows[NEWEST]
+        assert code in (rows[NEWEST].problem or "")
     with pytest.raises(SignatureError):
         ckptkit.load(run / NEWEST, key=KEY)
 
@@ -167,14 +84,13 @@ def test_a_keyed_restore_never_loads_what_the_key_does_not_vouch_for(
 def test_retention_neither_counts_nor_deletes_an_untrusted_checkpoint(
     tmp_path: Path, tamper: str
 ) -> None:
-    run = _signed_run(tmp_path)
-    TAMPERS[tamper][0](run, tmp_path)
+    run = _signed_run(tmp_path, tamper)
     with ckptkit.CheckpointManager(run, key=KEY, keep_last=1) as mgr:
         mgr.prune(keep_last=1, delete_corrupt=True)
         left = {c.path.name: c.status for c in mgr.list()}
-    # Step 20 is the newest checkpoint the key vouches for: it is kept; step 30 has intact
+    # Step 10 is the newest checkpoint the key vouches for: it is kept; the newest has intact
     # bytes the key does not vouch for: no option deletes it, and it never counted.
-    assert left == {"step-00000020": "verified", NEWEST: "untrusted"}, left
+    assert left == {step_dir_name(STEPS[0]): "verified", NEWEST: "untrusted"}, left
 
 
 def _two_rank_signed(root: Path) -> None:
@@ -203,11 +119,11 @@ def test_a_rank_manifest_edited_with_the_roots_record_fixed_up_is_refused(
     obj["manifest_digest"] = mf.content_digest(obj)
     text = json.dumps(obj).encode()
     rank1.write_bytes(text)
-    root = _manifest(ckpt)
+    root = json.loads((ckpt / "manifest.json").read_text())
     for r in root["ranks"]:
         if r["rank"] == 1:
-            r["size"], r["xxh3_128"] = len(text), fdigest.hexdigest_bytes(text)
-    _rewrite(ckpt, root)
+            r["size"], r["xxh3_128"] = len(text), digest.hexdigest_bytes(text)
+    rewrite(ckpt, root)
 
     with pytest.raises(SignatureError):
         ckptkit.load(ckpt, key=KEY)
@@ -233,12 +149,13 @@ def test_a_manifest_read_without_the_key_is_refused_by_the_reader(tmp_path: Path
     from ckptkit.checkpoint import manifest_io
     from ckptkit.checkpoint.read import read_checkpoint
 
-    run = _signed_run(tmp_path)
+    run = make_run(tmp_path / "run", key=KEY)
     loc = fs.location(run / NEWEST)
     with pytest.raises(SignatureError):
         read_checkpoint(loc, manifest=manifest_io.read(loc), key=KEY)
     obj, _, _ = read_checkpoint(loc, manifest=manifest_io.read(loc, key=KEY), key=KEY)
-    assert float(obj["model"]["weight"][0, 0]) == 3.0
+    model = train_state().model.state_dict()  # type: ignore[union-attr]
+    assert set(obj["model"]) == set(model)
 
 
 @pytest.mark.parametrize("other", [None, b"o" * 32], ids=["no-key", "another-key"])
@@ -249,7 +166,7 @@ def test_a_signed_run_refuses_a_writer_without_its_key(tmp_path: Path, other: by
 
     from ckptkit.cli import main
 
-    run = _signed_run(tmp_path)
+    run = make_run(tmp_path / "run", key=KEY)
     before = sorted(p.name for p in run.iterdir() if p.name.startswith("step-"))
     with pytest.raises(SignatureError) as e:
         ckptkit.CheckpointManager(run, keep_last=1, key=other)
@@ -271,7 +188,7 @@ def test_a_signed_run_refuses_a_writer_without_its_key(tmp_path: Path, other: by
 def test_a_signed_run_whose_index_lost_its_record_is_known_by_its_manifests(
     tmp_path: Path,
 ) -> None:
-    run = _signed_run(tmp_path)
+    run = make_run(tmp_path / "run", key=KEY)
     (run / ".ckptkit-index.json").unlink()
     with pytest.raises(SignatureError):
         ckptkit.CheckpointManager(run)

@@ -750,7 +750,8 @@ def scrub(run_dir: Path, since: str | None, as_json: bool, key_file: Path | None
     "--repeat",
     type=click.IntRange(1),
     default=None,
-    help="Reference runs; 2+ measures the run-to-run noise floor (default 1).",
+    help="Fresh reference runs, and control restores of the save (default 1); 2+ also "
+    "reports whether the script reproduces itself from scratch.",
 )
 @click.option(
     "--threads",

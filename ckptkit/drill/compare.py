@@ -50,7 +50,21 @@ EXACT_FIELDS = ("lr", "loss_scale", "scale_growth", "opt_step", "rng", "batch_ha
 resume bug, not noise)."""
 TWIN_FIELDS = NUMERIC_FIELDS + EXACT_FIELDS
 DEFAULT_NOISE_FACTOR = 4.0
-"""Tolerance = this x the largest difference measured between reference runs."""
+"""Tolerance = this x the noise measured (per step, from ``W``, by control runs)."""
+LOOKAHEAD = 3
+"""The noise envelope at a step is the largest difference the control runs show up to this
+many steps later: one difference of a single pair is one draw of a heavy-tailed ratio, the
+largest of several (still growing as the runs do) is a stable scale."""
+FLOOR_ULPS = 4
+"""Under noise, values that differ by at most this many float32 ulps (relative ``2**-23``)
+are equal: a value two runs happen to agree on bitwise has no measured noise, yet a last-bit
+difference there is noise too (an EMA one ulp apart)."""
+F32_EPS = 2.0**-23
+"""float32's unit roundoff spacing at 1.0, the precision of step records and most state."""
+FIRST_STEP_REL = 1e-3
+"""Two restores of the same checkpoint compute their first step from the same state and
+batch: a loss more than this far apart (relative) there is not hardware noise but a restore
+that is itself random (a re-initialised layer), and the drill says it cannot judge it."""
 
 
 @dataclass
@@ -88,7 +102,19 @@ class CheckResult:
 
 @dataclass
 class NoiseFloor:
-    """Run-to-run differences between reference runs over the compared steps.
+    """How much runs of the same command differ where the resumed run is judged.
+
+    Two sources, kept apart:
+
+    * **control** runs (``source == "control"``): more restores of the same step-``W``
+      checkpoint, compared with the resumed run over ``W+1..W+N``. They start from the state
+      the resumed run starts from, so their differences are the hardware's noise from ``W``
+      on, and nothing the runs did before ``W``; a restore bug that is deterministic is
+      shared by them and the resumed run, so it does not widen the tolerance. ``per_step``
+      holds, per numeric field, the tolerance's base at each compared step.
+    * fresh **references** (``--repeat``): they say whether the script reproduces itself
+      from scratch (``reference_noisy``, and ``generators`` that differ at the save); with
+      control runs they inform and never widen a tolerance.
 
     Example:
         >>> NoiseFloor(runs=1).deterministic
@@ -99,26 +125,53 @@ class NoiseFloor:
     numeric: dict[str, float] = field(default_factory=dict)
     """Largest finite absolute difference per numeric field (0.0: bitwise equal)."""
     noisy: list[str] = field(default_factory=list)
-    """Fields that differ between reference runs."""
+    """Fields that differ between the runs the tolerance is measured on."""
+    source: Literal["references", "control"] = "references"
+    """What the noise was measured on: fresh reference runs, or control runs from ``W``."""
+    controls: int = 0
+    """Control runs from the step-``W`` checkpoint compared with the resumed run."""
+    control_steps: int = 0
+    """Steps after ``W`` the control runs recorded (fewer than ``N``: a short detection
+    segment that found the runs bitwise)."""
+    per_step: dict[str, list[float]] = field(default_factory=dict)
+    """Per numeric field and compared step: the noise envelope the tolerance multiplies."""
+    reference_noisy: list[str] = field(default_factory=list)
+    """Fields that differ between fresh reference runs (``--repeat``), when controls judge."""
+    generators: list[dict[str, str]] = field(default_factory=list)
+    """Generators whose state differs between fresh reference runs at the save: ``name``,
+    ``why`` and ``fix`` (the script does not seed it)."""
+    unreproducible: dict[str, str] = field(default_factory=dict)
+    """Fields two restores of the same checkpoint disagree on beyond any hardware noise at
+    their first step (the restore itself is random): the drill cannot judge them."""
+    action: str = ""
+    """What the drill did to measure the noise, in one sentence (the report prints it)."""
 
     @property
     def measured(self) -> bool:
-        return self.runs >= 2
+        return self.runs >= 2 or self.controls >= 1
 
     @property
     def deterministic(self) -> bool:
         return not self.noisy
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "runs": self.runs,
-                "measured": self.measured,
-                "deterministic": self.deterministic,
-                "max_abs_diff": self.numeric,
-                "noisy_fields": self.noisy,
-            }
-        )
+        out: dict[str, Any] = {
+            "runs": self.runs,
+            "measured": self.measured,
+            "deterministic": self.deterministic,
+            "max_abs_diff": self.numeric,
+            "noisy_fields": self.noisy,
+            "source": self.source,
+            "controls": self.controls,
+            "control_steps": self.control_steps,
+            "reference_noisy_fields": self.reference_noisy,
+            "generators": self.generators,
+            "unreproducible": self.unreproducible,
+            "action": self.action,
+        }
+        if self.per_step:
+            out["per_step"] = self.per_step
+        return jsonable(out)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -292,6 +345,204 @@ def noise_floor(
     return nf
 
 
+def control_noise(
+    base: NoiseFloor,
+    resumed: Sequence[Record],
+    controls: Sequence[Sequence[Record]],
+    *,
+    start: int,
+    stop: int,
+    finals: tuple[str | None, Sequence[str | None]] = (None, ()),
+    states: Sequence[bool] = (),
+) -> NoiseFloor:
+    """Measure the noise where the resumed run lives: control runs restored from the same
+    step-``W`` checkpoint, compared with the resumed run step by step.
+
+    Args:
+        base: the fresh references' noise floor (:func:`noise_floor`); its noisy fields
+            become ``reference_noisy`` (they inform, never widen a tolerance).
+        resumed: the resumed run's records.
+        controls: each control run's records.
+        start: the save step ``W``.
+        stop: the last step ``W + N``.
+        finals: the resumed run's final parameter hash and each control's.
+        states: per control, whether its final checkpoint differs from the resumed run's
+            (:func:`states_differ`): noise that no step record shows (float32 records
+            round a 1e-7 relative noise away) still makes the run not bitwise.
+
+    Returns:
+        A :class:`NoiseFloor` with ``source="control"``: ``noisy`` lists the fields a control
+        and the resumed run disagree on, ``per_step`` the envelope (:data:`LOOKAHEAD`) of
+        their largest difference per numeric field.
+
+    Example:
+        >>> res = [{"step": s, "loss": 1.0 + 1e-4 * (s - 2)} for s in (3, 4)]
+        >>> ctl = [{"step": s, "loss": 1.0} for s in (3, 4)]
+        >>> nf = control_noise(NoiseFloor(runs=1), res, [ctl], start=2, stop=4)
+        >>> nf.noisy, [round(x, 6) for x in nf.per_step["loss"]]
+        (['loss'], [0.0001, 0.0001])
+    """
+    nf = NoiseFloor(runs=base.runs, source="control", controls=len(controls),
+                    reference_noisy=list(base.noisy), generators=list(base.generators))
+    res = window(resumed, start, stop)
+    noisy: set[str] = set()
+    diffs: dict[str, list[float]] = {}
+    steps = 0
+    for ctl in controls:
+        rows = window(ctl, start, stop)
+        steps = max(steps, len(rows))
+        for i, (a, b) in enumerate(zip(res, rows, strict=False)):
+            for f in TWIN_FIELDS:
+                if f not in a and f not in b:
+                    continue
+                if not same(a.get(f), b.get(f)):
+                    noisy.add(f)
+                if f not in NUMERIC_FIELDS:
+                    continue
+                d = _absdiff(a.get(f), b.get(f))
+                col = diffs.setdefault(f, [])
+                col.extend([0.0] * (i + 1 - len(col)))
+                col[i] = max(col[i], d if d is not None else 0.0)
+                scale = max(1.0, abs(_num(a.get(f)) or 0.0))
+                if i == 0 and f == "loss" and d is not None and d > FIRST_STEP_REL * scale:
+                    nf.unreproducible[f] = (
+                        f"two restores of the step-{start} checkpoint differ by {d:.3g} in "
+                        f"{f} at their first step, computed from the same state and batch: "
+                        "the restore itself is random (a layer or buffer re-initialised after "
+                        "the restore?), so the drill cannot tell noise from a fault")
+    resumed_hash, control_hashes = finals
+    if any(h is not None and h != resumed_hash for h in control_hashes):
+        noisy.add("param_hash")
+    if any(states):
+        noisy.add("state")
+    nf.control_steps = steps
+    nf.noisy = sorted(noisy)
+    for f, col in diffs.items():
+        finite = [x for x in col if math.isfinite(x)]
+        nf.numeric[f] = max(finite, default=0.0)
+        nf.per_step[f] = _envelope(col, LOOKAHEAD)
+    if not noisy:
+        nf.per_step = {}
+        nf.action = (f"{len(controls)} control run(s) restored from step {start} matched the "
+                     f"resumed run bitwise over {steps} step(s)"
+                     + (" and in their final state" if states else "")
+                     + ": the run is deterministic, so the checks are bitwise")
+    else:
+        nf.action = (f"the run is not bitwise reproducible ({', '.join(nf.noisy)} differ between "
+                     f"two restores of the step-{start} checkpoint): measured the noise with "
+                     f"{len(controls)} control run(s) from step {start} over {steps} step(s); "
+                     f"numeric fields are held to {DEFAULT_NOISE_FACTOR:g} x that noise per "
+                     f"step (at least {FLOOR_ULPS} float32 ulps), inputs of a step stay bitwise")
+    inputs = [f for f in base.noisy if f in EXACT_FIELDS]
+    if inputs or base.generators:
+        gens = "; ".join(f"{g['why']} (fix: {g['fix']})" for g in base.generators)
+        nf.action += (f". Fresh reference runs differ in {', '.join(inputs or base.noisy)}"
+                      + (f": {gens}" if gens else "")
+                      + ". The script does not reproduce itself from scratch; the resume does "
+                      "not need it to (it restores every generator), so this only informs")
+    return nf
+
+
+_GENERATOR_FIXES: dict[str, tuple[str, str]] = {
+    "python": ("Python's `random` is not seeded by the script",
+               "call random.seed(SEED) at the start of the script"),
+    "numpy": ("NumPy's global RNG (np.random) is not seeded by the script",
+              "call np.random.seed(SEED) at the start of the script"),
+    "torch_cpu": ("torch's CPU generator is not seeded by the script",
+                  "call torch.manual_seed(SEED) at the start of the script"),
+    "cuda": ("the CUDA generators are not seeded by the script",
+             "call torch.manual_seed(SEED) (it seeds every CUDA device too)"),
+}
+"""What a generator that differs between fresh starts says about the script, and the fix."""
+
+
+def differing_generators(a: Path, b: Path) -> list[dict[str, str]]:
+    """The generators whose state differs between two checkpoints of the same step written
+    by two fresh runs of one script: each one the script does not seed.
+
+    Returns:
+        ``[{"name", "why", "fix"}]`` in a fixed order (Python, NumPy, torch, CUDA, named
+        NumPy generators); empty when the RNG states agree or cannot be read.
+
+    Example:
+        >>> differing_generators(Path("/nonexistent/a"), Path("/nonexistent/b"))
+        []
+    """
+    try:
+        sd = state_diff(a, b)
+    except Exception:
+        return []
+    found: list[str] = []
+    for c in sd.components:
+        if c.name != "rng":
+            continue
+        paths = [v.path for v in c.values if not v.equal]
+        for path in [*paths, *(t.path for t in c.tensors if not t.equal)]:
+            parts = path.split("/")
+            gen = parts[1] if len(parts) > 1 and parts[0].startswith("rank") else parts[0]
+            if gen == "numpy_generators" and len(parts) > 2:
+                gen = f"numpy_generators/{parts[2]}"
+            if gen not in found and gen not in ("rank", "world_size"):
+                found.append(gen)
+    order = list(_GENERATOR_FIXES)
+    out = []
+    for gen in sorted(found, key=lambda g: order.index(g) if g in order else len(order)):
+        why, fix = _GENERATOR_FIXES.get(gen, (
+            f"the NumPy generator {gen.split('/', 1)[-1]!r} is not seeded by the script",
+            "create it with np.random.default_rng(SEED)"))
+        out.append({"name": gen, "why": why, "fix": fix})
+    return out
+
+
+def states_differ(a: Path | None, b: Path | None, *, roots: tuple[str, str] | None = None
+                  ) -> bool:
+    """Whether two final checkpoints hold different state (any tensor or value not bitwise,
+    the run's own records and clock readings aside); False when one is missing.
+
+    Example:
+        >>> states_differ(None, None)
+        False
+    """
+    if a is None or b is None:
+        return False
+    for c in state_diff(a, b, roots=roots).components:
+        if c.name in RECORDS_NOT_STATE:
+            continue
+        if any(not t.bitwise for t in c.tensors):
+            return True
+        if any(not v.equal and not EVENT_COUNTERS.match(f"{c.name}/{v.path}")
+               and not WALL_CLOCK.search(f"{c.name}/{v.path}") for v in c.values):
+            return True
+    return False
+
+
+def _envelope(d: Sequence[float], lookahead: int) -> list[float]:
+    """Per position, the largest value up to ``lookahead`` positions later: non-decreasing.
+
+    Example:
+        >>> _envelope([0.0, 1.0, 0.5, 3.0, 2.0], 1)
+        [1.0, 1.0, 3.0, 3.0, 3.0]
+    """
+    prefix: list[float] = []
+    for x in d:
+        prefix.append(max(prefix[-1], x) if prefix else x)
+    n = len(prefix)
+    return [prefix[min(n - 1, i + lookahead)] for i in range(n)]
+
+
+def ulp_floor(a: Any, b: Any) -> float:
+    """The few-ulp floor of a tolerance: :data:`FLOOR_ULPS` float32 ulps of the larger value.
+
+    Example:
+        >>> ulp_floor(1.0, 2.0) == 4 * 2.0 * 2.0**-23
+        True
+    """
+    fa, fb = _num(a), _num(b)
+    m = max(abs(x) for x in (fa, fb) if x is not None and math.isfinite(x)) \
+        if any(x is not None and math.isfinite(x) for x in (fa, fb)) else 0.0
+    return FLOOR_ULPS * F32_EPS * m
+
+
 # -------------------------------------------------------------------------------- twin
 
 
@@ -345,19 +596,37 @@ def twin(
 
     tolerances: dict[str, float] = {}
     modes: dict[str, str] = {}
+    # Measured from W by control runs (and the run is not bitwise): per step, never below
+    # a few ulps. Otherwise one number per field (measured on fresh references, or given).
+    stepwise = noise.source == "control" and not noise.deterministic
+    per_step: dict[str, list[float]] = {}
     for f in TWIN_FIELDS:
         if f in th and f in NUMERIC_FIELDS:
             tolerances[f] = float(th[f])
+        elif f in NUMERIC_FIELDS and stepwise:
+            env = noise.per_step.get(f) or [0.0]
+            per_step[f] = [factor * x for x in env]
+            tolerances[f] = max(per_step[f])
         elif f in NUMERIC_FIELDS:
             tolerances[f] = factor * noise.numeric.get(f, 0.0)
         else:
             tolerances[f] = 0.0
         if not math.isfinite(tolerances[f]):
             modes[f] = "not judgeable (non-finite tolerance)"
-        elif f in noise.noisy and f in EXACT_FIELDS:
+        elif f in noise.noisy and f in EXACT_FIELDS and noise.source == "references":
             modes[f] = "not judgeable (differs between reference runs)"
+        elif f in per_step:
+            modes[f] = (f"within {factor:g} x the noise of control runs from step {start}, per "
+                        f"step ({min(per_step[f]):.3g} .. {tolerances[f]:.3g}; at least "
+                        f"{FLOOR_ULPS} float32 ulps)")
         else:
             modes[f] = "bitwise" if tolerances[f] == 0 else f"within {tolerances[f]:.3g}"
+
+    def tol_at(f: str, i: int, a: Any, b: Any) -> float:
+        steps = per_step.get(f)
+        if steps is None:
+            return tolerances[f]
+        return max(steps[min(i, len(steps) - 1)], ulp_floor(a, b))
 
     facts: dict[str, dict[str, Any]] = {}
 
@@ -405,10 +674,14 @@ def twin(
             missing.append(f)
             continue
         compared.append(f)
-        if f in EXACT_FIELDS and f in noise.noisy:
+        if f in noise.unreproducible:
+            unjudgeable[f] = noise.unreproducible[f]
+            continue
+        if f in EXACT_FIELDS and f in noise.noisy and noise.source == "references":
             # An input of a step is never noise: reference runs that disagree on it
             # cannot serve as a reference for it, and the drill cannot vouch for it.
-            unjudgeable[f] = f"reference runs are not deterministic in {f}"
+            unjudgeable[f] = f"reference runs are not deterministic in {f}" + "".join(
+                f"; {g['why']} (fix: {g['fix']})" for g in noise.generators if f == "rng")
             continue
         if not math.isfinite(tolerances[f]):
             unjudgeable[f] = (
@@ -420,7 +693,7 @@ def twin(
             a, b = ref[i].get(f), res[i].get(f)
             if f not in ref[i] and f not in res[i]:
                 continue
-            if not same(a, b, tolerances[f]):
+            if not same(a, b, tol_at(f, i, a, b)):
                 note(f, i, a, b, _absdiff(a, b))
             elif (d := _absdiff(a, b)) is not None and d > 0:
                 m = facts.setdefault(f"{f}_within_tolerance", {"max_abs_diff": 0.0})
@@ -429,7 +702,9 @@ def twin(
     if fa is not None or fb is not None:
         compared.append("param_hash")
         if "param_hash" in noise.noisy:
-            modes["param_hash"] = "not judged (differs between reference runs)"
+            who = ("restores of the same checkpoint" if noise.source == "control"
+                   else "reference runs")
+            modes["param_hash"] = f"not judged (differs between {who}; end_state judges the tensors)"
         elif fa != fb:
             last = max(0, min(len(ref), len(res)) - 1)
             note("param_hash", last, fa, fb)
@@ -469,6 +744,8 @@ def twin(
             "not_recorded": missing,
             "modes": {k: v for k, v in modes.items() if k in compared},
             "tolerances": {k: v for k, v in tolerances.items() if k in compared and not v <= 0},
+            "per_step_tolerances": {k: v for k, v in per_step.items() if k in compared},
+            "noise": noise.action or None,
             "within_tolerance_max_abs_diff": within,
             "steps": {"reference": _span(labels_ref), "resumed": _span(labels_res)},
         },
@@ -1107,6 +1384,7 @@ def end_state(
     roots: Sequence[str] = (),
     thresholds: Mapping[str, float] | None = None,
     resumed_failed: str | None = None,
+    controls: Sequence[Path | None] = (),
 ) -> CheckResult:
     """Compare the final checkpoint of the resumed run with reference 0's, every component.
 
@@ -1124,6 +1402,12 @@ def end_state(
         thresholds: ``noise_factor`` (default :data:`DEFAULT_NOISE_FACTOR`).
         resumed_failed: why the resumed run failed after its last step, before its final
             checkpoint was saved (the references saved theirs): the check fails with it.
+        controls: the final checkpoints of control runs restored from the same step-``W``
+            checkpoint (:func:`control_noise`), passed when the run is not bitwise. The
+            noise of each tensor is then how far it lies from the resumed run's (the same
+            start), not how far fresh references drifted apart from step 1, and a tensor
+            within :data:`FLOOR_ULPS` ulps of its dtype (relative L2) is equal. Their roots
+            follow the resumed run's in ``roots``.
 
     Returns:
         A failed result when the resumed run failed to save its final state; a skipped,
@@ -1154,10 +1438,15 @@ def end_state(
 
     noise_t: dict[str, float] = {}
     noisy_v: set[str] = set()
-    for i, other in enumerate(references[1:], 1):
-        if other is None:
-            continue
-        nd = state_diff(ref0, other, roots=pair(0, i))
+    n_ref = len(references)
+    ctl = [(n_ref + 1 + j, c) for j, c in enumerate(controls) if c is not None]
+    # Control runs start where the resumed run starts: their distance to it is the noise.
+    # Without them, fresh references (which differ from step 1: far looser).
+    pairs = ([(n_ref, resumed, j, c) for j, c in ctl] if ctl
+             else [(0, ref0, i, o) for i, o in enumerate(references[1:], 1) if o is not None])
+    noise_rel: dict[str, float] = {}
+    for i0, a, i, other in pairs:
+        nd = state_diff(a, other, roots=pair(i0, i))
         for c in nd.components:
             if c.name in RECORDS_NOT_STATE:
                 continue
@@ -1166,12 +1455,20 @@ def end_state(
                     noise_t[f"{c.name}/{t.path}"] = max(
                         noise_t.get(f"{c.name}/{t.path}", 0.0), _noise(t)
                     )
+                    if ctl and t.rel_l2 is not None and math.isfinite(t.rel_l2):
+                        noise_rel[c.name] = max(noise_rel.get(c.name, 0.0), t.rel_l2)
             noisy_v |= {f"{c.name}/{v.path}" for v in c.values if not v.equal}
     sd = state_diff(ref0, resumed, roots=pair(0, len(references)))
-    different, not_compared = _judge(sd, noise_t, noisy_v, factor)
+    # Controls are passed for a run that is not bitwise: a tensor they happen to agree on
+    # bitwise may still differ by a few ulps.
+    noisy = bool(noise_t or noisy_v or ctl)
+    different, not_compared = _judge(sd, noise_t, noisy_v, factor,
+                                     ulps=FLOOR_ULPS if ctl else 0, noise_rel=noise_rel)
     names = list(different)
     compared = [c.name for c in sd.components if c.name not in not_compared]
-    mode = ("bitwise" if not noise_t and not noisy_v
+    mode = ("bitwise" if not noisy
+            else f"within {factor:g} x the final-state differences of {len(ctl)} control "
+            f"run(s) restored from the same checkpoint (at least {FLOOR_ULPS} ulps)" if ctl
             else f"within {factor:g} x the reference runs' own final-state differences")
     # State a resume restores that could not be read: it may differ, unseen.
     unseen = [c.name for c in sd.components if c.name in not_compared
@@ -1193,7 +1490,9 @@ def end_state(
         "not_compared": not_compared,
         "not_compared_state": unseen,
         "noise": {"tensors": len(noise_t), "values": sorted(noisy_v),
-                  "unbounded": sorted(k for k, v in noise_t.items() if v == math.inf)},
+                  "unbounded": sorted(k for k, v in noise_t.items() if v == math.inf),
+                  "source": "control" if ctl else "references"},
+        "moved": _moved(different, noise_t),
         "summary": summary,
     }
     if not names and not compared:
@@ -1212,6 +1511,44 @@ def end_state(
     )
 
 
+def _within_ulps(t: TensorDiff, ulps: int) -> bool:
+    """Whether ``t`` differs by at most ``ulps`` units of roundoff of its dtype (relative L2).
+
+    Example:
+        >>> _within_ulps(TensorDiff("w", "changed", False, False, 1e-7, 1e-7, (2,), (2,),
+        ...                         "float32", "float32"), 4)
+        True
+    """
+    eps = _EPS.get((t.dtype_a or "").removeprefix("torch.").lower())
+    if ulps <= 0 or eps is None or t.rel_l2 is None or not math.isfinite(t.rel_l2):
+        return False
+    return t.rel_l2 <= ulps * eps
+
+
+_EPS = {"float64": 2.0**-52, "f64": 2.0**-52, "float32": 2.0**-23, "f32": 2.0**-23,
+        "float16": 2.0**-10, "f16": 2.0**-10, "bfloat16": 2.0**-7, "bf16": 2.0**-7}
+"""Unit roundoff spacing at 1.0 of each floating dtype (as ``torch.finfo(...).eps``)."""
+
+
+def _moved(different: Mapping[str, Mapping[str, Any]], noise_t: Mapping[str, float]
+           ) -> list[dict[str, Any]]:
+    """The tensors that moved beyond the noise, the farthest (relative L2) first:
+    ``tensor`` (``component/path``), ``max_abs``, ``rel_l2`` and ``ratio`` (``max_abs`` over
+    the measured noise; None where none was measured). A weight-only fault shows here: the
+    tensors it touched lie farthest from the reference."""
+    out: list[dict[str, Any]] = []
+    for comp, d in different.items():
+        for t in d.get("tensors") or []:
+            key = f"{comp}/{t['path']}"
+            n = noise_t.get(key, 0.0)
+            m = t.get("max_abs")
+            ratio = m / n if isinstance(m, int | float) and n and math.isfinite(n) else None
+            rel = t.get("rel_l2")
+            out.append({"tensor": key, "max_abs": m, "rel_l2": rel, "ratio": ratio})
+    return sorted(out, key=lambda x: -(x["rel_l2"] if isinstance(x["rel_l2"], int | float)
+                                       else math.inf))
+
+
 def _noise(t: TensorDiff) -> float:
     """How far the reference runs' copies of one tensor lie apart: its largest absolute
     difference. ``0.0`` when they differ only in bits that compare equal (``-0.0`` against
@@ -1224,10 +1561,20 @@ def _noise(t: TensorDiff) -> float:
 
 
 def _judge(
-    sd: StateDiff, noise_t: Mapping[str, float], noisy_v: set[str], factor: float
+    sd: StateDiff, noise_t: Mapping[str, float], noisy_v: set[str], factor: float,
+    *, ulps: int = 0, noise_rel: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """The components of ``sd`` that differ beyond the reference runs' own noise, and
-    those that could not be compared (with why)."""
+    """The components of ``sd`` that differ beyond the measured noise (and beyond ``ulps``
+    units of roundoff of their dtype, relative L2), and those that could not be compared
+    (with why).
+
+    ``noise_rel`` (control runs) pools the noise of a component: a tensor is also within it
+    when its relative L2 difference is at most ``factor`` x the largest relative difference
+    the controls show on any tensor of that component. One pair's difference on one small
+    tensor is a single heavy-tailed draw; noise from ``W`` spreads over every tensor of a
+    component alike, so their largest is a stable scale, and a fault confined to some
+    tensors (a stale layer) still stands out by orders of magnitude."""
+    rel = noise_rel or {}
     different: dict[str, dict[str, Any]] = {}
     not_compared: dict[str, str] = {}
     for c in sd.components:
@@ -1245,7 +1592,9 @@ def _judge(
         tensors = [
             t for t in c.changed_tensors
             if not (t.status == "changed" and t.max_abs is not None
-                    and t.max_abs <= factor * noise_t.get(f"{c.name}/{t.path}", 0.0))
+                    and (t.max_abs <= factor * noise_t.get(f"{c.name}/{t.path}", 0.0)
+                         or _within_ulps(t, ulps)
+                         or (t.rel_l2 is not None and t.rel_l2 <= factor * rel.get(c.name, 0.0))))
         ]
         values = [v for v in c.changed_values if f"{c.name}/{v.path}" not in noisy_v
                   and not EVENT_COUNTERS.match(f"{c.name}/{v.path}")
@@ -1278,6 +1627,8 @@ __all__ = [
     "RowEvidence",
     "checkpoint_facts",
     "continuity",
+    "control_noise",
+    "differing_generators",
     "end_state",
     "exposure",
     "jsonable",
@@ -1285,5 +1636,6 @@ __all__ = [
     "row_evidence",
     "same",
     "samples",
+    "states_differ",
     "twin",
 ]

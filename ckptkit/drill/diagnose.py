@@ -320,7 +320,7 @@ def diagnose(
     e.step = fields[e.at[0]]["first_step"]
     ref = window(reference, start, stop)
     res = list(resumed)
-    return _decide(e, ref, res)
+    return _cite_moved(_decide(e, ref, res), by_name.get("end_state"))
 
 
 def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
@@ -587,6 +587,20 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
                                          fields=e.at, candidates=["scaler", "optimizer"]))
     return _confirm(e, Diagnosis("optimizer", "high", e.ev, HINTS["optimizer"], step=e.step,
                                  fields=e.at))
+
+
+def _cite_moved(dg: Diagnosis, es: CheckResult | None) -> Diagnosis:
+    """A ``model`` named from the step records cites the model tensors the end-state check
+    found beyond the noise (``detail.moved``, farthest first): under noise they show which
+    weights the resume did not restore as saved."""
+    if dg.component != "model" or es is None:
+        return dg
+    moved = [str(m["tensor"]).split("/", 1)[1] for m in es.detail.get("moved") or []
+             if str(m.get("tensor", "")).startswith("model/")]
+    if moved:
+        dg.evidence.append("end state: model tensors beyond the noise, farthest first: "
+                           + ", ".join(moved[:5]) + (" ..." if len(moved) > 5 else ""))
+    return dg
 
 
 def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:

@@ -10,6 +10,9 @@ sets), so no code change is needed beyond using ``CheckpointManager`` and ``Reco
    ``W + steps_after``. It starts as soon as that checkpoint has committed, while the
    reference finishes, and both are forks of this interpreter when the command allows it
    (:mod:`ckptkit.drill.launch`), so a drill takes little more than the reference run;
+   **controls** (``max(1, R)``) restore the same checkpoint beside it: matching it bitwise,
+   they show the run is deterministic; differing, they measure the noise from ``W`` that the
+   resumed run is held to (:func:`ckptkit.drill.compare.control_noise`);
 3. the checks of :mod:`ckptkit.drill.compare` (and the informational window check of
    :mod:`ckptkit.drill.stats`), then :func:`ckptkit.drill.diagnose.diagnose`.
 
@@ -70,7 +73,7 @@ POLL_S = 0.02
 TAIL_LINES = 20
 """How many last lines of each run's stdout/stderr the report keeps."""
 
-Role = Literal["reference", "resumed"]
+Role = Literal["reference", "resumed", "control"]
 
 
 @dataclass
@@ -92,7 +95,10 @@ class DrillConfig:
     from_ckpt: Path | str | None = None
     """Start the reference from this checkpoint instead of from scratch."""
     repeat: int = 1
-    """Reference runs; with 2 or more the run-to-run noise floor is measured."""
+    """Fresh reference runs; with 2 or more the drill also reports whether the script
+    reproduces itself from scratch (and names a generator it does not seed). The drill
+    also runs ``max(1, repeat)`` control restores of the step-``W`` checkpoint: the noise
+    the resumed run is held to is measured from there, never from the fresh starts."""
     threads: int = 1
     """Intra-op threads, pinned identically in every run."""
     device: str = "cpu"
@@ -398,6 +404,7 @@ def _drill(
                     )
             if ckpt is not None and not resumed_started:
                 resumed_started = True
+                snaps = _control_snapshots(config, ckpt, workdir)  # before a run may touch it
                 say(f"resumed: restore {ckpt.name}, steps {save_at + 1}..{stop_at} "
                     "(started as the checkpoint committed)")
                 running.append(_launch(
@@ -405,6 +412,7 @@ def _drill(
                     {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at),
                      ENV_SAVE_FINAL: "1"}, workdir,
                 ))
+                running.extend(_start_controls(config, snaps, save_at, stop_at, workdir, say))
             for r in list(running):
                 rc = r.proc.poll()
                 timed_out = (rc is None and config.timeout is not None
@@ -418,6 +426,8 @@ def _drill(
                 res = _result(r, rc)
                 done[(r.role, r.index)] = res
                 runs.append(res)
+                if r.role == "control":
+                    continue  # a control that failed measures nothing; it never stops a drill
                 if r.role == "reference" and rc != 0:
                     raise _crash(res, timed_out=timed_out, stop_at=stop_at)
                 if r.role == "reference":
@@ -430,7 +440,8 @@ def _drill(
     assert ckpt is not None
     refs = [done[("reference", i)] for i in range(config.repeat)]
     resumed = done[("resumed", 0)]
-    runs[:] = [*refs, resumed]
+    ran_controls = [v for k, v in sorted(done.items()) if k[0] == "control"]
+    runs[:] = [*refs, resumed, *ran_controls]
     stage[0] = "resumed"
     refusal = _refusal(resumed)
     timed_out = resumed.returncode == -9 and config.timeout is not None
@@ -453,6 +464,20 @@ def _drill(
         stop=stop_at,
         finals=[_final_hash(r) for r in refs],
     )
+    if "rng" in noise.noisy:
+        noise.generators = _generators(refs, save_at)
+    controls = _usable(ran_controls, resumed, save_at, stop_at)
+    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
+    if controls:
+        res_final = _final_checkpoint(resumed, stop_at)
+        noise = compare.control_noise(
+            noise, resumed.records, [c.records for c in controls], start=save_at, stop=stop_at,
+            finals=(_final_hash(resumed), [_final_hash(c) for c in controls]),
+            states=[compare.states_differ(res_final, f, roots=(str(resumed.ckpt_dir),
+                                                               str(c.ckpt_dir)))
+                    for c, f in zip(controls, ctl_finals, strict=True)
+                    if res_final is not None and f is not None],
+        )
     ref = refs[0]
     twin = compare.twin(
         ref.records,
@@ -470,9 +495,10 @@ def _drill(
     end_state = compare.end_state(
         [_final_checkpoint(r, stop_at) for r in refs],
         _final_checkpoint(resumed, stop_at) if refusal is None and late is None else None,
-        roots=[str(r.ckpt_dir) for r in (*refs, resumed)],
+        roots=[str(r.ckpt_dir) for r in (*refs, resumed, *controls)],
         thresholds=config.thresholds,
         resumed_failed=late,
+        controls=ctl_finals if not noise.deterministic else [],
     )
     checks = [twin, exposure, continuity, end_state]
     if refusal is not None:
@@ -492,13 +518,81 @@ def _drill(
         config=cfg,
         checks=checks,
         diagnosis=diag,
-        runs=[*refs, resumed],
+        runs=[*refs, resumed, *ran_controls],
         overhead=overhead,
         noise=noise,
         checkpoint=ckpt,
         workdir=workdir,
         workdir_kept=keep,
     )
+
+
+def _control_snapshots(config: DrillConfig, ckpt: Path, workdir: Path) -> list[Path]:
+    """One private copy (hard links) of the step-``W`` snapshot per control run, so a script
+    that alters the checkpoint it resumes from (a test deleting a file) alters its own."""
+    out = []
+    for i in range(max(1, config.repeat)):
+        dst = workdir / f"checkpoint-control-{i}"
+        try:
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(ckpt.parent, dst, copy_function=_link_or_copy)
+        except (OSError, shutil.Error):
+            break  # no control: the drill measures nothing and stays as without one
+        out.append(dst / ckpt.name)
+    return out
+
+
+def _start_controls(
+    config: DrillConfig, snaps: Sequence[Path], save_at: int, stop_at: int, workdir: Path,
+    say: Callable[[str], None],
+) -> list[_Running]:
+    """Start ``max(1, repeat)`` control runs: more restores of the step-``W`` checkpoint, in
+    new processes, to the stop step (with their final save).
+
+    Each starts from the state the resumed run starts from, with no step before ``W``
+    behind it, so what separates it from the resumed run is the hardware's noise from
+    ``W`` on. A restore bug that is deterministic is in both: it does not widen the noise
+    (the comparison that catches it is the resumed run against the reference). A control
+    is a resumed run for the script (``CKPTKIT_DRILL_ROLE=resumed``). They run beside the
+    resumed run; a control that matches it bitwise, records and final state, shows the run
+    is deterministic (docs/drills.md, statistical mode).
+    """
+    n = len(snaps)
+    if not n:
+        return []
+    say(f"control{'s' if n > 1 else ''}: {n} more restore{'s' if n > 1 else ''} of "
+        f"{snaps[0].name}, steps {save_at + 1}..{stop_at} (is the run bitwise? if not, its "
+        "noise)")
+    return [_launch(config, "control", i,
+                    {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
+                     ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
+            for i, snap in enumerate(snaps)]
+
+
+def _usable(controls: Sequence[RunResult], resumed: RunResult, save_at: int, stop_at: int
+            ) -> list[RunResult]:
+    """The controls that ran ``W+1..W+N`` and exited cleanly (a control that failed, as a
+    script that crashes on every resume does, measures nothing: then the fresh references'
+    noise floor stands)."""
+    if not resumed.records:
+        return []
+    return [c for c in controls if c.returncode == 0 and c.records
+            and c.records[0].get("step") == save_at + 1
+            and c.records[-1].get("step") == stop_at]
+
+
+def _generators(refs: Sequence[RunResult], save_at: int) -> list[dict[str, str]]:
+    """The generators the fresh references' step-``W`` checkpoints disagree on (the script
+    does not seed them), or [] when there is one reference or a checkpoint is gone."""
+    found = [find_checkpoint(r.ckpt_dir, save_at) for r in refs]
+    if len(found) < 2 or found[0] is None:
+        return []
+    out: list[dict[str, str]] = []
+    for other in found[1:]:
+        if other is not None:
+            out += [g for g in compare.differing_generators(found[0], other) if g not in out]
+    return out
 
 
 def _import_statistics() -> None:
@@ -605,7 +699,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 def _launch(
     config: DrillConfig, role: Role, index: int, contract: Mapping[str, str], workdir: Path
 ) -> _Running:
-    name = f"{role}-{index}" if role == "reference" else role
+    name = role if role == "resumed" else f"{role}-{index}"
     run_dir = workdir / name
     if run_dir.exists():
         shutil.rmtree(run_dir)

@@ -118,7 +118,9 @@ def render_text(report: DrillReport, out: TextIO, *, quiet: bool = False) -> Non
             con.print(f"  - {e}")
         con.print(f"  [bold]fix:[/] {diag['hint']}")
     noise = d["noise_floor"]
-    if noise["measured"]:
+    if noise.get("action"):
+        con.print(f"noise: {noise['action']}")
+    elif noise["measured"]:
         state = (
             "bitwise reproducible"
             if noise["deterministic"]

@@ -116,6 +116,22 @@ divergence. ``untrusted`` and ``unsound`` checkpoints have intact bytes: no rete
 option deletes them."""
 
 
+def refused_status(e: CkptkitError) -> Status:
+    """The status of a checkpoint whose manifest (native or adopted) was refused with ``e``:
+    ``unreadable`` when reading failed for a reason that is not damage, ``untrusted`` when
+    the key does not vouch for it, else ``corrupt`` (:func:`ckptkit.codes.outcome`: the one
+    classification of a finding).
+
+    Example:
+        >>> from ckptkit import codes
+        >>> refused_status(codes.error(codes.M011, "x")), refused_status(codes.error(codes.M002, "x"))
+        ('untrusted', 'corrupt')
+    """
+    if isinstance(e, UnreadableError):
+        return "unreadable"
+    return "untrusted" if codes.outcome([e.code]) == "untrusted" else "corrupt"
+
+
 def step_dir_name(step: int) -> str:
     """Directory name of a step.
 
@@ -466,15 +482,11 @@ class Catalog:
                 step, p, "unreadable", size, _stored_at(p), problem=f"{e.code}: {e.what}"
             )
         except CkptkitError as e:
-            # A manifest that cannot be parsed is damage; one the key does not vouch for
-            # is untrusted (codes.outcome: the one classification of a finding).
-            found = codes.outcome([e.code])
-            status: Status = "untrusted" if found == "untrusted" else "corrupt"
             return CheckpointInfo(
-                step, p, status, size, _stored_at(p), problem=f"{e.code}: {e.what}"
+                step, p, refused_status(e), size, _stored_at(p), problem=f"{e.code}: {e.what}"
             )
         mtime = _created_at(man) or _stored_at(p)
-        status = "committed"
+        status: Status = "committed"
         problem: str | None = None
         verdict = self.verdict(p.name, digest, rec)
         verified_at = verdict.at

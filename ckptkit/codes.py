@@ -363,8 +363,10 @@ def damage(code: str | None) -> bool:
     try again), replicas that disagreed at save (``CK-F120``: whole bytes of a suspect
     state), the trust findings (:data:`TRUST_CODES`) and :data:`WHOLE_CODES`.
     Completeness, consistency and compatibility findings (``CK-C``, ``CK-S``, ``CK-R``)
-    are about the state that intact bytes hold, never damage. ``None`` (an error without a
-    code) counts as damage: nothing says the bytes are whole.
+    are about the state that intact bytes hold, never damage, except ``CK-C010`` (a
+    component's bytes are absent: the files that hold it are missing or damaged, which a
+    restore that checks files by their sizes only reports first). ``None`` (an error
+    without a code) counts as damage: nothing says the bytes are whole.
 
     Example:
         >>> damage("CK-F003"), damage("CK-C001"), damage("CK-M011"), damage("CK-F025")
@@ -374,7 +376,7 @@ def damage(code: str | None) -> bool:
         return True
     if code in TRUST_CODES or code in WHOLE_CODES or code in (UNREADABLE, "CK-F120"):
         return False
-    return code.startswith(("CK-M", "CK-F"))
+    return code.startswith(("CK-M", "CK-F")) or code == "CK-C010"
 
 
 def outcome(error_codes: Iterable[str | None]) -> Outcome:

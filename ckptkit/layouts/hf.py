@@ -57,8 +57,8 @@ from typing import Any, Literal
 
 import xxhash
 
-from ckptkit.catalog import Catalog, CheckpointInfo, Status
-from ckptkit.errors import CkptkitError, UnreadableError
+from ckptkit.catalog import UNUSABLE, Catalog, CheckpointInfo, Status, refused_status
+from ckptkit.errors import CkptkitError
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
 from ckptkit.foreign.adopted import load_adopted, needs_code_problem, unverifiable
 from ckptkit.manifest import Manifest
@@ -206,7 +206,7 @@ class _HFLayout(FrameworkLayout):
             step = self._step(p, None, catalog, index)
             return CheckpointInfo(
                 number if step is None else step, p,
-                "unreadable" if isinstance(e, UnreadableError) else "corrupt", size, mtime,
+                refused_status(e), size, mtime,
                 tuple(sorted(pins)), problem=f"{e.code}: adopted manifest: {e.what}",
                 step_known=step is not None,
             )
@@ -234,15 +234,15 @@ class _HFLayout(FrameworkLayout):
                 status, problem = "corrupt", (
                     f"{', '.join(changed[:3])} missing or resized since it was adopted"
                 )
-            elif code:
-                status, problem = "corrupt", needs_code_problem(code, self.format_of(p) or self.kind)
+            elif code:  # whole bytes that no resume may load
+                status, problem = "unsound", needs_code_problem(code, self.format_of(p) or self.kind)
             else:
                 status = "verified"
         verdict = catalog.verdict(p.name, ident, rec)
         if step is None:
-            if status != "corrupt" and verdict.outcome == "corrupt":
-                status, problem = "corrupt", verdict.problem or "verify failed"
-            if status == "corrupt":  # damaged whatever its step: say what is wrong with it
+            if status not in UNUSABLE and verdict.outcome in UNUSABLE:
+                status, problem = verdict.outcome, verdict.problem or "verify failed"
+            if status in UNUSABLE:  # unusable whatever its step: say what is wrong with it
                 return CheckpointInfo(number, p, status, size, mtime, tuple(sorted(pins)),
                                       problem=problem, step_known=False)
             # Neither good nor damaged: never resumed at a guessed step, never deleted.
@@ -254,7 +254,7 @@ class _HFLayout(FrameworkLayout):
             )
         if verdict.outcome is not None:
             verified_at = verdict.at
-            if verdict.outcome != "verified" and status != "corrupt":
+            if verdict.outcome != "verified" and status not in UNUSABLE:
                 status, problem = verdict.outcome, verdict.problem or "verify failed"
         return CheckpointInfo(step, p, status, size, mtime, tuple(sorted(pins)), health,
                               problem, verified_at, health_rec)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptkit import manifest as mf
-from ckptkit.catalog import Catalog, CheckpointInfo, Status
+from ckptkit.catalog import Catalog, CheckpointInfo, Status, refused_status
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign._load import safe_torch_load
 from ckptkit.foreign._scan import ADOPTED_SUFFIX
@@ -162,14 +162,14 @@ class LightningLayout(FrameworkLayout):
 
     def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
         f = Path(str(path))
-        man, _bad = _read_adopted(f, catalog.key)  # another key's step is no step
+        man, _bad, _ = _read_adopted(f, catalog.key)  # another key's step is no step
         return self._step(f, man)
 
     def identity(self, path: Location, catalog: Catalog) -> str | None:
         """The adopted manifest's digest, else the file's identity (inode, size, mtime);
         None when the file is gone."""
         f = Path(str(path))
-        man, _bad = _read_adopted(f, None)
+        man, _bad, _ = _read_adopted(f, None)
         return _identity(f, man)
 
     def remove(self, root: Location, path: Location) -> bool:
@@ -219,9 +219,9 @@ class LightningLayout(FrameworkLayout):
 
     def _info(self, f: Path, catalog: Catalog, rec: Any, pins_extra: Any) -> CheckpointInfo | None:
         st = f.stat()
-        man, bad = _read_adopted(f, catalog.key)
+        man, bad, refused = _read_adopted(f, catalog.key)
         if man is None and bad is not None:
-            unsigned, _ = _read_adopted(f, None)  # its step, when only the key refuses it
+            unsigned, _, _ = _read_adopted(f, None)  # its step, when only the key refuses it
             step = self._step(f, unsigned)
         else:
             step = self._step(f, man)
@@ -234,7 +234,7 @@ class LightningLayout(FrameworkLayout):
         verdict = catalog.verdict(f.name, ident, rec) if ident is not None else None
         code = unverifiable(man) if man is not None else []
         if code:  # adopted with --force: the manifest cannot vouch for a file needing code
-            status, problem = "corrupt", needs_code_problem(code, "lightning")
+            status, problem = "unsound", needs_code_problem(code, "lightning")
         elif verdict is not None and verdict.outcome is not None:
             verified_at = verdict.at
             if verdict.outcome != "verified":
@@ -247,7 +247,7 @@ class LightningLayout(FrameworkLayout):
             problem = "the file changed since it was last verified"
         if bad is not None:
             # Verify fails on it too (the same reader, foreign.adopted.load_adopted).
-            status, problem = "corrupt", bad
+            status, problem = refused, bad
         pins: set[str] = set(man.pins) if man is not None else set()
         if isinstance(pins_extra, list):
             pins |= {x for x in pins_extra if isinstance(x, str)}
@@ -283,17 +283,20 @@ class LightningLayout(FrameworkLayout):
         return step
 
 
-def _read_adopted(f: Path, key: bytes | None) -> tuple[mf.Manifest | None, str | None]:
-    """``(adopted manifest, None)``; ``(None, None)`` without one; ``(None, problem)``
-    when one is there but cannot be used (invalid, not signed with ``key``, or a FIFO:
-    never opened)."""
+def _read_adopted(
+    f: Path, key: bytes | None
+) -> tuple[mf.Manifest | None, str | None, Status]:
+    """``(adopted manifest, None, _)``; ``(None, None, _)`` without one; ``(None, problem,
+    status)`` when one is there but cannot be used (invalid, not signed with ``key``, or a
+    FIFO: never opened), with the status that makes the checkpoint
+    (:func:`ckptkit.catalog.refused_status`)."""
     try:
-        return load_adopted(f, key=key), None
+        return load_adopted(f, key=key), None, "committed"
     except CkptkitError as e:
         name = adopted_path(f).name
-        return None, f"{e.code}: adopted manifest {name}: {e.what}; fix: {e.hint}"
+        return None, f"{e.code}: adopted manifest {name}: {e.what}; fix: {e.hint}", refused_status(e)
     except OSError as e:
-        return None, f"adopted manifest {adopted_path(f).name} cannot be read: {e}"
+        return None, f"adopted manifest {adopted_path(f).name} cannot be read: {e}", "corrupt"
 
 
 def _identity(f: Path, man: mf.Manifest | None) -> str | None:

@@ -259,12 +259,12 @@ def mislabelled(tmp_path: Path, native_run: NativeRun) -> Path:
     return root
 
 
-def test_a_mislabelled_copy_is_corrupt_in_ls_and_verify(
+def test_a_mislabelled_copy_is_unsound_in_ls_and_verify(
     mislabelled: Path, cli_zygote: Zygote
 ) -> None:
     root = mislabelled
     by_step = {c["step"]: c for c in _ls(cli_zygote, root)["checkpoints"]}
-    assert by_step[50]["status"] == "corrupt" and "CK-S020" in by_step[50]["problem"]
+    assert by_step[50]["status"] == "unsound" and "CK-S020" in by_step[50]["problem"]
     assert by_step[40]["status"] == "verified"
     r = _ckptkit(cli_zygote, "verify", root / step_dir_name(50))
     assert r.returncode == 1, r.stdout + r.stderr

@@ -74,7 +74,7 @@ def test_raise_is_loud_and_records_the_findings(tmp_path: Path) -> None:
     assert rec["items"][0]["severity"] == "error"
     assert mgr.last_save.findings and mgr.last_save.findings[0].startswith("CK-S001")
     info = {c.step: c for c in mgr.list()}
-    assert info[500].status == "corrupt" and "CK-S001" in (info[500].problem or "")
+    assert info[500].status == "unsound" and "CK-S001" in (info[500].problem or "")
     res = mgr.restore(_fresh_state())
     assert res is not None and res.step == 400
     assert any("step-00000500" in n and "CK-S001" in n for n in res.notes), res.notes
@@ -251,5 +251,5 @@ def test_values_scanned_at_save_are_not_scanned_again_and_nan_still_fails(tmp_pa
     with pytest.raises(CommittedError, match="CK-S010"):
         mgr.save(ts)
     assert mgr.last_save.values_scanned
-    assert [c.status for c in mgr.list()] == ["verified", "corrupt"]
+    assert [c.status for c in mgr.list()] == ["verified", "unsound"]
     mgr.close()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from ckptkit import recovery
+from ckptkit.catalog import INDEX, SIGNED
 from ckptkit.errors import CkptkitError
 from ckptkit.foreign.adopt import adopted_path
 from ckptkit.layouts.hf import open_hf
@@ -47,7 +49,13 @@ def _adopted_under_another_key(tmp_path: Path) -> Path:
     p = _accelerate_checkpoint(tmp_path / "proj", 1)
     with open_hf(p.parent, "accelerate", readonly=False, key=OTHER) as run:
         a = run.adopt(p, step=80, force=True, expect="weights")
+        index = Path(str(run.meta)) / INDEX
     assert a.manifest is not None
+    # Planted: whoever signed it with another key left no record that the run is signed
+    # (a writer with KEY would be refused in a run signed with OTHER, CK-R012).
+    idx = json.loads(index.read_text())
+    del idx[SIGNED]
+    index.write_text(json.dumps(idx))
     return p
 
 
@@ -55,7 +63,7 @@ def test_a_manifest_signed_with_another_key_says_no_step(tmp_path: Path) -> None
     p = _adopted_under_another_key(tmp_path)
     with open_hf(p.parent, "accelerate", key=KEY) as run:
         (info,) = run.checkpoints()
-        assert info.status == "corrupt" and "CK-M011" in (info.problem or "")
+        assert info.status == "untrusted" and "CK-M011" in (info.problem or "")
         assert not info.step_known  # not the save count 1 as if it were known
         assert run.step_of(p) is None  # nor the step the unchecked manifest claims
 
@@ -86,7 +94,7 @@ def test_a_corrupt_checkpoint_of_unknown_step_is_passed_over_on_resume(tmp_path:
         chosen = run.resume_target()  # before: refused as "the newest complete checkpoint"
     assert chosen.info is None
     (why,) = chosen.passed
-    assert why.startswith("checkpoint_1: corrupt: CK-M011")
+    assert why.startswith("checkpoint_1: untrusted: CK-M011")
 
 
 # --- the emergency checkpoint pins on rank 0 only --------------------------------------------

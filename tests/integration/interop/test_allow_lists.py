@@ -78,7 +78,7 @@ def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path, cli
     assert r.returncode in (0, 1), r.stderr[-2000:]
     got = {Path(c["path"]).name: (c["status"], c.get("problem")) for c in json.loads(r.stdout)["checkpoints"]}
     assert got["epoch=0-step=3.ckpt"][0] == "verified"
-    assert got["epoch=0-step=5.ckpt"][0] == "corrupt" and "CK-F103" in (got["epoch=0-step=5.ckpt"][1] or "")
+    assert got["epoch=0-step=5.ckpt"][0] == "unsound" and "CK-F103" in (got["epoch=0-step=5.ckpt"][1] or "")
     r = _cli("prune", str(run), "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert good.is_file()  # the newest good checkpoint is kept
@@ -95,7 +95,7 @@ def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path, cli
         index.unlink()  # forget the recorded verdict: the adopted manifest must say it
     r = _cli("ls", str(run), "--json")
     got = {Path(c["path"]).name: (c["status"], c.get("problem")) for c in json.loads(r.stdout)["checkpoints"]}
-    assert got["epoch=0-step=5.ckpt"][0] == "corrupt" and "CK-F103" in (got["epoch=0-step=5.ckpt"][1] or "")
+    assert got["epoch=0-step=5.ckpt"][0] == "unsound" and "CK-F103" in (got["epoch=0-step=5.ckpt"][1] or "")
 
 
 def test_the_trainer_rng_state_is_held_to_the_trainers_own_list(hf_run: Path, tmp_path: Path) -> None:

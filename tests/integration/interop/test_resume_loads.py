@@ -137,7 +137,7 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     assert not marker.exists()
     # ls --verify reads the bytes and records the verdict in the run index.
     got = _statuses(cli_zygote, project, "--verify")
-    assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
+    assert got["checkpoint_2"][1] == "unsound" and "CK-F103" in (got["checkpoint_2"][2] or "")
     (project / ".ckptkit-index.json").unlink()  # forget it: the adopted manifest must say so too
 
     # Its step is known nowhere (no manifest, no intent): adopt never guesses it from the name.
@@ -150,7 +150,7 @@ def test_a_planted_accelerate_custom_checkpoint_is_never_resumed(
     got = _statuses(cli_zygote, project)
     assert list(got)[-2:] == ["checkpoint_1", "checkpoint_2"]  # the planted one is the newest
     assert got["checkpoint_1"][1] == "verified"
-    assert got["checkpoint_2"][1] == "corrupt" and "CK-F103" in (got["checkpoint_2"][2] or "")
+    assert got["checkpoint_2"][1] == "unsound" and "CK-F103" in (got["checkpoint_2"][2] or ""), got
     assert _cli(cli_zygote, "verify", str(planted)).returncode == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ckptkit"):
@@ -184,7 +184,7 @@ def test_a_trainer_rng_state_needing_code_is_not_good(
     assert _cli(cli_zygote, "adopt", str(out / "checkpoint-3"), "--force").returncode == 1
     got = _statuses(cli_zygote, out)
     assert got["checkpoint-2"][1] == "verified"
-    assert got["checkpoint-3"][1] == "corrupt" and "CK-F103" in (got["checkpoint-3"][2] or "")
+    assert got["checkpoint-3"][1] == "unsound" and "CK-F103" in (got["checkpoint-3"][2] or "")
     r = _cli(cli_zygote, "prune", str(out), "--keep-last", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()  # the newest good one is kept

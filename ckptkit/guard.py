@@ -699,7 +699,10 @@ class ResumeGuard:
         """At the first step after the restore: did anything draw since the restore?
 
         Draws the saving run also made there (its ``rng_gaps``) are expected; any other
-        draw, or a generator re-seeded, is CK-D008 with the call that likely drew.
+        draw, or a generator re-seeded, is CK-D008 with the call that likely drew. After the
+        fetch (``forward``), the fetch's own draws that depend on the batch are not judged
+        (:func:`_fetch_draws`), and restored streams nothing drew from where the saving
+        run's fetch always drew are CK-D008 (:meth:`_check_fetch_drew`).
         """
         if self._started or self._restored is None:
             return
@@ -707,10 +710,11 @@ class ResumeGuard:
         if self._rng_told or not self.per_rank or not self.saved.get("rng"):
             return
         draws = rngtrace.draws_between(self._restored, snapshot, seeds=self.seeds)
+        expected = self.saved.get("rng_gaps")
         if not draws:
+            self._check_fetch_drew(observer, expected)
             return
         reseeded = any(d.words is None for d in draws.values())
-        expected = self.saved.get("rng_gaps")
         if not reseeded:
             if not isinstance(expected, list):
                 return  # the saving run did not say what it draws between steps
@@ -718,6 +722,15 @@ class ResumeGuard:
                 return
             if self._epoch_end and rngtrace.pattern(draws) == {"torch": 2}:
                 return  # the next epoch's iter(DataLoader): the saved run drew it there too
+            if _fetch_draws(observer.point, expected, draws):
+                self._note_unknown(
+                    f"the draws between the restore and the first resumed step "
+                    f"({rngtrace.pattern(draws)}): the step starts at its first forward, after "
+                    "the batch was fetched, and the saved run's fetches drew from the same "
+                    f"generators in amounts that depend on the batch ({expected}); a draw "
+                    "inside Dataset.__getitem__ in this process is part of the step, so "
+                    "this is not judged")
+                return
         what, fix = rngtrace.explain(draws)
         at = observer.point or "the first step"
         usual = ""
@@ -725,6 +738,27 @@ class ResumeGuard:
             usual = f" (the saved run drew {expected} there)"
         self._add(codes.D008, f"{what}; seen at the start of the first resumed step "
                   f"({at}){usual}", hint=fix)
+
+    def _check_fetch_drew(self, observer: StepObserver, expected: Any) -> None:
+        """CK-D008 when nothing drew from the restored streams before the first resumed step
+        although the saving run's fetch drew there at every step it observed.
+
+        With the step starting at the first forward, the batch was fetched in between; a
+        fetch that always drew (augmentation in ``__getitem__`` on the global RNG) and now
+        drew nothing from the restored streams drew from other ones: the RNG was restored
+        (or set back) after the batch was fetched, or the batch was fetched before the restore.
+        """
+        if (observer.point != "forward" or self._epoch_end or not isinstance(expected, list)
+                or not expected or any(not p for p in expected)):
+            return
+        self._add(codes.D008, "nothing drew from the restored generators before the first "
+                  "resumed step's forward, while the saved run's batch fetch drew there at "
+                  f"every step ({expected}): the first resumed batch drew from other random "
+                  "streams (the RNG restored, or set back, after the batch was fetched; or the "
+                  "batch fetched before the restore); seen at the start of the first resumed "
+                  "step (forward)",
+                  hint="restore the RNG (mgr.restore()) before the DataLoader fetches the first "
+                  "resumed batch, and do not set the generators' states after it")
 
     def on_optimizer_step(
         self, observer: StepObserver | None, optimizer: torch.optim.Optimizer, scaler: Any
@@ -790,6 +824,21 @@ class ResumeGuard:
                 self._add(codes.D002, _ids_message(want, flat[: len(want)]))
                 self._seen_steps = k  # one report is enough
         return self.findings[before:]
+
+
+def _fetch_draws(point: str | None, expected: Any, draws: Mapping[str, Any]) -> bool:
+    """Whether draws seen at a step start taken after the fetch are the fetch's own.
+
+    At ``forward`` the batch was fetched since the restore; where the saving run's fetches
+    drew from the same generators in amounts that changed from step to step (more than one
+    pattern: draws that depend on the batch, such as noise per token of variable-length
+    samples), the resumed fetch's amount cannot be predicted, so an advance (not a re-seed)
+    of those generators is the step's own draw, not a drift.
+    """
+    if point != "forward" or not isinstance(expected, list) or len(expected) < 2:
+        return False
+    drew = {k for p in expected if isinstance(p, Mapping) for k in p}
+    return set(draws) <= drew and all(getattr(d, "words", None) for d in draws.values())
 
 
 def _shapes(params: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:

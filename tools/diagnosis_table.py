@@ -1,4 +1,4 @@
-"""Drill every seeded resume fault of three scripts at three logging levels; write the table.
+"""Drill every seeded resume fault of four scripts at three logging levels; write the table.
 
 One drill per (script, fault, logging level), W = N = 6, CPU, runs forked from this process
 where the drill runner can (:mod:`ckptkit.drill.launch`). For each cell: whether the drill
@@ -14,7 +14,11 @@ Scripts (each with its own faults and the component each breaks):
   ``__getitem__``, its own stateful sampler, SGD-Nesterov, fp16 GradScaler);
 * ``busy_trainer``: ``tests/integration/scripts/busy_trainer.py`` (sequence classifier,
   epoch loop over ``sampler.batches(loader)``, batch-dependent token masking in the
-  ``collate_fn`` on the global RNG, Adam + exponential LR).
+  ``collate_fn`` on the global RNG, Adam + exponential LR);
+* ``char_script``: ``tests/integration/char_script.py`` (char-level LM, its own
+  length-bucketing batch sampler, token noise per character in ``__getitem__`` on the global
+  RNG with 0 or 2 workers, gradient accumulation kept in ``extra``, no GradScaler, a
+  warm-up ``LambdaLR``), written from issue 37's description, not from the bundled scripts.
 
 Logging levels: ``minimal`` (loss only), ``busy`` (loss, grad norm, LR), ``full`` (every
 field, sample ids); the Recorder is bound to the TrainState in all three and fills the rest.
@@ -110,6 +114,7 @@ def scripts() -> dict[str, Script]:
     py = sys.executable
     aug = SCRIPTS_DIR / "aug_script.py"
     busy = SCRIPTS_DIR / "scripts" / "busy_trainer.py"
+    char = SCRIPTS_DIR / "char_script.py"
     tiny = [py, "-m", "ckptkit.examples.tiny_lm", "--steps", "40", "--save-every", "0",
             "--num-seqs", "200", "--dim", "32", "--layers", "1"]
     return {
@@ -118,6 +123,8 @@ def scripts() -> dict[str, Script]:
         "aug_script": Script("aug_script", [py, str(aug), "--steps", "40"], _faults_of(aug)),
         "busy_trainer": Script("busy_trainer", [py, str(busy), "--steps", "40"],
                                _faults_of(busy)),
+        "char_script": Script("char_script", [py, str(char), "--steps", "40"],
+                              _faults_of(char)),
     }
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Literal
 
 from ckptkit.drill.compare import (
@@ -180,6 +181,10 @@ class _Evidence:
     """The resumed records' sample ids carry content hashes (exposure can see content)."""
     rows: RowEvidence | None = None
     """The batch rows' evidence (the exposure check's ``detail["rows"]``), if recorded."""
+    scaler_in_run: bool = False
+    """A GradScaler (or a loss scale) is part of the run: records or checkpoint carry a scale."""
+    before: list[Record] = field(default_factory=list)
+    """The reference's records up to the save step, oldest first (the schedule's start)."""
     ev: list[str] = field(default_factory=list)
 
     def first(self, f: str) -> int | None:
@@ -213,13 +218,29 @@ class _Evidence:
         The guard counts the draws between the restore and the first resumed step at the
         same point as the records' RNG fingerprint, so a count that differs is no more
         conclusive than the fingerprint (:meth:`rng_independent_of_data`); a generator
-        re-seeded after the restore is, whatever the data did.
+        re-seeded after the restore is, whatever the data did, and so are restored streams
+        nothing drew from where the saving run's fetch always drew (the first batch came
+        from other streams: no data difference makes a fetch draw nothing).
         """
         if comp != "rng" or "rng" not in self.fields:
             return True
         if self.rng_independent_of_data():
             return True
-        return any(_reseeded(m) for m in self.guard.get("rng", []))
+        return any(_reseeded(m) or _fetched_elsewhere(m) for m in self.guard.get("rng", []))
+
+    def order_observed_same(self) -> str | None:
+        """What directly shows the resumed run got the same samples in the same order.
+
+        The sample ids of a clean exposure, or a data cursor equal at every step: observed,
+        not inferred. Rows (hashes of the augmented batch) only infer order, so a row the
+        reference saw elsewhere does not outweigh either. None: nothing observed it.
+        """
+        ran, moved, _ = self.exposure_counts()
+        if ran and not moved:
+            return "the same sample ids in the same order (exposure)"
+        if "cursor" in self.compared and "cursor" not in self.fields:
+            return "the data cursor is equal at every step"
+        return None
 
     def guard_named(self) -> list[Component]:
         """The components the resume guard names with evidence of its own (not ``model``)."""
@@ -296,6 +317,8 @@ def diagnose(
         draws_fixed=_draws_fixed(facts),
         sampler_saved=bool((facts or {}).get("sampler")) if facts is not None else None,
         content_hashed=any(h is not None for _, _, h in samples(resumed)),
+        scaler_in_run=_has_scaler(reference, resumed, facts),
+        before=[r for r in reference if isinstance(r.get("step"), int) and r["step"] <= start],
     )
     ex = by_name.get("exposure")
     e.rows = RowEvidence.of(ex.detail) if ex is not None else None
@@ -338,7 +361,7 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
         )
         return d("progress", "high")
     if "lr" in f and all(e.first("lr") <= v["first_index"] for v in f.values()):  # type: ignore[operator]
-        return _confirm(e, _lr(ref, res, f, e.ev, e.step, at))
+        return _confirm(e, _lr(ref, res, f, e.ev, e.step, at, before=e.before, guard=e.guard))
     scale_fields = [k for k in ("loss_scale", "scale_growth") if k in at]
     if scale_fields:
         parts = ", ".join(f"{k} {f[k]['reference']} → {f[k]['resumed']}" for k in scale_fields)
@@ -526,7 +549,8 @@ def _rows(e: _Evidence) -> Diagnosis | None:
         return _confirm(e, Diagnosis(comp, conf, e.ev, hint or _hint(comp, candidates),
                                      step=e.step, fields=e.at, candidates=list(candidates)))
 
-    if rows.verdict == "order":
+    observed = e.order_observed_same()
+    if rows.verdict == "order" and observed is None:
         e.ev.append(f"{rows.summary()}: the resumed run got data the reference also trained on, "
                     "in another order")
         if rng_diff or not rng_known:
@@ -534,12 +558,19 @@ def _rows(e: _Evidence) -> Diagnosis | None:
                         "shuffles from the global RNG moves both")
             return d("sampler", "medium", ["sampler", "rng"])
         return d("sampler", "high")
+    if rows.verdict == "order":
+        # Observed beats inferred: ids or the cursor say the order is the same, so the rows
+        # the reference had elsewhere are augmented rows that happen to repeat.
+        e.ev.append(f"{rows.summary()}, but {observed}: rows only infer the order, so the "
+                    f"{rows.moved} row(s) the reference had elsewhere are randomly augmented "
+                    "rows that happen to repeat, not a reordering")
     if rng_diff:
         return None
-    e.ev.append(f"{rows.summary()}: the resumed run got rows the reference never saw")
-    ran, _, _ = e.exposure_counts()
+    if rows.verdict == "content":
+        e.ev.append(f"{rows.summary()}: the resumed run got rows the reference never saw")
+    ran, _, changed = e.exposure_counts()
     cursor_same = "cursor" in e.compared and "cursor" not in e.fields
-    if rows.repeats:
+    if rows.repeats and rows.verdict == "content":
         e.ev.append(f"the reference saw {rows.repeats} rows again at later steps: its rows are a "
                     "function of the sample (no random augmentation) and it passed over the "
                     "data again, so new rows are new data")
@@ -563,7 +594,17 @@ def _rows(e: _Evidence) -> Diagnosis | None:
         e.ev.append("the loader runs no workers and the RNG is equal at every step: random "
                     "augmentation drew the same, so the data changed")
         return d("data-version", "medium", ["data-version"])
-    return d("data-version", "medium", ["data-version", "rng"])
+    data_same = (ran and e.content_hashed and not changed) or e.data_declared
+    if data_same and rng_known:
+        e.ev.append("the same samples have the same content hashes (or a declared data identity "
+                    "the resume guard found unchanged): the data version is ruled out; the main "
+                    "process's RNG is equal, so randomness it does not hold changed the rows: "
+                    "augmentation in DataLoader workers, or a generator of the script's own")
+        return d("rng", "medium", ["rng"], hint=f"{WORKERS_RNG}: {_WORKERS_HINT}")
+    e.ev.append("the main process's RNG is equal and ckptkit does not see whether the loader "
+                "runs workers: new content (data version) and augmentation in workers that "
+                "restarted from a new base seed (rng) both fit")
+    return d("unknown", "low", ["data-version", "rng"])
 
 
 def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
@@ -580,13 +621,57 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
         prev_res = res[i - 1].get("opt_step") if i >= 1 else before
         skipped = (prev_ref is not None and prev_ref == a) or (prev_res is not None
                                                                and prev_res == b)
-        if skipped:
+        if skipped and e.scaler_in_run:
             e.ev.append("one run skipped the optimizer step (an fp16 overflow) where the other "
                         "did not: the loss scales differ")
             return _confirm(e, Diagnosis("scaler", "medium", e.ev, HINTS["scaler"], step=e.step,
                                          fields=e.at, candidates=["scaler", "optimizer"]))
+        if skipped:
+            # No GradScaler in the run, so no fp16 skip: a component absent is never named.
+            accumulates = _accumulates(e.before, ref)
+            if accumulates:
+                e.ev.append("the run has no GradScaler, and the reference steps the optimizer "
+                            "only every few steps (gradient accumulation): the resumed run "
+                            "steps it at other steps, so its place in the accumulation window "
+                            "(the micro-step counter) was not restored")
+                return _confirm(e, Diagnosis("progress", "medium", e.ev, _ACCUM_HINT,
+                                             step=e.step, fields=e.at,
+                                             candidates=["progress", "optimizer"]))
+            e.ev.append("the run has no GradScaler (no fp16 skip): one run stepped the "
+                        "optimizer where the other did not")
+            return _confirm(e, Diagnosis("unknown", "low", e.ev,
+                                         _hint("unknown", ["optimizer", "progress"]), step=e.step,
+                                         fields=e.at, candidates=["optimizer", "progress"]))
     return _confirm(e, Diagnosis("optimizer", "high", e.ev, HINTS["optimizer"], step=e.step,
                                  fields=e.at))
+
+
+_ACCUM_HINT = (
+    "the gradient-accumulation counter (micro-batches since the last optimizer step) is not "
+    "saved or is reset on resume, so the optimizer steps at other micro-steps: keep it in the "
+    "TrainState (extra={'micro': ...}, with the gradients accumulated so far) or save only "
+    "right after an optimizer step -- " + HINTS["progress"]
+)
+
+
+def _accumulates(before: Sequence[Record], ref: Sequence[Record]) -> bool:
+    """Whether the reference's optimizer step count stays put on some steps and moves on
+    others with no loss scale to explain it (gradient accumulation)."""
+    counts = [r.get("opt_step") for r in [*before, *ref]]
+    steps = [b - a for a, b in pairwise(counts)
+             if isinstance(a, int) and isinstance(b, int)]
+    return 0 in steps and 1 in steps
+
+
+def _has_scaler(
+    reference: Sequence[Record], resumed: Sequence[Record], facts: Mapping[str, Any] | None
+) -> bool:
+    """Whether a GradScaler is part of the run: a loss scale in the records or the checkpoint."""
+    if any(r.get("loss_scale") is not None for r in (*reference, *resumed)):
+        return True
+    f = facts or {}
+    guard = LookAhead.of(f.get("lookahead")).guard or {}
+    return f.get("loss_scale") is not None or guard.get("loss_scale") is not None
 
 
 def _cite_moved(dg: Diagnosis, es: CheckResult | None) -> Diagnosis:
@@ -604,7 +689,16 @@ def _cite_moved(dg: Diagnosis, es: CheckResult | None) -> Diagnosis:
 
 
 def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
-    """Weigh the resume guard's findings against the records' verdict."""
+    """Weigh the resume guard's findings against the records' verdict; an RNG named with
+    the guard's own finding carries, in its fix, the generator and the call the guard saw."""
+    dg = _weigh_guard(e, dg)
+    seen = e.guard.get("rng") or []
+    if dg.component == "rng" and seen and "rng" in e.guard_named():
+        dg.hint = f"the resume guard saw {seen[0]} -- {dg.hint or HINTS['rng']}"
+    return dg
+
+
+def _weigh_guard(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     named = e.guard_named()
     for comp, msgs in e.guard.items():
         for m in msgs[:1]:
@@ -682,6 +776,12 @@ def _reseeded(message: str) -> bool:
     return "re-seeded" in message and "re-seeded or drew" not in message
 
 
+def _fetched_elsewhere(message: str) -> bool:
+    """Whether a guard RNG finding says the restored streams drew nothing where the saving
+    run's data fetch always drew (the first batch came from other streams)."""
+    return "nothing drew from the restored" in message
+
+
 def _draws_fixed(facts: Mapping[str, Any] | None) -> bool:
     """Whether the saving run drew the same between every two steps it observed.
 
@@ -717,6 +817,9 @@ def _lr(
     ev: list[str],
     step: Any,
     at: list[str],
+    *,
+    before: Sequence[Record] = (),
+    guard: Mapping[Component, list[str]] | None = None,
 ) -> Diagnosis:
     f = fields["lr"]
     pairs = [(a.get("lr"), b.get("lr")) for a, b in zip(ref, res, strict=False)]
@@ -767,6 +870,16 @@ def _lr(
                          step=step, fields=sorted({*at, "opt_step"}),
                          candidates=["optimizer", "scheduler"])
     differ = [i for i, (a, b) in enumerate(pairs) if not same(a, b)]
+    restart = _schedule_restart(before, lr_res, differ)
+    if restart is not None:
+        ev.append(restart)
+        return Diagnosis("scheduler", "high", ev, HINTS["scheduler"], step=step, fields=at)
+    moved = [m for m in (guard or {}).get("scheduler", []) if "scheduler position" in m]
+    if differ and differ[-1] < len(pairs) - 1 and moved:
+        ev.append(f"LR differs from step {step} (reference {f['reference']}, resumed "
+                  f"{f['resumed']}), and the resume guard saw the scheduler's position differ "
+                  "from the checkpoint's: the schedule, not a hand-set LR")
+        return Diagnosis("scheduler", "high", ev, HINTS["scheduler"], step=step, fields=at)
     if differ and differ[-1] < len(pairs) - 1:
         # The LR is back on the reference's schedule for the last steps: the scheduler's
         # state was right (a restarted or shifted schedule stays off), so the LR was set by
@@ -793,6 +906,30 @@ def _lr(
         step=step,
         fields=at,
     )
+
+
+def _schedule_restart(
+    before: Sequence[Record], lr_res: Sequence[Any], differ: Sequence[int]
+) -> str | None:
+    """Evidence that the schedule restarted at the resume, or None.
+
+    The resumed LRs that differ, from the first one on, are the LRs the reference used at
+    the first steps of the run (its warm-up): the scheduler stepping the resumed run stands
+    where a new one stands (built after the restore, or its state never loaded), whatever
+    it does once the warm-up is over (a constant LR after it rejoins the reference's).
+    """
+    if len(differ) < 2 or differ[0] != 0:
+        return None
+    head = [r.get("lr") for r in sorted(before, key=lambda r: r["step"])]
+    seg = list(lr_res[: differ[-1] + 1])
+    if len(head) < len(seg) or not all(isinstance(x, int | float) for x in seg):
+        return None
+    if not all(same(a, b) for a, b in zip(seg, head, strict=False)):
+        return None
+    return (f"the resumed LRs of its first {len(seg)} steps are the reference's LRs at the "
+            f"first {len(seg)} steps of the run ({', '.join(f'{x:.6g}' for x in seg[:4])}"
+            f"{', ...' if len(seg) > 4 else ''}): the schedule restarted at the resume (a "
+            "scheduler built after the restore, or its state not loaded)")
 
 
 _CONTINUITY_COMPONENT: dict[str, Component] = {

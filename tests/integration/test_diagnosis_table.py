@@ -1,4 +1,4 @@
-"""The diagnosis table: every seeded fault of three differently written scripts, at three
+"""The diagnosis table: every seeded fault of four differently written scripts, at three
 logging levels, is detected and never named wrongly with confidence.
 
 The matrix is ``tools/diagnosis_table.py`` (the same code writes the table in docs/drills.md);
@@ -44,7 +44,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any], Pa
 
 def test_every_script_and_logging_level_is_drilled(matrix: tuple[Any, list[Any], Path]) -> None:
     tool, rows, _ = matrix
-    assert {r.script for r in rows} == {"tiny_lm", "aug_script", "busy_trainer"}
+    assert {r.script for r in rows} == {"tiny_lm", "aug_script", "busy_trainer", "char_script"}
     assert {r.log for r in rows} == set(tool.LOGS) == {"minimal", "busy", "full"}
     assert not [r for r in rows if r.error], [r.error for r in rows if r.error]
 

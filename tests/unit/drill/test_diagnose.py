@@ -92,11 +92,12 @@ def test_growth_tracker_alone_names_the_scaler() -> None:
 
 
 def test_a_skipped_fp16_step_is_the_scaler_a_reset_count_the_optimizer() -> None:
-    ref = recs()
-    skip = recs(W + 1, opt_step={5: 4, 6: 5, 7: 6, 8: 7})
+    scale = {s: 256.0 for s in range(1, W + N + 1)}
+    ref = recs(loss_scale=scale)
+    skip = recs(W + 1, opt_step={5: 4, 6: 5, 7: 6, 8: 7}, loss_scale=scale)
     d = dg(ref, skip)
     assert d.component == "scaler" and d.candidates == ["scaler", "optimizer"]
-    reset = recs(W + 1, opt_step={5: 1, 6: 2, 7: 3, 8: 4})
+    reset = recs(W + 1, opt_step={5: 1, 6: 2, 7: 3, 8: 4}, loss_scale=scale)
     assert (dg(ref, reset).component, dg(ref, reset).confidence) == ("optimizer", "high")
 
 

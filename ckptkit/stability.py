@@ -310,8 +310,10 @@ class _Track:
         spread("dsig_recent", self.dsig_recent, zero=True)
         spread("spread_ref", self.spread_ref)
         if self.ready:
-            unset = [k for k in ("med", "sig", "dsig_base", "med_recent", "best")
-                     if not math.isfinite(getattr(self, k))]
+            # A spread may have overflowed to inf in recompute (levels near the float
+            # range): the watch writes that, and a z-score over it is 0, never a raise.
+            unset = [k for k in ("med", "med_recent", "best") if not math.isfinite(getattr(self, k))]
+            unset += [k for k in ("sig", "dsig_base") if math.isnan(getattr(self, k))]
             if unset:
                 raise ValueError(f"the baseline is ready but {', '.join(unset)} not set")
         if self.n_warn != sum(t >= 1 for t in self.trig) or self.n_crit != sum(

@@ -334,9 +334,10 @@ def diagnose(
                 "in those fields (same seeds, threads, data order) or set finite thresholds",
                 fields=sorted(unjudged),
             )
-        es = by_name.get("end_state")
-        if es is not None and not es.ok and not set(failed) & {"exposure", "continuity"}:
-            return _confirm(e, _from_end_state(es))
+        for name in ("end_state", "artefacts"):  # the final states, then the other files
+            es = by_name.get(name)
+            if es is not None and not es.ok and not set(failed) & {"exposure", "continuity"}:
+                return _confirm(e, _from_end_state(es))
         return _without_twin(e)
     e.i0 = min(v["first_index"] for v in fields.values())
     e.at = sorted(k for k, v in fields.items() if v["first_index"] == e.i0)
@@ -984,10 +985,11 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
                          "run the resumed command by hand from the checkpoint and read why its "
                          "final save failed (ckptkit verify names what the state holds)",
                          fields=["end_state"])
-    ev = ["every step record agrees, yet the checkpoints both runs saved after the stop step "
-          f"differ (compared {es.detail.get('mode')})"]
-    ev += [f"end state: {n}: {different[n].get('summary')}" for n in names]
-    fields = [f"end_state:{n}" for n in names]
+    what = ("the checkpoints both runs saved after the stop step" if es.name == "end_state"
+            else "the files both runs wrote in their checkpoint directories")
+    ev = [f"every step record agrees, yet {what} differ (compared {es.detail.get('mode')})"]
+    ev += [f"{es.name.replace('_', ' ')}: {n}: {different[n].get('summary')}" for n in names]
+    fields = [f"{es.name}:{n}" for n in names]
     candidates = list(dict.fromkeys([*comps, *(_GUARD_COMPONENT.get(n, n) for n in unseen)]))
     if unseen:
         ev.append(f"not compared, so not ruled out: {', '.join(unseen)}")

@@ -47,7 +47,7 @@ from ckptkit import errors, runs
 from ckptkit import manifest as mf
 from ckptkit.catalog import step_dir_name
 from ckptkit.checkpoint import manifest_io
-from ckptkit.drill import compare, diagnose, launch
+from ckptkit.drill import artefacts, compare, diagnose, launch
 from ckptkit.drill.contract import (
     ENV_CKPT_DIR,
     ENV_DEVICE,
@@ -500,7 +500,9 @@ def _drill(
         resumed_failed=late,
         controls=ctl_finals if not noise.deterministic else [],
     )
-    checks = [twin, exposure, continuity, end_state]
+    checks = [twin, exposure, continuity, end_state,
+              _artefacts(config, refs, resumed if refusal is None and late is None else None,
+                         ckpt, stop_at, controls=controls if not noise.deterministic else [])]
     if refusal is not None:
         checks.insert(0, refusal)
     if resumed.records:
@@ -524,6 +526,29 @@ def _drill(
         checkpoint=ckpt,
         workdir=workdir,
         workdir_kept=keep,
+    )
+
+
+def _artefacts(
+    config: DrillConfig, refs: Sequence[RunResult], resumed: RunResult | None, ckpt: Path,
+    stop_at: int, *, controls: Sequence[RunResult],
+) -> compare.CheckResult:
+    """The ``artefacts`` check: every other checkpoint or tensor file both runs wrote in
+    their checkpoint directories, judged as the end-state check judges the final ones
+    (with the controls' copies when the run is not bitwise)."""
+
+    def judge(references: Sequence[Path | None], res: Path | None, /, *,
+              roots: Sequence[str], controls: Sequence[Path | None]) -> compare.CheckResult:
+        return compare.end_state(references, res, roots=roots, thresholds=config.thresholds,
+                                 controls=controls)
+
+    finals = [f for r in (*refs, *([resumed] if resumed else []), *controls)
+              if (f := _final_checkpoint(r, stop_at)) is not None]
+    return artefacts.compare_artefacts(
+        [r.ckpt_dir for r in refs], resumed.ckpt_dir if resumed else None, judge=judge,
+        saved_at=artefacts.modified(ckpt), save_step=stop_at - config.steps_after, skip=finals,
+        why_not="the resumed run did not save its final state",
+        controls=[c.ckpt_dir for c in controls],
     )
 
 

@@ -551,6 +551,17 @@ def _rows(e: _Evidence) -> Diagnosis | None:
                                      step=e.step, fields=e.at, candidates=list(candidates)))
 
     observed = e.order_observed_same()
+    ran, moved, _ = e.exposure_counts()
+    if observed is not None and not (ran and not moved) and rows.verdict == "order" and (
+        rng_known and not rng_diff
+    ):
+        # A data cursor is a position, not a permutation (a sampler that is not seeded
+        # keeps its position and shuffles anew); with the RNG equal at every step no
+        # augmentation drew differently, so rows at other positions are a reordering.
+        e.ev.append(f"{observed}, but a cursor is a position, not an order, and the RNG is "
+                    "equal at every step: augmentation cannot explain rows the reference had "
+                    "elsewhere")
+        observed = None
     if rows.verdict == "order" and observed is None:
         e.ev.append(f"{rows.summary()}: the resumed run got data the reference also trained on, "
                     "in another order")

@@ -273,9 +273,9 @@ class _Track:
 
         A watch's own state always holds these: finite levels (on a log scale, within the
         logs of finite floats), changes that are numbers, spreads above zero
-        (:meth:`recompute` floors them), the statistics set once the baseline is ready,
-        trigger counts that count the triggers. A zero spread would divide by zero in the
-        next :meth:`push`; a level past the float range would overflow ``exp``.
+        (:meth:`recompute` floors them), trigger counts that count the triggers. A zero
+        spread would divide by zero in the next :meth:`push`; a level past the float range
+        would overflow ``exp``.
         """
         lo, hi = _LOG_RANGE if self.spec.log else (-sys.float_info.max, sys.float_info.max)
 
@@ -309,13 +309,10 @@ class _Track:
         spread("dsig_base", self.dsig_base)
         spread("dsig_recent", self.dsig_recent, zero=True)
         spread("spread_ref", self.spread_ref)
-        if self.ready:
-            # A spread may have overflowed to inf in recompute (levels near the float
-            # range): the watch writes that, and a z-score over it is 0, never a raise.
-            unset = [k for k in ("med", "med_recent", "best") if not math.isfinite(getattr(self, k))]
-            unset += [k for k in ("sig", "dsig_base") if math.isnan(getattr(self, k))]
-            if unset:
-                raise ValueError(f"the baseline is ready but {', '.join(unset)} not set")
+        # A ready baseline may hold statistics that are not finite: recompute over levels
+        # near the float range overflows (inf - inf is NaN), and the watch writes that; a
+        # statistic that is not finite judges nothing (every test asks isfinite or
+        # compares), so it is taken as the watch took it.
         if self.n_warn != sum(t >= 1 for t in self.trig) or self.n_crit != sum(
             t >= 2 for t in self.trig
         ):

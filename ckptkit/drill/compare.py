@@ -380,7 +380,7 @@ def control_noise(
         >>> ctl = [{"step": s, "loss": 1.0} for s in (3, 4)]
         >>> nf = control_noise(NoiseFloor(runs=1), res, [ctl], start=2, stop=4)
         >>> nf.noisy, [round(x, 6) for x in nf.per_step["loss"]]
-        (['loss'], [0.0001, 0.0001])
+        (['loss'], [0.0002, 0.0002])
     """
     nf = NoiseFloor(runs=base.runs, source="control", controls=len(controls),
                     reference_noisy=list(base.noisy), generators=list(base.generators))

@@ -102,7 +102,7 @@ def test_settled_lightning_manifests_are_signed_and_checked_like_native_ones(
         assert [c.status for c in same.checkpoints()] == ["verified"]
     with open_lightning(tmp_path, key=OTHER) as other:
         (info,) = other.checkpoints()
-        assert info.status == "corrupt" and "CK-M011" in (info.problem or "")
+        assert info.status == "untrusted" and "CK-M011" in (info.problem or "")
     codes = {f.code for f in verify_foreign(p, "lightning", key=OTHER).findings}
     assert "CK-M011" in codes
 
@@ -112,7 +112,7 @@ def test_an_unsigned_adopted_manifest_does_not_pass_under_a_key(tmp_path: Path) 
     assert adopt_checkpoint(p, "lightning").manifest is not None  # no key: unsigned
     with open_lightning(tmp_path, key=KEY) as run:
         (info,) = run.checkpoints()
-        assert info.status == "corrupt" and "CK-M010" in (info.problem or "")
+        assert info.status == "untrusted" and "CK-M010" in (info.problem or "")
     assert "CK-M010" in {f.code for f in verify_foreign(p, "lightning", key=KEY).findings}
 
 

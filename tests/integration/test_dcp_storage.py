@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hostile_dcp import fresh, train_state
 from torch.distributed.checkpoint.api import CheckpointException
 
 import ckptkit.dcp
@@ -31,22 +32,6 @@ from ckptkit.storage import dcp as store
 from ckptkit.storage import digest
 
 KEY = b"a-key-of-sixteen-bytes-or-more"
-
-
-def train_state(seed: int = 0) -> dict[str, Any]:
-    """A tiny model and AdamW after one step, plus plain values (DCP's BYTE_IO items)."""
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(5, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.ones(2, 5)).sum().backward()
-    opt.step()
-    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 7 + seed}
-
-
-def fresh() -> dict[str, Any]:
-    sd = train_state(seed=5)
-    sd["step"] = -1
-    return sd
 
 
 def plain_load(sd: dict[str, Any], path: Path, **kw: Any) -> None:

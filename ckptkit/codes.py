@@ -502,6 +502,7 @@ D008: Final = "CK-D008"
 D009: Final = "CK-D009"
 D090: Final = "CK-D090"
 D091: Final = "CK-D091"
+D092: Final = "CK-D092"
 D010: Final = "CK-D010"
 D011: Final = "CK-D011"
 
@@ -1268,6 +1269,16 @@ register_code(
     title="resume guard: the first step trains objects that were not restored",
     hint="build the model and optimizer once, pass them to TrainState, restore, and train "
     "those very objects: a model or optimizer built after mgr.restore() starts from scratch",
+    component="model",
+)
+register_code(
+    "CK-D092",
+    family="drill",
+    severity=WARNING,
+    title="resume guard: model weights changed between the restore and the first step",
+    hint="change nothing in the model between mgr.restore() and the first step: load other "
+    "weights (pretrained, a frozen part) and cast the model before the restore, or save "
+    "the model as it trains",
     component="model",
 )
 register_code(

@@ -62,6 +62,8 @@ a restore peeks that many, so a hostile ``k`` is refused instead of sizing an al
 ProbeFn = Callable[[torch.nn.Module], Any]
 
 FOREIGN_STEPS = 16
+MAX_NAMED = 5
+"""The most parameter names a finding lists."""
 """Optimizer steps of other models the guard lets pass before it stops waiting for the
 restored optimizer's first step (and says so, as unknown)."""
 _WATCHING: ResumeGuard | None = None
@@ -393,6 +395,8 @@ class ResumeGuard:
     _foreign_steps: int = 0
     _cursor0: Mapping[str, Any] | None = None
     _epoch_end: bool = False
+    _weights: dict[str, str] = field(default_factory=dict)
+    """A fingerprint of every model parameter as the restore left it (name -> digest)."""
 
     def _add(self, code: str, message: str, *, hint: str | None = None) -> None:
         f = CODES[code].finding(message, hint=hint)
@@ -406,6 +410,7 @@ class ResumeGuard:
         before = len(self.findings)
         self._restored = rngtrace.RngSnapshot.take()
         self._state = ts
+        self._weights = weights_fingerprint(ts.model) if isinstance(ts.model, torch.nn.Module) else {}
         now = compute(ts, k=int(self.saved.get("k", DEFAULT_K)),
                       probe=self.probe if "probe_loss" in self.saved else None)
         if self.saved.get("rng_v") != rngtrace.FINGERPRINT_VERSION:
@@ -668,6 +673,8 @@ class ResumeGuard:
                     self.close()
                 return
         self.close()
+        if not unused:
+            self._check_weights(ts)
         if unused:
             self._add(codes.D091, f"the first optimizer step after the restore ({type(optimizer).__name__}) "
                       "finds no gradient on any parameter of the restored model: the model "
@@ -692,6 +699,24 @@ class ResumeGuard:
             self._check_first_ids(ts.sampler)
         if not self._stepped:
             self.on_optimizer_step(None, optimizer, calling_scaler())
+
+    def _check_weights(self, ts: TrainState) -> None:
+        """CK-D092 when model parameters changed between the restore and the first
+        optimizer step: loaded from elsewhere (pretrained weights over the resumed ones),
+        cast, re-initialised or set back after ``mgr.restore()``. Parameters do not change
+        in a forward or backward, so until the first step they are what the restore left.
+        """
+        if not self._weights:
+            return
+        now = weights_fingerprint(ts.model)
+        changed = [n for n, d in self._weights.items() if n in now and now[n] != d]
+        if not changed:
+            return
+        shown = ", ".join(changed[:MAX_NAMED]) + (
+            f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else "")
+        self._add(codes.D092, f"{len(changed)} of {len(self._weights)} model parameters "
+                  f"changed between the restore and the first optimizer step ({shown}): the "
+                  "first resumed step trains other weights than the checkpoint's")
 
     # --- the first resumed step (StepObserver listener) ---------------------------------
 
@@ -839,6 +864,28 @@ def _fetch_draws(point: str | None, expected: Any, draws: Mapping[str, Any]) -> 
         return False
     drew = {k for p in expected if isinstance(p, Mapping) for k in p}
     return set(draws) <= drew and all(getattr(d, "words", None) for d in draws.values())
+
+
+def weights_fingerprint(model: torch.nn.Module) -> dict[str, str]:
+    """A digest of every parameter of ``model`` (its local shard, for a DTensor), by name.
+
+    Dtype, shape and bytes (:func:`~ckptkit.capture.tree_fingerprint`), so a cast, a
+    weight loaded from elsewhere or one step of training all change it.
+
+    Example:
+        >>> m = torch.nn.Linear(2, 1)
+        >>> before = weights_fingerprint(m)
+        >>> with torch.no_grad():
+        ...     _ = m.bias.add_(1.0)
+        >>> [n for n, d in weights_fingerprint(m).items() if before[n] != d]
+        ['bias']
+    """
+    out: dict[str, str] = {}
+    for name, p in model.named_parameters():
+        t = p.detach()
+        local = getattr(t, "to_local", None)
+        out[name] = tree_fingerprint(local() if callable(local) else t)
+    return out
 
 
 def _shapes(params: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any, Literal
 
+from ckptkit import codes
 from ckptkit.drill.compare import (
     CheckResult,
     Record,
@@ -94,6 +95,12 @@ HINTS: dict[str, str] = {
     "what each signal points to",
 }
 """The triage playbook: what to look at for each component (docs/drills.md#triage)."""
+WEIGHTS_CHANGED_HINT = (
+    "the model's weights changed after mgr.restore() (the resume guard's CK-D092 names "
+    "them): load other weights (pretrained, a frozen part) and cast the model before the "
+    "restore, never after it"
+)
+"""The ``model`` fix when the guard saw the weights change after the restore."""
 
 _GUARD_COMPONENT: dict[str, Component] = {
     "progress": "progress",
@@ -243,8 +250,16 @@ class _Evidence:
         return None
 
     def guard_named(self) -> list[Component]:
-        """The components the resume guard names with evidence of its own (not ``model``)."""
-        return [c for c in self.guard if c != "model" and self.guard_decisive(c)]
+        """The components the resume guard names with evidence of its own: ``model`` only
+        for weights it saw change after the restore (a rebuilt model or a probe loss comes
+        with other components' faults too)."""
+        return [c for c in self.guard
+                if (c != "model" or self.weights_changed()) and self.guard_decisive(c)]
+
+    def weights_changed(self) -> bool:
+        """The resume guard saw model parameters change between the restore and the first
+        optimizer step (CK-D092): observed, not inferred from outputs."""
+        return any(m.startswith(codes.D092) for m in self.guard.get("model", []))
 
     def exposure_counts(self) -> tuple[bool, int, int]:
         """(exposure ran, samples moved, samples with changed content)."""
@@ -377,6 +392,11 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
     if "opt_step" in at:
         return _opt_step(e, ref, res)
     outputs = {"loss", "grad_norm", "param_hash"} & set(at)
+    if outputs and e.weights_changed():
+        e.ev.append(f"{', '.join(sorted(outputs))} differ from step {e.step} while every "
+                    "recorded input is equal, and the resume guard saw the weights change "
+                    "after the restore")
+        return replace(d("model", "high"), hint=WEIGHTS_CHANGED_HINT)
     if outputs and (e.i0 or 0) >= 1:
         e.ev.append(
             f"LR, data and RNG equal, but {', '.join(sorted(outputs))} differ from the "

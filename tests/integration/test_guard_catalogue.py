@@ -196,6 +196,20 @@ def _halve_lr(run: Run) -> None:
         g["lr"] *= 0.5
 
 
+def _load_pretrained(run: Run) -> None:
+    """A fine-tuning script's habit: the pretrained weights loaded after the restore."""
+    g = torch.Generator().manual_seed(99)  # the pretrained file's values; no global draw
+    pretrained = {k: torch.randn(v.shape, generator=g) for k, v in run.model.state_dict().items()}
+    run.model.load_state_dict(pretrained)
+
+
+def _through_bf16(run: Run) -> None:
+    """The weights rounded through bfloat16 (cast to save memory, cast back for precision)."""
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
 def _sanity_forward(run: Run) -> None:
     run.model(torch.zeros(2, 8))  # a quick check in train mode: dropout draws
 
@@ -217,6 +231,10 @@ CATALOGUE: dict[str, Mistake] = {
         after_restore=_halve_lr, guard=frozenset({codes.D003})),
     "torch.manual_seed after the restore": Mistake(
         after_restore=lambda run: torch.manual_seed(0), guard=frozenset({codes.D008})),
+    "pretrained weights loaded after the restore": Mistake(
+        after_restore=_load_pretrained, guard=frozenset({codes.D092})),
+    "weights rounded through bfloat16 after the restore": Mistake(
+        after_restore=_through_bf16, guard=frozenset({codes.D092})),
     "a train-mode forward between restore and loop": Mistake(
         after_restore=_sanity_forward, guard=frozenset({codes.D008})),
     "DataLoader on a new sampler after the restore": Mistake(

@@ -481,3 +481,55 @@ def test_another_models_training_after_a_restore_is_not_taken_for_a_rebuilt_mode
         opt.step()
     assert g.findings == [] and not g.armed
     assert "did not step" in g.unknown[-1]
+
+
+def _first_resumed_step(tmp_path: Path, after_restore: Any = None) -> dict[str, Any]:
+    _saved_at_4(tmp_path)
+    b = _loop_state(tmp_path)
+    b["mgr"].restore(b["ts"])
+    if after_restore is not None:
+        after_restore(b["model"])
+    _train_loop(b, b["sampler"].batches(torch.utils.data.DataLoader(
+        b["ds"], batch_size=4, sampler=b["sampler"])), 1)
+    return b
+
+
+def test_weights_loaded_after_the_restore_are_named_at_the_first_step(tmp_path: Path) -> None:
+    """The fine-tuning habit: pretrained weights loaded over the resumed ones. The guard
+    compares each parameter with the digest it took at the restore (CK-D092)."""
+    pretrained = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2),
+                                     torch.nn.Linear(8, 1))
+    b = _first_resumed_step(
+        tmp_path, lambda m: m[0].load_state_dict(pretrained[0].state_dict()))
+    found = [g for r in b["rec"].records for g in r.get("guard", [])]
+    assert [g["code"] for g in found] == ["CK-D092"]
+    assert "2 of 4 model parameters" in found[0]["message"]
+    assert "(0.weight, 0.bias)" in found[0]["message"]
+
+
+def test_a_cast_after_the_restore_is_named_and_an_exact_resume_is_not(tmp_path: Path) -> None:
+    def through_bf16(m: torch.nn.Module) -> None:
+        with torch.no_grad():
+            m[2].weight.copy_(m[2].weight.to(torch.bfloat16).float())
+
+    cast = _first_resumed_step(tmp_path / "cast", through_bf16)
+    assert _codes(cast) == ["CK-D092"]
+    exact = _first_resumed_step(tmp_path / "exact")
+    assert _codes(exact) == []
+
+
+def test_a_forward_and_backward_before_the_first_step_change_no_weight(tmp_path: Path) -> None:
+    """Gradient accumulation: several forwards and backwards before the first optimizer
+    step; a BatchNorm's running statistics (buffers) move, the parameters do not."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ts = ckptkit.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    g = guard.ResumeGuard(guard.compute(ts))
+    g.check_restored(ts)
+    g.watch(ts)
+    restored = guard.weights_fingerprint(model)
+    for _ in range(3):
+        model(torch.randn(8, 4)).sum().backward()
+    ts.optimizer.step()
+    g.close()
+    assert [f.code for f in g.findings] == []
+    assert guard.weights_fingerprint(model) != restored  # the step itself moved them

@@ -30,6 +30,22 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _pair(a: Any, b: Any) -> str:
+    """``a → b`` with as many digits as it takes to show that they differ (a float pair
+    that rounds alike at 4 digits is shown to 17, where floats differ).
+
+    Example:
+        >>> _pair(3.25601, 3.25603), _pair(1.5, 2.0)
+        ('3.25601 → 3.25603', '1.5 → 2')
+    """
+    if isinstance(a, float) and isinstance(b, float) and a != b:
+        for digits in (4, 6, 9, 12, 17):
+            x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+            if x != y:
+                return f"{x} → {y}"
+    return f"{_fmt(a)} → {_fmt(b)}"
+
+
 def _check_summary(c: dict[str, Any]) -> str:
     d = c["detail"]
     if c.get("skipped"):
@@ -43,7 +59,7 @@ def _check_summary(c: dict[str, Any]) -> str:
             how = "bitwise" if modes <= {"bitwise"} else "within the noise floor"
             return f"{len(d.get('compared', []))} fields equal ({how}) at every step"
         vals = "; ".join(
-            f"{k}: {_fmt(v['reference'])} → {_fmt(v['resumed'])}" for k, v in fd["values"].items()
+            f"{k}: {_pair(v['reference'], v['resumed'])}" for k, v in fd["values"].items()
         )
         return f"first divergence at step {fd['step']}: {vals}"
     if c["name"] == "exposure" and d.get("basis") == "rows":

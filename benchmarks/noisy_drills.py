@@ -8,7 +8,7 @@ against the resumed run's own largest deviation from the reference (how tight it
 Usage::
 
     python benchmarks/noisy_drills.py [--runs 20] [--eps 1e-7 1e-5] [--repeat 1 2]
-        [--faults "" stale-layer] [--json out.json]
+        [--faults "" stale-layer bf16-weights] [--json out.json]
 
 Issue 37 (item 1) numbers are in docs/drills.md (statistical mode).
 """
@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--eps", type=float, nargs="+", default=[1e-7, 1e-5])
     ap.add_argument("--repeat", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--faults", nargs="+", default=["", "stale-layer"])
+    ap.add_argument("--faults", nargs="+", default=["", "stale-layer", "bf16-weights"])
     ap.add_argument("--steps", type=int, nargs=2, default=[6, 6], metavar=("W", "N"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

@@ -25,6 +25,7 @@ dict saying what differed first and where.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -384,14 +385,14 @@ def control_noise(
     """
     nf = NoiseFloor(runs=base.runs, source="control", controls=len(controls),
                     reference_noisy=list(base.noisy), generators=list(base.generators))
-    res = window(resumed, start, stop)
+    runs = [window(resumed, start, stop), *(window(c, start, stop) for c in controls)]
     noisy: set[str] = set()
     diffs: dict[str, list[float]] = {}
-    steps = 0
-    for ctl in controls:
-        rows = window(ctl, start, stop)
-        steps = max(steps, len(rows))
-        for i, (a, b) in enumerate(zip(res, rows, strict=False)):
+    steps = max((len(rows) for rows in runs[1:]), default=0)
+    # Every pair of restores (the resumed run and each control, and the controls with each
+    # other): with two controls, three differences per step instead of two.
+    for one, other in itertools.combinations(runs, 2):
+        for i, (a, b) in enumerate(zip(one, other, strict=False)):
             for f in TWIN_FIELDS:
                 if f not in a and f not in b:
                     continue

@@ -12,7 +12,8 @@ sets), so no code change is needed beyond using ``CheckpointManager`` and ``Reco
    (:mod:`ckptkit.drill.launch`), so a drill takes little more than the reference run;
    **controls** (``max(1, R)``) restore the same checkpoint beside it: matching it bitwise,
    they show the run is deterministic; differing, they measure the noise from ``W`` that the
-   resumed run is held to (:func:`ckptkit.drill.compare.control_noise`);
+   resumed run is held to (:func:`ckptkit.drill.compare.control_noise`), with one more
+   control run after them when only one ran (:data:`NOISY_CONTROLS`);
 3. the checks of :mod:`ckptkit.drill.compare` (and the informational window check of
    :mod:`ckptkit.drill.stats`), then :func:`ckptkit.drill.diagnose.diagnose`.
 
@@ -71,6 +72,9 @@ POLL_S = 0.02
 """How often running processes and the reference's checkpoint directory are polled."""
 
 TAIL_LINES = 20
+NOISY_CONTROLS = 2
+"""Controls a drill runs once the first shows the run is not bitwise (``--repeat`` more:
+that many)."""
 """How many last lines of each run's stdout/stderr the report keeps."""
 
 Role = Literal["reference", "resumed", "control"]
@@ -372,6 +376,7 @@ def _drill(
     polls = 0
     done: dict[tuple[str, int], RunResult] = {}
     ckpt: Path | None = None
+    snaps: list[Path] = []
     resumed_started = False
     stage[0] = "reference"
     try:
@@ -412,7 +417,8 @@ def _drill(
                     {ENV_RESUME_FROM: str(ckpt.resolve()), ENV_STOP_AT: str(stop_at),
                      ENV_SAVE_FINAL: "1"}, workdir,
                 ))
-                running.extend(_start_controls(config, snaps, save_at, stop_at, workdir, say))
+                running.extend(_start_controls(config, snaps[:max(1, config.repeat)], save_at,
+                                               stop_at, workdir, say))
             for r in list(running):
                 rc = r.proc.poll()
                 timed_out = (rc is None and config.timeout is not None
@@ -467,17 +473,18 @@ def _drill(
     if "rng" in noise.noisy:
         noise.generators = _generators(refs, save_at)
     controls = _usable(ran_controls, resumed, save_at, stop_at)
-    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
     if controls:
-        res_final = _final_checkpoint(resumed, stop_at)
-        noise = compare.control_noise(
-            noise, resumed.records, [c.records for c in controls], start=save_at, stop=stop_at,
-            finals=(_final_hash(resumed), [_final_hash(c) for c in controls]),
-            states=[compare.states_differ(res_final, f, roots=(str(resumed.ckpt_dir),
-                                                               str(c.ckpt_dir)))
-                    for c, f in zip(controls, ctl_finals, strict=True)
-                    if res_final is not None and f is not None],
-        )
+        measured = _control_noise(noise, resumed, controls, save_at, stop_at)
+        extra = snaps[len(ran_controls):NOISY_CONTROLS]
+        if measured.noisy and len(controls) < NOISY_CONTROLS and extra:
+            more = _more_controls(config, extra, save_at, stop_at, workdir, say,
+                                  first=len(ran_controls))
+            ran_controls += more
+            runs[:] = [*refs, resumed, *ran_controls]
+            controls = _usable(ran_controls, resumed, save_at, stop_at)
+            measured = _control_noise(noise, resumed, controls, save_at, stop_at)
+        noise = measured
+    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
     ref = refs[0]
     twin = compare.twin(
         ref.records,
@@ -553,10 +560,11 @@ def _artefacts(
 
 
 def _control_snapshots(config: DrillConfig, ckpt: Path, workdir: Path) -> list[Path]:
-    """One private copy (hard links) of the step-``W`` snapshot per control run, so a script
-    that alters the checkpoint it resumes from (a test deleting a file) alters its own."""
+    """One private copy (hard links) of the step-``W`` snapshot per control run that may
+    run (``max(NOISY_CONTROLS, repeat)``), so a script that alters the checkpoint it resumes
+    from (a test deleting a file) alters its own; taken before any run starts."""
     out = []
-    for i in range(max(1, config.repeat)):
+    for i in range(max(NOISY_CONTROLS, config.repeat)):
         dst = workdir / f"checkpoint-control-{i}"
         try:
             if dst.exists():
@@ -593,6 +601,42 @@ def _start_controls(
                     {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
                      ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
             for i, snap in enumerate(snaps)]
+
+
+def _control_noise(base: compare.NoiseFloor, resumed: RunResult, controls: Sequence[RunResult],
+                   save_at: int, stop_at: int) -> compare.NoiseFloor:
+    """The noise the controls measure around the resumed run (records and final states)."""
+    res_final = _final_checkpoint(resumed, stop_at)
+    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
+    return compare.control_noise(
+        base, resumed.records, [c.records for c in controls], start=save_at, stop=stop_at,
+        finals=(_final_hash(resumed), [_final_hash(c) for c in controls]),
+        states=[compare.states_differ(res_final, f, roots=(str(resumed.ckpt_dir),
+                                                           str(c.ckpt_dir)))
+                for c, f in zip(controls, ctl_finals, strict=True)
+                if res_final is not None and f is not None],
+    )
+
+
+def _more_controls(
+    config: DrillConfig, snaps: Sequence[Path], save_at: int, stop_at: int, workdir: Path,
+    say: Callable[[str], None], *, first: int,
+) -> list[RunResult]:
+    """Run more controls after the first showed the run is not bitwise, and wait for them.
+
+    With one control the noise at each step is one pair's difference, a single draw of a
+    heavy-tailed ratio: 1 in 40 clean drills of a noisy script failed on it. Two controls
+    give three restores to measure between. They run after the others, one segment more
+    of wall time for a noisy run only, and never beside them: three copies of a model may
+    not fit on one GPU.
+    """
+    say(f"control: the run is not bitwise; {len(snaps)} more restore(s) of "
+        f"{snaps[0].name} to measure its noise")
+    running = [_launch(config, "control", first + i,
+                       {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
+                        ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
+               for i, snap in enumerate(snaps)]
+    return [_result(r, r.proc.wait(config.timeout)) for r in running]
 
 
 def _usable(controls: Sequence[RunResult], resumed: RunResult, save_at: int, stop_at: int

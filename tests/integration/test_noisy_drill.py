@@ -42,6 +42,10 @@ def test_a_clean_noisy_drill_passes_with_default_options(tmp_path: Path, eps: fl
     assert noise["source"] == "control" and not noise["deterministic"]
     assert "not bitwise reproducible" in noise["action"]
     assert noise["control_steps"] == N and noise["per_step"]["grad_norm"]
+    # The first control showed noise, so a second one ran after it: three restores, three
+    # differences per step (one pair's difference alone failed 1 in 40 clean drills).
+    assert noise["controls"] == 2
+    assert [r["role"] for r in d["runs"]].count("control") == 2
     twin = check(d, "twin")
     assert "per step" in twin["detail"]["modes"]["loss"]
     assert twin["detail"]["modes"]["batch_hash"] == "bitwise"  # inputs stay bitwise
@@ -62,7 +66,9 @@ def test_a_clean_noisy_drill_passes_with_repeat_2(tmp_path: Path, eps: float) ->
 def test_a_stale_layer_under_noise_is_named_model_with_its_tensors(tmp_path: Path) -> None:
     rep, d = drill(tmp_path, eps=1e-5, fault="stale-layer")
     assert not rep.ok
-    assert d["diagnosis"]["component"] == "model"
+    assert (d["diagnosis"]["component"], d["diagnosis"]["confidence"]) == ("model", "high")
+    assert any("CK-D092" in e and "(2.weight, 2.bias)" in e
+               for e in d["diagnosis"]["evidence"]), d["diagnosis"]
     twin = check(d, "twin")
     # The first resumed step is computed from the restored weights: it differs there,
     # where two restores of the same checkpoint agree to a few ulps.

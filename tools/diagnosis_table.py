@@ -1,4 +1,4 @@
-"""Drill every seeded resume fault of four scripts at three logging levels; write the table.
+"""Drill every seeded resume fault of six scripts at three logging levels; write the table.
 
 One drill per (script, fault, logging level), W = N = 6, CPU, runs forked from this process
 where the drill runner can (:mod:`ckptkit.drill.launch`). For each cell: whether the drill
@@ -18,7 +18,14 @@ Scripts (each with its own faults and the component each breaks):
 * ``char_script``: ``tests/integration/char_script.py`` (char-level LM, its own
   length-bucketing batch sampler, token noise per character in ``__getitem__`` on the global
   RNG with 0 or 2 workers, gradient accumulation kept in ``extra``, no GradScaler, a
-  warm-up ``LambdaLR``), written from issue 37's description, not from the bundled scripts.
+  warm-up ``LambdaLR``), written from issue 37's description, not from the bundled scripts;
+* ``ema_export``: ``tests/integration/ema_export_script.py`` (a regression MLP with Adam,
+  an EMA kept as a second module and exported, with the final weights, into the checkpoint
+  directory at the end; its fault keeps the EMA out of the ``TrainState``);
+* ``noisy_script``: ``tests/integration/noisy_script.py`` at ``--eps 1e-5`` (GPU-like
+  gradient noise from an OS-seeded stream, so no two runs are bitwise: the drill's
+  statistical mode; weight-only faults: a layer restored one step stale, every weight
+  rounded through bfloat16 after the restore).
 
 Logging levels: ``minimal`` (loss only), ``busy`` (loss, grad norm, LR), ``full`` (every
 field, sample ids); the Recorder is bound to the TrainState in all three and fills the rest.
@@ -115,6 +122,8 @@ def scripts() -> dict[str, Script]:
     aug = SCRIPTS_DIR / "aug_script.py"
     busy = SCRIPTS_DIR / "scripts" / "busy_trainer.py"
     char = SCRIPTS_DIR / "char_script.py"
+    ema = SCRIPTS_DIR / "ema_export_script.py"
+    noisy = SCRIPTS_DIR / "noisy_script.py"
     tiny = [py, "-m", "ckptkit.examples.tiny_lm", "--steps", "40", "--save-every", "0",
             "--num-seqs", "200", "--dim", "32", "--layers", "1"]
     return {
@@ -125,6 +134,9 @@ def scripts() -> dict[str, Script]:
                                _faults_of(busy)),
         "char_script": Script("char_script", [py, str(char), "--steps", "40"],
                               _faults_of(char)),
+        "ema_export": Script("ema_export", [py, str(ema)], _faults_of(ema)),
+        "noisy_script": Script("noisy_script", [py, str(noisy), "--eps", "1e-5"],
+                               _faults_of(noisy)),
     }
 
 

@@ -13,7 +13,11 @@ every third step on its own schedule (intermediate checkpoints the drill compare
   resume, restarts from the current weights. No step record shows it (the EMA does not feed
   back into training) and the final checkpoint does not hold it: only the export differs.
 
-Usage: ``python ema_export_script.py [--fault none|ema-unsaved]``.
+``--log minimal|busy|full`` (the diagnosis table's logging levels): ``loss``; ``loss``,
+``grad_norm`` and the LR (full: the same; the Recorder records the ResumableSampler's sample
+ids at every level).
+
+Usage: ``python ema_export_script.py [--fault none|ema-unsaved] [--log LEVEL]``.
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ import ckptkit
 from ckptkit.drill.contract import DrillEnv
 
 
+FAULTS = {"none": "none", "ema-unsaved": "ema"}
+"""Fault -> the component a drill should name (tools/diagnosis_table.py)."""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=("none", "ema-unsaved"), default="none")
+    ap.add_argument("--fault", choices=tuple(FAULTS), default="none")
+    ap.add_argument("--log", choices=("minimal", "busy", "full"), default="minimal")
     args = ap.parse_args()
     env = DrillEnv.from_env()
     torch.manual_seed(7)
@@ -62,12 +71,16 @@ def main() -> int:
             loss = torch.nn.functional.smooth_l1_loss(net(xb), yb)
             opt.zero_grad()
             loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9)
             opt.step()
             with torch.no_grad():
                 for e, p in zip(ema_net.parameters(), net.parameters(), strict=True):
                     e.lerp_(p, 0.2)
             state.step += 1
-            rec.log(state.step, loss=loss.item())
+            fields: dict[str, object] = {}
+            if args.log != "minimal":
+                fields.update(grad_norm=float(gnorm), lr=opt.param_groups[0]["lr"])
+            rec.log(state.step, loss=loss.item(), **fields)
             if env.should_save(state.step) or state.step % 3 == 0:
                 mgr.save(state)
             if state.step >= last:

@@ -11,12 +11,21 @@ Environment:
   is not part of any state a checkpoint could hold, and differs in every process);
 * ``NOISY_SEED`` ``all`` (default) or ``torch``: the latter seeds torch only, so Python's
   ``random`` differs between fresh starts (a resume restores it: the resume is exact);
-* ``NOISY_FAULT`` ``stale-layer``: the resumed run restores the first layer one step stale
-  (its weights from step W-1, which the state keeps for the purpose), a weight-only fault.
+* ``NOISY_FAULT`` (or ``--fault``): ``stale-layer``, the resumed run restores the first
+  layer one step stale (its weights from step W-1, which the state keeps for the purpose);
+  ``bf16-weights``, the resumed run rounds every weight through bfloat16 after the restore
+  (a cast for memory, undone for precision). Both are weight-only faults.
+
+``--log minimal|busy|full`` (the diagnosis table's logging levels): ``loss``; ``loss``,
+``grad_norm`` and the LR (the default; full: the same, the Recorder records the
+ResumableSampler's sample ids at every level).
+
+Usage: ``python noisy_script.py [--eps E] [--fault NAME] [--log LEVEL]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import sys
@@ -28,11 +37,18 @@ import ckptkit
 from ckptkit.drill.contract import DrillEnv
 
 N_SAMPLES, SEQ, VOCAB, DIM, BATCH = 96, 6, 24, 24, 8
+FAULTS = {"none": "none", "stale-layer": "model", "bf16-weights": "model"}
+"""Fault -> the component a drill should name (tools/diagnosis_table.py)."""
 
 
 def main() -> int:
-    eps = float(os.environ.get("NOISY_EPS", "1e-5"))
-    fault = os.environ.get("NOISY_FAULT", "")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--eps", type=float, default=float(os.environ.get("NOISY_EPS", "1e-5")))
+    ap.add_argument("--fault", choices=tuple(FAULTS),
+                    default=os.environ.get("NOISY_FAULT") or "none")
+    ap.add_argument("--log", choices=("minimal", "busy", "full"), default="busy")
+    args = ap.parse_args()
+    eps, fault = args.eps, args.fault
     torch.manual_seed(0)
     if os.environ.get("NOISY_SEED", "all") != "torch":
         random.seed(0)
@@ -61,6 +77,10 @@ def main() -> int:
         with torch.no_grad():
             model[2].weight.copy_(before["w"])
             model[2].bias.copy_(before["b"])
+    if restored is not None and fault == "bf16-weights":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
     stop = drill.total_steps(30)
     it = iter(sampler)
     while ts.step < stop:
@@ -92,7 +112,10 @@ def main() -> int:
             for k, v in model.state_dict().items():
                 ema[k].mul_(0.9).add_(v, alpha=0.1)
         ts.step += 1
-        rec.log(ts.step, loss=float(loss), grad_norm=float(gnorm))
+        fields: dict[str, object] = {}
+        if args.log != "minimal":
+            fields.update(grad_norm=float(gnorm), lr=opt.param_groups[0]["lr"])
+        rec.log(ts.step, loss=float(loss), **fields)
         if drill.should_save(ts.step):
             mgr.save(ts)
     mgr.close()

@@ -1,4 +1,4 @@
-"""The diagnosis table: every seeded fault of four differently written scripts, at three
+"""The diagnosis table: every seeded fault of six differently written scripts, at three
 logging levels, is detected and never named wrongly with confidence.
 
 The matrix is ``tools/diagnosis_table.py`` (the same code writes the table in docs/drills.md);
@@ -44,7 +44,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any], Pa
 
 def test_every_script_and_logging_level_is_drilled(matrix: tuple[Any, list[Any], Path]) -> None:
     tool, rows, _ = matrix
-    assert {r.script for r in rows} == {"tiny_lm", "aug_script", "busy_trainer", "char_script"}
+    assert {r.script for r in rows} == {"tiny_lm", "aug_script", "busy_trainer", "char_script",
+                                        "ema_export", "noisy_script"}
     assert {r.log for r in rows} == set(tool.LOGS) == {"minimal", "busy", "full"}
     assert not [r for r in rows if r.error], [r.error for r in rows if r.error]
 
@@ -89,6 +90,19 @@ def test_busy_logging_does_not_turn_a_sampler_fault_into_the_rng(
         assert "sampler" in busy.candidates or busy.component == "sampler", busy
         full = by[(fault, "full")]
         assert (full.component, full.confidence) == ("sampler", "high"), full
+
+
+def test_weight_only_faults_under_noise_and_an_unsaved_ema_are_named_with_confidence(
+    matrix: tuple[Any, list[Any], Path],
+) -> None:
+    """Issue 37: a layer restored one step stale and weights rounded through bfloat16, in
+    a run that is never bitwise (ε = 1e-5), are ``model``; an EMA never saved is ``ema``."""
+    _, rows, _ = matrix
+    for r in rows:
+        if (r.script, r.fault) in {("noisy_script", "stale-layer"),
+                                   ("noisy_script", "bf16-weights"),
+                                   ("ema_export", "ema-unsaved")}:
+            assert (r.component, r.confidence) == (r.expected, "high"), r
 
 
 def test_the_docs_table_is_the_measured_one(matrix: tuple[Any, list[Any], Path]) -> None:

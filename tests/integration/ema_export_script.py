@@ -33,7 +33,6 @@ from safetensors.torch import save_file
 import ckptkit
 from ckptkit.drill.contract import DrillEnv
 
-
 FAULTS = {"none": "none", "ema-unsaved": "ema"}
 """Fault -> the component a drill should name (tools/diagnosis_table.py)."""
 

@@ -6,6 +6,7 @@ them defensively and skip what they cannot understand.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -101,7 +102,9 @@ def mutations(draw: st.DrawFn) -> dict[str, Any]:
             if draw(st.booleans()) and isinstance(parent, dict):
                 parent.pop(path[-1], None)
             else:
-                parent[path[-1]] = draw(_values)
+                # a copy: sampled_from hands out the same dict each time, and one placed
+                # inside another copy of itself is a cycle no manifest can hold
+                parent[path[-1]] = copy.deepcopy(draw(_values))
         except (KeyError, IndexError, TypeError):
             continue
     obj["manifest_digest"] = mf.content_digest(obj)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 
 import ckptkit
-from ckptkit import guard
 from ckptkit.capture import env, optim, rng, sampler
+from ckptkit.signals import guard
 
 
 def median_ms(fn: Callable[[], object], n: int = 20) -> float:

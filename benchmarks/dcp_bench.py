@@ -79,7 +79,7 @@ def run_mode(mode: str, sd: dict[str, Any], root: Path) -> float:
     (written by ckptkit's writer, so it has a manifest; DCP's reader ignores it)."""
     import torch.distributed.checkpoint as dcp
 
-    import ckptkit.dcp
+    import ckptkit.checkpoint.dcp
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

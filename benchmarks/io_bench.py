@@ -370,13 +370,13 @@ class MemProbe:
 
 
 def _ckptkit():
-    """Resolve ckptkit's save/load/verify lazily (top-level, else ckptkit.io);
+    """Resolve ckptkit's save/load/verify lazily (top-level, else ckptkit.checkpoint.io);
     raise NotAvailable while the io API is not there yet."""
     import importlib
 
     found: dict[str, Callable[..., Any]] = {}
     errs = []
-    for modname in ("ckptkit", "ckptkit.io"):
+    for modname in ("ckptkit", "ckptkit.checkpoint.io"):
         try:
             mod = importlib.import_module(modname)
         except ImportError as e:

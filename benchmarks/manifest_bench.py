@@ -37,9 +37,9 @@ import jsonschema
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit.describe import describe
 from ckptkit.format import digest
+from ckptkit.format import manifest as mf
+from ckptkit.verify.describe import describe
 
 
 def make_checkpoint(root: Path, n_tensors: int) -> Path:

@@ -4,13 +4,13 @@
 run, after a barrier each time, every rank times (medians of ``--repeat``):
 
 - ``hash_one``: rank 0 alone hashes its copy of the whole replicated state
-  (:func:`ckptkit.replicas.digests`, xxh3-128 per tensor) while the others wait: what one
+  (:func:`ckptkit.checkpoint.replicas.digests`, xxh3-128 per tensor) while the others wait: what one
   hashing rank would cost;
 - ``hash_all``: every rank hashes its copy at once (what the check does). On a cluster each
   rank has its own host memory bandwidth and this equals ``hash_one``; on one small
   machine the ranks share cores and memory, so it shows the worst case;
 - ``gather``: the fixed-size gather to rank 0 alone (48 bytes per rank);
-- ``check``: the whole check of agreeing copies (:func:`ckptkit.replicas.check`: hash,
+- ``check``: the whole check of agreeing copies (:func:`ckptkit.checkpoint.replicas.check`: hash,
   gather, compare);
 - ``check_diverged``: the same when one rank's copy of one tensor differs (the per-tensor
   table travels too: an object gather to rank 0);
@@ -52,9 +52,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import ckptkit
-    from ckptkit import replicas
+    from ckptkit.checkpoint import replicas
+    from ckptkit.checkpoint.commit import SPREAD
     from ckptkit.collective import TorchGroup, gather_fixed
-    from ckptkit.commit import SPREAD
     from ckptkit.format import tree
 
     torch.set_num_threads(1)

@@ -2,12 +2,12 @@
 (issue 27 item 4: a measured cost model), in the per-rank manifest layout.
 
 A multi-rank save writes one manifest per rank (``ranks/rank-NNNNN.json``,
-:class:`~ckptkit.manifest.RankManifest`: the rank's files, tensor entries and its own RNG
+:class:`~ckptkit.format.manifest.RankManifest`: the rank's files, tensor entries and its own RNG
 state), each written by the rank itself (``manifest_io.write_rank``), and rank 0 commits a
 small root ``manifest.json`` (schema_version 2) that lists them
-(:class:`~ckptkit.manifest.RankRef`: path, size, digest, files, state keys) with the
+(:class:`~ckptkit.format.manifest.RankRef`: path, size, digest, files, state keys) with the
 run-level facts (tree without the RNG states, components, data cursors, RNG fingerprints).
-A rank sends rank 0 a :class:`~ckptkit.commit.RankPart`: the record of its manifest, which
+A rank sends rank 0 a :class:`~ckptkit.checkpoint.commit.RankPart`: the record of its manifest, which
 files hold each component, its RNG fingerprint and sampler cursor.
 
 Two parts, one report:
@@ -32,9 +32,9 @@ stores model state through DCP). Every rank times, after a barrier, medians of
 - ``verify``: ``ckptkit.verify`` on rank 0 (today's verify runs in one process).
 
 **Simulation** (``--sim-ranks`` x ``--sim-tensors``): W ranks of T tensors each, built from
-the real classes: each rank's :class:`~ckptkit.manifest.RankManifest` (rank 0's real RNG
+the real classes: each rank's :class:`~ckptkit.format.manifest.RankManifest` (rank 0's real RNG
 file and state relabelled for the rank, plus one file of T
-:class:`~ckptkit.manifest.TensorEntry`; rank 0's also lists the replicated model) written by
+:class:`~ckptkit.format.manifest.TensorEntry`; rank 0's also lists the replicated model) written by
 ``manifest_io.write_rank`` with its files as sparse files, and the part it sends pickled
 as the gather sends it (all outside the timed regions); then each phase runs in a fresh
 process (its peak RSS from a clean heap):
@@ -203,7 +203,7 @@ def object_traffic() -> Iterator[Counter[str]]:
 def plan_restore(path: Path, rank: int | None = None) -> Any:
     """Restore's planning on rank ``rank``, before any tensor byte is read.
 
-    The first step of :func:`ckptkit.restore.restore_candidate`, called as it calls it: the
+    The first step of :func:`ckptkit.run.restore.restore_candidate`, called as it calls it: the
     manifest read and validated (of a multi-rank root, only the rank manifests this rank
     needs: :func:`~ckptkit.capture.state.manifests_to_read`), completeness and consistency
     checked (a stat of every listed file; with DCP storage, ``.metadata`` read, checked
@@ -262,9 +262,9 @@ def partial_manifest_work(world: int, tensors: int, base: Base) -> dict[str, Any
     (so restore's choice is the real one); their size and digest are placeholders, as
     those manifests are never read (asserted: ``manifest_io.rank_reads``), so not written.
     """
-    from ckptkit import manifest as mf
     from ckptkit.capture.state import manifests_to_read
     from ckptkit.checkpoint import manifest_io
+    from ckptkit.format import manifest as mf
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -319,8 +319,8 @@ class Base:
         import torch
 
         import ckptkit
+        from ckptkit.checkpoint.commit import StateSave
         from ckptkit.collective import Solo
-        from ckptkit.commit import StateSave
         from ckptkit.storage import fs
 
         ts = ckptkit.TrainState(model=torch.nn.Linear(4, 4), step=1,
@@ -336,8 +336,8 @@ def _rank_manifest(base: Base, rank: int, tensors: int) -> Any:
     """The manifest rank ``rank`` writes in a save where it holds ``tensors`` own tensors:
     rank 0's real RNG file and state relabelled for this rank, plus one file of T tensor
     entries (its shards). Rank 0's also lists the replicated model file."""
-    from ckptkit import manifest as mf
-    from ckptkit.manifest import FileEntry, TensorEntry
+    from ckptkit.format import manifest as mf
+    from ckptkit.format.manifest import FileEntry, TensorEntry
 
     rk, r0 = _rank_key(rank), _rank_key(0)
     own = [f for f in base.part.files.files if f.component == "rng"]
@@ -364,8 +364,8 @@ def _part(base: Base, rank: int, tensors: int, out: Any = None, placeholder: Any
     ``out`` by ``manifest_io.write_rank`` when given. ``placeholder``: a record whose size
     and digest this one takes (a manifest never read, so never written)."""
     from ckptkit.checkpoint import manifest_io
+    from ckptkit.checkpoint.commit import RankPart
     from ckptkit.checkpoint.read import files_by_head
-    from ckptkit.commit import RankPart
     from ckptkit.storage.shards import RankFiles
 
     mine = _rank_manifest(base, rank, tensors)
@@ -416,7 +416,7 @@ def sim_phase(world: int, tensors: int, phase: str, ckpt: Path) -> dict[str, Any
     the checkpoint at ``ckpt`` (every rank's files and manifest, untimed) and writes its
     root; ``parse`` and ``plan`` read it."""
     from ckptkit.checkpoint import manifest_io
-    from ckptkit.manifest import MAX_MANIFEST_BYTES
+    from ckptkit.format.manifest import MAX_MANIFEST_BYTES
 
     base = Base.capture(world)
     with tempfile.TemporaryDirectory() as tmp:  # warm-up: the schema validators are built once
@@ -616,7 +616,7 @@ def run_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Every (W, T) point: run the ones within budget (fresh process each, smallest first),
     extrapolate the rest; payloads, the root and one rank's partial read are measured for
     every point."""
-    from ckptkit.manifest import MAX_MANIFEST_BYTES
+    from ckptkit.format.manifest import MAX_MANIFEST_BYTES
 
     grid = sorted(((w, t) for w in args.sim_ranks for t in args.sim_tensors), key=lambda p: p[0] * p[1])
     ran: list[dict[str, Any]] = []

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark ``ckptkit.stability.StabilityWatch``: lead time before a collapse, false alarms.
+"""Benchmark ``ckptkit.signals.stability.StabilityWatch``: lead time before a collapse, false alarms.
 
 Three families of runs, all scored by replaying the watch over per-step series (scoring
 offline is identical to scoring online: the watch is a pure function of the series).
@@ -324,7 +324,7 @@ def buildup(base: dict[str, Any], kind: str, length: int, seed: int) -> dict[str
 
 def score(run: dict[str, Any], watch_kw: dict[str, Any]) -> dict[str, Any]:
     """Replay the watch over a run's series: first warning, episodes, collapse."""
-    from ckptkit.stability import StabilityWatch
+    from ckptkit.signals.stability import StabilityWatch
 
     w = StabilityWatch(**watch_kw)
     s = run["series"]

@@ -45,7 +45,7 @@ import numpy as np
 
 from ckptkit.drill.stats import DEFAULT_THRESHOLDS, window_check
 from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
-from ckptkit.recorder import read_jsonl
+from ckptkit.signals.recorder import read_jsonl
 
 FAULTS = tuple(f for f in ALL_FAULTS if f != "none")
 SIGNALS = ("loss_shift", "grad_norm_level", "length_buckets", "skip_rate")

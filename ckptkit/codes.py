@@ -779,7 +779,7 @@ register_code(
     "CK-F103",
     family="integrity",
     # An error in any file a resume loads, info in one none does: the severity of each
-    # finding comes from ckptkit.foreign.loads.needs_code_verdict. Also an error for a file
+    # finding comes from ckptkit.verify.foreign.loads.needs_code_verdict. Also an error for a file
     # ckptkit read whose framework load has a narrower list (loads.refused_by_load).
     severity=ERROR,
     title="pickle needs code to load: not read",
@@ -859,7 +859,7 @@ register_code(
     family="completeness",
     severity=WARNING,
     title="training state without a sampler cursor",
-    hint="the data order restarts at the beginning of the epoch on resume (samples are replayed) unless the loader is stateless; pass sampler= a ckptkit.sampler.ResumableSampler or a torchdata StatefulDataLoader",
+    hint="the data order restarts at the beginning of the epoch on resume (samples are replayed) unless the loader is stateless; pass sampler= a ckptkit.capture.resumable.ResumableSampler or a torchdata StatefulDataLoader",
     component="sampler",
 )
 register_code(
@@ -1134,7 +1134,7 @@ register_code(
     family="compat",
     severity=WARNING,
     title="parallel layout changed",
-    hint="launch with the saved layout for an exact resume; a deliberate change needs resharded model/optimizer state and a sampler that can re-split the epoch (ckptkit.sampler.ResumableSampler)",
+    hint="launch with the saved layout for an exact resume; a deliberate change needs resharded model/optimizer state and a sampler that can re-split the epoch (ckptkit.capture.resumable.ResumableSampler)",
     component="parallel",
 )
 register_code(

@@ -16,7 +16,7 @@ from typing import Any
 from small_model import trained_state
 
 import ckptkit
-from ckptkit.render import RENDERERS
+from ckptkit.cli.render import RENDERERS
 
 SHARD_BYTES = 4096
 """Small shards: the tiny model's checkpoint is 7 files, so every split has work to share."""

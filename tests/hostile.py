@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
 from ckptkit.storage import digest
 
 STEPS = (10, 20)
@@ -242,7 +242,7 @@ def _copy_of_older(d: Path, run: Path) -> list[Path]:
 
 
 def ckptkit_step_dir(step: int) -> str:
-    from ckptkit.catalog import step_dir_name
+    from ckptkit.checkpoint.catalog import step_dir_name
 
     return step_dir_name(step)
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-import ckptkit.dcp
+import ckptkit.checkpoint.dcp
 from ckptkit import codes
-from ckptkit.storage import dcp as store
+from ckptkit.storage import dcp_engine as store
 from ckptkit.storage import digest
 
 MARKER = "PWNED"
@@ -74,7 +74,7 @@ def manifest_obj(d: Path) -> dict[str, Any]:
 
 def write_manifest(d: Path, obj: dict[str, Any]) -> None:
     """Write ``obj`` as the directory's (unsigned) manifest, its digest recomputed."""
-    from ckptkit import manifest as mf
+    from ckptkit.format import manifest as mf
 
     obj["manifest_digest"] = mf.content_digest(obj)
     (d / ckptkit.dcp.MANIFEST_NAME).write_text(json.dumps(obj))

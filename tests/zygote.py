@@ -37,7 +37,7 @@ _SERVER = textwrap.dedent(
     from pathlib import Path
     import torch
     torch.set_num_threads(1)
-    import ckptkit, ckptkit.manager, ckptkit.verify.runner  # noqa: F401  (warm imports)
+    import ckptkit, ckptkit.run.manager, ckptkit.verify.runner  # noqa: F401  (warm imports)
     from ckptkit.drill.launch import Launch, start
     for name in sys.argv[1:]:
         __import__(name)

@@ -2,7 +2,7 @@
 
 Accepted objects, in order of preference:
 
-- :class:`ckptkit.sampler.ResumableSampler` (exact mid-epoch resume, resume at another world
+- :class:`ckptkit.capture.resumable.ResumableSampler` (exact mid-epoch resume, resume at another world
   size, summarised in detail);
 - torchdata's ``StatefulDataLoader`` (imported lazily, only to recognise it);
 - any object with ``state_dict()``/``load_state_dict()`` whose state is plain values.
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptkit.capture import check_tree, refuse, show
+from ckptkit.capture.resumable import ResumableSampler, state_problems
 from ckptkit.errors import StateError
-from ckptkit.sampler import ResumableSampler, state_problems
 
 _KINDS = ("resumable", "stateful_dataloader", "state_dict")
 
@@ -52,7 +52,7 @@ def _kind(obj: Any) -> str:
         return "state_dict"
     raise StateError(
         f"a {type(obj).__name__} has no data cursor to capture",
-        hint="use ckptkit.sampler.ResumableSampler (or torchdata's StatefulDataLoader) so the "
+        hint="use ckptkit.capture.resumable.ResumableSampler (or torchdata's StatefulDataLoader) so the "
         "resumed run continues mid-epoch instead of replaying the epoch",
     )
 
@@ -91,7 +91,7 @@ def restore(obj: Any, state: Mapping[str, Any]) -> None:
     Raises:
         StateError: ``CK-S013`` the snapshot is malformed (see :func:`problems`); a
             different kind or type of object, or a cursor that does not fit (see
-            :meth:`ckptkit.sampler.ResumableSampler.load_state_dict`).
+            :meth:`ckptkit.capture.resumable.ResumableSampler.load_state_dict`).
 
     Example:
         >>> s = ResumableSampler(100, seed=3)
@@ -111,8 +111,8 @@ def restore(obj: Any, state: Mapping[str, Any]) -> None:
 def problems(state: Any) -> list[str]:
     """Return what in a snapshot :func:`restore` could not load as saved (empty: nothing).
 
-    Its kind and type, and for a :class:`~ckptkit.sampler.ResumableSampler` the cursor
-    itself (:func:`ckptkit.sampler.state_problems`). A multi-rank save also keeps every
+    Its kind and type, and for a :class:`~ckptkit.capture.resumable.ResumableSampler` the cursor
+    itself (:func:`ckptkit.capture.resumable.state_problems`). A multi-rank save also keeps every
     rank's cursor under ``ranks`` (``{"rank00000": cursor, ...}``); a restore at another
     world size merges them, so each is checked the same way. Another object's state is
     its own business: only its presence is checked. Only the snapshot is read: this is

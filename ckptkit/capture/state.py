@@ -19,27 +19,27 @@ import numpy as np
 import torch
 import xxhash
 
-from ckptkit import codes, perrank
-from ckptkit import manifest as mf
+from ckptkit import codes
 from ckptkit._repr import brief
 from ckptkit.capture import env as env_capture
 from ckptkit.capture import fp8 as fp8_capture
 from ckptkit.capture import optim as optim_capture
 from ckptkit.capture import parallel as parallel_capture
+from ckptkit.capture import perrank, refuse, show
 from ckptkit.capture import progress as progress_capture
-from ckptkit.capture import refuse, show
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture import scheduler as scheduler_capture
+from ckptkit.capture.fit import fit_report
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.capture.progress import Progress
 from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
-from ckptkit.fit import fit_report
+from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
-from ckptkit.manifest import rank_key, rank_of
-from ckptkit.storage import dcp as dcp_store
+from ckptkit.format.manifest import rank_key, rank_of
+from ckptkit.storage import dcp_engine as dcp_store
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
@@ -102,14 +102,14 @@ def _rng_problems(per_rank: Any) -> list[str]:
 
 def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     """The ranks whose manifests rank ``rank`` of a restore reads, from a multi-rank root
-    (:attr:`~ckptkit.manifest.Manifest.ranks`): those holding any state but per-rank state
-    (:data:`~ckptkit.manifest.PER_RANK`: the model and optimizer shards, rank 0's state)
-    and those whose RNG state and buffers it restores (:func:`ckptkit.perrank.source`).
+    (:attr:`~ckptkit.format.manifest.Manifest.ranks`): those holding any state but per-rank state
+    (:data:`~ckptkit.format.manifest.PER_RANK`: the model and optimizer shards, rank 0's state)
+    and those whose RNG state and buffers it restores (:func:`ckptkit.capture.perrank.source`).
     None: every rank's (a world of one, a tree this does not know, a root holding the RNG
     states itself).
 
     With DCP storage the files a rank loads are known only once DCP has planned the load:
-    the load reads the rank manifests of those (:class:`ckptkit.storage.dcp.Listed`), so
+    the load reads the rank manifests of those (:class:`ckptkit.storage.dcp_engine.Listed`), so
     they are not chosen here.
 
     Example:
@@ -145,7 +145,7 @@ def read_together(root: mf.Manifest, world_size: int) -> bool:
 class _RestorePlan:
     shared: set[int]
     """The ranks every restoring rank reads: those holding state besides their own
-    (:data:`~ckptkit.manifest.PER_RANK`) and DCP files, or not indexed."""
+    (:data:`~ckptkit.format.manifest.PER_RANK`) and DCP files, or not indexed."""
     rng: set[str]
     """The saved RNG states, by rank key."""
     buffers: set[str]
@@ -191,7 +191,7 @@ def _own_buffers(
     tree: Mapping[str, Any], manifest: mf.Manifest | None, rank: int, path: Location | None
 ) -> tuple[Mapping[str, Any], str | None]:
     """``tree`` with its model holding the buffers rank ``rank`` restores, and whose they
-    are (:func:`ckptkit.perrank.source`) when the save kept them per rank; else ``tree``
+    are (:func:`ckptkit.capture.perrank.source`) when the save kept them per rank; else ``tree``
     itself and None (the model's buffers were saved once, with it).
 
     Raises:
@@ -233,7 +233,7 @@ class RestoreResult:
     manifest: mf.Manifest | None = None
     path: Location | None = None
     guard: Any = None
-    """The :class:`~ckptkit.guard.ResumeGuard` checking this resume (its ``findings``)."""
+    """The :class:`~ckptkit.signals.guard.ResumeGuard` checking this resume (its ``findings``)."""
     proven: bool = True
     """Every byte of the checkpoint was verified by some rank of the restore. False when
     the ranks read only part of it together (at fewer ranks than saved, the dropped
@@ -279,7 +279,7 @@ class TrainState:
         scaler: an AMP ``GradScaler`` (fp16).
         fp8: FP8 scaling state: an object with ``state_dict``/``load_state_dict`` or a dict
             of tensors; ``fp8_recipe`` records margin, history length and format.
-        sampler: a :class:`~ckptkit.sampler.ResumableSampler`, a torchdata
+        sampler: a :class:`~ckptkit.capture.resumable.ResumableSampler`, a torchdata
             ``StatefulDataLoader`` or any object with ``state_dict``/``load_state_dict``.
         step: the global step (an int) or a full :class:`Progress`.
         parallel: the parallel layout (default: world size and rank from
@@ -379,7 +379,7 @@ class TrainState:
         """Read model and optimizer from ``root/dcp``, resharded to the current layout.
 
         Every DCP file is checked against the manifest while it is read, ``.metadata``
-        before it is unpickled (with an allow-list): see :mod:`ckptkit.storage.dcp`.
+        before it is unpickled (with an allow-list): see :mod:`ckptkit.storage.dcp_engine`.
         """
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict,
@@ -774,7 +774,7 @@ def choose_sampler_state(
     A multi-rank save keeps every rank's cursor under ``saved["ranks"]``. At the saved
     world size each rank takes its own. At another one, ranks that moved in lockstep hold
     the same global count (``offset + position × world``); the smallest is used (a rank
-    behind would otherwise skip samples), and :class:`~ckptkit.sampler.ResumableSampler`
+    behind would otherwise skip samples), and :class:`~ckptkit.capture.resumable.ResumableSampler`
     re-splits the rest of the epoch over the new ranks.
 
     Returns:
@@ -801,7 +801,7 @@ def choose_sampler_state(
             f"sampler: a {base.get('type')} cursor cannot be re-split from world size "
             f"{saved_world} to {world_size}; rank {rank} continues from "
             f"{'its own' if mine is not None else 'rank ' + sorted(per)[0][4:]} cursor, so "
-            "samples may be replayed or skipped (use ckptkit.sampler.ResumableSampler)")
+            "samples may be replayed or skipped (use ckptkit.capture.resumable.ResumableSampler)")
     states = [s for _, s in sorted(per.items()) if isinstance(s, Mapping)]
     counts = sorted({(int(s.get("epoch", 0)), _consumed(s)) for s in states})
     pick = min(states, key=lambda s: (int(s.get("epoch", 0)), _consumed(s)))

@@ -3,5 +3,5 @@
 :mod:`.manifest_io` reads ``manifest.json`` from a directory or prefix (local or object
 store, through :mod:`ckptkit.storage.fs`) and writes it as a save's commit marker;
 :mod:`.read` streams a checkpoint's tensors back, verifying every byte. The format they
-read and write is :mod:`ckptkit.manifest`, which does no I/O.
+read and write is :mod:`ckptkit.format.manifest`, which does no I/O.
 """

@@ -6,7 +6,7 @@ entry, or (``only=``) with the entries of the ranks a reader needs (a restoring 
 :func:`write_rank` is what each rank writes.
 
 The manifest's format (dataclasses, canonical JSON, schema, signature) is
-:mod:`ckptkit.manifest`, which touches no file; this module moves its bytes through the
+:mod:`ckptkit.format.manifest`, which touches no file; this module moves its bytes through the
 one filesystem interface (:mod:`ckptkit.storage.fs`), local directory or object-store
 prefix alike, and turns what can go wrong on the way into the manifest's finding codes:
 nothing there (``CK-M001``), not a regular file (``CK-M008``), absurdly large
@@ -20,7 +20,7 @@ from collections import Counter
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError, UnsafeInputError
 from ckptkit.format import digest
-from ckptkit.manifest import (
+from ckptkit.format.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     FileEntry,
@@ -51,16 +51,16 @@ def read(
     Args:
         ckpt_dir: the checkpoint directory (or object-store prefix).
         key: an HMAC key the manifest must be signed with (already resolved: see
-            :func:`ckptkit.signing.resolve_key`); None checks no signature.
+            :func:`ckptkit.format.signing.resolve_key`); None checks no signature.
         only: of a multi-rank root, which ranks' manifests to read (given the validated
             root); the manifest returned holds their entries only
-            (:attr:`~ckptkit.manifest.Manifest.read_ranks`). None: every rank's.
+            (:attr:`~ckptkit.format.manifest.Manifest.read_ranks`). None: every rank's.
 
     Raises:
         IncompleteCheckpointError: ``CK-M001`` no manifest: an incomplete save.
         UnsafeInputError: ``CK-M008`` the manifest is a symlink, FIFO, directory or device;
-            ``CK-M006`` it is larger than :data:`ckptkit.manifest.MAX_MANIFEST_BYTES`.
-        ManifestError / UnsafeInputError / SignatureError: see :func:`ckptkit.manifest.parse`.
+            ``CK-M006`` it is larger than :data:`ckptkit.format.manifest.MAX_MANIFEST_BYTES`.
+        ManifestError / UnsafeInputError / SignatureError: see :func:`ckptkit.format.manifest.parse`.
 
     Example:
         >>> read("/nonexistent")

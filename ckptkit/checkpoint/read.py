@@ -1,6 +1,6 @@
 """Read one checkpoint directory (verifying every byte while it streams), and name its parts.
 
-Writing is :mod:`ckptkit.commit` (one protocol for every world size); this module reads
+Writing is :mod:`ckptkit.checkpoint.commit` (one protocol for every world size); this module reads
 what it wrote: :func:`read_checkpoint` under :func:`ckptkit.load` and restore, and the
 component tables of plain saves.
 """
@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from ckptkit import _progress, codes
-from ckptkit import manifest as mf
+from ckptkit.capture.fit import FitReport, match_targets
 from ckptkit.errors import ManifestError
-from ckptkit.fit import FitReport, match_targets
 from ckptkit.format import dtypes, tree
+from ckptkit.format import manifest as mf
 from ckptkit.storage import atomic, fs, shards, tensors
 from ckptkit.storage.fs import Location
 
@@ -148,10 +148,10 @@ def read_checkpoint(
         manifest: the manifest of ``path``, read by the caller
             (:func:`ckptkit.checkpoint.manifest_io.read`, with ``key``): this reader never
             reads one itself, so none is ever read here without the key. A partial one (a
-            restoring rank's, :attr:`~ckptkit.manifest.Manifest.read_ranks`) reads the
+            restoring rank's, :attr:`~ckptkit.format.manifest.Manifest.read_ranks`) reads the
             files of its ranks and rebuilds its tree (the RNG states of those ranks only).
         key: the key configured for this read (None: none): ``manifest`` must have been
-            checked under it (:meth:`~ckptkit.manifest.Manifest.trusted`).
+            checked under it (:meth:`~ckptkit.format.manifest.Manifest.trusted`).
 
     Returns:
         ``(object, manifest, fit report or None without targets)``.

@@ -8,7 +8,7 @@ it (an EMA never saved, restarted from the current weights) passes every other c
 check lists what each run wrote there (:func:`written`) and judges each file the reference
 and the resumed run both wrote, at the same relative path, with the function that judges the
 final checkpoints (:func:`ckptkit.drill.compare.end_state`, over
-:func:`ckptkit.statediff.diff`: native checkpoints, safetensors, torch files read with
+:func:`ckptkit.verify.statediff.diff`: native checkpoints, safetensors, torch files read with
 ``weights_only``, DCP, framework layouts). A file only one run wrote after the save step is
 a finding too.
 
@@ -32,9 +32,9 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ckptkit.checkpoint.detect import TORCH_SUFFIXES, detect
 from ckptkit.drill.compare import CheckResult
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.detect import TORCH_SUFFIXES, detect
 from ckptkit.storage.atomic import MANIFEST_NAME, OLD_SUFFIX, TMP_SUFFIX
 
 NAME = "artefacts"

@@ -12,13 +12,13 @@ dict saying what differed first and where.
 * **exposure**: the (epoch, sample id, content hash) sequence after the resume equals the
   reference's: replayed, skipped, unexpected and changed samples are counted. Without
   sample ids it stands on the records' ``rows`` (a hash per batch row,
-  :func:`ckptkit.observe.row_hashes`): rows the reference saw at other positions are a
+  :func:`ckptkit.signals.observe.row_hashes`): rows the reference saw at other positions are a
   data-order fault, rows it never saw are content (:func:`row_evidence`).
 * **continuity**: what the checkpoint recorded for the next step (its manifest's
   ``lookahead``, else the component summaries) is what the resumed run's first step does;
   no (epoch, id) of the pre-save window is seen again. Needs no reference.
 * **end_state**: the checkpoints both runs save after the stop step, compared component by
-  component and tensor by tensor (:func:`ckptkit.statediff.diff`): state that does not feed
+  component and tensor by tensor (:func:`ckptkit.verify.statediff.diff`): state that does not feed
   back into training inside the window (an EMA, a scheduler whose next milestone lies
   beyond it) differs there even when every step record agrees.
 """
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptkit import manifest as mf
 from ckptkit._jsonval import encode_float
 from ckptkit.checkpoint import manifest_io
-from ckptkit.foreign.adopted import adopted_path
-from ckptkit.records import LookAhead
-from ckptkit.statediff import StateDiff, TensorDiff
-from ckptkit.statediff import diff as state_diff
+from ckptkit.format import manifest as mf
+from ckptkit.format.records import LookAhead
+from ckptkit.verify.foreign.adopted import adopted_path
+from ckptkit.verify.statediff import StateDiff, TensorDiff
+from ckptkit.verify.statediff import diff as state_diff
 
 Record = Mapping[str, Any]
 
@@ -288,7 +288,7 @@ def _bare_id(x: Any) -> Any:
 _GUARD_KEYS = ("next_step", "lr", "loss_scale", "opt_step", "rng")
 """Look-ahead facts the automatic resume guard records (``lookahead["guard"]``)."""
 _RNG_V = 2
-"""The fingerprint version step records carry (:data:`ckptkit.rngtrace.FINGERPRINT_VERSION`)."""
+"""The fingerprint version step records carry (:data:`ckptkit.signals.rngtrace.FINGERPRINT_VERSION`)."""
 
 
 # -------------------------------------------------------------------------- noise floor
@@ -864,7 +864,7 @@ RowVerdict = Literal["not recorded", "equal", "order", "content"]
 class RowEvidence:
     """What the resumed run's batch rows say against the reference's (no sample ids needed).
 
-    Rows are the records' ``rows`` (:func:`ckptkit.observe.row_hashes`). The i-th resumed
+    Rows are the records' ``rows`` (:func:`ckptkit.signals.observe.row_hashes`). The i-th resumed
     record is aligned with the i-th reference record after the save (as in :func:`twin`);
     each of its rows is the reference's row at the same position (``same``), a row the
     reference saw at another position, before or after the save (``moved``: the same data
@@ -1399,7 +1399,7 @@ def end_state(
         references: each reference run's final checkpoint (None: it saved none).
         resumed: the resumed run's final checkpoint (None: it saved none).
         roots: the runs' own directories, references first then the resumed one: paths
-            under them compare as equal (see :func:`ckptkit.statediff.diff`).
+            under them compare as equal (see :func:`ckptkit.verify.statediff.diff`).
         thresholds: ``noise_factor`` (default :data:`DEFAULT_NOISE_FACTOR`).
         resumed_failed: why the resumed run failed after its last step, before its final
             checkpoint was saved (the references saved theirs): the check fails with it.

@@ -47,7 +47,7 @@ from ckptkit.drill.compare import (
     samples,
     window,
 )
-from ckptkit.records import LookAhead
+from ckptkit.format.records import LookAhead
 
 Component = Literal[
     "none",

@@ -1,7 +1,7 @@
 """Run a resume drill: the reference and resumed processes, then the checks and the verdict.
 
 The drill drives the user's own training command through environment variables (the
-contract of :mod:`ckptkit.drill.contract`, plus the variables below that only the runner
+contract of :mod:`ckptkit.integrations.drill_env`, plus the variables below that only the runner
 sets), so no code change is needed beyond using ``CheckpointManager`` and ``Recorder``:
 
 1. **reference** (``--repeat R`` times): a fresh start (or ``--from CKPT``), save after step
@@ -44,12 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptkit import errors, runs
-from ckptkit import manifest as mf
-from ckptkit.catalog import step_dir_name
+from ckptkit import errors
 from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.drill import artefacts, compare, diagnose, launch
-from ckptkit.drill.contract import (
+from ckptkit.errors import CkptkitError, DrillError
+from ckptkit.format import manifest as mf
+from ckptkit.integrations.drill_env import (
     ENV_CKPT_DIR,
     ENV_DEVICE,
     ENV_RESUME_FROM,
@@ -60,11 +61,11 @@ from ckptkit.drill.contract import (
     ENV_THREADS,
     ENV_VARS,
 )
-from ckptkit.errors import CkptkitError, DrillError
-from ckptkit.foreign.adopted import adopted_path
-from ckptkit.recorder import ENV_METRICS, read_jsonl
+from ckptkit.run import directory as runs
+from ckptkit.signals.recorder import ENV_METRICS, read_jsonl
 from ckptkit.storage import atomic, fs
 from ckptkit.verify.findings import CODES
+from ckptkit.verify.foreign.adopted import adopted_path
 
 SCHEMA_VERSION = 2
 """Version of the JSON report (``schemas/drill-report.schema.json``)."""
@@ -171,7 +172,7 @@ class RunResult:
 
 @dataclass
 class DrillReport:
-    """Everything the drill found; renderers in :mod:`ckptkit.render.drill` print it.
+    """Everything the drill found; renderers in :mod:`ckptkit.cli.render.drill` print it.
 
     A drill that could not run has ``error`` set (exit 2) and whatever it had gathered.
     """
@@ -720,7 +721,7 @@ def _committed(
 
 def _framework_snapshot(ckpt_dir: Path, save_at: int, workdir: Path, *, ended: bool) -> Path | None:
     """A framework's step-W checkpoint (a Trainer ``checkpoint-N``, a Lightning ``.ckpt``),
-    found through its run layout (:func:`ckptkit.runs.open_run`), as a private snapshot.
+    found through its run layout (:func:`ckptkit.run.directory.open_run`), as a private snapshot.
 
     Only a ``verified`` one (adopted by the integration: digests and component table
     beside it) is taken while the reference runs; once it has ended, a ``committed`` one

@@ -27,7 +27,7 @@ The thresholds and the measured false-positive rate are in ``docs/drills.md (win
 (``benchmarks/window_calibration.py``).
 
 Everything here is pure numpy/scipy with no I/O; records are the dicts
-:func:`ckptkit.recorder.read_jsonl` returns, and any value may be missing, ``None``,
+:func:`ckptkit.signals.recorder.read_jsonl` returns, and any value may be missing, ``None``,
 non-finite, or the strings ``"nan"``/``"inf"``/``"-inf"``.
 """
 

@@ -21,7 +21,7 @@ those runs instead. A resume from a checkpoint whose recorded health is not ``ok
 that already reached ``--steps``, is said on stderr, never silent. Under ``ckptkit drill``
 the drill's ``CKPTKIT_CKPT_DIR`` is used as it is.
 
-**Drill contract** (environment variables, read by :mod:`ckptkit.drill.contract`; ``ckptkit
+**Drill contract** (environment variables, read by :mod:`ckptkit.integrations.drill_env`; ``ckptkit
 drill`` sets them, nothing else in the script changes):
 
 ``CKPTKIT_DRILL_SAVE_AT=W``
@@ -40,14 +40,14 @@ logged after it and of a checkpoint saved after it). With ``--log minimal`` the 
 only ``loss`` (one ``rec.log(step, loss=...)`` per step, no look-ahead): the Recorder bound
 to the TrainState fills the rest itself (RNG at step start, LR used, optimizer step, loss
 scale and growth tracker, batch hash, sample ids with content hashes from
-:meth:`Corpus.sample_hash`, data cursor; see :mod:`ckptkit.observe`). ``--log busy`` logs
+:meth:`Corpus.sample_hash`, data cursor; see :mod:`ckptkit.signals.observe`). ``--log busy`` logs
 what a busy user logs (``loss``, ``grad_norm``, ``lr``) and lets the Recorder fill the rest.
 With ``--log full``
 (the default) each record holds ``loss``,
 ``grad_norm`` (before clipping), ``lr`` (used for this step), ``loss_scale`` (with
 ``--amp fp16``), ``tokens``, ``seq_lens``, ``sample_ids``, ``epoch``, ``sample_hashes``
 (xxh3-64 of each sample's tokens, 8 hex), ``batch_hash`` (xxh3-64 of the input tensor fed to
-the model), ``rows`` (:func:`ckptkit.observe.row_hashes` of the batch's padded sequences),
+the model), ``rows`` (:func:`ckptkit.signals.observe.row_hashes` of the batch's padded sequences),
 ``rng`` (fingerprint of the torch RNG state before the step) and ``opt_step``
 (AdamW's step count after the step). Every checkpoint also records a ``lookahead`` in its
 manifest: what the next step will use (``next_step``, ``lr``, ``loss_scale``, ``opt_step``,
@@ -76,9 +76,9 @@ geometrically to ``--spike-peak`` (1000) over ``--spike-ramp`` (100) steps and i
 ``--spike-hold`` steps (default: to the end): the gradient norm and the loss build up for
 a few dozen steps, then the loss diverges for good. (A slower ramp builds for hundreds of
 steps, but damages the model before the watch warns: see ``docs/stability.md``.) ``--watch`` feeds loss and grad norm to a default
-:class:`~ckptkit.stability.StabilityWatch` (health in every manifest, an emergency
+:class:`~ckptkit.signals.stability.StabilityWatch` (health in every manifest, an emergency
 checkpoint on the first warning); ``--auto-recover`` adds the default
-:class:`~ckptkit.recovery.RecoveryPolicy`: on a critical verdict the manager rolls back to
+:class:`~ckptkit.signals.recovery.RecoveryPolicy`: on a critical verdict the manager rolls back to
 the newest healthy checkpoint, lowers the LR and the clip norm, skips the batches seen since
 the first warning and continues (``docs/stability.md``). The summary then also lists the
 recoveries, and ``final_loss_avg`` (the mean loss of the last 50 steps) compares runs::
@@ -126,12 +126,12 @@ from torch import nn
 import ckptkit
 from ckptkit.capture.rng import fingerprint
 from ckptkit.collective import leave
-from ckptkit.drill.contract import DrillEnv
-from ckptkit.observe import row_hashes
-from ckptkit.records import Health
-from ckptkit.recovery import RecoveryPolicy
-from ckptkit.recovery import describe as describe_recovery
-from ckptkit.stability import StabilityWatch
+from ckptkit.format.records import Health
+from ckptkit.integrations.drill_env import DrillEnv
+from ckptkit.signals.observe import row_hashes
+from ckptkit.signals.recovery import RecoveryPolicy
+from ckptkit.signals.recovery import describe as describe_recovery
+from ckptkit.signals.stability import StabilityWatch
 
 PAD = 0
 """Padding token id; real tokens are 1..vocab-1."""
@@ -341,7 +341,7 @@ def lr_spike(
     An instability that builds up (the gradient norm's level and spread climb, then the
     loss), then diverges. It lives in the schedule,
     as the real mistake does, so a recovery that scales the scheduler's base LRs
-    (:func:`ckptkit.recovery.scale_lr`) brings the LR back under the edge for good.
+    (:func:`ckptkit.signals.recovery.scale_lr`) brings the LR back under the edge for good.
 
     Example:
         >>> f = lr_spike(100, 200, 16.0, lambda s: 1.0)
@@ -503,7 +503,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="recover automatically from a collapse: roll back to the newest healthy "
         "checkpoint, LR x0.3, clip norm x0.3, skip the batches since the first warning "
-        "(ckptkit.recovery.RecoveryPolicy defaults)",
+        "(ckptkit.signals.recovery.RecoveryPolicy defaults)",
     )
     p.add_argument(
         "--recover-lr-factor",

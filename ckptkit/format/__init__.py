@@ -2,6 +2,6 @@
 
 The lowest layer (``docs/architecture.md``): the dtype table (:mod:`.dtypes`), the state
 tree codec (:mod:`.tree`) and the digest the manifest records (:mod:`.digest`), next to
-:mod:`ckptkit.manifest`, which holds the manifest's dataclasses, canonical JSON, schema
+:mod:`ckptkit.format.manifest`, which holds the manifest's dataclasses, canonical JSON, schema
 and signature checks. Nothing here opens a file or imports :mod:`ckptkit.storage`.
 """

@@ -8,14 +8,14 @@ beside their files (no second copy of any tensor):
 * **resume selection**: the newest complete state, adopted on the spot; newer ones passed
   over (corrupt, incomplete) are named; chosen once on rank 0 for every rank; for
   ``trainer.train(resume_from_checkpoint=...)`` or ``accelerator.load_state(...)``;
-* **verified rotation** (:class:`ckptkit.retain.Policy`: keep last K / every N / pinned /
+* **verified rotation** (:class:`ckptkit.run.retain.Policy`: keep last K / every N / pinned /
   byte budget) instead of ``save_total_limit`` / ``total_limit``, which delete without
   checking anything: it runs only after the new checkpoint verified and never deletes the
   newest good one;
 * **step records** (:class:`ckptkit.Recorder`: RNG fingerprint, LR, optimizer step,
   batch hash, data cursor, loss) when ``ckptkit drill`` runs the script, and the drill
   contract (save at ``W``, stop at ``W+N``, resume from the drill's checkpoint);
-* the **stability watch** (:class:`ckptkit.stability.StabilityWatch`) fed from the
+* the **stability watch** (:class:`ckptkit.signals.stability.StabilityWatch`) fed from the
   logged loss and grad norm, with a pinned emergency checkpoint on the first warning.
 
 Trainer (two lines)::
@@ -44,25 +44,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckptkit import codes, retain
-from ckptkit import guard as guard_mod
+from ckptkit import codes
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
 from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.codes import CODES, error
-from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import Adoption, Notes, adopted_path
-from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.hf import LAYOUTS, Kind, checkpoint_dirs, open_hf
-from ckptkit.manifest import Manifest
-from ckptkit.observe import CopySafeHook
-from ckptkit.recorder import Recorder
-from ckptkit.records import LookAhead
-from ckptkit.run import Run, resume_target
+from ckptkit.format.manifest import Manifest
+from ckptkit.format.records import LookAhead
+from ckptkit.integrations.drill_env import DrillEnv
+from ckptkit.run import Run, resume_target, retain
 from ckptkit.run.layout import step_unknown
-from ckptkit.stability import EmergencyPolicy, StabilityWatch
+from ckptkit.run.layouts.hf import LAYOUTS, Kind, checkpoint_dirs, open_hf
+from ckptkit.signals import guard as guard_mod
+from ckptkit.signals.observe import CopySafeHook
+from ckptkit.signals.recorder import Recorder
+from ckptkit.signals.stability import EmergencyPolicy, StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
+from ckptkit.verify.foreign.adopt import Adoption, Notes, adopted_path
+from ckptkit.verify.foreign.report import verify_foreign
 
 try:
     from transformers import TrainerCallback
@@ -292,7 +292,7 @@ class _Keeper:
     def lookahead(self, step: int, model: Any, optimizer: Any, scheduler: Any) -> Any:
         """The look-ahead of the checkpoint of ``step`` (what its next step will use), from
         the framework's objects as they stand after that step: the one computation every
-        save path records (:func:`ckptkit.guard.lookahead_of`)."""
+        save path records (:func:`ckptkit.signals.guard.lookahead_of`)."""
         if optimizer is None:
             return None
         try:
@@ -383,10 +383,10 @@ class CkptkitCallback(TrainerCallback):  # type: ignore[misc,valid-type]
     """A ``TrainerCallback``: adopt every ``checkpoint-N``, verified rotation, drills, watch.
 
     Args:
-        keep: verified rotation: a :class:`ckptkit.retain.Policy` or a keep-last count.
+        keep: verified rotation: a :class:`ckptkit.run.retain.Policy` or a keep-last count.
             None takes over ``save_total_limit`` (which is then turned off: the Trainer's
             own rotation deletes without verifying); neither: keep everything.
-        watch: a :class:`~ckptkit.stability.StabilityWatch` (True: the default one) fed
+        watch: a :class:`~ckptkit.signals.stability.StabilityWatch` (True: the default one) fed
             with every logged ``loss`` / ``grad_norm``; its first warning saves a pinned
             emergency checkpoint and every checkpoint records its health.
         emergency: when the watch saves (default :class:`EmergencyPolicy`).
@@ -567,7 +567,7 @@ class AccelerateCheckpoints:
         accelerator: the ``Accelerator``.
         model, optimizer, scheduler, dataloader: the prepared objects (for the step
             records; the dataloader's position when it is stateful).
-        keep: a :class:`ckptkit.retain.Policy` or a keep-last count (None: ``total_limit``).
+        keep: a :class:`ckptkit.run.retain.Policy` or a keep-last count (None: ``total_limit``).
         save_every: save every this many steps in :meth:`step_end` (None: only the drill's
             and emergency saves; call :meth:`save` yourself).
         watch, emergency, data, recorder: as :class:`CkptkitCallback`.

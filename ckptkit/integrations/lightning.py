@@ -9,7 +9,7 @@ deletes files by ``save_top_k`` without looking at them. Three pieces fill that 
     a ``CheckpointIO`` plugin (``Trainer(plugins=[...])`` / ``Fabric(plugins=[...])``):
     after each save it verifies the file and records its digests and component table
     beside it (``<file>.ckptkit-manifest.json``, as ``ckptkit adopt``), records the outcome
-    in the run index, and applies verified rotation (:mod:`ckptkit.retain`: keep the last
+    in the run index, and applies verified rotation (:mod:`ckptkit.run.retain`: keep the last
     K / every N / a byte budget, never the newest good one); before each load it verifies
     the file and refuses a damaged one with the finding's code; a removal Lightning asks
     for (``save_top_k``) goes through the same rules and takes the manifest with it.
@@ -25,7 +25,7 @@ deletes files by ``save_top_k`` without looking at them. Three pieces fill that 
     the same for a Fabric loop, around ``fabric.save`` / ``fabric.load``.
 
 Lightning is imported here, so this module needs the ``lightning`` extra; the run layout
-(:mod:`ckptkit.layouts.lightning`) does not.
+(:mod:`ckptkit.run.layouts.lightning`) does not.
 
 Example:
     >>> import tempfile, lightning as L
@@ -59,26 +59,27 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "(or pip install lightning)"
     ) from e
 
-from ckptkit import codes, retain, rngtrace
-from ckptkit import guard as guard_mod
+from ckptkit import codes
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import tree_fingerprint
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.capture.state import TrainState
-from ckptkit.drill.contract import DrillEnv
 from ckptkit.errors import CkptkitError, IntegrityError, StateError
-from ckptkit.foreign.adopt import Notes
-from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.lightning import LightningLayout
-from ckptkit.manifest import rank_key
-from ckptkit.observe import row_hashes
-from ckptkit.recorder import Recorder
-from ckptkit.records import GUARD_KEY
-from ckptkit.run import Run, resume_target
-from ckptkit.sampler import ResumableSampler
-from ckptkit.stability import StabilityWatch
+from ckptkit.format.manifest import rank_key
+from ckptkit.format.records import GUARD_KEY
+from ckptkit.integrations.drill_env import DrillEnv
+from ckptkit.run import Run, resume_target, retain
+from ckptkit.run.layouts.lightning import LightningLayout
+from ckptkit.signals import guard as guard_mod
+from ckptkit.signals import rngtrace
+from ckptkit.signals.observe import row_hashes
+from ckptkit.signals.recorder import Recorder
+from ckptkit.signals.stability import StabilityWatch
 from ckptkit.storage import fs
 from ckptkit.verify.findings import ERROR
+from ckptkit.verify.foreign.adopt import Notes
+from ckptkit.verify.foreign.report import verify_foreign
 
 log = logging.getLogger("ckptkit")
 
@@ -427,7 +428,7 @@ def lookahead(
 ) -> dict[str, Any]:
     """The resume guard's look-ahead of a framework save: what the next step will use.
 
-    The same record the native path writes into the manifest (:func:`ckptkit.guard.compute`:
+    The same record the native path writes into the manifest (:func:`ckptkit.signals.guard.compute`:
     next step, LRs, optimizer step, scheduler position, RNG fingerprint, the next ``k``
     sample ids), computed from ``ts`` at global step ``step`` with ``sampler`` as the data
     cursor. Call it at the instant the RNG is captured (nothing may draw in between). Per-
@@ -453,7 +454,7 @@ def start_guard(
     ``saved`` is what :func:`lookahead` returned at the save (None: an older checkpoint
     without one, nothing to check). Compares the restored objects now (call it once the
     RNG and the data cursor are back, before the first step draws or fetches), then,
-    through ``recorder`` (:func:`ckptkit.guard.attach`), the first step records: the
+    through ``recorder`` (:func:`ckptkit.signals.guard.attach`), the first step records: the
     step, the LR used, the sample ids each step receives. Every mismatch is a ``CK-D``
     finding, logged at WARNING and written into the next step record (``guard``).
 

@@ -11,7 +11,7 @@ torchtitan's, with three hooks changed:
   ``step-N/ckptkit-manifest.json`` after ``.metadata`` (signed when a key is configured).
   A ``last_save_in_hf`` step (Hugging Face safetensors) is adopted after torchtitan wrote
   it (``ckptkit adopt``: its digests recorded beside it). The manifest records the
-  look-ahead of the step (:func:`ckptkit.lookahead.record`: next step, LR of every param
+  look-ahead of the step (:func:`ckptkit.checkpoint.lookahead.record`: next step, LR of every param
   group, scheduler position, optimizer step count) of the first optimizer and LR
   scheduler of torchtitan's containers (one per model part; the first speaks for all);
 * **which step to load** (``_find_load_step``): the newest step that verifies from its
@@ -29,7 +29,7 @@ torchtitan's, with three hooks changed:
   The load leaves the global generators as it found them (torchtitan saves none, and its
   dataloader's restore draws a DataLoader base seed: a resumed run's workers would then
   be seeded unlike an uninterrupted run's). Then the restored optimizer and scheduler
-  are compared with the step's look-ahead (the resume guard, :mod:`ckptkit.guard`, as the
+  are compared with the step's look-ahead (the resume guard, :mod:`ckptkit.signals.guard`, as the
   Hugging Face integration does), at the load and at the first optimizer step after it: a
   changed LR or schedule position (``CK-D003``: a scheduler left out of the load, an LR
   set by hand), an optimizer step count that moved (``CK-D005``) is logged at WARNING and
@@ -40,7 +40,7 @@ While it trains, rank 0 holds the run's writer lock (``.ckptkit.lock`` in the ch
 folder, taken when the manager is built, released at ``close``): ``ckptkit prune`` and
 ``rollback --apply`` are refused meanwhile, as for every ckptkit integration.
 
-Under ``ckptkit drill`` it honours the drill contract (:mod:`ckptkit.drill.contract`):
+Under ``ckptkit drill`` it honours the drill contract (:mod:`ckptkit.integrations.drill_env`):
 checkpoints go to ``$CKPTKIT_CKPT_DIR``, a full step is saved after
 ``$CKPTKIT_DRILL_SAVE_AT``, the run stops after ``$CKPTKIT_DRILL_STOP_AT`` (the
 ``Trainer``'s ``training.steps`` is lowered to it; the LR schedule, already built, is
@@ -49,7 +49,7 @@ and rank 0 records every step to ``$CKPTKIT_METRICS`` (RNG, LR, optimizer step, 
 hash; the parameters' digest at the stop step) for the drill to compare.
 
 The folders stay torchtitan's: plain torchtitan loads them, ``ckptkit ls/verify/prune/
-rollback/drill`` work on them (:mod:`ckptkit.layouts.torchtitan`).
+rollback/drill`` work on them (:mod:`ckptkit.run.layouts.torchtitan`).
 
 Use (two lines: the import, and the checkpoint config's class)::
 
@@ -80,22 +80,22 @@ from torchtitan.components.checkpointer import CheckpointManager as TitanCheckpo
 from torchtitan.components.checkpointer.dcp import AsyncMode
 from torchtitan.tools.utils import GarbageCollection
 
-from ckptkit import dcp as ckdcp
-from ckptkit import guard as guard_mod
-from ckptkit import manifest as mf
-from ckptkit import signing
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.state import TrainState
-from ckptkit.catalog import STEP_RE, CheckpointInfo
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.checkpoint import dcp as ckdcp
+from ckptkit.checkpoint.catalog import STEP_RE, CheckpointInfo
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.layouts.torchtitan import TorchtitanLayout, holds_any, open_torchtitan
-from ckptkit.recorder import Recorder
-from ckptkit.records import LookAhead
+from ckptkit.format import manifest as mf
+from ckptkit.format import signing
+from ckptkit.format.records import LookAhead
+from ckptkit.integrations.drill_env import DrillEnv
 from ckptkit.run import Run, resume_target
+from ckptkit.run.layouts.torchtitan import TorchtitanLayout, holds_any, open_torchtitan
+from ckptkit.signals import guard as guard_mod
+from ckptkit.signals.recorder import Recorder
 from ckptkit.storage import fs
+from ckptkit.verify.foreign.adopt import adopt_checkpoint
 
 log = logging.getLogger("ckptkit")
 

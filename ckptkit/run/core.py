@@ -10,7 +10,7 @@ A run owns, for every layout (:mod:`ckptkit.run.layout`):
 * **the run index** (``.ckptkit-index.json``): verify outcomes, pins and intent records.
   The run is its only writer; it records only while it holds the lock (a writable run
   without it yet takes it for the moment, when nobody else holds it).
-* **``latest``** (native runs), **pins** and **retention** (:func:`ckptkit.retain.apply`).
+* **``latest``** (native runs), **pins** and **retention** (:func:`ckptkit.run.retain.apply`).
 * **the settle step** after each save (:meth:`Run.settle`): verify, adopt and record,
   point ``latest``, rotate. A process killed anywhere in it leaves a run that the next
   :meth:`Run.resume_target` reads right: the crash points, in order, are
@@ -46,19 +46,21 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ckptkit import codes, crashpoints, retain, rotation, signing
-from ckptkit.catalog import UNUSABLE, Catalog, CheckpointInfo, Status
+from ckptkit import codes, crashpoints
+from ckptkit.checkpoint.catalog import UNUSABLE, Catalog, CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.collective import current
 from ckptkit.errors import LockHeldError, NotWritableError
-from ckptkit.foreign.adopt import Adoption, Notes, recorded_step
-from ckptkit.foreign.adopted import adopted_path
-from ckptkit.recovery import ABANDONED
+from ckptkit.format import signing
+from ckptkit.run import retain, rotation
 from ckptkit.run.layout import Checked, Layout, step_unknown
+from ckptkit.signals.recovery import ABANDONED
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.storage.lock import Lock, lock_for
 from ckptkit.verify.findings import ERROR
+from ckptkit.verify.foreign.adopt import Adoption, Notes, recorded_step
+from ckptkit.verify.foreign.adopted import adopted_path
 from ckptkit.verify.view import Expect
 
 log = logging.getLogger("ckptkit")
@@ -125,7 +127,7 @@ class Run:
             rank 0; ``ckptkit adopt`` and ``ls --verify`` only if they write).
         good: statuses that count as good (``committed`` too when the run does not verify).
         recheck: verify the newest kept good checkpoint from its bytes before rotation
-            deletes anything (:func:`ckptkit.retain.apply`).
+            deletes anything (:func:`ckptkit.run.retain.apply`).
 
     Raises:
         LockHeldError: writable, not ``lazy``, and another live process holds the lock.
@@ -493,7 +495,7 @@ class Run:
         return outcome, recorded
 
     def reverify(self, info: CheckpointInfo) -> builtins.list[Finding]:
-        """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.retain`)."""
+        """Verify one checkpoint from its bytes and record it (for :mod:`ckptkit.run.retain`)."""
         return self.verify(info.path)
 
     def adopt(
@@ -595,7 +597,7 @@ class Run:
             verify: False records nothing (``verify_after_save=False``).
             scan_values: native: scan tensor values too (False when the save scanned them).
             ident: native: the digest of the manifest the commit wrote.
-            force, expect: as :func:`ckptkit.foreign.adopt.adopt_checkpoint`.
+            force, expect: as :func:`ckptkit.verify.foreign.adopt.adopt_checkpoint`.
 
         Raises:
             NotWritableError, LockHeldError: this run may not write.
@@ -658,7 +660,7 @@ class Run:
         return retain.plan(self, policy)
 
     def rotate(self, policy: retain.Policy) -> retain.Outcome:
-        """Apply ``policy`` after a save (:func:`ckptkit.retain.apply`), then re-point
+        """Apply ``policy`` after a save (:func:`ckptkit.run.retain.apply`), then re-point
         ``latest``. A native checkpoint that committed but was never verified (its writer
         died in between) is verified first, so that retention counts it."""
         if "committed" not in self.good and not self.strategy.adopts and self.recheck:
@@ -682,7 +684,7 @@ class Run:
         return self.apply(policy)
 
     def apply(self, policy: retain.Policy, *, fresh: Collection[int] = ()) -> retain.Outcome:
-        """:func:`ckptkit.retain.apply` on this run, then re-point ``latest``."""
+        """:func:`ckptkit.run.retain.apply` on this run, then re-point ``latest``."""
         mine = {c.step for c in self.checkpoints() if c.path.name in self._fresh}
         out = retain.apply(self, policy, recheck=self.recheck, fresh={*fresh, *mine})
         self.point_latest()
@@ -700,7 +702,7 @@ class Run:
 
     def discard(self, path: Location) -> bool:
         """Delete the one checkpoint at ``path`` a framework asks to remove (Lightning's
-        ``save_top_k``) under retention's rules (:attr:`ckptkit.retain.Policy.only`): never
+        ``save_top_k``) under retention's rules (:attr:`ckptkit.run.retain.Policy.only`): never
         the newest good one, and the newest good one that stays is verified again first.
         A file the run does not list (a second file of a listed step: ``last.ckpt`` beside
         its named copy) is removed as asked. Returns whether it was deleted.

@@ -1,8 +1,8 @@
 """What the framework layouts share: their checkpoints are adopted, verified as foreign ones.
 
 A framework writes its own files; the run adopts each checkpoint (records its digests and
-component table beside it, :mod:`ckptkit.foreign.adopt`) when it settles, and verifies it
-as a foreign checkpoint (:func:`ckptkit.foreign.report.verify_foreign`), its adopted
+component table beside it, :mod:`ckptkit.verify.foreign.adopt`) when it settles, and verifies it
+as a foreign checkpoint (:func:`ckptkit.verify.foreign.report.verify_foreign`), its adopted
 manifest checked under the run's key. The subclasses say how files map to checkpoints.
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from ckptkit.catalog import Catalog, CheckpointInfo
-from ckptkit.foreign.adopt import Adoption, Notes, adopt_checkpoint
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
 from ckptkit.run.layout import Checked
 from ckptkit.storage.fs import Location
 from ckptkit.verify.findings import ERROR
+from ckptkit.verify.foreign.adopt import Adoption, Notes, adopt_checkpoint
+from ckptkit.verify.foreign.report import verify_foreign
 from ckptkit.verify.view import Expect
 
 
@@ -35,7 +35,7 @@ class FrameworkLayout(ABC):
         return (info.step,)
 
     def format_of(self, path: Location) -> str | None:
-        """The foreign format (:data:`ckptkit.foreign.detect.FORMATS`) of the checkpoint
+        """The foreign format (:data:`ckptkit.checkpoint.detect.FORMATS`) of the checkpoint
         at ``path``: the layout's name; None: detected from its files."""
         return self.name
 

@@ -14,9 +14,9 @@ the files alone:
   half-deleted.
 
 The built-in layouts: :class:`ckptkit.run.native.NativeLayout` (``step-N/`` directories
-of a :class:`~ckptkit.CheckpointManager`), :class:`ckptkit.layouts.hf.TrainerLayout`
-(``checkpoint-N/``), :class:`ckptkit.layouts.hf.AccelerateLayout` (``checkpoint_N/``) and
-:class:`ckptkit.layouts.lightning.LightningLayout` (``*.ckpt``).
+of a :class:`~ckptkit.CheckpointManager`), :class:`ckptkit.run.layouts.hf.TrainerLayout`
+(``checkpoint-N/``), :class:`ckptkit.run.layouts.hf.AccelerateLayout` (``checkpoint_N/``) and
+:class:`ckptkit.run.layouts.lightning.LightningLayout` (``*.ckpt``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ckptkit.catalog import Catalog, CheckpointInfo
+from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import Adoption, Notes
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.foreign.adopt import Adoption, Notes
 from ckptkit.verify.view import Expect
 
 Index = Mapping[str, Any]
-"""The run index as read (:meth:`ckptkit.catalog.Catalog.index`)."""
+"""The run index as read (:meth:`ckptkit.checkpoint.catalog.Catalog.index`)."""
 
 
 @dataclass

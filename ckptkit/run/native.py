@@ -1,8 +1,8 @@
 """The native layout: ``step-NNNNNNNN/`` directories of a :class:`~ckptkit.CheckpointManager`.
 
-The commit writes each checkpoint's manifest (:mod:`ckptkit.commit`), so a native
+The commit writes each checkpoint's manifest (:mod:`ckptkit.checkpoint.commit`), so a native
 checkpoint is never adopted; its status, duplicates and misplaced steps are the
-catalog's (:meth:`ckptkit.catalog.Catalog.list`).
+catalog's (:meth:`ckptkit.checkpoint.catalog.Catalog.list`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import builtins
 import contextlib
 from dataclasses import replace
 
-from ckptkit.catalog import Catalog, CheckpointInfo
+from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import Adoption, Notes
 from ckptkit.run.layout import Checked, Index
 from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
+from ckptkit.verify.foreign.adopt import Adoption, Notes
 from ckptkit.verify.runner import verify_one
 from ckptkit.verify.view import Expect
 

@@ -1,9 +1,9 @@
 """Which run layouts exist: framework layouts register a detector here at import.
 
-Below :mod:`ckptkit.layouts` (which register themselves) and :mod:`ckptkit.runs` (which
+Below :mod:`ckptkit.run.layouts` (which register themselves) and :mod:`ckptkit.run.directory` (which
 imports the built-in layouts by name, then asks every detector), so neither imports the
 other back. Third parties register their own layout the same way
-(``ckptkit.runs.register`` is this function).
+(``ckptkit.run.directory.register`` is this function).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ckptkit import retain
+from ckptkit.run import retain
 from ckptkit.storage.fs import Location
 
 

@@ -34,10 +34,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ckptkit import signing
-from ckptkit.catalog import CheckpointInfo
+from ckptkit.checkpoint.catalog import CheckpointInfo
 from ckptkit.collective import Collective, current, describe
 from ckptkit.errors import CkptkitError, DistributedError, LockHeldError
+from ckptkit.format import signing
 from ckptkit.run.core import Resume, Run
 from ckptkit.run.layout import Layout
 from ckptkit.storage import fs

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptkit import codes
-from ckptkit.catalog import CheckpointInfo, Status
+from ckptkit.checkpoint.catalog import CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
 from ckptkit.run.core import Run
@@ -155,7 +155,7 @@ class ScrubReport:
 def scrub(run: RunLike, *, since: Since | None = None) -> ScrubReport:
     """Re-verify the kept checkpoints of ``run`` from their bytes and record each outcome.
 
-    Open ``run`` writable and lazy (:func:`ckptkit.runs.open_run` with ``readonly=False``)
+    Open ``run`` writable and lazy (:func:`ckptkit.run.directory.open_run` with ``readonly=False``)
     so that it records through the lock when the lock is free; see the module docstring
     for what happens while a live writer holds it.
 
@@ -165,7 +165,7 @@ def scrub(run: RunLike, *, since: Since | None = None) -> ScrubReport:
 
     Example:
         >>> import tempfile, torch, ckptkit
-        >>> from ckptkit.runs import open_run
+        >>> from ckptkit.run.directory import open_run
         >>> d = tempfile.mkdtemp()
         >>> with ckptkit.CheckpointManager(d) as mgr:
         ...     _ = mgr.save(ckptkit.TrainState(model=torch.nn.Linear(2, 1), step=1))

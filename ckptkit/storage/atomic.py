@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ckptkit import crashpoints
 from ckptkit.errors import CheckpointExistsError
-from ckptkit.manifest import MANIFEST_NAME
+from ckptkit.format.manifest import MANIFEST_NAME
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 

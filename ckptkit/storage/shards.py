@@ -26,11 +26,12 @@ from typing import Any, Literal, Protocol
 import torch
 
 from ckptkit import crashpoints
-from ckptkit import manifest as mf
 from ckptkit.collective import Collective
+from ckptkit.format import manifest as mf
 from ckptkit.format import tree
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import codec, dcp, fs, remote, tensors
+from ckptkit.storage import codec, fs, remote, tensors
+from ckptkit.storage import dcp_engine as dcp
 from ckptkit.storage.fs import Location
 
 DEFAULT_SHARD_BYTES = 2 << 30

@@ -49,7 +49,7 @@ from ckptkit.format.dtypes import DTYPES, HeaderEntry, dtype_name
 from ckptkit.storage import codec, digest, files
 
 if TYPE_CHECKING:
-    from ckptkit.manifest import FileEntry
+    from ckptkit.format.manifest import FileEntry
 
 MAX_HEADER = 100 << 20
 """Largest safetensors header accepted (the safetensors library uses the same bound)."""

@@ -32,8 +32,8 @@ from typing import Any, Literal
 import torch
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.codes import CODES, ERROR, WARNING, Finding, Severity
+from ckptkit.format import manifest as mf
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.checks._state import SCANNED, tensor_component

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, UnsafeInputError
+from ckptkit.format import manifest as mf
 from ckptkit.format.dtypes import HeaderEntry
 from ckptkit.storage import files, fs, remote, tensors
 from ckptkit.storage.fs import Location

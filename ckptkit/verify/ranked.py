@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.collective import Collective, TorchGroup
 from ckptkit.errors import CkptkitError
+from ckptkit.format import manifest as mf
 from ckptkit.format.dtypes import HeaderEntry
 from ckptkit.storage import tensors
 from ckptkit.storage.fs import Location

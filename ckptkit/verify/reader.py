@@ -1,7 +1,7 @@
 """A check context filled by a reader other than the manifest (foreign checkpoints).
 
 The native runner builds a :class:`~ckptkit.verify.context.CheckContext` from
-``manifest.json``; a foreign reader (:mod:`ckptkit.foreign`) builds a
+``manifest.json``; a foreign reader (:mod:`ckptkit.verify.foreign`) builds a
 :class:`ReaderContext` instead: no manifest, but the same two things the checks read —
 a :class:`~ckptkit.verify.view.StateView` of the state and the scans of the checkpoint's
 files — so the registered checks that need only those (``needs=("state",)`` or

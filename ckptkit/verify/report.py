@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptkit import manifest as mf
 from ckptkit._repr import brief
 from ckptkit.codes import Finding, Severity
+from ckptkit.format import manifest as mf
 from ckptkit.storage.fs import Location
 from ckptkit.verify.view import Found
 

@@ -9,25 +9,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckptkit import _progress, codes, signing
-from ckptkit import manifest as mf
-from ckptkit.catalog import native_evidence
+from ckptkit import _progress, codes
 from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.catalog import native_evidence
+from ckptkit.checkpoint.detect import detect
+from ckptkit.checkpoint.whatis import missing
 from ckptkit.collective import Collective
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
-from ckptkit.foreign.detect import detect
-from ckptkit.foreign.read import resolve_format
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.format import manifest as mf
+from ckptkit.format import signing
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import SCAN_WORKERS, CheckContext, FileScan
 from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+from ckptkit.verify.foreign.read import resolve_format
+from ckptkit.verify.foreign.report import verify_foreign
 from ckptkit.verify.ranked import prescan
 from ckptkit.verify.report import Report, VerifyResult, empty_components
 from ckptkit.verify.view import EXPECTS, Expect, apply_expect
-from ckptkit.whatis import missing
 
 DEFAULT_FAMILIES = ("integrity", "completeness", "consistency")
 
@@ -57,7 +58,7 @@ def verify_one(
         strict: count warnings as failures.
         options: options the checks read (``against_env``, ``scan_values`` ...).
         progress: show a progress bar.
-        key: an HMAC key (resolved, see :func:`ckptkit.signing.resolve_key`): the
+        key: an HMAC key (resolved, see :func:`ckptkit.format.signing.resolve_key`): the
             manifest must be signed with it (``CK-M010``/``CK-M011`` otherwise).
         manifest: the manifest of ``path`` when the caller has just read it (with the same
             ``key``): it is not read and validated a second time.
@@ -70,7 +71,7 @@ def verify_one(
             checks read them as they read their own.
         only: of a multi-rank checkpoint, read the manifests of these ranks only (a
             restoring rank's: :func:`ckptkit.checkpoint.manifest_io.read`); the checks
-            pass over what unread manifests hold (:meth:`ckptkit.manifest.Manifest.elsewhere`).
+            pass over what unread manifests hold (:meth:`ckptkit.format.manifest.Manifest.elsewhere`).
     """
     root = fs.location(path)
     t0 = time.perf_counter()
@@ -233,7 +234,7 @@ def verify(
     """Verify one checkpoint, or every checkpoint under a run directory.
 
     A path without ``manifest.json`` holding a foreign layout (Trainer, Accelerate,
-    Lightning, DCP, torch.save; see :mod:`ckptkit.foreign`) is verified as that format,
+    Lightning, DCP, torch.save; see :mod:`ckptkit.verify.foreign`) is verified as that format,
     and so is each foreign child of a run directory (``checkpoint-N/``, ``*.ckpt``).
 
     Args:
@@ -242,7 +243,7 @@ def verify(
         against_env: add the resume-compatibility family (this machine vs the save).
         families: override which check families run.
         progress: show a progress bar (default: on a terminal, for big checkpoints).
-        format: a foreign format name (``ckptkit.foreign.FORMATS``) overriding detection.
+        format: a foreign format name (``ckptkit.verify.foreign.FORMATS``) overriding detection.
         key: HMAC key every manifest must be signed with (default: ``CKPTKIT_HMAC_KEY`` or
             ``CKPTKIT_HMAC_KEY_FILE``, else none). Without a key a signed manifest still
             verifies and reports ``CK-M012`` (signature not checked).
@@ -353,7 +354,7 @@ def _foreign_targets(root: Path, fmt: str | None) -> list[tuple[Path, str | None
     if native_evidence(fs.location(root)) is not None:
         # A native run, whatever else lies in it (a trainer_state.json, a stray
         # checkpoint-3/): its step directories are what is verified; the CLI names the
-        # strays as ignored (ckptkit.runs.ignored).
+        # strays as ignored (ckptkit.run.directory.ignored).
         return None
     found = detect(root)
     if found is not None:

@@ -3,7 +3,7 @@
 A *reader* turns a checkpoint into a :class:`StateView`: the native reader from
 ``manifest.json`` (:class:`ckptkit.verify.checks._state.ManifestView`), the foreign readers
 from a Trainer folder, a Lightning file, a DCP directory, a hand-rolled ``torch.save``
-dict (:mod:`ckptkit.foreign`). The completeness and consistency checks read only the view,
+dict (:mod:`ckptkit.verify.foreign`). The completeness and consistency checks read only the view,
 so one check (one NaN/Inf scan, one moment-shape rule, one "required component" rule)
 judges every format with the same code and the same words.
 
@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
 
 Expect = Literal["weights", "training"]
 """What a checkpoint is expected to be: model weights only, or a training resume point."""

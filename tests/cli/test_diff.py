@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.statediff import Tolerance, diff
+from ckptkit.verify.foreign.adopt import adopt_checkpoint
+from ckptkit.verify.statediff import Tolerance, diff
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "schemas" / "diff-report.schema.json").read_text())
@@ -114,7 +114,7 @@ def dcp_ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     flattened to the top level beside ``optimizer``)."""
     import torch.distributed.checkpoint as dcp
 
-    import ckptkit.dcp
+    import ckptkit.checkpoint.dcp
 
     d = tmp_path_factory.mktemp("dcp")
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ import torch
 from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
 
 NEW, OLD = "step-00000002", "step-00000001"
 

@@ -18,9 +18,9 @@ import torch
 from zygote import Env, Result, Zygote, fresh_ckptkit
 
 import ckptkit
-from ckptkit import signing
-from ckptkit.catalog import step_dir_name
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.cli import main
+from ckptkit.format import signing
 
 KEY = b"k" * 32
 KEY_COMMANDS = ("verify", "inspect", "ls", "prune", "rollback", "scrub", "diff")

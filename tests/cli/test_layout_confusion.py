@@ -22,10 +22,11 @@ import torch
 from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
-from ckptkit import catalog, runs
-from ckptkit.catalog import step_dir_name, step_of
+from ckptkit.checkpoint import catalog
+from ckptkit.checkpoint.catalog import step_dir_name, step_of
 from ckptkit.errors import CkptkitError
-from ckptkit.layouts import hf, lightning
+from ckptkit.run import directory as runs
+from ckptkit.run.layouts import hf, lightning
 
 TIMEOUT = 180
 

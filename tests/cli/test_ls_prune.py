@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit.catalog import step_dir_name
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.cli import main
-from ckptkit.manager import CheckpointManager
+from ckptkit.run.manager import CheckpointManager
 from ckptkit.storage import atomic
 
 

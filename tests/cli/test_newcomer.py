@@ -23,14 +23,15 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit import codes, rotation
+from ckptkit import codes
+from ckptkit.capture.fit import FitReport
 from ckptkit.cli import SIGPIPE_EXIT, main
+from ckptkit.cli.watch import not_judging
 from ckptkit.errors import CkptkitError, CommittedError, IncompleteCheckpointError
-from ckptkit.fit import FitReport
-from ckptkit.runs import rollback
-from ckptkit.stability import StabilityWatch
+from ckptkit.run import rotation
+from ckptkit.run.directory import rollback
+from ckptkit.signals.stability import StabilityWatch
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every code)
-from ckptkit.watch import not_judging
 
 ROOT = Path(__file__).resolve().parents[2]
 BOX = re.compile("[\u2500-\u257f]")

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import ckptkit
 from ckptkit.cli import main
 from ckptkit.errors import IncompleteCheckpointError
-from ckptkit.stability import StabilityWatch
+from ckptkit.signals.stability import StabilityWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 

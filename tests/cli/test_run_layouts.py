@@ -17,13 +17,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ckptkit import runs
-from ckptkit.catalog import CheckpointInfo
+from ckptkit.checkpoint.catalog import CheckpointInfo
 from ckptkit.cli import main
 from ckptkit.codes import Finding
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import adopted_path
+from ckptkit.run import directory as runs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.foreign.adopt import adopted_path
 from ckptkit.verify.runner import verify
 
 NAME = re.compile(r"toy-(\d+)\.pt$")

@@ -20,11 +20,11 @@ import torch
 from zygote import Zygote, fresh_ckptkit
 
 import ckptkit
-from ckptkit.catalog import INDEX, LATEST, step_dir_name
-from ckptkit.foreign.adopted import adopted_path
-from ckptkit.manager import CheckpointManager
-from ckptkit.recovery_log import LOG
+from ckptkit.checkpoint.catalog import INDEX, LATEST, step_dir_name
+from ckptkit.run.manager import CheckpointManager
+from ckptkit.signals.recovery_log import LOG
 from ckptkit.storage.lock import LOCK_NAME
+from ckptkit.verify.foreign.adopted import adopted_path
 
 TIMEOUT = 120
 """Seconds a command may take: far above its real time (a few seconds), far below a hang."""

@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import codes, retain
-from ckptkit.catalog import step_dir_name
+from ckptkit import codes
+from ckptkit.checkpoint.catalog import step_dir_name
+from ckptkit.run import retain
+from ckptkit.run.directory import listing, open_run
+from ckptkit.run.directory import rollback as pick
 from ckptkit.run.scrub import Since, scrub
-from ckptkit.runs import listing, open_run
-from ckptkit.runs import rollback as pick
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 from click.testing import CliRunner
 
-from ckptkit import manifest as mf
 from ckptkit.cli import main
+from ckptkit.format import manifest as mf
 
 
 def _run(*args: str) -> tuple[int, str, str]:

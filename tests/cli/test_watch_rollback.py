@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import ckptkit
 from ckptkit.cli import main
-from ckptkit.watch import JsonlFollower, follow
+from ckptkit.cli.watch import JsonlFollower, follow
 
 
 def _write_metrics(path: Path, n: int, *, nan_at: int | None = None, partial: bool = False) -> None:

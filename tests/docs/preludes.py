@@ -64,7 +64,7 @@ state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100
 '''
 
 SIGNED = HMAC + '''\
-from ckptkit.describe import describe as _describe
+from ckptkit.verify.describe import describe as _describe
 key = b"k" * 32
 ckptkit.save({**state, "step": 2000}, "ckpt/step-00002000", key=key)
 pinned_digest = _describe("ckpt/step-00002000", key=key)["manifest_digest"]

@@ -52,7 +52,7 @@ import torch
 import xxhash
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 FAULTS = {
     "none": "none",

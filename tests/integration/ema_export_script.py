@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 FAULTS = {"none": "none", "ema-unsaved": "ema"}
 """Fault -> the component a drill should name (tools/diagnosis_table.py)."""

@@ -21,7 +21,7 @@ import sys
 import torch
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 SAMPLES, BATCH, MILESTONE = 32, 4, 1000
 

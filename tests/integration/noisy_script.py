@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 N_SAMPLES, SEQ, VOCAB, DIM, BATCH = 96, 6, 24, 24, 8
 FAULTS = {"none": "none", "stale-layer": "model", "bf16-weights": "model"}

@@ -29,7 +29,7 @@ import sys
 import torch
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 N, BATCH = 24, 4
 PER_EPOCH = N // BATCH

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ckptkit import recovery as rc
 from ckptkit.checkpoint import manifest_io
+from ckptkit.signals import recovery as rc
 
 pytestmark = pytest.mark.slow
 

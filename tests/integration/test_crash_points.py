@@ -31,7 +31,7 @@ import fsspec
 import pytest
 
 from ckptkit import crashpoints
-from ckptkit.catalog import LATEST, STEP_RE
+from ckptkit.checkpoint.catalog import LATEST, STEP_RE
 from ckptkit.storage import atomic, fs
 from ckptkit.verify.runner import verify_one
 

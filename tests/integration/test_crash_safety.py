@@ -38,8 +38,8 @@ import torch
 
 import ckptkit
 from ckptkit import crashpoints
-from ckptkit.catalog import LATEST, STEP_RE
-from ckptkit.manager import CheckpointManager
+from ckptkit.checkpoint.catalog import LATEST, STEP_RE
+from ckptkit.run.manager import CheckpointManager
 from ckptkit.storage import atomic
 from ckptkit.verify.runner import verify_one
 

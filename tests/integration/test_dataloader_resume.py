@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptkit.recorder import read_jsonl
+from ckptkit.signals.recorder import read_jsonl
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hostile_dcp import CASES, MARKER, fresh, train_state
 
 import ckptkit
-import ckptkit.dcp
+import ckptkit.checkpoint.dcp
 from ckptkit.cli import main
 from ckptkit.errors import CkptkitError
 

@@ -23,12 +23,12 @@ import torch.distributed.checkpoint as dcp
 from hostile_dcp import fresh, train_state
 from torch.distributed.checkpoint.api import CheckpointException
 
-import ckptkit.dcp
-import ckptkit.lookahead
+import ckptkit.checkpoint.dcp
+import ckptkit.checkpoint.lookahead
 from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format.digest import hexdigest_bytes
-from ckptkit.storage import dcp as store
+from ckptkit.storage import dcp_engine as store
 from ckptkit.storage import digest
 
 KEY = b"a-key-of-sixteen-bytes-or-more"
@@ -133,7 +133,7 @@ def test_a_dcp_save_records_the_look_ahead_verify_reads(tmp_path: Path) -> None:
     # checks it as the guard will read it: a value of the wrong type is CK-S012.
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.25)
-    given = ckptkit.lookahead.record(step=5, model=model, optimizer=opt)
+    given = ckptkit.checkpoint.lookahead.record(step=5, model=model, optimizer=opt)
     ckptkit.dcp.save(train_state(), tmp_path / "step-5", step=5, lookahead=given)
     assert ckptkit.dcp.read_manifest(tmp_path / "step-5").lookahead["guard"]["lr"] == [0.25]
     bad = {"guard": {**given["guard"], "lr": "fast"}}

@@ -17,8 +17,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ckptkit.cli.render import drill as render
 from ckptkit.drill.runner import DrillConfig, DrillReport, run_drill
-from ckptkit.render import drill as render
 
 SCRIPT = Path(__file__).parent / "ema_export_script.py"
 SCHEMA = json.loads(

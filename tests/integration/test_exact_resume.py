@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from zygote import Zygote
 
-from ckptkit.catalog import step_dir_name
 from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.examples.tiny_lm import FAULTS as ALL_FAULTS
 
 W, N = 15, 15

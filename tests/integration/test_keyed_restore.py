@@ -21,13 +21,13 @@ from threadranks import ThreadRank, on_ranks
 
 import ckptkit
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.capture.state import TrainState
-from ckptkit.catalog import step_dir_name
-from ckptkit.commit import save_state
+from ckptkit.checkpoint.catalog import step_dir_name
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.errors import SignatureError
 from ckptkit.format import digest
-from ckptkit.restore import Skip, restore_candidate
+from ckptkit.format import manifest as mf
+from ckptkit.run.restore import Skip, restore_candidate
 from ckptkit.storage import fs
 
 NEWEST = step_dir_name(STEPS[-1])

@@ -17,9 +17,9 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit.catalog import LATEST, step_dir_name
+from ckptkit.checkpoint.catalog import LATEST, step_dir_name
 from ckptkit.cli import main as cli
-from ckptkit.manager import CheckpointManager
+from ckptkit.run.manager import CheckpointManager
 from ckptkit.storage import atomic
 from ckptkit.verify.runner import verify_one
 

@@ -26,7 +26,7 @@ import torch
 from preempt_script import digest
 
 import ckptkit
-from ckptkit.catalog import Catalog
+from ckptkit.checkpoint.catalog import Catalog
 
 SCRIPT = Path(__file__).with_name("preempt_script.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +140,7 @@ class Job:
         return out
 
 
-def _newest(run: Path) -> ckptkit.catalog.CheckpointInfo:
+def _newest(run: Path) -> ckptkit.checkpoint.catalog.CheckpointInfo:
     infos = Catalog(run).list()
     assert infos, "no checkpoint"
     assert all(c.status != "corrupt" for c in infos), [(c.step, c.status, c.problem) for c in infos]

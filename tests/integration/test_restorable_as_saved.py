@@ -25,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit.catalog import step_dir_name
-from ckptkit.sampler import ResumableSampler
+from ckptkit.capture.resumable import ResumableSampler
+from ckptkit.checkpoint.catalog import step_dir_name
+from ckptkit.format import manifest as mf
 
 STEPS = (1, 2)
 NEWEST = step_dir_name(STEPS[-1])

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 import ckptkit
 from ckptkit.cli import main
 from ckptkit.examples.tiny_lm import TinyLM, collate, make_corpus
-from ckptkit.runs import rollback
-from ckptkit.stability import StabilityWatch
+from ckptkit.run.directory import rollback
+from ckptkit.signals.stability import StabilityWatch
 
 
 def test_rollback_after_induced_collapse_picks_pre_warning_checkpoint(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 STEPS = 4
 

@@ -28,8 +28,9 @@ import torch
 from zygote import Result, Zygote, fresh_ckptkit
 
 import ckptkit
-from ckptkit import codes, signing
-from ckptkit.catalog import INDEX, Catalog, step_dir_name
+from ckptkit import codes
+from ckptkit.checkpoint.catalog import INDEX, Catalog, step_dir_name
+from ckptkit.format import signing
 from ckptkit.storage import digest, tensors
 from ckptkit.verify.runner import verify_one
 

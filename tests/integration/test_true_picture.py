@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit import catalog as catalog_mod
-from ckptkit.catalog import LATEST, step_dir_name
+from ckptkit.checkpoint import catalog as catalog_mod
+from ckptkit.checkpoint.catalog import LATEST, step_dir_name
 from ckptkit.cli import main as cli
-from ckptkit.manager import CheckpointManager
+from ckptkit.run.manager import CheckpointManager
 
 
 def _ts(step: int = 0) -> ckptkit.TrainState:

@@ -57,7 +57,7 @@ _AUDITED = textwrap.dedent(
             raise RuntimeError(f"unrestricted unpickle of {args}")
     sys.addaudithook(hook)
     import torch, ckptkit
-    from ckptkit.describe import describe
+    from ckptkit.verify.describe import describe
     run, step, storage = sys.argv[1], sys.argv[2], sys.argv[3]
     out = {}
     def attempt(name, fn):

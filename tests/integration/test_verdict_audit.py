@@ -23,7 +23,7 @@ from hostile import CASES, KEY, MARKER, STEPS, make_run, train_state
 from threadranks import on_ranks
 
 import ckptkit
-from ckptkit.catalog import step_dir_name
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.cli import main
 
 NEWEST = step_dir_name(STEPS[-1])

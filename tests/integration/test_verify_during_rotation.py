@@ -24,9 +24,9 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit.catalog import Catalog, step_dir_name
 from ckptkit.checkpoint import manifest_io
+from ckptkit.checkpoint.catalog import Catalog, step_dir_name
+from ckptkit.format import manifest as mf
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify import runner

@@ -13,7 +13,7 @@ import torch
 import zstandard
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
 
 
 def _snapshot(root: Path) -> dict[str, str]:

@@ -14,9 +14,11 @@ import pytest
 from hostile import STEPS, make_run, train_state
 
 import ckptkit
-from ckptkit import codes, retain, runs
-from ckptkit.catalog import step_dir_name
+from ckptkit import codes
+from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.errors import SignatureError
+from ckptkit.run import directory as runs
+from ckptkit.run import retain
 
 
 def _prune_delete_corrupt(run_dir: Path, key: bytes | None) -> set[str]:
@@ -122,7 +124,7 @@ def test_a_completeness_finding_is_not_damage_a_ckptkit_dcp_run_survives(tmp_pat
     import torch
     from click.testing import CliRunner
 
-    import ckptkit.dcp
+    import ckptkit.checkpoint.dcp
     from ckptkit.cli import main
 
     run = tmp_path / "run"

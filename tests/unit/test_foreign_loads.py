@@ -1,4 +1,4 @@
-"""The table of how each framework loads each file on resume (``ckptkit.foreign.loads``).
+"""The table of how each framework loads each file on resume (``ckptkit.verify.foreign.loads``).
 
 It states, per layout, which files a resume loads and how, and what a pickle that needs
 code in each of them means; then it checks every call the table quotes against the
@@ -23,9 +23,10 @@ import pytest
 import torch
 from packaging.version import Version
 
-from ckptkit.foreign import _load
-from ckptkit.foreign.detect import FORMATS
-from ckptkit.foreign.loads import (
+from ckptkit.checkpoint import safeload
+from ckptkit.checkpoint.detect import FORMATS
+from ckptkit.verify.findings import ERROR, INFO
+from ckptkit.verify.foreign.loads import (
     ALLOW_LISTS,
     CKPTKIT,
     LOADS,
@@ -35,7 +36,6 @@ from ckptkit.foreign.loads import (
     needs_code_verdict,
     refused_by_load,
 )
-from ckptkit.verify.findings import ERROR, INFO
 
 # (layout, file, how it is loaded on resume: "code" runs pickled code, "refuses" is a
 # weights_only=True load (a pickle needing code makes the resume fail), "pickle-free" holds
@@ -133,12 +133,12 @@ def test_the_quoted_framework_calls_are_in_the_installed_sources(
         # The table says this release dropped the call: it must be gone, or the table is wrong.
         assert re.sub(r"\s+", "", call) not in src, (
             f"{module} {installed} still contains {call!r}, which the table says is gone in "
-            f"{gone_in}: fix gone_in in ckptkit/foreign/loads.py"
+            f"{gone_in}: fix gone_in in ckptkit/verify/foreign/loads.py"
         )
         return
     assert re.sub(r"\s+", "", call) in src, (
         f"{module} {installed} no longer contains {call!r}: re-read how {fmt} loads its files "
-        "on resume and update ckptkit/foreign/loads.py (gone_in=, and docs/formats.md)"
+        "on resume and update ckptkit/verify/foreign/loads.py (gone_in=, and docs/formats.md)"
     )
 
 
@@ -185,8 +185,8 @@ def test_the_copy_of_each_framework_list_is_the_installed_one(allow: AllowList) 
         pytest.skip(f"{allow.module} is not installed (the interop extra)")
     installed, origin = allow.extra()
     assert origin.endswith("as installed"), origin
-    assert _load.global_names(allow.copy()) == _load.global_names(installed), (
-        f"{allow.adds} changed: update its copy in ckptkit/foreign/loads.py (and docs/formats.md)"
+    assert safeload.global_names(allow.copy()) == safeload.global_names(installed), (
+        f"{allow.adds} changed: update its copy in ckptkit/verify/foreign/loads.py (and docs/formats.md)"
     )
 
 
@@ -242,7 +242,7 @@ def _framework_load(fmt: str, rel: str) -> Callable[[Path], Any] | None:
         return trainer_rng if rel.startswith("rng_state") else lambda p: torch.load(p, weights_only=True)
     if fmt == "torch-save":  # the script's own load: held to ckptkit's list
         def ckptkit_load(p: Path) -> Any:
-            obj, problem = _load.safe_torch_load(p)
+            obj, problem = safeload.safe_torch_load(p)
             if problem is not None:
                 raise RuntimeError(problem.message)
             return obj

@@ -20,8 +20,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ckptkit import codes, retain, runs
-from ckptkit.foreign.report import verify_foreign
+from ckptkit import codes
+from ckptkit.run import directory as runs
+from ckptkit.run import retain
+from ckptkit.verify.foreign.report import verify_foreign
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
 
 _OPENED: list[str] = []
 _RECORD = [False]

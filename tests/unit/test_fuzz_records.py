@@ -28,14 +28,20 @@ from hypothesis import strategies as st
 
 import ckptkit
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.cli import main
+from ckptkit.cli.render.text import render_recoveries
 from ckptkit.errors import CkptkitError
-from ckptkit.records import Health, LookAhead, Recoveries, recoveries_problems, replica_problem
-from ckptkit.recovery import RecoveryPolicy
-from ckptkit.recovery_log import LOG, describe, iter_records, read_log
-from ckptkit.render.text import render_recoveries
-from ckptkit.stability import StabilityWatch
+from ckptkit.format import manifest as mf
+from ckptkit.format.records import (
+    Health,
+    LookAhead,
+    Recoveries,
+    recoveries_problems,
+    replica_problem,
+)
+from ckptkit.signals.recovery import RecoveryPolicy
+from ckptkit.signals.recovery_log import LOG, describe, iter_records, read_log
+from ckptkit.signals.stability import StabilityWatch
 
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70),

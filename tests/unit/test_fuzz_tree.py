@@ -32,10 +32,10 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit.catalog import Catalog
-from ckptkit.describe import describe
+from ckptkit.checkpoint.catalog import Catalog
+from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
+from ckptkit.verify.describe import describe
 from ckptkit.verify.findings import CODES
 from ckptkit.verify.runner import VerifyResult
 

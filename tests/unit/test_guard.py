@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import guard
-from ckptkit import manifest as mf
+from ckptkit.format import manifest as mf
+from ckptkit.signals import guard
 
 
 def _setup(seed: int = 0) -> dict[str, Any]:
@@ -119,7 +119,7 @@ def test_first_steps_are_checked_through_the_recorder(tmp_path) -> None:  # type
 
 
 def test_attaching_twice_does_not_stack(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ckptkit.recorder import read_jsonl
+    from ckptkit.signals.recorder import read_jsonl
 
     rec = ckptkit.Recorder(tmp_path / "m.jsonl")
     for _ in range(3):
@@ -133,7 +133,7 @@ def test_detaching_the_stability_watch_keeps_the_guard(tmp_path) -> None:  # typ
     """Issue 24: the watch and the guard both replaced ``recorder.log``; detaching the watch
     (attached after the restore) put the class method back and silently dropped the
     guard's wrapper, so the guard stopped seeing the resumed steps."""
-    from ckptkit.stability import StabilityWatch
+    from ckptkit.signals.stability import StabilityWatch
 
     saved = {"k": 4, "next_step": 11, "sample_ids": [5, 6, 7, 8]}
     g = guard.ResumeGuard(saved)

@@ -16,9 +16,9 @@ from deadline import within
 from hostile import HOSTILE_TREES
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
-from ckptkit.describe import describe
+from ckptkit.format import manifest as mf
+from ckptkit.verify.describe import describe
 
 
 def _verify_codes(d: Path) -> list[str]:
@@ -338,7 +338,7 @@ def test_hostile_value_is_one_corrupt_checkpoint_not_a_broken_run(tmp_path: Path
     """The checkpoint lists as corrupt naming the key path; restore falls back; the next save
     commits, verifies and rotates with no raw error (its background listing reads the bad
     manifest too)."""
-    from ckptkit.catalog import Catalog
+    from ckptkit.checkpoint.catalog import Catalog
 
     run = tmp_path / "run"
     with ckptkit.CheckpointManager(run) as mgr:

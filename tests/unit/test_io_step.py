@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit.describe import describe
+from ckptkit.format import manifest as mf
+from ckptkit.verify.describe import describe
 
 ROOT = Path(__file__).resolve().parents[2]
 

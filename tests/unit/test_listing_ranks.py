@@ -21,12 +21,12 @@ from threadranks import ThreadRank, on_ranks
 
 import ckptkit
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.capture.state import manifests_to_read
-from ckptkit.catalog import Catalog
 from ckptkit.checkpoint import manifest_io
-from ckptkit.commit import save_state
+from ckptkit.checkpoint.catalog import Catalog
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.errors import ManifestError
+from ckptkit.format import manifest as mf
 from ckptkit.storage import fs
 
 WORLD = 4

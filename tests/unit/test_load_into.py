@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.fit import fit_report
+from ckptkit.capture.fit import fit_report
 
 
 def _mlp(width: int = 8, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 import ckptkit
-from ckptkit import codes, lookahead
-from ckptkit.checkpoint import manifest_io
+from ckptkit import codes
+from ckptkit.checkpoint import lookahead, manifest_io
 
 
 def _state(step: int = 0, *, scheduler: bool = True) -> ckptkit.TrainState:

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import saving as saving_mod
-from ckptkit.catalog import LATEST, step_dir_name
-from ckptkit.manager import CheckpointManager
+from ckptkit.checkpoint.catalog import LATEST, step_dir_name
+from ckptkit.run import saving as saving_mod
+from ckptkit.run.manager import CheckpointManager
 from ckptkit.storage import atomic
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
+from ckptkit.format import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "manifests"
@@ -66,7 +66,7 @@ def test_every_manifest_read_is_validated_once(saved_ckpt, monkeypatch) -> None:
     assert len(calls) == 1
     ckptkit.verify(d)
     assert len(calls) == 2
-    from ckptkit.describe import describe
+    from ckptkit.verify.describe import describe
 
     describe(d)
     assert len(calls) == 3

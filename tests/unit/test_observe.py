@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import observe
+from ckptkit.signals import observe
 
 
 def _setup(*, scaler_in_state: bool = True, sampler: Any = None) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def test_gap_patterns_record_draws_between_steps() -> None:
 
 
 def test_with_batches_the_rng_is_fingerprinted_before_the_augmentation() -> None:
-    from ckptkit import rngtrace
+    from ckptkit.signals import rngtrace
 
     class Noisy(torch.utils.data.Dataset[torch.Tensor]):
         def __len__(self) -> int:
@@ -187,7 +187,7 @@ def test_ema_helpers_copy_the_model_and_optimizer_with_a_recorder_bound(tmp_path
 
     from torch.optim.swa_utils import AveragedModel
 
-    from ckptkit.stability import StabilityWatch
+    from ckptkit.signals.stability import StabilityWatch
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))

@@ -17,10 +17,10 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit import manifest as mf
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.cli import main
-from ckptkit.commit import save_state
 from ckptkit.errors import CommittedError, ManifestError
+from ckptkit.format import manifest as mf
 from ckptkit.verify import atsave
 from ckptkit.verify.runner import verify_one
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.capture.state import TrainState, manifests_to_read, read_together
 from ckptkit.errors import CkptkitError, ManifestError, SignatureError
+from ckptkit.format import manifest as mf
 
 WORLD = 4
 

@@ -1,4 +1,4 @@
-"""Per-rank model state on thread ranks (``ckptkit.perrank``, issue 39 item 6).
+"""Per-rank model state on thread ranks (``ckptkit.capture.perrank``, issue 39 item 6).
 
 The commit protocol with thread collectives: buffers that agree are written once, buffers
 that differ are written per rank and come back by the reshard rule (own, else rank 0's),
@@ -16,13 +16,14 @@ import torch
 from threadranks import on_ranks
 
 import ckptkit
-from ckptkit import codes, perrank
+from ckptkit import codes
+from ckptkit.capture import perrank
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.capture.state import manifests_to_read, tree_problems
 from ckptkit.checkpoint import manifest_io
-from ckptkit.commit import save_state
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.errors import StateError
-from ckptkit.restore import restore_candidate
+from ckptkit.run.restore import restore_candidate
 from ckptkit.storage import fs
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError, ManifestError, SignatureError
+from ckptkit.format import manifest as mf
 
 KEY = b"k" * 32
 

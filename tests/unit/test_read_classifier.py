@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptkit import codes, signing
-from ckptkit.catalog import INDEX, Catalog
+from ckptkit import codes
+from ckptkit.checkpoint.catalog import INDEX, Catalog
 from ckptkit.errors import IntegrityError, UnreadableError
-from ckptkit.rotation import CkptInfo, plan
+from ckptkit.format import signing
+from ckptkit.run.rotation import CkptInfo, plan
 
 KEY = b"0123456789abcdef0123"
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ckptkit.errors import CkptkitError
-from ckptkit.recorder import ENV_METRICS, Recorder, read_jsonl
+from ckptkit.signals.recorder import ENV_METRICS, Recorder, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -198,7 +198,7 @@ def test_killed_writer_leaves_readable_file(tmp_path: Path) -> None:
         "pkg = types.ModuleType('ckptkit')\n"
         f"pkg.__path__ = [{str(REPO / 'ckptkit')!r}]\n"
         "sys.modules['ckptkit'] = pkg\n"
-        "from ckptkit.recorder import Recorder\n"
+        "from ckptkit.signals.recorder import Recorder\n"
         "rec = Recorder(sys.argv[1])\n"
         "step = 0\n"
         "while True:\n"
@@ -231,7 +231,7 @@ def test_append_after_a_torn_last_line_starts_a_new_line(
         rec.log(3, loss=0.5)
     lines = p.read_text().split("\n")
     assert lines[1] == '{"step":2,"lo' and lines[2].startswith('{"step":3')
-    with caplog.at_level("WARNING", logger="ckptkit.recorder"):
+    with caplog.at_level("WARNING", logger="ckptkit.signals.recorder"):
         assert [r["step"] for r in read_jsonl(p)] == [1, 3]
     assert "skipped 1 damaged line" in caplog.text
     # a clean file and an empty file get no extra newline
@@ -244,8 +244,8 @@ def test_append_after_a_torn_last_line_starts_a_new_line(
 
 
 def test_read_jsonl_and_follower_share_one_damaged_line_policy(tmp_path: Path) -> None:
-    from ckptkit.recorder import parse_line
-    from ckptkit.watch import JsonlFollower
+    from ckptkit.cli.watch import JsonlFollower
+    from ckptkit.signals.recorder import parse_line
 
     p = tmp_path / "m.jsonl"
     body = '{"step":1,"x":["inf"]}\n[1, 2]\n\ngarbage\n{"step":2}{"step":3}\n{"step":4}\n'
@@ -261,7 +261,7 @@ def test_read_jsonl_and_follower_share_one_damaged_line_policy(tmp_path: Path) -
 def test_subscribers_hear_every_record_independently(tmp_path: Path) -> None:
     """Listeners subscribe; nothing replaces ``Recorder.log`` (issue 24), so removing one
     subscription leaves the others, and each hears the loop's values and the written record."""
-    from ckptkit.recorder import Logged
+    from ckptkit.signals.recorder import Logged
 
     rec = Recorder(tmp_path / "m.jsonl")
     first: list[Logged] = []

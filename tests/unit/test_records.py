@@ -17,8 +17,8 @@ import torch
 
 import ckptkit
 from ckptkit.checkpoint import manifest_io
-from ckptkit.records import Health, LookAhead, Recoveries, Recovery, health_level
-from ckptkit.stability import StabilityWatch
+from ckptkit.format.records import Health, LookAhead, Recoveries, Recovery, health_level
+from ckptkit.signals.stability import StabilityWatch
 
 
 def _watch() -> StabilityWatch:

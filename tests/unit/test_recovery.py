@@ -1,4 +1,4 @@
-"""Automatic recovery (ckptkit.recovery): triggers, restore, actions, limits, records.
+"""Automatic recovery (ckptkit.signals.recovery): triggers, restore, actions, limits, records.
 
 A small real loop (Linear model, SGD + LambdaLR, a ResumableSampler, real checkpoints on
 disk) whose health metrics are scripted per step, so each test decides exactly when the
@@ -19,12 +19,12 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit import recovery as rc
 from ckptkit.cli import main
 from ckptkit.errors import RecoveryError
-from ckptkit.manifest import Manifest
-from ckptkit.recovery import RecoveryContext, RecoveryEvent, RecoveryPolicy
-from ckptkit.stability import StabilityWatch
+from ckptkit.format.manifest import Manifest
+from ckptkit.signals import recovery as rc
+from ckptkit.signals.recovery import RecoveryContext, RecoveryEvent, RecoveryPolicy
+from ckptkit.signals.stability import StabilityWatch
 
 BATCH = 4
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 import ckptkit
-from ckptkit import recovery
-from ckptkit.manager import CheckpointManager
-from ckptkit.recovery import ABANDONED
+from ckptkit.run.manager import CheckpointManager
+from ckptkit.signals import recovery
+from ckptkit.signals.recovery import ABANDONED
 
 SRC = Path(recovery.__file__)
 

@@ -17,10 +17,12 @@ from click.testing import CliRunner
 from threadranks import ThreadRank, on_ranks
 
 import ckptkit
-from ckptkit import codes, records, replicas
+from ckptkit import codes
+from ckptkit.checkpoint import replicas
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.cli import main as cli
 from ckptkit.collective import Solo, all_gather_fixed, gather_fixed
-from ckptkit.commit import save_state
+from ckptkit.format import records
 
 
 class Spy:

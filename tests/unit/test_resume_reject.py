@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import ckptkit
-from ckptkit.catalog import CheckpointInfo
+from ckptkit.checkpoint.catalog import CheckpointInfo
 from ckptkit.run import NativeLayout, resume_target
 
 

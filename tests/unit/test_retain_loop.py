@@ -17,10 +17,10 @@ import torch
 from deadline import within
 
 import ckptkit
-from ckptkit import retain
-from ckptkit.catalog import Catalog, CheckpointInfo, step_dir_name
+from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo, step_dir_name
 from ckptkit.codes import CODES, Finding
-from ckptkit.manager import CheckpointManager
+from ckptkit.run import retain
+from ckptkit.run.manager import CheckpointManager
 
 
 class _Store:

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptkit import rngtrace
-from ckptkit.rngtrace import Draws, RngSnapshot, draws_between, explain
+from ckptkit.signals import rngtrace
+from ckptkit.signals.rngtrace import Draws, RngSnapshot, draws_between, explain
 
 
 def test_nothing_drawn_is_an_empty_result_and_an_equal_fingerprint() -> None:

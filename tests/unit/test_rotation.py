@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptkit.rotation import (
+from ckptkit.run.rotation import (
     AnyOf,
     CkptInfo,
     KeepEvery,
@@ -278,7 +278,7 @@ def test_prop_corrupt_deleted_only_when_asked(cks: list[CkptInfo], args: dict) -
 
 
 def _info(tmp: Path, step: int, status: str, health: str | None, signals: dict | None = None):  # type: ignore[no-untyped-def]
-    from ckptkit.catalog import CheckpointInfo
+    from ckptkit.checkpoint.catalog import CheckpointInfo
 
     rec = None if health is None else {"level": health, "signals": signals or {}}
     return CheckpointInfo(

@@ -21,13 +21,13 @@ import torch
 from hostile import make_run
 
 import ckptkit
-from ckptkit import runs
 from ckptkit.errors import NotWritableError
-from ckptkit.foreign.adopt import adopt_checkpoint, adopted_path
-from ckptkit.foreign.report import verify_foreign
-from ckptkit.layouts.hf import open_hf
-from ckptkit.layouts.lightning import LightningLayout, open_lightning
 from ckptkit.run import Run
+from ckptkit.run import directory as runs
+from ckptkit.run.layouts.hf import open_hf
+from ckptkit.run.layouts.lightning import LightningLayout, open_lightning
+from ckptkit.verify.foreign.adopt import adopt_checkpoint, adopted_path
+from ckptkit.verify.foreign.report import verify_foreign
 
 KEY = b"k" * 32
 OTHER = b"o" * 32

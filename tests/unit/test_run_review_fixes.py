@@ -24,13 +24,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ckptkit import recovery
-from ckptkit.catalog import INDEX, SIGNED
+from ckptkit.checkpoint.catalog import INDEX, SIGNED
 from ckptkit.errors import CkptkitError
-from ckptkit.foreign.adopt import adopted_path
-from ckptkit.layouts.hf import open_hf
-from ckptkit.layouts.lightning import LightningLayout
 from ckptkit.run import Run
+from ckptkit.run.layouts.hf import open_hf
+from ckptkit.run.layouts.lightning import LightningLayout
+from ckptkit.signals import recovery
+from ckptkit.verify.foreign.adopt import adopted_path
 
 KEY = b"k" * 32
 OTHER = b"o" * 32

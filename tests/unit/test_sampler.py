@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.errors import StateError
-from ckptkit.sampler import ResumableSampler
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""The save pipeline (ckptkit.saving) on its own and behind CheckpointManager.
+"""The save pipeline (ckptkit.run.saving) on its own and behind CheckpointManager.
 
 Issue 24 moved it out of manager.py; what must not change: a background job's error
 surfaces once, at the next save or wait; ``idle`` may be asked from another thread and
@@ -20,12 +20,11 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import saving
-from ckptkit.catalog import step_dir_name
-from ckptkit.manager import CheckpointManager
-from ckptkit.run import NativeLayout, Run
+from ckptkit.checkpoint.catalog import step_dir_name
+from ckptkit.run import NativeLayout, Run, saving
+from ckptkit.run.manager import CheckpointManager
+from ckptkit.run.trajectory import Trajectory
 from ckptkit.storage.fs import Location
-from ckptkit.trajectory import Trajectory
 
 
 def _state(step: int) -> ckptkit.TrainState:

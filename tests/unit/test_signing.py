@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 import ckptkit
-from ckptkit import manifest as mf
-from ckptkit import signing
 from ckptkit.cli import main
-from ckptkit.describe import describe
+from ckptkit.format import manifest as mf
+from ckptkit.format import signing
+from ckptkit.verify.describe import describe
 
 KEY = b"k" * 32
 OTHER = b"o" * 32

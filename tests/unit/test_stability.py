@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptkit import rotation
-from ckptkit.recorder import Recorder
-from ckptkit.stability import (
+from ckptkit.run import rotation
+from ckptkit.signals.recorder import Recorder
+from ckptkit.signals.stability import (
     HINTS,
     EmergencyPolicy,
     SignalSpec,

@@ -2,7 +2,7 @@
 
 ``|b - a| <= atol + rtol * |a|`` alone calls ``a = inf`` close to every finite ``b`` (and to
 ``-inf``) as soon as ``rtol > 0``, but not ``b = inf`` close to a finite ``a``: the verdict
-depended on which checkpoint came first. One rule (:class:`~ckptkit.statediff.Tolerance`)
+depended on which checkpoint came first. One rule (:class:`~ckptkit.verify.statediff.Tolerance`)
 for tensors element by element and for other leaves value by value, in both directions.
 """
 
@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptkit.cli import main
-from ckptkit.statediff import Tolerance, diff, tensor_diff
-from ckptkit.statediff import _value_diff as value_diff
+from ckptkit.verify.statediff import Tolerance, diff, tensor_diff
+from ckptkit.verify.statediff import _value_diff as value_diff
 
 INF, NAN = math.inf, math.nan
 TOLERANCES = [Tolerance(rtol=1e-3), Tolerance(atol=1e-3), Tolerance(atol=1.0, rtol=1.0)]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.recovery import ABANDONED
+from ckptkit.signals.recovery import ABANDONED
 from ckptkit.storage import atomic
 
 BRANCH_1 = "branch-001-from-step-00000020"

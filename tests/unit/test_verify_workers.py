@@ -21,9 +21,9 @@ from threadranks import on_ranks
 
 import ckptkit
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.cli import main
+from ckptkit.format import manifest as mf
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.ranked import ScanRecord, split
 from ckptkit.verify.runner import verify

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree
-from ckptkit.stability import StabilityWatch
+from ckptkit.signals.stability import StabilityWatch
 
 PARAMS: dict[str, Any] = {"window": 16, "recent": 8, "warmup": 12, "clear_after": 10,
                           "ref_horizon": 32, "backoff_window": 20}
@@ -116,7 +116,7 @@ def test_a_state_saved_under_other_parameters_starts_the_watch_afresh(
         w.update(i, loss=2.0)
     other = StabilityWatch(**{**PARAMS, "window": 32})
     _ = other.update(0, loss=1.0)
-    with caplog.at_level(logging.WARNING, logger="ckptkit.stability"):
+    with caplog.at_level(logging.WARNING, logger="ckptkit.signals.stability"):
         assert not other.load_state_dict(w.state_dict(), where="ckpt/step-00000030")
     assert "ckpt/step-00000030" in caplog.text and "other parameters" in caplog.text
     assert other.updates == 0 and other.snapshot()["level"] == "not judged"
@@ -162,7 +162,7 @@ def test_a_malformed_state_is_refused_with_a_warning_and_the_watch_starts_afresh
 ) -> None:
     w = StabilityWatch(**PARAMS)
     _ = w.update(0, loss=1.0)
-    with caplog.at_level(logging.WARNING, logger="ckptkit.stability"):
+    with caplog.at_level(logging.WARNING, logger="ckptkit.signals.stability"):
         assert not w.load_state_dict(_set(_saved(), path, value), where="x.ckpt")
     assert "x.ckpt" in caplog.text and "malformed" in caplog.text
     assert w.updates == 0 and not w.tracks

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.checkpoint.read import COMPONENT_ALIASES
 from ckptkit.errors import CkptkitError
+from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
-from ckptkit.storage import dcp, fs, remote, shards
+from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import fs, remote, shards
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
@@ -158,7 +159,7 @@ def manifest(ctx: CheckContext) -> mf.Manifest:
 
 
 def dcp_metadata(ctx: CheckContext) -> Any:
-    """The native checkpoint's DCP ``.metadata`` as :func:`ckptkit.storage.dcp.read_metadata`
+    """The native checkpoint's DCP ``.metadata`` as :func:`ckptkit.storage.dcp_engine.read_metadata`
     returns it (listed, digest-checked, unpickled with the allow-list), or the error that
     refused it: read once per verify, for every check that needs it (at thousands of ranks
     it holds W x T chunks, and each parse costs seconds)."""

@@ -3,7 +3,7 @@
 Every check reads the checkpoint's :class:`~ckptkit.verify.view.StateView`: the component
 summaries, the optimizer's per-parameter state shapes, the model's tensor shapes. Native
 checkpoints get theirs from the manifest (summaries written at capture time), foreign ones
-from their reader (:mod:`ckptkit.foreign`), so a defect gets the same code and the same
+from their reader (:mod:`ckptkit.verify.foreign`), so a defect gets the same code and the same
 words in both. Only the NaN/Inf scans (CK-S010, CK-S011) read tensor values. A plain
 ``ckptkit.save`` of an arbitrary dict records no summaries and is checked for NaN/Inf only.
 """
@@ -15,18 +15,20 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from ckptkit import catalog, codes, guard
+from ckptkit import codes
 from ckptkit.capture import fp8 as fp8_capture
 from ckptkit.capture import progress as progress_capture
 from ckptkit.capture import rng as rng_capture
 from ckptkit.capture import sampler as sampler_capture
 from ckptkit.capture import state as train_state
+from ckptkit.checkpoint import catalog
 from ckptkit.codes import ROLLBACK
 from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES
-from ckptkit.manifest import Manifest
-from ckptkit.records import GUARD_KEY, recoveries_problems
+from ckptkit.format.manifest import Manifest
+from ckptkit.format.records import GUARD_KEY, recoveries_problems
+from ckptkit.signals import guard
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -409,7 +411,7 @@ def guard_findings(man: Manifest) -> list[Finding]:
     a native manifest and an adopted one (a DCP save's, an integration's adoption).
 
     Example:
-        >>> from ckptkit.manifest import Manifest
+        >>> from ckptkit.format.manifest import Manifest
         >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
         ...              lookahead={"guard": {"lr": "fast"}})
         >>> [f.code for f in guard_findings(m)]
@@ -537,7 +539,7 @@ def _stand_in_tree(ctx: CheckContext) -> object:
 @check(codes.S020)
 def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
     """The manifest's step is the step its directory is named for (one rule with the
-    catalog's listing: :func:`ckptkit.catalog.misplaced`)."""
+    catalog's listing: :func:`ckptkit.checkpoint.catalog.misplaced`)."""
     assert ctx.manifest is not None
     why = catalog.misplaced(ctx.root.name, ctx.manifest.step)
     if why is not None:
@@ -554,7 +556,7 @@ def step_vs_directory(ctx: CheckContext) -> Iterator[Finding]:
 @check(codes.S021, needs=())
 def duplicate_step(ctx: CheckContext) -> Iterator[Finding]:
     """A second directory for a step the run holds under another name is ignored by the
-    run (:meth:`ckptkit.catalog.Catalog.duplicates`); say so where it is verified."""
+    run (:meth:`ckptkit.checkpoint.catalog.Catalog.duplicates`); say so where it is verified."""
     step = catalog.step_of(ctx.root.name)
     if step is None or ctx.root.name == catalog.step_dir_name(step):
         return  # the canonical name is never the duplicate (no listing of the run needed)

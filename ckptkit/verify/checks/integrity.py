@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from ckptkit import codes
 from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import atomic, dcp, fs
+from ckptkit.storage import atomic, fs
+from ckptkit.storage import dcp_engine as dcp
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, ERROR, Finding, check

@@ -2,7 +2,7 @@
 
 The bytes of such a checkpoint are whole (the integrity checks pass them), but they are
 one rank's copy of a state the ranks no longer agree on. The check made at save
-(:mod:`ckptkit.replicas`) is recorded in the manifest's ``replicas`` field, signed with
+(:mod:`ckptkit.checkpoint.replicas`) is recorded in the manifest's ``replicas`` field, signed with
 the rest of the manifest; this check reports it, one finding per divergent tensor, so
 ``ckptkit verify`` exits 1 and the run records the checkpoint ``replica-divergent``
 (:func:`ckptkit.codes.outcome`).
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from ckptkit import codes
 from ckptkit.codes import CODES, Finding
-from ckptkit.records import Replicas
+from ckptkit.format.records import Replicas
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import check
 

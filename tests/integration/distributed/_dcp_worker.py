@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-import ckptkit.dcp
+import ckptkit.checkpoint.dcp
 from ckptkit.collective import leave
 from ckptkit.errors import CkptkitError
 

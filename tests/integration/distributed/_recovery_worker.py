@@ -23,8 +23,8 @@ import xxhash
 import ckptkit
 from ckptkit.collective import leave
 from ckptkit.errors import RecoveryError
-from ckptkit.recovery import RecoveryPolicy
-from ckptkit.stability import StabilityWatch
+from ckptkit.signals.recovery import RecoveryPolicy
+from ckptkit.signals.stability import StabilityWatch
 
 N = 4096
 BATCH = 4

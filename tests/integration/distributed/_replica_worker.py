@@ -20,7 +20,7 @@ from _worker import data
 
 import ckptkit
 from ckptkit.collective import leave
-from ckptkit.stability import StabilityWatch
+from ckptkit.signals.stability import StabilityWatch
 
 BIT = 20
 """The float32 bit flipped: high in the mantissa, so the copies still differ after Adam's

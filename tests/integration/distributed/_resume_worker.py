@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from ckptkit.collective import leave
 from ckptkit.errors import CkptkitError
-from ckptkit.layouts.hf import AccelerateLayout
 from ckptkit.run import Run, resume_target
+from ckptkit.run.layouts.hf import AccelerateLayout
 
 
 def main() -> None:

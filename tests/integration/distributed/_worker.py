@@ -21,8 +21,8 @@ import xxhash
 
 import ckptkit
 from ckptkit import collective, crashpoints
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.checkpoint import manifest_io
-from ckptkit.sampler import ResumableSampler
 
 N = 96
 """Samples in the synthetic dataset (``spec["samples"]`` for more: 8 ranks need 160)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _launch import launch
 
-import ckptkit.dcp
+import ckptkit.checkpoint.dcp
 from ckptkit import codes
 from ckptkit.storage import digest
 

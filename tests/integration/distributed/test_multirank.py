@@ -15,9 +15,9 @@ from _launch import TIMEOUT, launch
 
 import ckptkit
 from ckptkit import crashpoints
-from ckptkit import manifest as mf
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.checkpoint import manifest_io
-from ckptkit.sampler import ResumableSampler
+from ckptkit.format import manifest as mf
 from ckptkit.storage.atomic import is_committed
 from ckptkit.verify.runner import verify_one
 

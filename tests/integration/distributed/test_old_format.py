@@ -16,8 +16,8 @@ import pytest
 from _launch import launch
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
+from ckptkit.format import manifest as mf
 
 pytestmark = pytest.mark.distributed
 

@@ -26,9 +26,9 @@ from threadranks import on_ranks
 
 import ckptkit
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
+from ckptkit.format import manifest as mf
 from ckptkit.verify.runner import verify
 
 pytestmark = pytest.mark.distributed

@@ -18,7 +18,7 @@ import torch
 from _launch import launch
 from safetensors.torch import save_file
 
-from ckptkit.foreign.adopt import adopted_path
+from ckptkit.verify.foreign.adopt import adopted_path
 
 pytestmark = pytest.mark.distributed
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _launch import launch
 
-import ckptkit.dcp
+import ckptkit.checkpoint.dcp
 
 pytest.importorskip("torchtitan")
 pytestmark = pytest.mark.distributed

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ckptkit import manifest as mf
 from ckptkit.cli import main
-from ckptkit.foreign.adopt import adopt, adopted_path
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.format import manifest as mf
+from ckptkit.verify.foreign.adopt import adopt, adopted_path
+from ckptkit.verify.foreign.report import verify_foreign
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

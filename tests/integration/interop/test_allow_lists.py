@@ -99,8 +99,8 @@ def test_a_lightning_ckpt_holding_a_numpy_scalar_is_not_good(tmp_path: Path, cli
 
 
 def test_the_trainer_rng_state_is_held_to_the_trainers_own_list(hf_run: Path, tmp_path: Path) -> None:
-    from ckptkit.foreign.report import verify_foreign
     from ckptkit.integrations.hf import resume_checkpoint
+    from ckptkit.verify.foreign.report import verify_foreign
 
     out = tmp_path / "out"
     shutil.copytree(hf_run, out)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptkit.foreign import _load, detect
-from ckptkit.foreign.report import verify_foreign
+from ckptkit.checkpoint import safeload
+from ckptkit.verify.foreign import detect
+from ckptkit.verify.foreign.report import verify_foreign
 from ckptkit.verify.runner import verify
 
 pytestmark = pytest.mark.filterwarnings(
@@ -154,8 +155,8 @@ def test_lightning_full(lightning_ckpts: dict[str, Path]) -> None:
     assert t["rng"] == t["sampler"] == (False, False)  # not stored by Lightning: warnings
     assert {"CK-C002", "CK-C103"} <= set(_codes(rep, "warning"))  # C002 was CK-C102
     # ModelCheckpoint state holds +inf (kth_value) legitimately: not a NaN/Inf finding.
-    raw, _ = _load.safe_torch_load(ck)
-    cb = [t for _k, t in _load.iter_tensors(raw["callbacks"])]
+    raw, _ = safeload.safe_torch_load(ck)
+    cb = [t for _k, t in safeload.iter_tensors(raw["callbacks"])]
     assert any(torch.isinf(t).any() for t in cb)
     assert not {"CK-S010", "CK-S011"} & set(_codes(rep))
 
@@ -192,7 +193,7 @@ def test_dcp_missing_and_short_shard(copy_ckpt: Callable[[Path], Path], dcp_ckpt
     import torch.distributed.checkpoint as dcp
 
     d = copy_ckpt(dcp_ckpt)
-    md, _ = _load.read_dcp_metadata(d / ".metadata")
+    md, _ = safeload.read_dcp_metadata(d / ".metadata")
     shard = next(i.relative_path for k, i in md.storage_data.items() if k.fqn == "model.weight")
     (d / shard).unlink()
     rep = verify_foreign(d)

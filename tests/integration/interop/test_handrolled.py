@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import ckptkit
 from ckptkit.cli import main
-from ckptkit.foreign.report import verify_foreign
-from ckptkit.foreign.structure import recognise
+from ckptkit.verify.foreign.report import verify_foreign
+from ckptkit.verify.foreign.structure import recognise
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from ckptkit.cli import main
-from ckptkit.layouts.hf import open_hf
+from ckptkit.run.layouts.hf import open_hf
 
 transformers = pytest.importorskip("transformers")
 accelerate = pytest.importorskip("accelerate")

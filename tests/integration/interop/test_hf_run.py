@@ -2,7 +2,7 @@
 
 ``ckptkit.integrations.hf`` adopts each checkpoint the framework writes (digests beside its
 files), rotates with verified retention instead of ``save_total_limit`` / ``total_limit``,
-and picks the newest checkpoint that verifies for the resume; ``ckptkit.layouts.hf``
+and picks the newest checkpoint that verifies for the resume; ``ckptkit.run.layouts.hf``
 lists them with a status for ``ls`` / ``prune`` / ``rollback``.
 """
 
@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from ckptkit import retain, runs
 from ckptkit.checkpoint.manifest_io import read_path
 from ckptkit.errors import CkptkitError, LockHeldError
-from ckptkit.foreign.adopt import adopt_checkpoint
-from ckptkit.layouts.hf import open_hf
-from ckptkit.stability import StabilityWatch
+from ckptkit.run import directory as runs
+from ckptkit.run import retain
+from ckptkit.run.layouts.hf import open_hf
+from ckptkit.signals.stability import StabilityWatch
+from ckptkit.verify.foreign.adopt import adopt_checkpoint
 
 transformers = pytest.importorskip("transformers")
 accelerate = pytest.importorskip("accelerate")
@@ -118,7 +119,7 @@ def test_an_ema_callback_copies_the_model_with_a_recorder_bound(tmp_path: Path) 
     pickle '_io.TextIOWrapper'``)."""
     import copy
 
-    from ckptkit.recorder import Recorder, read_jsonl
+    from ckptkit.signals.recorder import Recorder, read_jsonl
 
     class Ema(transformers.TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -219,7 +220,7 @@ def test_remove_needs_the_lock_and_rotation_keeps_the_newest_good(
 
 
 def test_adopt_records_what_the_loop_knows(trainer_run: Path, tmp_path: Path) -> None:
-    from ckptkit.foreign.adopt import Notes
+    from ckptkit.verify.foreign.adopt import Notes
 
     out = copy_run(trainer_run, tmp_path)
     a = adopt_checkpoint(out / "checkpoint-4", "hf-trainer", expect="training",

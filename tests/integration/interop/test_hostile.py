@@ -22,12 +22,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ckptkit import manifest as mf
+from ckptkit.checkpoint import safeload
 from ckptkit.cli import main
 from ckptkit.errors import IntegrityError
-from ckptkit.foreign import _load, adopt, detect
-from ckptkit.foreign.adopt import adopted_path
-from ckptkit.foreign.report import describe_foreign, verify_foreign
+from ckptkit.format import manifest as mf
+from ckptkit.verify.foreign import adopt, detect
+from ckptkit.verify.foreign.adopt import adopted_path
+from ckptkit.verify.foreign.report import describe_foreign, verify_foreign
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -76,7 +77,7 @@ def test_random_bytes_are_damage_not_code(tmp_path: Path, seed: int) -> None:
     head = [b"", b"\x80\x02", b"\x80\x04\x95"][seed % 3]  # some start like a pickle
     p = tmp_path / "r.pt"
     p.write_bytes(head + rnd.randbytes(4096))
-    obj, problem = _load.safe_torch_load(p)
+    obj, problem = safeload.safe_torch_load(p)
     assert obj is None and problem is not None and problem.code == "CK-F108", problem
     _assert_damage_everywhere(p, "CK-F108")
 
@@ -111,7 +112,7 @@ def test_safe_torch_load_turns_any_exception_into_f108(
         raise exc
 
     monkeypatch.setattr(torch, "load", boom)
-    obj, problem = _load.safe_torch_load(p)
+    obj, problem = safeload.safe_torch_load(p)
     assert obj is None and problem is not None and problem.code == "CK-F108"
     assert type(exc).__name__ in problem.message
 
@@ -128,7 +129,7 @@ def test_safe_torch_load_never_swallows_interrupts(
 
     monkeypatch.setattr(torch, "load", boom)
     with pytest.raises(exc):
-        _load.safe_torch_load(p)
+        safeload.safe_torch_load(p)
 
 
 # --- pickles that really need code: still CK-F103, named, never executed -----------------------
@@ -162,17 +163,17 @@ def test_pickle_needing_code_names_its_globals(
 def test_truncated_legacy_pickle_is_damage(tmp_path: Path) -> None:
     p = tmp_path / "legacy.pt"
     torch.save({"model": {"w": torch.ones(4)}}, p, _use_new_zipfile_serialization=False)
-    assert _load.safe_torch_load(p)[1] is None
+    assert safeload.safe_torch_load(p)[1] is None
     p.write_bytes(p.read_bytes()[:60])
-    _obj, problem = _load.safe_torch_load(p)
+    _obj, problem = safeload.safe_torch_load(p)
     assert problem is not None and problem.code == "CK-F108"
 
 
 def test_pickle_scan_is_bounded() -> None:
     """A hostile length field is not allocated: the walk stops at the stream's bound."""
     evil = b"\x80\x04\x8e" + struct.pack("<Q", 1 << 60) + b"x" * 16  # BINBYTES8 of 2**60
-    assert _load._scan_globals(_load._Bounded(io.BytesIO(evil), 64)) == ([], False)
-    assert _load.pickle_globals(pickle.dumps(print)) == ["builtins.print"]
+    assert safeload._scan_globals(safeload._Bounded(io.BytesIO(evil), 64)) == ([], False)
+    assert safeload.pickle_globals(pickle.dumps(print)) == ["builtins.print"]
 
 
 # --- damaged zip central directories ----------------------------------------------------------------
@@ -189,7 +190,7 @@ def test_zip_with_unparseable_central_directory(tmp_path: Path, suffix: str) -> 
     with pytest.raises(NotImplementedError):
         zipfile.ZipFile(p)
     assert detect(p) == ("lightning" if suffix == ".ckpt" else "torch-save")
-    bad = _load.check_zip(p)
+    bad = safeload.check_zip(p)
     assert bad is not None and bad.code == "CK-F102" and "NotImplementedError" in bad.message
     _assert_damage_everywhere(p, "CK-F102")
 
@@ -197,9 +198,9 @@ def test_zip_with_unparseable_central_directory(tmp_path: Path, suffix: str) -> 
 def test_detect_has_one_zip_sniffer() -> None:
     import importlib
 
-    mod = importlib.import_module("ckptkit.foreign.detect")
+    mod = importlib.import_module("ckptkit.checkpoint.detect")
     assert not hasattr(mod, "_is_zip")
-    assert not hasattr(_load, "load_dcp_item")
+    assert not hasattr(safeload, "load_dcp_item")
 
 
 # --- DCP .metadata of an unexpected shape -----------------------------------------------------------
@@ -251,7 +252,7 @@ def test_dcp_metadata_with_unexpected_structure(tmp_path: Path, case: str) -> No
     d.mkdir()
     (d / ".metadata").write_bytes(pickle.dumps(_odd_metadata()[case]))
     (d / "__0_0.distcp").write_bytes(b"\0" * 64)
-    assert _load.read_dcp_metadata(d / ".metadata")[1] is None  # the unpickler accepts it
+    assert safeload.read_dcp_metadata(d / ".metadata")[1] is None  # the unpickler accepts it
     rep = verify_foreign(d)
     if case == "negative-offset":  # a range, held by the one coverage rule of every reader
         f = [f for f in rep.findings if f.code == "CK-F106"]

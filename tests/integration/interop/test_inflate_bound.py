@@ -22,7 +22,7 @@ import pytest
 import torch
 from zygote import Zygote
 
-from ckptkit.foreign._load import MAX_INFLATED_ENV
+from ckptkit.checkpoint.safeload import MAX_INFLATED_ENV
 
 TIMEOUT = 180
 INFLATED = 1536 << 20

@@ -19,7 +19,6 @@ import torch
 
 L = pytest.importorskip("lightning")
 
-from ckptkit import retain, runs  # noqa: E402
 from ckptkit.drill.runner import DrillConfig, run_drill  # noqa: E402
 from ckptkit.errors import IntegrityError, NotWritableError  # noqa: E402
 from ckptkit.integrations.lightning import (  # noqa: E402
@@ -27,7 +26,9 @@ from ckptkit.integrations.lightning import (  # noqa: E402
     CkptkitIO,
     FabricCheckpoints,
 )
-from ckptkit.layouts.lightning import open_lightning  # noqa: E402
+from ckptkit.run import directory as runs  # noqa: E402
+from ckptkit.run import retain  # noqa: E402
+from ckptkit.run.layouts.lightning import open_lightning  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LIT = SCRIPTS / "lit_tiny.py"

@@ -21,7 +21,7 @@ import torch
 
 L = pytest.importorskip("lightning")
 
-from ckptkit.recorder import read_jsonl  # noqa: E402
+from ckptkit.signals.recorder import read_jsonl  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FABRIC_LOADER = SCRIPTS / "fabric_loader.py"

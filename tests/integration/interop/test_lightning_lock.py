@@ -34,7 +34,7 @@ from ckptkit.integrations.lightning import (  # noqa: E402
 
 HOLDER = """
 import sys
-from ckptkit.layouts.lightning import LightningLayout
+from ckptkit.run.layouts.lightning import LightningLayout
 from ckptkit.run import Run
 run = Run(sys.argv[1], LightningLayout(), readonly=False)
 print("held", flush=True)

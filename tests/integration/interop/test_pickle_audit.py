@@ -103,8 +103,8 @@ _CHILD = textwrap.dedent(
     from click.testing import CliRunner
     import ckptkit
     from ckptkit.cli import main
-    from ckptkit.describe import describe
-    from ckptkit.foreign.adopt import adopt_checkpoint
+    from ckptkit.verify.describe import describe
+    from ckptkit.verify.foreign.adopt import adopt_checkpoint
 
     results = {}
     for name, path in json.loads(sys.argv[1]).items():

@@ -26,9 +26,10 @@ from typing import Any
 import pytest
 import torch
 
-from ckptkit import crashpoints, runs
-from ckptkit.catalog import INDEX
-from ckptkit.foreign.adopt import adopted_path
+from ckptkit import crashpoints
+from ckptkit.checkpoint.catalog import INDEX
+from ckptkit.run import directory as runs
+from ckptkit.verify.foreign.adopt import adopted_path
 
 pytest.importorskip("accelerate")
 

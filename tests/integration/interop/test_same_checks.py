@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit.foreign.report import verify_foreign
 from ckptkit.verify import atsave
 from ckptkit.verify.findings import CHECKS, Finding
+from ckptkit.verify.foreign.report import verify_foreign
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning"
@@ -186,7 +186,7 @@ def test_missing_scaler_a_trainer_requires_is_c001_like_a_native_one(
     # Drop the scheduler from the recorded state: the run required it.
     import json
 
-    from ckptkit import manifest as mf
+    from ckptkit.format import manifest as mf
 
     man = json.loads((native / "manifest.json").read_text())
     man["components"]["scheduler"]["present"] = False

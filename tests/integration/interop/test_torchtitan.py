@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from ckptkit.checkpoint.dcp import read_manifest
 from ckptkit.cli import main
-from ckptkit.dcp import read_manifest
-from ckptkit.layouts.torchtitan import open_torchtitan
+from ckptkit.run.layouts.torchtitan import open_torchtitan
 
 pytest.importorskip("torchtitan")
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 import xxhash
 
 import ckptkit
-from ckptkit.drill.contract import DrillEnv
+from ckptkit.integrations.drill_env import DrillEnv
 
 FAULTS = {
     "none": "none",

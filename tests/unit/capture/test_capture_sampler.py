@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ckptkit.capture import sampler as cap
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.errors import StateError
-from ckptkit.sampler import ResumableSampler
 
 
 def test_resumable_round_trip_and_summary() -> None:

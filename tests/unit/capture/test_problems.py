@@ -24,9 +24,9 @@ from torch.optim import lr_scheduler as lrs
 import ckptkit
 from ckptkit.capture import fp8, optim, progress, rng, sampler, scaler, scheduler
 from ckptkit.capture.progress import Progress
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.capture.state import tree_problems
 from ckptkit.errors import StateError
-from ckptkit.sampler import ResumableSampler
 
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3),

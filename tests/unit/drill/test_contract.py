@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptkit.drill.contract import ENV_VARS, DrillEnv
 from ckptkit.errors import DrillError
+from ckptkit.integrations.drill_env import ENV_VARS, DrillEnv
 
 
 def test_unset_is_inactive() -> None:
@@ -82,7 +82,7 @@ def test_restore_from_opens_the_source_run_read_only(
     import torch
 
     import ckptkit
-    from ckptkit import manager as manager_mod
+    from ckptkit.run import manager as manager_mod
 
     src = tmp_path / "src"
     with ckptkit.CheckpointManager(src) as m:  # closing joins the background verify

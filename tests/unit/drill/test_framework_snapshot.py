@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from ckptkit import runs
-from ckptkit.catalog import CheckpointInfo, Status
+from ckptkit.checkpoint.catalog import CheckpointInfo, Status
 from ckptkit.codes import Finding
 from ckptkit.drill.compare import checkpoint_facts
 from ckptkit.drill.runner import _framework_snapshot
-from ckptkit.foreign.adopt import Notes, adopt_checkpoint, adopted_path
+from ckptkit.run import directory as runs
 from ckptkit.storage.fs import Location
+from ckptkit.verify.foreign.adopt import Notes, adopt_checkpoint, adopted_path
 
 NAME = re.compile(r"toy-(\d+)\.pt$")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckptkit.cli.render.drill import _check_summary
 from ckptkit.drill.compare import exposure, row_evidence, twin
 from ckptkit.drill.diagnose import WORKERS_RNG, diagnose
-from ckptkit.render.drill import _check_summary
 
 W, N = 4, 4
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ckptkit.drill import runner
-from ckptkit.drill.contract import ENV_VARS
 from ckptkit.drill.runner import DrillConfig, load_config
 from ckptkit.errors import DrillError
+from ckptkit.integrations.drill_env import ENV_VARS
 
 CMD = 'command = ["python", "train.py"]\n'
 

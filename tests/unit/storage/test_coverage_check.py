@@ -1,4 +1,4 @@
-"""``ckptkit.storage.dcp.coverage``: each thing a DCP load refuses, as one finding code.
+"""``ckptkit.storage.dcp_engine.coverage``: each thing a DCP load refuses, as one finding code.
 
 The reader raises the first problem before DCP plans a read and native verify reports
 each (``tests/integration/test_dcp_coverage.py`` runs both on hostile checkpoints); here
@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import dcp, digest
+from ckptkit.format import manifest as mf
+from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import digest
 
 
 class _Payload:

@@ -1,4 +1,4 @@
-"""``ckptkit.storage.dcp.Listed`` and who checks the shards a load did not read.
+"""``ckptkit.storage.dcp_engine.Listed`` and who checks the shards a load did not read.
 
 A restoring rank's manifest may hold the entries of some ranks only; the DCP load asks
 for the entry of each file its plan reads, and the rank manifest listing it is read then
@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ckptkit import manifest as mf
-from ckptkit.storage import dcp, fs
+from ckptkit.format import manifest as mf
+from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import fs
 
 
 def _listed(asked: list[str], writers: dict[str, int] | None) -> dcp.Listed:

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from ckptkit import codes
-from ckptkit import manifest as mf
 from ckptkit.errors import CkptkitError
+from ckptkit.format import manifest as mf
 from ckptkit.format.digest import hexdigest_bytes
-from ckptkit.storage import dcp, fs
+from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import fs
 
 
 def _counting(data: bytes) -> tuple[dcp.Shard, list[int]]:

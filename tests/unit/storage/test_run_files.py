@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from deadline import within
 
-from ckptkit.catalog import INDEX, LATEST, Catalog
+from ckptkit.checkpoint.catalog import INDEX, LATEST, Catalog
 from ckptkit.errors import UnsafeInputError
-from ckptkit.foreign.adopted import adopted_path, load_adopted
 from ckptkit.storage import files, fs
 from ckptkit.storage.lock import LOCK_NAME, RunLock, read_lock_info
+from ckptkit.verify.foreign.adopted import adopted_path, load_adopted
 
 
 def _make(kind: str, p: Path, tmp_path: Path) -> list[Path]:

@@ -15,7 +15,7 @@ import torch
 
 import ckptkit
 from ckptkit import codes
-from ckptkit.commit import save_state
+from ckptkit.checkpoint.commit import save_state
 from ckptkit.verify.runner import verify
 
 Sched = Callable[[torch.optim.Optimizer], object]

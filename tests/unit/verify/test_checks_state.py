@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.capture.parallel import ParallelConfig
+from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.checkpoint import manifest_io
-from ckptkit.commit import save_state
-from ckptkit.sampler import ResumableSampler
+from ckptkit.checkpoint.commit import save_state
+from ckptkit.format import manifest as mf
 from ckptkit.verify.findings import Finding, Severity
 from ckptkit.verify.runner import verify_one
 

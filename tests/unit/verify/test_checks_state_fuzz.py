@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptkit
-from ckptkit import manifest as mf
 from ckptkit.capture.parallel import ParallelConfig
-from ckptkit.sampler import ResumableSampler
+from ckptkit.capture.resumable import ResumableSampler
+from ckptkit.format import manifest as mf
 
 _BASE = Path(tempfile.mkdtemp(prefix="ckptkit-state-fuzz-"))
 

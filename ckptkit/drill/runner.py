@@ -598,10 +598,15 @@ def _start_controls(
     say(f"control{'s' if n > 1 else ''}: {n} more restore{'s' if n > 1 else ''} of "
         f"{snaps[0].name}, steps {save_at + 1}..{stop_at} (is the run bitwise? if not, its "
         "noise)")
-    return [_launch(config, "control", i,
-                    {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
-                     ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
-            for i, snap in enumerate(snaps)]
+    return [_launch_control(config, i, snap, stop_at, workdir) for i, snap in enumerate(snaps)]
+
+
+def _launch_control(config: DrillConfig, index: int, snap: Path, stop_at: int, workdir: Path
+                    ) -> _Running:
+    """One control: a resumed run, for the script, from its own copy of the snapshot."""
+    return _launch(config, "control", index,
+                   {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
+                    ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
 
 
 def _control_noise(base: compare.NoiseFloor, resumed: RunResult, controls: Sequence[RunResult],
@@ -633,9 +638,7 @@ def _more_controls(
     """
     say(f"control: the run is not bitwise; {len(snaps)} more restore(s) of "
         f"{snaps[0].name} to measure its noise")
-    running = [_launch(config, "control", first + i,
-                       {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
-                        ENV_SAVE_FINAL: "1", ENV_ROLE: "resumed"}, workdir)
+    running = [_launch_control(config, first + i, snap, stop_at, workdir)
                for i, snap in enumerate(snaps)]
     return [_result(r, r.proc.wait(config.timeout)) for r in running]
 

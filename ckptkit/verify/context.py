@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, UnsafeInputError
@@ -53,6 +53,72 @@ class FileScan:
         (:func:`ckptkit.codes.read_error`)."""
         err = codes.read_error(exc, path=fe.path)
         return cls(fe, exists=True, io_error=err.what, io_error_code=err.code)
+
+
+SwappedLink = Literal["outside", "replaced"]
+"""How a symlink found when a file is opened (after the ``lstat`` saw a regular file) is
+reported: outside the checkpoint (``CK-F009``) or replaced while being checked."""
+
+
+def scan_local(
+    root: Path,
+    fe: mf.FileEntry,
+    read: Callable[[Path, mf.FileEntry], FileScan],
+    *,
+    outside: bool = False,
+    swapped_link: SwappedLink = "outside",
+) -> FileScan:
+    """The one scan of a listed file of a local checkpoint directory, native or foreign.
+
+    Looks before it reads: a missing file, one that cannot be looked at, a symlink or a
+    path that resolves outside ``root`` (:func:`ckptkit.storage.fs.escapes`, the rule of
+    every read of a checkpoint's files), anything but a regular file, or a size that is
+    not the recorded one is reported from the ``lstat`` alone and never opened. Only then
+    is ``read(path, fe)`` called for the digest (and whatever else the caller reads in the
+    same pass); a read that fails is the file's ``io_error``, and a file swapped for a FIFO
+    or device after the look is "replaced while being checked".
+
+    Args:
+        root: the checkpoint directory (local).
+        fe: the file as recorded (path relative to ``root``, size, digest).
+        read: the caller's read of a regular file of the recorded size.
+        outside: the caller already knows the file is a symlink or outside (a foreign
+            reader's listing, :attr:`ckptkit.verify.foreign.scan.Scan.outside`).
+        swapped_link: what a symlink swapped in after the look is reported as: the native
+            verify says outside (``CK-F009``), the foreign readers replaced.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "ln").symlink_to("/etc/hostname")
+        >>> fe = mf.FileEntry(path="ln", size=1, xxh3_128="")
+        >>> scan_local(d, fe, lambda p, fe: FileScan(fe, exists=True)).outside
+        True
+    """
+    p = root / fe.path
+    try:
+        st = os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return FileScan(fe, exists=False)
+    except OSError as e:
+        return FileScan.unreadable(fe, e)
+    if outside or fs.escapes(root, fe.path):
+        return FileScan(fe, exists=True, outside=True)
+    what = files.kind(st.st_mode)
+    if what is not None:
+        return FileScan(fe, exists=True, not_regular=what)
+    if st.st_size != fe.size:
+        # Not read: the size alone proves the file is not the one recorded.
+        return FileScan(fe, exists=True, size=st.st_size)
+    try:
+        return read(p, fe)
+    except UnsafeInputError as e:  # swapped for a symlink or a FIFO after the lstat: never read
+        if e.code not in (codes.F009, codes.F022):
+            raise
+        if e.code == codes.F009 and swapped_link == "outside":
+            return FileScan(fe, exists=True, outside=True)
+        return FileScan(fe, exists=True, not_regular="replaced while being checked")
+    except OSError as e:
+        return FileScan.unreadable(fe, e)
 
 
 @dataclass
@@ -123,40 +189,18 @@ class CheckContext:
         root = fs.local_path(self.root)
         if root is None:  # an object store: no lstat, no links; its own scan
             return self._scan_remote(fe, self.root / fe.path)
-        p = root / fe.path
-        try:
-            st = os.lstat(p)
-        except (FileNotFoundError, NotADirectoryError):
-            return FileScan(fe, exists=False)
-        except OSError as e:
-            return FileScan.unreadable(fe, e)
-        real_root = root.resolve()
-        if stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(real_root):
-            return FileScan(fe, exists=True, outside=True)
-        what = files.kind(st.st_mode)
-        if what is not None:
-            return FileScan(fe, exists=True, not_regular=what)
-        try:
-            size = st.st_size
-            if size != fe.size:
-                # Not hashed: the size alone proves the file is not the one recorded.
-                return FileScan(fe, exists=True, size=size)
-            hexd, size, header, err, finite = tensors.scan_file(
-                p,
-                compression=fe.compression,  # type: ignore[arg-type]
-                raw_size=fe.raw_size,
-                rel=fe.path,
-                on_bytes=self.on_bytes,
-                values=self.options.get("scan_values", True) is not False,
-            )
-        except UnsafeInputError as e:  # swapped for a symlink or FIFO after the lstat
-            if e.code not in (codes.F009, codes.F022):
-                raise
-            if e.code == codes.F009:
-                return FileScan(fe, exists=True, outside=True)
-            return FileScan(fe, exists=True, not_regular="replaced while being checked")
-        except OSError as e:
-            return FileScan.unreadable(fe, e)
+        return scan_local(root, fe, self._read_local)
+
+    def _read_local(self, p: Path, fe: mf.FileEntry) -> FileScan:
+        """Digest, safetensors header and NaN/Inf values of a listed file, in one read."""
+        hexd, size, header, err, finite = tensors.scan_file(
+            p,
+            compression=fe.compression,  # type: ignore[arg-type]
+            raw_size=fe.raw_size,
+            rel=fe.path,
+            on_bytes=self.on_bytes,
+            values=self.options.get("scan_values", True) is not False,
+        )
         if not fe.path.endswith((".safetensors", ".safetensors.zst")):
             header, err = None, None
         return FileScan(

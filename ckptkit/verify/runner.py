@@ -23,7 +23,7 @@ from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.context import SCAN_WORKERS, CheckContext, FileScan
-from ckptkit.verify.findings import CHECKS, CODES, FAMILY_ORDER, Finding, Severity
+from ckptkit.verify.findings import CODES, Finding, Severity, ordered, run_checks
 from ckptkit.verify.foreign.read import resolve_format
 from ckptkit.verify.foreign.report import verify_foreign
 from ckptkit.verify.ranked import prescan
@@ -99,15 +99,11 @@ def verify_one(
     with _progress.bar(f"verifying {root.name}", total, progress) as on_bytes:
         ctx.on_bytes = on_bytes
         try:
-            for fam in FAMILY_ORDER:
-                if fam not in fams:
-                    continue
-                for chk in CHECKS:
-                    if chk.family == fam and chk.needs <= ctx.has:
-                        findings.extend(chk.run(ctx))
+            findings = run_checks(ctx, fams)
         except FileNotFoundError:
             # A directory listing under a checkpoint that a live run's rotation renamed
-            # away mid-check: gone, not damaged (see below). Still there: a real error.
+            # away mid-check: gone, not damaged (see below; the findings so far are
+            # replaced by that one). Still there: a real error.
             if not (existed and fs.kind(root) is None):
                 raise
     if err is not None and "integrity" not in fams:
@@ -132,11 +128,9 @@ def verify_one(
     comps = empty_components()
     if m is not None:
         comps.update(_proven(m, findings))
-    order = {code: i for i, code in enumerate(CODES)}
-    findings.sort(key=lambda f: (_SEV_ORDER[f.severity], order.get(f.code, 0)))
     return Report(
         path=root,
-        findings=findings,
+        findings=ordered(findings),
         components=comps,
         manifest=m,
         strict=strict,
@@ -186,9 +180,6 @@ def _proven(m: mf.Manifest, findings: list[Finding]) -> dict[str, mf.Component]:
             c = replace(c, present=False)
         out[name] = c
     return out
-
-
-_SEV_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
 def find_checkpoints(path: Location) -> list[Location]:

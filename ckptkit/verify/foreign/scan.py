@@ -16,7 +16,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +27,11 @@ from ckptkit import codes
 from ckptkit.capture import scaler as scaler_capture
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.checkpoint import safeload
-from ckptkit.errors import CkptkitError, UnsafeInputError
+from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format.manifest import ADOPTED_SUFFIX
-from ckptkit.storage import digest, files
-from ckptkit.verify.context import FileScan
+from ckptkit.storage import digest, files, fs
+from ckptkit.verify.context import FileScan, scan_local
 from ckptkit.verify.findings import CODES, ERROR, Finding, Severity
 from ckptkit.verify.foreign.loads import needs_code_verdict, refused_by_load
 from ckptkit.verify.foreign.structure import (
@@ -157,8 +156,8 @@ class Scan:
         if t.is_dir() and not t.is_symlink():
             root = t
             files, outside = [], set()
-            for p in sorted(t.rglob("*")):
-                rel = p.relative_to(t).as_posix()
+            for rel in fs.walk_entries(t):  # the walk of the native CK-F006 (unlisted files)
+                p = t / rel
                 if p.name.endswith(ADOPTED_SUFFIX):
                     continue
                 if p.is_symlink():
@@ -671,34 +670,21 @@ def _lsize(p: Path) -> int:
 def _scan_recorded(
     root: Path, fe: mf.FileEntry, *, outside: bool, read: tuple[str, int] | None = None
 ) -> FileScan:
-    """Compare one file with what ``ckptkit adopt`` recorded (size, then xxh3-128).
+    """Compare one file with what ``ckptkit adopt`` recorded (size, then xxh3-128), by the
+    one scan of a local file (:func:`ckptkit.verify.context.scan_local`).
 
     ``read``: ``(digest, size)`` of the file taken by the reader's own pass
     (:attr:`Scan.digests`); used when the file still has that size, else it is hashed.
+    A symlink swapped in after the look is reported replaced, as it always was here.
     """
-    p = root / fe.path
-    try:
-        st = os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):
-        return FileScan(fe, exists=False)
-    except OSError as e:
-        return FileScan.unreadable(fe, e)
-    if outside or stat.S_ISLNK(st.st_mode) or not p.resolve().is_relative_to(root.resolve()):
-        return FileScan(fe, exists=True, outside=True)
-    what = files.kind(st.st_mode)
-    if what is not None:
-        return FileScan(fe, exists=True, not_regular=what)
-    if st.st_size != fe.size:
-        return FileScan(fe, exists=True, size=st.st_size)
-    if read is not None and read[1] == st.st_size:
-        return FileScan(fe, exists=True, size=read[1], digest=read[0])
-    try:
+
+    def digest_of(p: Path, fe: mf.FileEntry) -> FileScan:
+        if read is not None and read[1] == fe.size:
+            return FileScan(fe, exists=True, size=read[1], digest=read[0])
         hexd, size = digest.hash_file(p)
-    except UnsafeInputError:  # swapped for a symlink or a FIFO after the lstat: never read
-        return FileScan(fe, exists=True, not_regular="replaced while being checked")
-    except OSError as e:
-        return FileScan.unreadable(fe, e)
-    return FileScan(fe, exists=True, size=size, digest=hexd)
+        return FileScan(fe, exists=True, size=size, digest=hexd)
+
+    return scan_local(root, fe, digest_of, outside=outside, swapped_link="replaced")
 
 
 __all__ = ["ADOPTED_SUFFIX", "Scan", "scaler_summary", "scheduler_summary"]

@@ -37,7 +37,7 @@ import jsonschema
 import torch
 
 import ckptkit
-from ckptkit.format import digest
+from ckptkit.format import digest, validation
 from ckptkit.format import manifest as mf
 from ckptkit.verify.describe import describe
 
@@ -69,7 +69,7 @@ def before(text: bytes) -> mf.Manifest:
     """v0.1's parse: json.loads, jsonschema (sorted iter_errors), digest, semantics, dataclasses."""
     global _OLD_VALIDATOR
     if _OLD_VALIDATOR is None:
-        _OLD_VALIDATOR = jsonschema.Draft202012Validator(mf.schema())
+        _OLD_VALIDATOR = jsonschema.Draft202012Validator(validation.schema())
     obj = json.loads(text, parse_constant=_reject_constant)
     errs = sorted(_OLD_VALIDATOR.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
     if errs:
@@ -104,15 +104,15 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
 
 def stages_ms(text: bytes, repeat: int) -> dict[str, float]:
     """Where the current path spends its time (each stage alone, warm)."""
-    obj = mf._strict_json(text, "m")
+    obj = validation.strict_json(text, "m")
     dtypes = {t["key"]: t["dtype"] for t in obj["tensors"]}
     from ckptkit.format import tree
 
     return {
-        "strict json": median_ms(lambda: mf._strict_json(text, "m"), repeat),
-        "schema (rs)": median_ms(lambda: mf._check_schema(obj, "m"), repeat),
-        "nesting": median_ms(lambda: mf._too_deep(obj), repeat),
-        "digest": median_ms(lambda: mf.canonical(obj), repeat),
+        "strict json": median_ms(lambda: validation.strict_json(text, "m"), repeat),
+        "schema (rs)": median_ms(lambda: validation.check_schema(obj, "m"), repeat),
+        "nesting": median_ms(lambda: validation.too_deep(obj), repeat),
+        "digest": median_ms(lambda: validation.canonical(obj), repeat),
         "semantics": median_ms(lambda: mf.check_semantics(obj), repeat),
         "tree decode": median_ms(lambda: tree.check(obj["tree"], dtypes), repeat),
         "dataclasses": median_ms(lambda: mf.Manifest.from_dict(obj), repeat),
@@ -122,14 +122,14 @@ def stages_ms(text: bytes, repeat: int) -> dict[str, float]:
 def count_validations(ckpt: Path) -> dict[str, int]:
     """How many times one call of each read path validates the manifest."""
     calls = [0]
-    real = mf._check_schema
+    real = validation.check_schema
 
     def spy(obj: dict[str, Any], path: str) -> None:
         calls[0] += 1
         real(obj, path)
 
     out: dict[str, int] = {}
-    mf._check_schema = spy  # type: ignore[assignment]
+    mf.check_schema = spy  # type: ignore[assignment]  # the name the root's parse calls
     try:
         for name, fn in (
             ("ckptkit.load", lambda: ckptkit.load(ckpt)),
@@ -158,7 +158,7 @@ def count_validations(ckpt: Path) -> dict[str, int]:
             mgr.close()
             mgr2.close()
     finally:
-        mf._check_schema = real  # type: ignore[assignment]
+        mf.check_schema = real  # type: ignore[assignment]
     return out
 
 

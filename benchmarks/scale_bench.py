@@ -2,10 +2,10 @@
 (issue 27 item 4: a measured cost model), in the per-rank manifest layout.
 
 A multi-rank save writes one manifest per rank (``ranks/rank-NNNNN.json``,
-:class:`~ckptkit.format.manifest.RankManifest`: the rank's files, tensor entries and its own RNG
+:class:`~ckptkit.format.ranks.RankManifest`: the rank's files, tensor entries and its own RNG
 state), each written by the rank itself (``manifest_io.write_rank``), and rank 0 commits a
 small root ``manifest.json`` (schema_version 2) that lists them
-(:class:`~ckptkit.format.manifest.RankRef`: path, size, digest, files, state keys) with the
+(:class:`~ckptkit.format.ranks.RankRef`: path, size, digest, files, state keys) with the
 run-level facts (tree without the RNG states, components, data cursors, RNG fingerprints).
 A rank sends rank 0 a :class:`~ckptkit.checkpoint.commit.RankPart`: the record of its manifest, which
 files hold each component, its RNG fingerprint and sampler cursor.
@@ -32,7 +32,7 @@ stores model state through DCP). Every rank times, after a barrier, medians of
 - ``verify``: ``ckptkit.verify`` on rank 0 (today's verify runs in one process).
 
 **Simulation** (``--sim-ranks`` x ``--sim-tensors``): W ranks of T tensors each, built from
-the real classes: each rank's :class:`~ckptkit.format.manifest.RankManifest` (rank 0's real RNG
+the real classes: each rank's :class:`~ckptkit.format.ranks.RankManifest` (rank 0's real RNG
 file and state relabelled for the rank, plus one file of T
 :class:`~ckptkit.format.manifest.TensorEntry`; rank 0's also lists the replicated model) written by
 ``manifest_io.write_rank`` with its files as sparse files, and the part it sends pickled
@@ -336,8 +336,8 @@ def _rank_manifest(base: Base, rank: int, tensors: int) -> Any:
     """The manifest rank ``rank`` writes in a save where it holds ``tensors`` own tensors:
     rank 0's real RNG file and state relabelled for this rank, plus one file of T tensor
     entries (its shards). Rank 0's also lists the replicated model file."""
-    from ckptkit.format import manifest as mf
     from ckptkit.format.manifest import FileEntry, TensorEntry
+    from ckptkit.format.ranks import RANK_STATE, RankManifest
 
     rk, r0 = _rank_key(rank), _rank_key(0)
     own = [f for f in base.part.files.files if f.component == "rng"]
@@ -353,9 +353,9 @@ def _rank_manifest(base: Base, rank: int, tensors: int) -> Any:
     entries += [TensorEntry(f"tp/{rk}/w{i:05d}", path, "F32", (SHARD_NUMEL,), (i * nb, (i + 1) * nb))
                 for i in range(tensors)]
     files.append(FileEntry(path, tensors * (nb + 64) + 8, f"{rank:032x}", rank=rank))
-    rng = json.loads(json.dumps(base.snap.encoded.tree[mf.RANK_STATE][r0]).replace(r0, rk))
+    rng = json.loads(json.dumps(base.snap.encoded.tree[RANK_STATE][r0]).replace(r0, rk))
     rng["rank"] = rank
-    return mf.RankManifest(rank, base.snap.step, tuple(files), tuple(entries), rng=rng)
+    return RankManifest(rank, base.snap.step, tuple(files), tuple(entries), rng=rng)
 
 
 def _part(base: Base, rank: int, tensors: int, out: Any = None, placeholder: Any = None) -> Any:

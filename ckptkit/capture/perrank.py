@@ -23,7 +23,7 @@ world size):
   the ranks holding them, and the fix; nothing is written;
 * their buffers differ: each rank writes its buffers into its own file
   (``buffers-rankNNNNN.safetensors``) listed in its own manifest
-  (:attr:`ckptkit.format.manifest.RankManifest.buffers`, tree ``buffers/rankNNNNN``), and the
+  (:attr:`ckptkit.format.ranks.RankManifest.buffers`, tree ``buffers/rankNNNNN``), and the
   model's shards hold the parameters only (:func:`own_buffers`);
 * their buffers agree (or the model has none): they are written once, with the model.
 
@@ -60,7 +60,7 @@ from ckptkit import codes
 from ckptkit.collective import Collective, describe, gather_fixed
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
-from ckptkit.format.manifest import RANK_BUFFERS, rank_key, rank_of
+from ckptkit.format.ranks import RANK_BUFFERS, rank_key, rank_of
 
 RECORD = struct.Struct("<B16s16s")
 """What each rank sends: ok flag, digest of its layout, digest of its buffers' bytes."""
@@ -195,10 +195,11 @@ def source(keys: Collection[str], rank: int) -> str | None:
 def holders(manifest: mf.Manifest) -> frozenset[int]:
     """The ranks whose own buffers the checkpoint holds, as far as a reader of ``manifest``
     can tell: those its tree holds and those whose manifests the root records as holding
-    them (:attr:`~ckptkit.format.manifest.RankRef.heads`), read or not.
+    them (:attr:`~ckptkit.format.ranks.RankRef.heads`), read or not.
 
     Example:
-        >>> ref = mf.RankRef(1, mf.rank_manifest_path(1), 9, "0" * 32, (), (RANK_BUFFERS,))
+        >>> from ckptkit.format.ranks import RankRef, rank_manifest_path
+        >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), (RANK_BUFFERS,))
         >>> m = mf.Manifest(files=(), tensors=(), tree={}, components={}, env={}, ranks=(ref,))
         >>> sorted(holders(m))
         [1]

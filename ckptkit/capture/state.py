@@ -38,7 +38,13 @@ from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
-from ckptkit.format.manifest import rank_key, rank_of
+from ckptkit.format.ranks import (
+    PER_RANK,
+    RANK_BUFFERS,
+    RANK_STATE,
+    rank_key,
+    rank_of,
+)
 from ckptkit.storage import dcp_engine as dcp_store
 from ckptkit.storage.fs import Location
 
@@ -69,7 +75,7 @@ def tree_problems(tree: Mapping[str, Any]) -> list[str]:
             out += [f"{name}: {p}" for p in problems(tree[name])]
     if "rng" in tree:
         out += [f"rng: {p}" for p in _rng_problems(tree["rng"])]
-    out += [f"{mf.RANK_BUFFERS}: {p}" for p in perrank.problems(tree)]
+    out += [f"{RANK_BUFFERS}: {p}" for p in perrank.problems(tree)]
     return out
 
 
@@ -103,7 +109,7 @@ def _rng_problems(per_rank: Any) -> list[str]:
 def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     """The ranks whose manifests rank ``rank`` of a restore reads, from a multi-rank root
     (:attr:`~ckptkit.format.manifest.Manifest.ranks`): those holding any state but per-rank state
-    (:data:`~ckptkit.format.manifest.PER_RANK`: the model and optimizer shards, rank 0's state)
+    (:data:`~ckptkit.format.ranks.PER_RANK`: the model and optimizer shards, rank 0's state)
     and those whose RNG state and buffers it restores (:func:`ckptkit.capture.perrank.source`).
     None: every rank's (a world of one, a tree this does not know, a root holding the RNG
     states itself).
@@ -113,7 +119,8 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     they are not chosen here.
 
     Example:
-        >>> ref = lambda r, heads: mf.RankRef(r, mf.rank_manifest_path(r), 1, "0" * 32, (), heads)
+        >>> from ckptkit.format.ranks import RankRef, rank_manifest_path
+        >>> ref = lambda r, heads: RankRef(r, rank_manifest_path(r), 1, "0" * 32, (), heads)
         >>> root = mf.Manifest(files=(), tensors=(), components={}, env={}, tree={},
         ...     ranks=(ref(0, ("model", "rng")), ref(1, ("rng",)), ref(2, ("rng",))))
         >>> sorted(manifests_to_read(root, 2)), sorted(manifests_to_read(root, 7))
@@ -145,7 +152,7 @@ def read_together(root: mf.Manifest, world_size: int) -> bool:
 class _RestorePlan:
     shared: set[int]
     """The ranks every restoring rank reads: those holding state besides their own
-    (:data:`~ckptkit.format.manifest.PER_RANK`) and DCP files, or not indexed."""
+    (:data:`~ckptkit.format.ranks.PER_RANK`) and DCP files, or not indexed."""
     rng: set[str]
     """The saved RNG states, by rank key."""
     buffers: set[str]
@@ -162,7 +169,7 @@ def _restore_plan(root: mf.Manifest) -> _RestorePlan | None:
     if (
         not root.ranks
         or not isinstance(own, Mapping)
-        or mf.RANK_STATE in own  # ckptkit 0.3's first per-rank layout: it references them all
+        or RANK_STATE in own  # ckptkit 0.3's first per-rank layout: it references them all
     ):
         return None
     dcp_only: set[int] = set()
@@ -173,9 +180,9 @@ def _restore_plan(root: mf.Manifest) -> _RestorePlan | None:
         dcp_only = {
             r.rank for r in root.ranks if r.files and all(p.startswith(prefix) for p in r.files)
         }
-    shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - set(mf.PER_RANK)}
-    rng = {rank_key(r.rank) for r in root.ranks if mf.RANK_STATE in (r.heads or ())}
-    buffers = {rank_key(r.rank) for r in root.ranks if mf.RANK_BUFFERS in (r.heads or ())}
+    shared = {r.rank for r in root.ranks if not r.indexed or set(r.heads or ()) - set(PER_RANK)}
+    rng = {rank_key(r.rank) for r in root.ranks if RANK_STATE in (r.heads or ())}
+    buffers = {rank_key(r.rank) for r in root.ranks if RANK_BUFFERS in (r.heads or ())}
     return _RestorePlan(shared, rng, buffers, dcp_only)
 
 
@@ -197,7 +204,7 @@ def _own_buffers(
     Raises:
         ManifestError: ``CK-M009`` no manifest the rank read holds the buffers it restores.
     """
-    held = tree.get(mf.RANK_BUFFERS)
+    held = tree.get(RANK_BUFFERS)
     if held is None:
         return tree, None
     keys = {rank_key(r) for r in perrank.holders(manifest)} if manifest is not None else set(held)
@@ -218,7 +225,7 @@ def grouper(key: str) -> str:
     """File group of a tensor key: per-rank state gets its own file (``rng-rank00000``,
     ``buffers-rank00000``)."""
     parts = key.split("/")
-    if parts[0] in mf.PER_RANK and len(parts) > 2:
+    if parts[0] in PER_RANK and len(parts) > 2:
         return f"{parts[0]}-{parts[1]}"
     return tree_mod.default_group(key)
 

@@ -37,7 +37,7 @@ from ckptkit.collective import Collective, Solo, describe
 from ckptkit.errors import CkptkitError, DistributedError, StateError
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
-from ckptkit.format.manifest import rank_key
+from ckptkit.format.ranks import PER_RANK, RANK_BUFFERS, RANK_STATE, RankManifest, RankRef, rank_key
 from ckptkit.storage import atomic, codec, fs
 from ckptkit.storage.dcp_engine import DCP_COMPONENT
 from ckptkit.storage.fs import Location
@@ -331,7 +331,7 @@ class RankPart:
     sends its entries (``files``)."""
 
     files: RankFiles
-    ref: mf.RankRef | None = None
+    ref: RankRef | None = None
     """This rank's manifest (multi-rank saves)."""
     where: dict[str, list[str]] = field(default_factory=dict)
     """Top-level state key -> this rank's files holding its tensors."""
@@ -449,7 +449,7 @@ class StateSave:
             head, _, tail = k.partition("/")
             if head in SPREAD:
                 spread[k] = t
-            elif head in mf.PER_RANK and tail.startswith(f"{mine}/"):
+            elif head in PER_RANK and tail.startswith(f"{mine}/"):
                 own[k] = t
             else:
                 rest[k] = t
@@ -470,13 +470,13 @@ class StateSave:
         if self.world_size > 1:
             ref = manifest_io.write_rank(
                 tmp,
-                mf.RankManifest(
+                RankManifest(
                     self.rank,
                     self.step,
                     tuple(files.files),
                     tuple(files.tensors),
-                    rng=self.encoded.tree.get(mf.RANK_STATE, {}).get(mine),
-                    buffers=self.encoded.tree.get(mf.RANK_BUFFERS, {}).get(mine),
+                    rng=self.encoded.tree.get(RANK_STATE, {}).get(mine),
+                    buffers=self.encoded.tree.get(RANK_BUFFERS, {}).get(mine),
                 ),
                 key=self.key,
                 fsync=self.fsync,
@@ -525,7 +525,7 @@ class StateSave:
             for head, paths in p.where.items():
                 by_head.setdefault(head, {}).update(dict.fromkeys(paths))
         if len(parts) > 1:
-            for head in mf.PER_RANK:
+            for head in PER_RANK:
                 tree_.pop(head, None)  # each rank's is in its manifest
             prints = {
                 rank_key(r): p.rng_fingerprint

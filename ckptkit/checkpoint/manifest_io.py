@@ -25,11 +25,9 @@ from ckptkit.format.manifest import (
     MAX_MANIFEST_BYTES,
     FileEntry,
     Manifest,
-    RankFetch,
-    RankManifest,
-    RankRef,
     RankSelect,
 )
+from ckptkit.format.ranks import RankFetch, RankManifest, RankRef
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 

@@ -1,21 +1,20 @@
 """The manifest: what a checkpoint holds, where, and the digests that prove it.
 
-This module is the manifest *format*, and only that: frozen dataclasses, canonical JSON,
-the schema, validation and signatures, over bytes already in memory. It opens no file and
-imports nothing from :mod:`ckptkit.storage` (the layers: ``docs/architecture.md``).
-Reading ``manifest.json`` from a location and writing it there is
+This module is the manifest *format*, and only that: frozen dataclasses, their JSON and
+the one parse of a manifest, over bytes already in memory; the checks each manifest
+document passes are :mod:`ckptkit.format.validation`, a multi-rank save's per-rank
+manifests and their merge :mod:`ckptkit.format.ranks`. It opens no file and imports
+nothing from :mod:`ckptkit.storage` (the layers: ``docs/architecture.md``). Reading
+``manifest.json`` from a location and writing it there is
 :mod:`ckptkit.checkpoint.manifest_io`.
 
 ``manifest.json`` is written last and is the commit marker (spec §2). A multi-rank save
-writes it as a small root (``schema_version`` 2): each rank's file and tensor entries are
-in that rank's own manifest (``ranks/rank-NNNNN.json``, :class:`RankManifest`), which the
-root lists by size and digest (:class:`RankRef`); a reader checks each one's bytes against
-the root before parsing it and gets one :class:`Manifest` with every entry, as from a
-``schema_version`` 1 manifest (a world of one, and every checkpoint before v0.3). Every
-manifest
-read is checked once, in order: a regular file, not a symlink (``CK-M008``, by the
-reader); strict UTF-8 JSON without duplicate keys or non-finite numbers (``CK-M002``); a
-known ``schema_version`` (``CK-M004``); the JSON Schema in ``schemas/manifest.schema.json``
+writes it as a small root (``schema_version`` 2) over per-rank manifests, which a reader
+merges into one :class:`Manifest` with every entry, as from a ``schema_version`` 1
+manifest (a world of one, and every checkpoint before v0.3). Every manifest read is
+checked once, in order: a regular file, not a symlink (``CK-M008``, by the reader);
+strict UTF-8 JSON without duplicate keys or non-finite numbers (``CK-M002``); a known
+``schema_version`` (``CK-M004``); the JSON Schema in ``schemas/manifest.schema.json``
 (``CK-M003``; ``CK-M005``/``CK-M006`` for its safety rails), validated by
 ``jsonschema-rs``; nesting depth (``CK-M006``); its own digest (``CK-M007``); its
 signature when a key is given (``CK-M010``/``CK-M011``); semantic safety: paths stay
@@ -33,27 +32,40 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache, cached_property
-from importlib import resources
+from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
-
-import jsonschema_rs
 
 from ckptkit import codes
 from ckptkit._repr import brief, short
 from ckptkit._version import __version__
-from ckptkit.errors import (
-    ManifestError,
-    SignatureError,
-    StateError,
-    UnsafeInputError,
-)
+from ckptkit.errors import ManifestError, StateError, UnsafeInputError
 from ckptkit.format import digest, signing, tree
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
+from ckptkit.format.ranks import (
+    RANK_STATE,
+    RANKED_VERSION,
+    RANKS_DIR,
+    RankFetch,
+    RankRef,
+    merge_ranks,
+    rank_of,
+    rank_part,
+    sibling_path,
+)
 from ckptkit.format.signing import Signature
+from ckptkit.format.validation import (
+    M002_HINT,
+    UNSAFE_HINT,
+    canonical,
+    check_digest,
+    check_listing,
+    check_schema,
+    strict_json,
+    too_deep,
+)
 
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name inside a checkpoint: written last, it is the commit marker."""
@@ -64,19 +76,10 @@ directory, an HF ``checkpoint-N/``), or the suffix of one beside a single-file c
 :mod:`ckptkit.dcp`; its ``user.adopted`` lists the files' digests."""
 SCHEMA_VERSION = 1
 """The version of a manifest holding every entry itself (one process)."""
-RANKED_VERSION = 2
-"""The version of a multi-rank save's root manifest: the entries are in per-rank manifests."""
 READ_VERSIONS = (SCHEMA_VERSION, RANKED_VERSION)
 FORMAT = "ckptkit"
-RANK_FORMAT = "ckptkit-rank"
-RANKS_DIR = "ranks"
-"""The directory of the per-rank manifests inside a checkpoint."""
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest larger than this is refused before parsing (hostile input)."""
-_FREE_FORM = ("tree", "env", "lookahead", "health", "user", "recoveries")
-"""Top-level fields the schema leaves free-form: their nesting is bounded by
-:data:`ckptkit.format.tree.MAX_NESTING` (as are component summaries), checked before
-anything recursive (the digest, the tree decoder) runs."""
 
 COMPONENTS: tuple[str, ...] = (
     "model",
@@ -140,45 +143,6 @@ def check_step(value: Any) -> int:
             hint="pass the global step as a non-negative int (step=1000)",
         )
     return int(value)
-
-
-@cache
-def schema(name: str = "manifest.schema.json") -> dict[str, Any]:
-    """Return a packaged JSON schema (a byte-identical copy of top-level ``schemas/``).
-
-    Example:
-        >>> schema()["properties"]["schema_version"]["enum"]
-        [1, 2]
-    """
-    text = resources.files("ckptkit").joinpath("_schemas", name).read_text("utf-8")
-    return dict(json.loads(text))
-
-
-@cache
-def _validator() -> jsonschema_rs.Draft202012Validator:
-    # jsonschema-rs: ~100x faster than the pure-Python jsonschema on large manifests.
-    # Formats stay annotations (as 2020-12 says by default and as jsonschema did).
-    return jsonschema_rs.Draft202012Validator(schema(), validate_formats=False)
-
-
-@cache
-def _rank_validator() -> jsonschema_rs.Draft202012Validator:
-    # The rank manifest's definition lives in the one schema file (its entries are the
-    # root's own $defs): validate against it as the root of a schema sharing those $defs.
-    root = schema()
-    return jsonschema_rs.Draft202012Validator(
-        {"$ref": "#/$defs/rank_manifest", "$defs": root["$defs"]}, validate_formats=False
-    )
-
-
-def rank_manifest_path(rank: int) -> str:
-    """Where rank ``rank``'s manifest lives inside a checkpoint.
-
-    Example:
-        >>> rank_manifest_path(3)
-        'ranks/rank-00003.json'
-    """
-    return f"{RANKS_DIR}/rank-{rank:05d}.json"
 
 
 @dataclass(frozen=True)
@@ -278,170 +242,6 @@ class Component:
 
 
 @dataclass(frozen=True)
-class RankRef:
-    """The root's record of one rank's manifest: where it is, the bytes it must be, and
-    what it holds (so a restoring rank reads only the manifests it needs)."""
-
-    rank: int
-    path: str
-    size: int
-    xxh3_128: str
-    files: tuple[str, ...] | None = None
-    """The paths of the files its manifest lists, in its order (None: not recorded; such a
-    manifest is read by every reader)."""
-    heads: tuple[str, ...] | None = None
-    """The top-level state keys whose tensors its manifest lists, sorted (None: not
-    recorded)."""
-    sizes: tuple[int, ...] | None = None
-    """The sizes of :attr:`files`, in the same order (None: not recorded): a run's listing
-    checks the files are there at these sizes without reading the rank manifest."""
-
-    @property
-    def indexed(self) -> bool:
-        """Whether the root records what this manifest holds: only then may a reader skip it."""
-        return self.files is not None and self.heads is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank, "path": self.path, "size": self.size, "xxh3_128": self.xxh3_128
-        }
-        if self.files is not None:
-            out["files"] = list(self.files)
-        if self.heads is not None:
-            out["heads"] = list(self.heads)
-        if self.sizes is not None:
-            out["sizes"] = list(self.sizes)
-        return out
-
-    @classmethod
-    def from_dict(cls, r: Mapping[str, Any]) -> RankRef:
-        """Build from a validated ``ranks[]`` item of a root."""
-        files, heads, sizes = r.get("files"), r.get("heads"), r.get("sizes")
-        return cls(
-            r["rank"],
-            r["path"],
-            r["size"],
-            r["xxh3_128"],
-            tuple(files) if files is not None else None,
-            tuple(heads) if heads is not None else None,
-            tuple(sizes) if sizes is not None else None,
-        )
-
-
-def rank_key(rank: int) -> str:
-    """Key of one rank's state inside per-rank components (``rank00003``): where a rank's
-    RNG state sits in the state tree (``tree/rng/rank00003``)."""
-    return f"rank{rank:05d}"
-
-
-def rank_of(key: Any) -> int | None:
-    """The rank a per-rank key names (``rank00003`` -> 3), else None.
-
-    Example:
-        >>> rank_of("rank00003"), rank_of("rank-1"), rank_of(3)
-        (3, None, None)
-    """
-    if isinstance(key, str) and key.startswith("rank") and key[4:].isascii():
-        digits = key[4:]
-        if digits.isdigit() and len(digits) <= 18:
-            return int(digits)
-    return None
-
-
-RANK_STATE = "rng"
-"""The top-level state key each rank of a multi-rank save keeps in its own manifest (its
-:attr:`RankManifest.rng`), not in the root: the state tree holds it at
-``tree/rng/rankNNNNN``, one entry per rank. Sampler cursors stay in the root: a restore at
-another world size needs every rank's."""
-RANK_BUFFERS = "buffers"
-"""The other top-level state key each rank of a multi-rank save may keep in its own
-manifest (its :attr:`RankManifest.buffers`): the model's buffers when their copies differ
-between the ranks (BatchNorm running statistics under DDP), at ``tree/buffers/rankNNNNN``
-(:mod:`ckptkit.capture.perrank`). Absent when every rank's buffers agree: they are then in the
-model's shards, once."""
-PER_RANK = (RANK_STATE, RANK_BUFFERS)
-"""The top-level state keys a rank manifest holds for its rank alone, grafted by a reader
-at ``tree/<key>/rankNNNNN``."""
-_STATE_NAMES = {RANK_STATE: "RNG state", RANK_BUFFERS: "buffer state"}
-"""How messages name each of :data:`PER_RANK`."""
-
-
-def head_of(key: str) -> str:
-    """The top-level state key of a tensor key (``model/a.weight`` -> ``model``)."""
-    return key.split("/", 1)[0]
-
-
-@dataclass(frozen=True)
-class RankManifest:
-    """What one rank of a multi-rank save wrote: its files and their tensors, and its own
-    RNG state (``ranks/rank-NNNNN.json``), signed as the root is when a key is configured.
-
-    Example:
-        >>> m = RankManifest(rank=1, step=5, files=(), tensors=())
-        >>> ref = m.ref(m.to_json().encode())
-        >>> (ref.rank, ref.path)
-        (1, 'ranks/rank-00001.json')
-    """
-
-    rank: int
-    step: int | None
-    files: tuple[FileEntry, ...]
-    tensors: tuple[TensorEntry, ...]
-    signature: Signature | None = None
-    rng: Any = None
-    """This rank's RNG state as tagged JSON (its tensors are among :attr:`tensors`): the
-    entry ``tree/rng/rankNNNNN`` of the checkpoint's state tree, which a reader grafts in
-    (:data:`RANK_STATE`). Kept here, not in the root, so the root stays small (about
-    12 kB of Python and numpy generator state per rank) and a restoring rank reads only
-    the RNG state it restores. None: the rank saved none."""
-    buffers: Any = None
-    """This rank's own copies of the model's buffers as tagged JSON (its tensors are among
-    :attr:`tensors`), the entry ``tree/buffers/rankNNNNN`` (:data:`RANK_BUFFERS`). None:
-    the ranks' buffers agreed, and the model's shards hold them once."""
-
-    def _content(self) -> dict[str, Any]:
-        out = {
-            "schema_version": RANKED_VERSION,
-            "format": RANK_FORMAT,
-            "rank": self.rank,
-            "step": self.step,
-            "files": [f.to_dict() for f in self.files],
-            "tensors": [t.to_dict() for t in self.tensors],
-        }
-        if self.rng is not None:
-            out[RANK_STATE] = self.rng
-        if self.buffers is not None:
-            out[RANK_BUFFERS] = self.buffers
-        return out
-
-    def signed(self, key: bytes) -> RankManifest:
-        """A copy carrying the HMAC of its canonical content under ``key``."""
-        return replace(self, signature=signing.sign(canonical(self._content()), key))
-
-    def to_json(self) -> str:
-        content = self._content()
-        out = dict(content)
-        if self.signature is not None:
-            out["signature"] = self.signature.to_dict()
-        out["manifest_digest"] = digest.hexdigest_bytes(canonical(content))
-        # Compact: read by programs only, and json's C encoder runs only without indent
-        # (the indented encoder is pure Python: most of a large manifest's write time).
-        return json.dumps(out, separators=(",", ":"), allow_nan=False)
-
-    def ref(self, data: bytes) -> RankRef:
-        """The root's record of this manifest written as ``data``."""
-        return RankRef(
-            self.rank,
-            rank_manifest_path(self.rank),
-            len(data),
-            digest.hexdigest_bytes(data),
-            files=tuple(f.path for f in self.files),
-            heads=tuple(sorted({head_of(t.key) for t in self.tensors})),
-            sizes=tuple(f.size for f in self.files),
-        )
-
-
-@dataclass(frozen=True)
 class Manifest:
     """A parsed, validated ``manifest.json``.
 
@@ -522,7 +322,7 @@ class Manifest:
 
         Example:
             >>> m = Manifest(files=(), tensors=(), tree=None, components={}, env={},
-            ...     ranks=(RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("rng-1.st",),
+            ...     ranks=(RankRef(1, "ranks/rank-00001.json", 9, "0" * 32, ("rng-1.st",),
             ...     ("rng",)),), read_ranks=frozenset({0}))
             >>> m.elsewhere("rng-1.st"), m.elsewhere("model.safetensors")
             (True, False)
@@ -536,7 +336,7 @@ class Manifest:
         root does not record them for an unread rank (its manifest must be read).
 
         Example:
-            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("a.st",), (), (5,))
+            >>> ref = RankRef(1, "ranks/rank-00001.json", 9, "0" * 32, ("a.st",), (), (5,))
             >>> Manifest(files=(), tensors=(), tree=None, components={}, env={},
             ...     ranks=(ref,), read_ranks=frozenset()).file_sizes()
             {'ranks/rank-00001.json': 9, 'a.st': 5}
@@ -561,7 +361,7 @@ class Manifest:
         state it holds.
 
         Example:
-            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), (RANK_STATE,))
+            >>> ref = RankRef(1, "ranks/rank-00001.json", 9, "0" * 32, (), (RANK_STATE,))
             >>> m = Manifest(files=(), tensors=(), tree={"rng": {"rank00000": {}}},
             ...     components={}, env={}, ranks=(ref,), read_ranks=frozenset({0}))
             >>> sorted(m.rng_ranks), sorted(replace(m, read_ranks=None).rng_ranks)
@@ -614,7 +414,7 @@ class Manifest:
 
         Example:
             >>> fe = FileEntry("a.st", 5, "0" * 32)
-            >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, ("b.st",), ())
+            >>> ref = RankRef(1, "ranks/rank-00001.json", 9, "0" * 32, ("b.st",), ())
             >>> m = Manifest(files=(fe,), tensors=(), tree=None, components={}, env={},
             ...     ranks=(ref,), read_ranks=frozenset({0}),
             ...     read_later=lambda r: (FileEntry("b.st", 7, "1" * 32, rank=r.rank),))
@@ -698,7 +498,7 @@ class Manifest:
                 deeper than a reader accepts; nothing is written that would not read back.
         """
         out = self.to_dict()
-        where = _too_deep(out)
+        where = too_deep(out)
         if where is not None:
             raise StateError(
                 f"manifest field {where!r} nests deeper than {tree.MAX_NESTING} levels",
@@ -838,7 +638,7 @@ def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry
     if not isinstance(adopted, Mapping) or not isinstance(adopted.get("files"), list):
         raise ManifestError(
             "adopted manifest has no user.adopted.files record", path=path, code=codes.M003,
-            hint=_M002_HINT,
+            hint=M002_HINT,
         )
     out = []
     for f in adopted["files"]:
@@ -854,62 +654,11 @@ def adopted_files(m: Manifest, *, path: str = ADOPTED_SUFFIX) -> tuple[FileEntry
         if not ok:
             raise ManifestError(
                 f"adopted manifest has a malformed file entry: {str(f)[:120]}",
-                path=path, code=codes.M003, hint=_M002_HINT,
+                path=path, code=codes.M003, hint=M002_HINT,
             )
         out.append(FileEntry(path=f["path"], size=f["size"], xxh3_128=f["xxh3_128"]))
     check_listing([fe.path for fe in out], path=path)
     return tuple(out)
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def path_problem(p: str) -> str | None:
-    """Why ``p`` may not name a file of a checkpoint, or None: the one path rule of every
-    manifest, native and adopted (the native schema's pattern is narrower still).
-
-    A path is not empty, relative, stays inside the checkpoint (no ``..`` part) and holds
-    no NUL or other control character (the OS refuses a NUL with ``ValueError``; a
-    newline forges lines in a listing).
-
-    Example:
-        >>> path_problem("dcp/__0_0.distcp") is None, path_problem("a" + chr(0) + "b")
-        (True, 'holds the control character U+0000')
-        >>> path_problem("../x"), path_problem("/x")
-        ('escapes the checkpoint', 'escapes the checkpoint')
-    """
-    bad = _CONTROL.search(p)
-    if bad is not None:
-        return f"holds the control character U+{ord(bad.group()):04X}"
-    pp = PurePosixPath(p)
-    if not p or pp.is_absolute() or ".." in pp.parts:
-        return "escapes the checkpoint"
-    return None
-
-
-def check_listing(paths: Iterable[str], *, path: str) -> None:
-    """Check the file paths a manifest lists: each by :func:`path_problem`, none twice.
-
-    Raises:
-        UnsafeInputError: ``CK-M005`` a path breaks the path rule.
-        ManifestError: ``CK-M003`` a path is listed twice.
-    """
-    seen: set[str] = set()
-    for p in paths:
-        why = path_problem(p)
-        if why is not None:
-            raise UnsafeInputError(
-                f"file path {p!r} {why}", path=path, code=codes.M005, hint=_UNSAFE_HINT
-            )
-        if p in seen:
-            raise ManifestError(
-                f"file {p!r} listed twice: which entry a reader would check is not for a "
-                "dict build to decide",
-                path=path,
-                code=codes.M003,
-                hint="the manifest was damaged or hand-edited; " + codes.ROLLBACK,
-            )
-        seen.add(p)
 
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -952,96 +701,11 @@ def json_safe(x: Any) -> Any:
     return x
 
 
-def canonical(obj: Mapping[str, Any]) -> bytes:
-    """Return the canonical JSON of a manifest's content: what its digest and signature cover.
-
-    Every field but ``manifest_digest`` and ``signature``, keys sorted, no whitespace,
-    ASCII. The file digests are in it, so the signature covers every file's bytes.
-
-    Example:
-        >>> canonical({"b": 1, "a": [1.5], "manifest_digest": "x", "signature": {}})
-        b'{"a":[1.5],"b":1}'
-    """
-    body = {k: v for k, v in obj.items() if k not in _NOT_CONTENT}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-_NOT_CONTENT = frozenset({"manifest_digest", "signature"})
-
-
 def content_digest(obj: Mapping[str, Any]) -> str:
     """Return the ``manifest_digest`` of a JSON object: xxh3-128 of :func:`canonical`."""
     return digest.hexdigest_bytes(canonical(obj))
 
 
-_M002_HINT = (
-    "the manifest is damaged or was not written by ckptkit; this checkpoint cannot be "
-    "trusted; roll back to the previous verified checkpoint ('ckptkit ls RUN')"
-)
-_UNSAFE_HINT = (
-    "do not load this checkpoint: its manifest points outside the checkpoint or declares "
-    "absurd sizes; it may be hostile"
-)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):
-        raise ValueError(f"number {_short(text, 40)} is out of range (it reads as {v})")
-    return v
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise ValueError(
-                    f"duplicate key {_short(k, 60)!r} in one object (readers disagree on "
-                    "which value counts)"
-                )
-            seen.add(k)
-    return d
-
-
-def _strict_json(text: str | bytes, path: str) -> Any:
-    """Parse strict JSON: UTF-8 without BOM, no duplicate keys, finite numbers only."""
-
-    def bad(why: str) -> ManifestError:
-        return ManifestError(f"not valid JSON ({why})", path=path, code=codes.M002, hint=_M002_HINT)
-
-    if isinstance(text, str):
-        s = text
-    else:
-        try:
-            s = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise bad(f"not UTF-8: byte {e.start} is {bytes(text)[e.start:e.start + 1]!r}") from None
-    if s.startswith("\ufeff"):
-        raise bad("starts with a byte-order mark; manifests are UTF-8 without one")
-    if "\x00" in s:  # never in JSON text; UTF-16/32 without a BOM decodes to ASCII + NULs
-        raise bad("contains NUL characters: UTF-16 or UTF-32 text, not UTF-8")
-    try:
-        return json.loads(
-            s,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-        )
-    except RecursionError:
-        raise bad("nested too deeply") from None
-    except ValueError as e:
-        raise bad(_short(e)) from None
-
-
-RankFetch = Callable[[RankRef], bytes]
-"""Reads the bytes of the rank manifest a root lists (at most :data:`MAX_MANIFEST_BYTES`
-and one more; :mod:`ckptkit.checkpoint.manifest_io` reads them from the checkpoint)."""
 RankSelect = Callable[[Manifest], Collection[int] | None]
 """Given a validated root (a :class:`Manifest` without entries), the ranks whose manifests
 a reader needs; None: every rank's. A rank manifest the root does not index
@@ -1106,7 +770,7 @@ def _parse(
     """:func:`parse`; of a root also the ranks whose manifests were read when not all were,
     and the root's own tree (the merged object's holds the ranks' RNG states): ``None``,
     ``None``, ``None`` for a manifest of one rank."""
-    obj = _strict_json(text, path)
+    obj = strict_json(text, path)
     if not isinstance(obj, dict):
         raise ManifestError(
             "not a JSON object",
@@ -1126,22 +790,23 @@ def _parse(
             if newer
             else "the manifest is damaged or not a ckptkit manifest; roll back",
         )
-    _check_schema(obj, path)
-    where = _too_deep(obj)
+    check_schema(obj, path)
+    where = too_deep(obj)
     if where is not None:
         raise UnsafeInputError(
             f"'{where}' nests deeper than {tree.MAX_NESTING} levels",
             path=path,
             code=codes.M006,
-            hint=_UNSAFE_HINT,
+            hint=UNSAFE_HINT,
         )
-    _check_digest(obj, path, key)
+    check_digest(obj, path, key)
     read: frozenset[int] | None = None
     elsewhere: Callable[[str], bool] | None = None
     root_tree: Any = None
     if version == RANKED_VERSION or "ranks" in obj:
         root_tree = obj["tree"]
-        obj, read, elsewhere = _merged(obj, path, key, ranks, only)
+        select = None if only is None else lambda r: only(Manifest.from_dict(r))
+        obj, read, elsewhere = merge_ranks(obj, path, key, ranks, select)
     check_semantics(obj, path=path)
     try:
         tree.check(
@@ -1152,331 +817,18 @@ def _parse(
     return obj, read, root_tree
 
 
-def _merged(
-    root: dict[str, Any],
-    path: str,
-    key: bytes | None,
-    fetch: RankFetch | None,
-    only: RankSelect | None,
-) -> tuple[dict[str, Any], frozenset[int] | None, Callable[[str], bool] | None]:
-    """The root with every rank manifest's entries in its ``files`` and ``tensors`` and
-    its RNG state in its ``tree`` (:func:`_grafted`), or (``only``) those of the ranks it
-    selects and every rank the root does not index.
-
-    The one merge: a full read and a partial one run the same checks on every manifest
-    they read; a partial one also returns the ranks read and the test for a tensor key an
-    unread manifest may hold (``None``, ``None`` when every manifest was read). The merged
-    tree holds the RNG states of the ranks read only."""
-    refs = root.get("ranks")
-    if root["schema_version"] != RANKED_VERSION or not refs or root["files"] or root["tensors"]:
-        raise ManifestError(
-            "a root manifest (schema_version 2) lists its ranks' manifests and holds no "
-            "entries itself; this one mixes the two forms",
-            path=path,
-            code=codes.M003,
-            hint="the manifest is damaged or hand-edited; roll back to the previous verified "
-            "checkpoint",
-        )
-    if fetch is None:
-        raise ManifestError(
-            "a multi-rank root manifest: its entries are in the per-rank manifests it lists",
-            path=path,
-            code=codes.M013,
-            hint="read the checkpoint directory (ckptkit.checkpoint.manifest_io.read), not "
-            "the root manifest alone",
-        )
-    all_refs = [RankRef.from_dict(r) for r in refs]
-    wanted = None
-    if only is not None:
-        chosen = only(Manifest.from_dict(root))
-        wanted = None if chosen is None else set(chosen)
-    files, tensors = [], []
-    states: dict[str, dict[str, Any]] = {head: {} for head in PER_RANK}
-    seen: set[int] = set()
-    indexed: set[str] = set()
-    unread: list[RankRef] = []
-    for ref in all_refs:
-        if ref.sizes is not None and (ref.files is None or len(ref.sizes) != len(ref.files)):
-            raise ManifestError(
-                f"rank {ref.rank}'s record has {len(ref.sizes)} file sizes for "
-                f"{len(ref.files or ())} files",
-                path=path,
-                code=codes.M003,
-                hint="the manifest is damaged or hand-edited; roll back",
-            )
-        for p in ref.files or ():
-            if p in indexed:
-                raise ManifestError(
-                    f"file {p!r} is listed by two ranks' manifests",
-                    path=path,
-                    code=codes.M003,
-                    hint="the manifest is damaged or hand-edited; roll back",
-                )
-            indexed.add(p)
-        if ref.rank in seen or ref.path != rank_manifest_path(ref.rank):
-            raise ManifestError(
-                f"rank {ref.rank}'s manifest is listed twice or at {ref.path!r}, not at "
-                f"{rank_manifest_path(ref.rank)!r}",
-                path=path,
-                code=codes.M003,
-                hint="the manifest is damaged or hand-edited; roll back",
-            )
-        seen.add(ref.rank)
-        if wanted is not None and ref.rank not in wanted and ref.indexed:
-            unread.append(ref)
-            continue
-        part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
-        files += part["files"]
-        tensors += part["tensors"]
-        for head in PER_RANK:
-            if head in part:
-                states[head][rank_key(ref.rank)] = part[head]
-    grafted = root["tree"]
-    for head in PER_RANK:
-        grafted = _grafted(grafted, states[head], path, head=head)
-    merged = {**root, "files": files, "tensors": tensors, "tree": grafted}
-    if not unread:
-        return merged, None, None
-    return (
-        merged,
-        frozenset(seen - {ref.rank for ref in unread}),
-        held_elsewhere(unread, {t["key"] for t in tensors}),
-    )
-
-
 def _later_reader(
     root: Mapping[str, Any], path: str, key: bytes | None, fetch: RankFetch | None
 ) -> Callable[[RankRef], tuple[FileEntry, ...]]:
     """:attr:`Manifest.read_later` of a partial read of ``root``: a rank manifest read later
-    goes through :func:`_rank_part`, as the merge's did."""
+    goes through :func:`rank_part`, as the merge's did."""
 
     def entries(ref: RankRef) -> tuple[FileEntry, ...]:
         assert fetch is not None  # a partial read fetched the others with it
-        part = _rank_part(fetch(ref), ref, root["step"], key, _sibling(path, ref.path))
+        part = rank_part(fetch(ref), ref, root["step"], key, sibling_path(path, ref.path))
         return tuple(map(FileEntry.from_dict, part["files"]))
 
     return entries
-
-
-def held_elsewhere(unread: Collection[RankRef], listed: Collection[str]) -> Callable[[str], bool]:
-    """The test for a tensor key that a reader of part of a checkpoint does not have
-    because a rank manifest it did not read (``unread``) may hold it: not ``listed`` by
-    the manifests read, and of a top-level key one of ``unread`` records
-    (:attr:`RankRef.heads`). The parse's tree check passes over exactly these (a run's
-    listing reads the root alone; a restoring rank reads every manifest its tree needs).
-
-    Example:
-        >>> ref = RankRef(1, rank_manifest_path(1), 9, "0" * 32, (), ("rng",))
-        >>> held = held_elsewhere([ref], {"rng/rank00000/t"})
-        >>> held("rng/rank00001/t"), held("rng/rank00000/t"), held("model/w")
-        (True, False, False)
-    """
-    heads = {h for ref in unread for h in ref.heads or ()}
-    return lambda k: k not in listed and head_of(k) in heads
-
-
-def _grafted(root_tree: Any, states: Mapping[str, Any], path: str, *, head: str = RANK_STATE) -> Any:
-    """The root's tree with each rank's state under ``head`` (:data:`PER_RANK`; ``states``:
-    rank key -> its rank manifest's ``rng`` or ``buffers``) at ``tree/<head>/<rank key>``:
-    the state tree a single manifest would hold. A root of ckptkit 0.3's first per-rank
-    layout holds the RNG states itself; a state in both places is refused, as is a root
-    tree with no place for them.
-
-    Example:
-        >>> _grafted({"step": 3}, {"rank00001": {"rank": 1}}, "manifest.json")
-        {'step': 3, 'rng': {'rank00001': {'rank': 1}}}
-    """
-    if not states:
-        return root_tree
-    held = root_tree.get(head, {}) if isinstance(root_tree, dict) else None
-    twice = sorted(set(states) & set(held)) if isinstance(held, dict) else []
-    if not isinstance(held, dict) or twice:
-        raise ManifestError(
-            f"the root's state tree holds the {_STATE_NAMES[head]} of {', '.join(twice)} too"
-            if twice
-            else f"the rank manifests hold {_STATE_NAMES[head]}s, but the root's state tree is "
-            f"not a mapping with a mapping at '{head}' to hold them",
-            path=path,
-            code=codes.M003,
-            hint="the manifest is damaged or hand-edited; roll back to the previous verified "
-            "checkpoint",
-        )
-    return {**root_tree, head: {**held, **states}}
-
-
-def _sibling(path: str, rel: str) -> str:
-    """How to name the rank manifest ``rel`` of the root at ``path`` in errors."""
-    head, sep, _ = path.rpartition("/")
-    return f"{head}{sep}{rel}"
-
-
-def _rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: str) -> Any:
-    """One rank manifest's JSON object: the bytes the root records, then parsed and
-    validated as strictly as the root."""
-    if len(data) != ref.size or digest.hexdigest_bytes(data) != ref.xxh3_128:
-        raise ManifestError(
-            f"rank {ref.rank}'s manifest is not the one the root lists ({len(data)} bytes, "
-            f"the root records {ref.size} and their digest)",
-            path=path,
-            code=codes.M013,
-            hint="it was replaced, truncated or damaged after the save; restore it from a "
-            "copy or roll back to the previous verified checkpoint",
-        )
-    obj = _strict_json(data, path)
-    _check_schema(obj, path, _rank_validator())
-    for head in PER_RANK:
-        if tree.nesting_exceeds(obj.get(head), tree.MAX_NESTING - 2):  # at tree/<head>/rankN
-            raise UnsafeInputError(
-                f"'{head}' nests deeper than {tree.MAX_NESTING - 2} levels",
-                path=path,
-                code=codes.M006,
-                hint=_UNSAFE_HINT,
-            )
-    _check_digest(obj, path, key)
-    if obj["rank"] != ref.rank or obj["step"] != step:
-        raise ManifestError(
-            f"holds rank {obj['rank']} step {obj['step']}, the root lists it as rank "
-            f"{ref.rank} of step {step}",
-            path=path,
-            code=codes.M013,
-            hint="a rank manifest of another checkpoint was copied here; roll back",
-        )
-    if (ref.files is not None and list(ref.files) != [f["path"] for f in obj["files"]]) or (
-        ref.sizes is not None and list(ref.sizes) != [f["size"] for f in obj["files"]]
-    ):
-        raise ManifestError(
-            "lists other files (or sizes) than the root records for it",
-            path=path,
-            code=codes.M013,
-            hint="the rank manifest or the root is damaged or hand-edited; roll back",
-        )
-    if ref.heads is not None and list(ref.heads) != sorted({head_of(t["key"]) for t in obj["tensors"]}):
-        raise ManifestError(
-            "holds the tensors of other state keys than the root records for it",
-            path=path,
-            code=codes.M013,
-            hint="the rank manifest or the root is damaged or hand-edited; roll back",
-        )
-    listed = {t["key"] for t in obj["tensors"]}
-    for head, k in ((h, k) for h in PER_RANK for _, k in tree.iter_tensor_refs(obj.get(h))):
-        if k not in listed:
-            raise ManifestError(
-                f"its {_STATE_NAMES[head]} references tensor {k!r}, which it does not list",
-                path=path,
-                code=codes.M009,
-                hint="the rank manifest is damaged or hand-edited; roll back",
-            )
-    for f in obj["files"]:
-        if f.get("rank", ref.rank) != ref.rank:
-            raise ManifestError(
-                f"lists {f['path']!r} as written by rank {f['rank']}",
-                path=path,
-                code=codes.M013,
-                hint="the rank manifest is damaged or hand-edited; roll back",
-            )
-    return obj
-
-
-def _check_digest(obj: Mapping[str, Any], path: str, key: bytes | None) -> None:
-    """A manifest's (root or rank) own digest, then its signature when ``key`` is given."""
-    canon = canonical(obj)
-    if digest.hexdigest_bytes(canon) != obj["manifest_digest"]:
-        raise ManifestError(
-            "manifest digest mismatch (the manifest changed after it was written)",
-            path=path,
-            code=codes.M007,
-            hint="the manifest was edited or damaged; roll back to the previous verified "
-            "checkpoint",
-        )
-    if key is not None:
-        _check_signature(obj, canon, key, path)
-
-
-def _check_schema(
-    obj: Any, path: str, v: jsonschema_rs.Draft202012Validator | None = None
-) -> None:
-    """Validate ``obj`` against the manifest schema (``v``: a rank manifest's validator)."""
-    v = v or _validator()
-    what = "rank manifest" if v is not _validator() else "manifest"
-    try:
-        if v.is_valid(obj):
-            return
-        errs = list(v.iter_errors(obj))
-    except ValueError as e:  # jsonschema-rs stops at its own recursion limit
-        raise UnsafeInputError(
-            f"nested too deeply to validate ({_short(e)})",
-            path=path,
-            code=codes.M006,
-            hint=_UNSAFE_HINT,
-        ) from None
-    errs.sort(key=lambda e: [str(p) for p in e.instance_path])
-    e0 = errs[0]
-    where = "/".join(str(p) for p in e0.instance_path) or "<root>"
-    code, cls = _classify_schema_error(e0)
-    raise cls(
-        f"fails the {what} schema at '{where}': {_short(e0.message)}"
-        + (f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""),
-        path=path,
-        code=code,
-        hint="the manifest is damaged or hand-edited; roll back to the previous verified "
-        "checkpoint"
-        if code == codes.M003
-        else _UNSAFE_HINT,
-    )
-
-
-def _too_deep(obj: Mapping[str, Any]) -> str | None:
-    """Name the first free-form part nesting deeper than tree.MAX_NESTING, or None."""
-    for k in _FREE_FORM:
-        if k in obj and tree.nesting_exceeds(obj[k], tree.MAX_NESTING):
-            return k
-    comps = obj.get("components")
-    if isinstance(comps, Mapping):
-        for name, c in comps.items():
-            if isinstance(c, Mapping) and tree.nesting_exceeds(c.get("summary"), tree.MAX_NESTING):
-                return f"components/{name}/summary"
-    return None
-
-
-def _check_signature(obj: Mapping[str, Any], canon: bytes, key: bytes, path: str) -> None:
-    raw = obj.get("signature")
-    why = signing.check(canon, Signature.from_dict(raw) if raw is not None else None, key)
-    if why is None:
-        return
-    if why == "unsigned":
-        raise SignatureError(
-            "the manifest is not signed, and a key was given: its origin cannot be proven",
-            path=path,
-            code=codes.M010,
-            hint="if you wrote it without a key, sign it again from a trusted copy; "
-            "otherwise do not load it (anyone who can write the directory could have "
-            "written it)",
-        )
-    raise SignatureError(
-        why,
-        path=path,
-        code=codes.M011,
-        hint="do not load this checkpoint unless you know why: it was written with another "
-        "key or altered after signing; check which key signed it (its key id) or roll back "
-        "to the previous verified checkpoint",
-    )
-
-
-def _short(x: object, n: int = 160) -> str:
-    s = str(x)
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def _classify_schema_error(e: jsonschema_rs.ValidationError) -> tuple[str, type[ManifestError]]:
-    # Path patterns and size maxima are the safety rails: report them as unsafe input.
-    path = list(e.instance_path)
-    last = path[-1] if path else None
-    keyword = e.kind.name
-    if keyword == "pattern" and last in ("path", "file"):
-        return codes.M005, UnsafeInputError
-    if keyword in ("maximum", "maxItems", "maxLength") and last is not None:
-        return codes.M006, UnsafeInputError
-    return codes.M003, ManifestError
 
 
 def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> None:
@@ -1495,7 +847,7 @@ def check_semantics(obj: Mapping[str, Any], *, path: str = MANIFEST_NAME) -> Non
                 f"file path {p!r} is reserved for ckptkit's own files",
                 path=path,
                 code=codes.M005,
-                hint=_UNSAFE_HINT,
+                hint=UNSAFE_HINT,
             )
         if f.get("compression") and "raw_size" not in f:
             raise ManifestError(

@@ -66,7 +66,7 @@ from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.capture.state import TrainState
 from ckptkit.errors import CkptkitError, IntegrityError, StateError
-from ckptkit.format.manifest import rank_key
+from ckptkit.format.ranks import rank_key
 from ckptkit.format.records import GUARD_KEY
 from ckptkit.integrations.drill_env import DrillEnv
 from ckptkit.run import Run, resume_target, retain

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from ckptkit.cli import main
 from ckptkit.format import manifest as mf
+from ckptkit.format import validation
 
 
 def _run(*args: str) -> tuple[int, str, str]:
@@ -29,7 +30,7 @@ def test_verify_json_conforms_to_schema(saved_ckpt) -> None:  # type: ignore[no-
     code, out, _ = _run("verify", str(d), "--json")
     assert code == 1
     report = json.loads(out)
-    jsonschema.Draft202012Validator(mf.schema("verify-report.schema.json")).validate(report)
+    jsonschema.Draft202012Validator(validation.schema("verify-report.schema.json")).validate(report)
     rep = report["reports"][0]
     assert not report["ok"] and rep["findings"][0]["code"] == "CK-F002"
     assert set(rep["components"]) == set(mf.COMPONENTS)

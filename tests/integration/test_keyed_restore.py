@@ -27,6 +27,7 @@ from ckptkit.checkpoint.commit import save_state
 from ckptkit.errors import SignatureError
 from ckptkit.format import digest
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import rank_manifest_path
 from ckptkit.run.restore import Skip, restore_candidate
 from ckptkit.storage import fs
 
@@ -113,7 +114,7 @@ def test_a_rank_manifest_edited_with_the_roots_record_fixed_up_is_refused(
     made to match, the root's digest recomputed (its signature cannot be)."""
     ckpt = tmp_path / "step-00000003"
     _two_rank_signed(ckpt)
-    rank1 = ckpt / mf.rank_manifest_path(1)
+    rank1 = ckpt / rank_manifest_path(1)
     obj = json.loads(rank1.read_text())
     obj["rng"]["rank"] = 0  # rank 0's state in rank 1's place: the same RNG on both
     obj["manifest_digest"] = mf.content_digest(obj)

@@ -340,14 +340,18 @@ def test_the_checker_finds_a_cycle_through_a_package_init() -> None:
     assert _one_cycle(g, comps[0]) == ["p.reader", "p.verify", "p.verify.runner", "p.reader"]
 
 
-def test_the_manifest_is_pure_format() -> None:
-    """The manifest format opens no file and imports nothing above the format layer."""
-    found = imports("ckptkit.format.manifest")
-    deps = _with_packages((t for k in ALL_KINDS for t in found[k]), "ckptkit.format.manifest")
+@pytest.mark.parametrize(
+    "name", ["ckptkit.format.manifest", "ckptkit.format.ranks", "ckptkit.format.validation"]
+)
+def test_the_manifest_is_pure_format(name: str) -> None:
+    """The manifest format (the manifest, the checks of its documents, the multi-rank merge)
+    opens no file and imports nothing above the format layer."""
+    found = imports(name)
+    deps = _with_packages((t for k in ALL_KINDS for t in found[k]), name)
     above = {t for t in deps if RANK[layer_of(t) or "api"] > RANK["format"]}
-    assert not above, f"ckptkit.format.manifest imports {sorted(above)}"
-    src = MODULES["ckptkit.format.manifest"].read_text()
-    assert not re.search(r"\bopen\(|os\.(open|read|write|fstat)\b|\bPath\(", src)
+    assert not above, f"{name} imports {sorted(above)}"
+    src = MODULES[name].read_text()
+    assert not re.search(r"\bopen\(|os\.(open|read|write|fstat)\b|\bPath\(", src), name
 
 
 def test_storage_does_not_import_manifest_io() -> None:

@@ -27,6 +27,7 @@ from ckptkit.checkpoint.catalog import Catalog
 from ckptkit.checkpoint.commit import save_state
 from ckptkit.errors import ManifestError
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import rank_manifest_path
 from ckptkit.storage import fs
 
 WORLD = 4
@@ -81,8 +82,8 @@ def test_a_listing_names_a_file_missing_or_resized_since_the_verify(
 ) -> None:
     ckpt = run / STEP
     victim = {
-        "rank manifest gone": ckpt / mf.rank_manifest_path(2),
-        "rank manifest cut": ckpt / mf.rank_manifest_path(2),
+        "rank manifest gone": ckpt / rank_manifest_path(2),
+        "rank manifest cut": ckpt / rank_manifest_path(2),
         "rank file cut": ckpt / "rng-rank00002.safetensors",
     }[damage]
     if damage.endswith("gone"):
@@ -99,7 +100,7 @@ def test_a_rank_manifest_changed_at_its_size_is_found_by_the_readers_not_the_lis
 ) -> None:
     # As for a data file: the listing checks presence and size; a restore or a verify
     # reads the bytes and refuses them.
-    p = run / STEP / mf.rank_manifest_path(3)
+    p = run / STEP / rank_manifest_path(3)
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))

@@ -12,6 +12,7 @@ import torch
 import ckptkit
 from ckptkit.checkpoint import manifest_io
 from ckptkit.format import manifest as mf
+from ckptkit.format import validation
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "manifests"
@@ -39,14 +40,14 @@ def test_schema_is_valid_2020_12(name: str) -> None:
 
 
 def test_schema_covers_every_component() -> None:
-    props = mf.schema()["properties"]["components"]["properties"]
+    props = validation.schema()["properties"]["components"]["properties"]
     assert tuple(props) == mf.COMPONENTS
 
 
 def test_written_manifest_validates_and_round_trips(saved_ckpt) -> None:  # type: ignore[no-untyped-def]
     d = saved_ckpt()
     obj = json.loads((d / "manifest.json").read_text())
-    jsonschema.Draft202012Validator(mf.schema()).validate(obj)
+    jsonschema.Draft202012Validator(validation.schema()).validate(obj)
     m = manifest_io.read(d)
     assert m.to_dict() == obj
     assert m.step == 3 and obj["schema_version"] == mf.SCHEMA_VERSION
@@ -55,13 +56,13 @@ def test_written_manifest_validates_and_round_trips(saved_ckpt) -> None:  # type
 def test_every_manifest_read_is_validated_once(saved_ckpt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     d = saved_ckpt()
     calls = []
-    real = mf._check_schema
+    real = validation.check_schema
 
     def spy(obj, path):  # type: ignore[no-untyped-def]
         calls.append(path)
         return real(obj, path)
 
-    monkeypatch.setattr(mf, "_check_schema", spy)
+    monkeypatch.setattr(mf, "check_schema", spy)  # the name the root's parse calls
     ckptkit.load(d)
     assert len(calls) == 1
     ckptkit.verify(d)
@@ -106,9 +107,9 @@ def test_both_validators_agree_on_the_schema(case: Path) -> None:
     ``$(?!\\n)`` so a path like ``"model.safetensors\\n"`` fails in both.
     """
     obj, _, _ = _example(case)
-    py = jsonschema.Draft202012Validator(mf.schema()).is_valid(obj)
+    py = jsonschema.Draft202012Validator(validation.schema()).is_valid(obj)
     try:
-        rs = mf._validator().is_valid(obj)
+        rs = validation._validator().is_valid(obj)
     except ValueError:  # jsonschema-rs's recursion limit (the reader maps it to CK-M006)
         return
     assert py == rs

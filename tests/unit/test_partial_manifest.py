@@ -22,11 +22,12 @@ from ckptkit import codes
 from ckptkit.capture.state import TrainState, manifests_to_read, read_together
 from ckptkit.errors import CkptkitError, ManifestError, SignatureError
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import RankManifest, RankRef, rank_manifest_path
 
 WORLD = 4
 
 
-def rank_manifest(rank: int) -> mf.RankManifest:
+def rank_manifest(rank: int) -> RankManifest:
     """Rank ``rank``'s RNG file; rank 0 also holds the model (the shared state)."""
     files = [mf.FileEntry(f"rng-rank{rank:05d}.safetensors", 8, "0" * 32, rank=rank)]
     tensors = [mf.TensorEntry(f"rng/rank{rank:05d}/torch", files[0].path, "F32", (2,), (0, 8))]
@@ -34,7 +35,7 @@ def rank_manifest(rank: int) -> mf.RankManifest:
         files.append(mf.FileEntry("model.safetensors", 16, "1" * 32, rank=0))
         tensors.append(mf.TensorEntry("model/w", "model.safetensors", "F32", (4,), (0, 16)))
     state = {"torch": tensor(f"rng/rank{rank:05d}/torch"), "rank": rank}
-    return mf.RankManifest(rank, 7, tuple(files), tuple(tensors), rng=state)
+    return RankManifest(rank, 7, tuple(files), tuple(tensors), rng=state)
 
 
 def tensor(key: str) -> dict[str, object]:
@@ -47,7 +48,7 @@ def written(tree_extra: dict[str, object] | None = None) -> tuple[bytes, dict[st
     refs = []
     for r in range(WORLD):
         data = rank_manifest(r).to_json().encode()
-        blobs[mf.rank_manifest_path(r)] = data
+        blobs[rank_manifest_path(r)] = data
         refs.append(rank_manifest(r).ref(data))
     tree = {"model": {"w": tensor("model/w")}, **(tree_extra or {})}
     root = mf.Manifest(files=(), tensors=(), tree=tree, components={}, env={}, step=7,
@@ -61,7 +62,7 @@ def read(
     """Read with ``only`` those ranks; the manifest and the ranks whose bytes were fetched."""
     fetched: list[int] = []
 
-    def fetch(ref: mf.RankRef) -> bytes:
+    def fetch(ref: RankRef) -> bytes:
         fetched.append(ref.rank)
         return blobs[ref.path]
 
@@ -183,11 +184,11 @@ def test_a_dcp_restore_proves_a_rank_that_holds_dcp_files_alone() -> None:
     # Every DCP file is read or checked by one restoring rank (check_unread), so a rank
     # manifest listing only DCP files is covered at any world size; one that also lists
     # its RNG file is covered only where a restoring rank takes that state.
-    def ref(rank: int, files: tuple[str, ...], heads: tuple[str, ...]) -> mf.RankRef:
-        return mf.RankRef(rank, mf.rank_manifest_path(rank), 1, "0" * 32, files, heads,
+    def ref(rank: int, files: tuple[str, ...], heads: tuple[str, ...]) -> RankRef:
+        return RankRef(rank, rank_manifest_path(rank), 1, "0" * 32, files, heads,
                           (5,) * len(files))
 
-    def root(*refs: mf.RankRef) -> mf.Manifest:
+    def root(*refs: RankRef) -> mf.Manifest:
         return mf.Manifest(files=(), tensors=(), components={}, env={},
                            tree={"dcp": {"keys": ["model"]}}, ranks=refs)
 
@@ -220,7 +221,7 @@ def test_a_signed_checkpoint_read_in_part_reads_the_rest_with_its_key() -> None:
     refs = []
     for r in range(WORLD):
         data = rank_manifest(r).signed(key).to_json().encode()
-        blobs[mf.rank_manifest_path(r)] = data
+        blobs[rank_manifest_path(r)] = data
         refs.append(rank_manifest(r).ref(data))
     root = mf.Manifest(files=(), tensors=(), tree={"model": {"w": tensor("model/w")}},
                        components={}, env={}, step=7, ranks=tuple(refs)).signed(key)
@@ -231,7 +232,7 @@ def test_a_signed_checkpoint_read_in_part_reads_the_rest_with_its_key() -> None:
     # The key travels with the manifest: a rank manifest without a signature (its bytes
     # recorded by a root that is signed) is refused when it is read late, as up front.
     unsigned = rank_manifest(3).to_json().encode()
-    blobs[mf.rank_manifest_path(3)] = unsigned
+    blobs[rank_manifest_path(3)] = unsigned
     root = replace(root, ranks=(*refs[:3], rank_manifest(3).ref(unsigned)), signature=None).signed(key)
     m = mf.Manifest.from_json(root.to_json().encode(), key=key, ranks=lambda ref: blobs[ref.path],
                               only=lambda _root: {0})
@@ -243,7 +244,7 @@ def test_a_signed_checkpoint_read_in_part_reads_the_rest_with_its_key() -> None:
 def test_a_rank_manifest_read_late_is_checked_as_one_read_up_front() -> None:
     root, blobs = written()
     bad = dict(blobs)
-    bad[mf.rank_manifest_path(3)] = blobs[mf.rank_manifest_path(3)].replace(b'"step":7', b'"step":8')
+    bad[rank_manifest_path(3)] = blobs[rank_manifest_path(3)].replace(b'"step":7', b'"step":8')
     m, _ = read(root, bad, {0})  # rank 3's manifest is not read yet: no refusal
     with pytest.raises(ManifestError) as info:
         m.entry("rng-rank00003.safetensors")
@@ -257,8 +258,8 @@ def test_a_root_holding_the_rng_states_itself_is_read_whole() -> None:
     refs, states = [], {}
     for r in range(WORLD):
         m = replace(rank_manifest(r), rng=None)
-        blobs[mf.rank_manifest_path(r)] = m.to_json().encode()
-        refs.append(m.ref(blobs[mf.rank_manifest_path(r)]))
+        blobs[rank_manifest_path(r)] = m.to_json().encode()
+        refs.append(m.ref(blobs[rank_manifest_path(r)]))
         states[f"rank{r:05d}"] = rank_manifest(r).rng
     root = mf.Manifest(files=(), tensors=(), tree={"model": {"w": tensor("model/w")}, "rng": states},
                        components={}, env={}, step=7, ranks=tuple(refs))
@@ -281,9 +282,9 @@ def test_a_rank_whose_own_rng_state_was_not_read_refuses_the_restore() -> None:
 
 def test_a_partial_read_of_a_root_with_a_null_tree_is_still_partial() -> None:
     # A root of a plain multi-rank save of no state tree: what was read is still recorded.
-    blobs = {mf.rank_manifest_path(r): replace(rank_manifest(r), rng=None).to_json().encode()
+    blobs = {rank_manifest_path(r): replace(rank_manifest(r), rng=None).to_json().encode()
              for r in range(WORLD)}
-    refs = tuple(replace(rank_manifest(r), rng=None).ref(blobs[mf.rank_manifest_path(r)])
+    refs = tuple(replace(rank_manifest(r), rng=None).ref(blobs[rank_manifest_path(r)])
                  for r in range(WORLD))
     root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7, ranks=refs)
     m, fetched = read(root.to_json().encode(), blobs, {0})

@@ -16,6 +16,7 @@ import pytest
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, ManifestError, SignatureError
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import RankManifest, RankRef, rank_key, rank_manifest_path
 
 KEY = b"k" * 32
 
@@ -24,12 +25,12 @@ def rng_state(rank: int) -> dict[str, Any]:
     return {"torch": {"$t": "tensor", "key": f"rng/rank{rank:05d}/torch"}, "rank": rank}
 
 
-def rank_manifest(rank: int, step: int = 7, *, rng: bool = True) -> mf.RankManifest:
+def rank_manifest(rank: int, step: int = 7, *, rng: bool = True) -> RankManifest:
     """Rank ``rank``'s RNG file and state (``rng=False``: the state left to the root, as
     ckptkit 0.3's first per-rank layout wrote it)."""
     f = mf.FileEntry(f"rng-rank{rank:05d}.safetensors", 8, "0" * 32, component="rng", rank=rank)
     t = mf.TensorEntry(f"rng/rank{rank:05d}/torch", f.path, "F32", (2,), (0, 8))
-    return mf.RankManifest(rank, step, (f,), (t,), rng=rng_state(rank) if rng else None)
+    return RankManifest(rank, step, (f,), (t,), rng=rng_state(rank) if rng else None)
 
 
 def written(
@@ -42,9 +43,9 @@ def written(
     for r in range(world):
         m = rank_manifest(r, rng=not legacy)
         data = (m.signed(key) if key else m).to_json().encode()
-        blobs[mf.rank_manifest_path(r)] = data
+        blobs[rank_manifest_path(r)] = data
         refs.append(m.ref(data))
-    tree = {"step": 7, **({"rng": {mf.rank_key(r): rng_state(r) for r in range(world)}}
+    tree = {"step": 7, **({"rng": {rank_key(r): rng_state(r) for r in range(world)}}
                           if legacy else {})}
     root = mf.Manifest(
         files=(), tensors=(), tree=tree, components={}, env={}, step=7, ranks=tuple(refs)
@@ -55,7 +56,7 @@ def written(
 
 
 def read(root: bytes, blobs: dict[str, bytes], key: bytes | None = None) -> mf.Manifest:
-    def fetch(ref: mf.RankRef) -> bytes:
+    def fetch(ref: RankRef) -> bytes:
         if ref.path not in blobs:
             raise codes.error(codes.M013, "missing", path=ref.path)
         return blobs[ref.path]
@@ -71,8 +72,8 @@ def test_a_root_reads_back_with_every_ranks_entries() -> None:
     assert [f.rank for f in m.files] == [0, 1, 2]
     assert len(m.tensors) == 3 and len(m.ranks) == 3
     # Each rank's RNG state is in its own manifest; the reader puts it in the tree.
-    assert "rng" not in obj["tree"] and json.loads(blobs[mf.rank_manifest_path(2)])["rng"] == rng_state(2)
-    assert m.tree == {"step": 7, "rng": {mf.rank_key(r): rng_state(r) for r in range(3)}}
+    assert "rng" not in obj["tree"] and json.loads(blobs[rank_manifest_path(2)])["rng"] == rng_state(2)
+    assert m.tree == {"step": 7, "rng": {rank_key(r): rng_state(r) for r in range(3)}}
     assert m.root_tree == obj["tree"]
     # The manifest read back serialises to the root it came from (same digest).
     assert m.to_json().encode() == root
@@ -90,7 +91,7 @@ def test_a_root_holding_the_rng_states_itself_still_reads() -> None:
 def test_a_rank_state_the_tree_cannot_take_is_refused() -> None:
     root, blobs = written()
     # A state in the root and in its rank manifest: which one is meant is unknowable.
-    both = _edited_root(root, lambda o: o["tree"].update(rng={mf.rank_key(1): rng_state(1)}))
+    both = _edited_root(root, lambda o: o["tree"].update(rng={rank_key(1): rng_state(1)}))
     e = _refusal(both, blobs)
     assert e.code == codes.M003 and "RNG state of rank00001 too" in str(e)
     for tree in (None, [], {"rng": None}, {"rng": [1]}):
@@ -102,8 +103,8 @@ def test_a_rank_state_may_reference_only_its_own_manifests_tensors() -> None:
     # Rank 2's state pointing at rank 1's tensor: listed (a full read), but not its own.
     _, blobs = written()
     bad = replace(rank_manifest(2), rng={**rng_state(2), "torch": rng_state(1)["torch"]})
-    blobs[mf.rank_manifest_path(2)] = bad.to_json().encode()
-    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    blobs[rank_manifest_path(2)] = bad.to_json().encode()
+    refs = [rank_manifest(r).ref(blobs[rank_manifest_path(r)]) for r in range(3)]
     root = mf.Manifest(files=(), tensors=(), tree={}, components={}, env={}, step=7,
                        ranks=tuple(refs)).to_json().encode()
     e = _refusal(root, blobs)
@@ -115,8 +116,8 @@ def test_a_rank_state_nested_past_the_tree_limit_is_refused_before_its_digest() 
     for _ in range(mf.tree.MAX_NESTING - 1):  # within the limit alone, not at tree/rng/rankN
         deep = [deep]
     _, blobs = written()
-    blobs[mf.rank_manifest_path(1)] = replace(rank_manifest(1), rng=deep).to_json().encode()
-    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    blobs[rank_manifest_path(1)] = replace(rank_manifest(1), rng=deep).to_json().encode()
+    refs = [rank_manifest(r).ref(blobs[rank_manifest_path(r)]) for r in range(3)]
     root = mf.Manifest(files=(), tensors=(), tree={}, components={}, env={}, step=7,
                        ranks=tuple(refs)).to_json().encode()
     e = _refusal(root, blobs)
@@ -136,23 +137,23 @@ def _refusal(root: bytes, blobs: dict[str, bytes], key: bytes | None = None) -> 
 
 def test_rank_manifests_that_are_not_the_ones_the_root_lists_are_refused() -> None:
     root, blobs = written()
-    p1 = mf.rank_manifest_path(1)
+    p1 = rank_manifest_path(1)
     missing = {k: v for k, v in blobs.items() if k != p1}
     assert _refusal(root, missing).code == codes.M013
     assert _refusal(root, {**blobs, p1: blobs[p1] + b" "}).code == codes.M013
-    assert _refusal(root, {**blobs, p1: blobs[mf.rank_manifest_path(0)]}).code == codes.M013
+    assert _refusal(root, {**blobs, p1: blobs[rank_manifest_path(0)]}).code == codes.M013
 
 
 def test_a_rank_manifest_that_fails_its_schema_is_named() -> None:
     # Its bytes are what a forged root lists: the schema still refuses an escaping path.
     _, blobs = written()
-    bad = json.loads(blobs[mf.rank_manifest_path(1)])
+    bad = json.loads(blobs[rank_manifest_path(1)])
     bad["files"][0]["path"] = "../../etc/passwd"
     bad["tensors"][0]["file"] = "../../etc/passwd"
     bad.pop("manifest_digest")
     bad["manifest_digest"] = mf.content_digest(bad)
-    blobs[mf.rank_manifest_path(1)] = json.dumps(bad).encode()
-    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    blobs[rank_manifest_path(1)] = json.dumps(bad).encode()
+    refs = [rank_manifest(r).ref(blobs[rank_manifest_path(r)]) for r in range(3)]
     root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7,
                        ranks=tuple(refs)).to_json().encode()
     e = _refusal(root, blobs)
@@ -165,8 +166,8 @@ def test_a_rank_manifest_of_another_step_is_refused_even_when_the_root_vouches_f
     # the manifest says step 8, the root step 7.
     _, blobs = written()
     other = rank_manifest(1, step=8).to_json().encode()
-    blobs[mf.rank_manifest_path(1)] = other
-    refs = [rank_manifest(r).ref(blobs[mf.rank_manifest_path(r)]) for r in range(3)]
+    blobs[rank_manifest_path(1)] = other
+    refs = [rank_manifest(r).ref(blobs[rank_manifest_path(r)]) for r in range(3)]
     root = mf.Manifest(files=(), tensors=(), tree=None, components={}, env={}, step=7,
                        ranks=tuple(refs)).to_json().encode()
     e = _refusal(root, blobs)
@@ -188,7 +189,7 @@ def test_roots_that_mix_forms_or_misplace_a_rank_are_refused() -> None:
     assert _refusal(moved, blobs).code == codes.M003
     twice = _edited_root(root, lambda o: o["ranks"].append(dict(o["ranks"][0])))
     assert _refusal(twice, blobs).code == codes.M003
-    entries = json.loads(blobs[mf.rank_manifest_path(0)])["files"]
+    entries = json.loads(blobs[rank_manifest_path(0)])["files"]
     mixed = _edited_root(root, lambda o: o.update(files=entries))
     assert _refusal(mixed, blobs).code == codes.M003
     old = _edited_root(root, lambda o: o.update(schema_version=1))
@@ -212,9 +213,9 @@ def test_signed_rank_manifests_are_checked_with_the_key() -> None:
     assert info.value.code == codes.M011
     # An unsigned rank manifest under a signed root (the root re-signed over its digest):
     unsigned = rank_manifest(2).to_json().encode()
-    blobs[mf.rank_manifest_path(2)] = unsigned
-    refs = [mf.RankRef(r, mf.rank_manifest_path(r), len(blobs[mf.rank_manifest_path(r)]),
-                       mf.digest.hexdigest_bytes(blobs[mf.rank_manifest_path(r)]))
+    blobs[rank_manifest_path(2)] = unsigned
+    refs = [RankRef(r, rank_manifest_path(r), len(blobs[rank_manifest_path(r)]),
+                       mf.digest.hexdigest_bytes(blobs[rank_manifest_path(r)]))
             for r in range(3)]
     forged = replace(mf.Manifest.from_dict(json.loads(root)), ranks=tuple(refs))
     e = _refusal(forged.signed(KEY).to_json().encode(), blobs, key=KEY)

@@ -18,6 +18,7 @@ from ckptkit import crashpoints
 from ckptkit.capture.resumable import ResumableSampler
 from ckptkit.checkpoint import manifest_io
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import RANKS_DIR
 from ckptkit.storage.atomic import is_committed
 from ckptkit.verify.runner import verify_one
 
@@ -186,7 +187,7 @@ def _rewrite(path: Path, edit: Any) -> None:
     d.pop("manifest_digest")
     edit(d)
     (path / mf.MANIFEST_NAME).unlink()
-    shutil.rmtree(path / mf.RANKS_DIR, ignore_errors=True)
+    shutil.rmtree(path / RANKS_DIR, ignore_errors=True)
     manifest_io.write(path, mf.Manifest.from_dict(d))
 
 

@@ -29,6 +29,7 @@ from ckptkit import codes
 from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import ManifestError
 from ckptkit.format import manifest as mf
+from ckptkit.format.ranks import RANKED_VERSION, rank_manifest_path
 from ckptkit.verify.runner import verify
 
 pytestmark = pytest.mark.distributed
@@ -60,7 +61,7 @@ def test_the_root_lists_one_manifest_per_rank_and_no_entries(
 ) -> None:
     ckpt = saved[world][0] / STEP
     root = json.loads((ckpt / mf.MANIFEST_NAME).read_text())
-    assert root["schema_version"] == mf.RANKED_VERSION
+    assert root["schema_version"] == RANKED_VERSION
     assert root["files"] == [] and root["tensors"] == []
     assert [r["rank"] for r in root["ranks"]] == list(range(world))
     for r in root["ranks"]:
@@ -118,7 +119,7 @@ def test_a_rank_manifest_only_one_rank_reads_fails_every_rank(
     ck = tmp_path / "ck"
     shutil.copytree(run, ck)
     victim = max(set(range(4)) - _shared(ck / STEP))
-    p = ck / STEP / mf.rank_manifest_path(victim)
+    p = ck / STEP / rank_manifest_path(victim)
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))
@@ -149,7 +150,7 @@ def test_one_reader_more_workers_and_ranks_give_the_same_verdict(
         data[-5] ^= 0x01
         p.write_bytes(bytes(data))
     elif damage == "rank manifest":
-        (ckpt / mf.rank_manifest_path(6)).unlink()
+        (ckpt / rank_manifest_path(6)).unlink()
     one = report_json(verify(ckpt, workers=1))
     assert one["ok"] is (damage is None)
     assert report_json(verify(ckpt, workers=3)) == one
@@ -176,7 +177,7 @@ def test_a_missing_rank_manifest_is_refused(
     saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path
 ) -> None:
     ckpt = _copy(saved, tmp_path)
-    (ckpt / mf.rank_manifest_path(2)).unlink()
+    (ckpt / rank_manifest_path(2)).unlink()
     e = _refused(ckpt)
     assert e.code == codes.M013 and "rank 2" in str(e) and "missing" in str(e)
 
@@ -185,13 +186,13 @@ def test_a_damaged_or_swapped_rank_manifest_is_refused(
     saved: dict[int, tuple[Path, list[Any]]], tmp_path: Path
 ) -> None:
     ckpt = _copy(saved, tmp_path)
-    p = ckpt / mf.rank_manifest_path(1)
+    p = ckpt / rank_manifest_path(1)
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))
     assert _refused(ckpt).code == codes.M013
     # Rank 0's manifest put in rank 1's place: whole and valid, but not what the root lists.
-    shutil.copyfile(ckpt / mf.rank_manifest_path(0), p)
+    shutil.copyfile(ckpt / rank_manifest_path(0), p)
     e = _refused(ckpt)
     assert e.code == codes.M013 and "rank 1" in str(e)
 

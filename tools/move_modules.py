@@ -198,8 +198,8 @@ def rewrite_mentions(text: str) -> str:
     messages or docs."""
     out = []
     for line in text.splitlines(keepends=True):
-        imports = IMPORT_LINE.match(line) is not None
-        line = DOTTED.sub(lambda m: m.group(0) if _public(m.group(0)) and not imports
+        keep_public = IMPORT_LINE.match(line) is None
+        line = DOTTED.sub(lambda m, keep=keep_public: m.group(0) if keep and _public(m.group(0))
                           else new_name(m.group(0)), line)
         out.append(PATH.sub(_path_sub, line))
     return "".join(out)

@@ -25,7 +25,8 @@ from click.testing import CliRunner
 import ckptkit
 from ckptkit import codes
 from ckptkit.capture.fit import FitReport
-from ckptkit.cli import SIGPIPE_EXIT, main
+from ckptkit.cli import main
+from ckptkit.cli.shared import SIGPIPE_EXIT
 from ckptkit.cli.watch import not_judging
 from ckptkit.errors import CkptkitError, CommittedError, IncompleteCheckpointError
 from ckptkit.run import rotation
@@ -232,9 +233,9 @@ def test_oserror_message_has_no_empty_file_name() -> None:
     def _cmd() -> None:
         raise OSError(28, "No space left on device")
 
-    from ckptkit.cli import _edge
+    from ckptkit.cli.shared import edge
 
-    wrapped = _edge(_cmd.callback)  # type: ignore[arg-type]
+    wrapped = edge(_cmd.callback)  # type: ignore[arg-type]
     try:
         cmd = click.Command("x", callback=wrapped)
         r = CliRunner().invoke(cmd, [], catch_exceptions=False)

@@ -35,7 +35,7 @@ class PipeConsole(Console):
     """A rich console that leaves a closed pipe to the CLI's edge.
 
     Rich's own handling exits with status 1 (``ckptkit verify | head`` would then look
-    like a failed verify); raising lets :func:`ckptkit.cli._edge` end the command the
+    like a failed verify); raising lets :func:`ckptkit.cli.shared.edge` end the command the
     way ``cat`` ends.
     """
 

@@ -111,6 +111,21 @@ def problems(state: Any) -> list[str]:
     return out
 
 
+def scaler_state(scaler: Any) -> tuple[float, int] | None:
+    """``(scale, growth tracker)`` of an enabled GradScaler, else None.
+
+    Example:
+        >>> scaler_state(torch.amp.GradScaler("cpu", init_scale=8.0))
+        (8.0, 0)
+    """
+    if scaler is None or not callable(getattr(scaler, "is_enabled", None)):
+        return None
+    if not scaler.is_enabled():
+        return None
+    sd = scaler.state_dict()
+    return float(sd["scale"]), int(sd["_growth_tracker"])
+
+
 def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     """Return the scale and the scaler's settings.
 
@@ -144,4 +159,4 @@ def _num(value: Any) -> float | int | None:
     return value
 
 
-__all__ = ["capture", "problems", "restore", "summary"]
+__all__ = ["capture", "problems", "restore", "scaler_state", "summary"]

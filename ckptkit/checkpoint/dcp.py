@@ -51,7 +51,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptkit import codes
-from ckptkit.checkpoint import lookahead as lookahead_seam
+from ckptkit.checkpoint import lookahead as lookahead_mod
 from ckptkit.checkpoint import manifest_io
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
@@ -129,7 +129,7 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
         if lookahead is None and self.step is not None:
             # Now, not at commit: the commit comes after the bytes are written (in the
             # background for an async save), when the run may have stepped on.
-            lookahead = lookahead_seam.record(step=self.step)
+            lookahead = lookahead_mod.record(step=self.step)
         self.lookahead: dict[str, Any] | None = dict(lookahead) if lookahead is not None else None
         """The look-ahead the manifest records (None: none)."""
         self.manifest: mf.Manifest | None = None

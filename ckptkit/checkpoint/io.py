@@ -108,15 +108,13 @@ def _save_train_state(
 ) -> Manifest:
     """``save`` of a whole TrainState: the manager's capture and commit, without its run.
 
-    Like every save path, it records the look-ahead of the next step (the resume guard's
-    :func:`ckptkit.signals.guard.lookahead_of`, reached through :mod:`ckptkit.checkpoint.lookahead`), so a
+    Like every save path, it records the look-ahead of the next step
+    (:func:`ckptkit.checkpoint.lookahead.record`, the one the resume guard checks), so a
     resume from it is checked as one from the manager is.
     """
     at = state.step if step is None else mf.check_step(step)
     fields: dict[str, Any] = {}
-    la = lookahead.record(state, step=at)
-    if la is not None:
-        fields["lookahead"] = la
+    fields["lookahead"] = lookahead.record(state, step=at)
     if user is not None:
         fields["user"] = user
     man = commit.save_state(state, path, step=at, fields=fields, compress=compress,

@@ -18,11 +18,11 @@ What a reader *acts on* is checked first, by one validator per record, the one v
 uses: :func:`recovery_problems` and :func:`recoveries_problems` for the recoveries
 (``CK-S031``; verify reports them, restore skips such a checkpoint, the log reader leaves
 such an entry out and names it); the manifest's JSON Schema for ``replicas`` (every
-manifest read applies it); :func:`ckptkit.signals.guard.problems` for the look-ahead
-(``CK-S012``). A record that passes its validator never raises in a reader.
+manifest read applies it); :func:`lookahead_problems` for the look-ahead
+(``CK-S012``; verify, restore and the integrations' guards). A record that passes its validator never raises in a reader.
 
-A format-layer module: it imports only the code registry, so every layer can read the
-records.
+A format-layer module: it imports only the code registry, torch (a look-ahead's number
+may be a 0-d tensor) and the tree's tag, so every layer can read the records.
 
 Example:
     >>> h = Health.of({"level": "warn", "signals": {"loss.z": {"detail": "spike"}}})
@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from ckptkit import codes
+from ckptkit.format.tree import TAG
 
 HealthLevel = Literal["ok", "not judged", "warn", "critical"]
 """A checkpoint's recorded health: the watch's level, or ``not judged`` (saved while the watch
@@ -215,7 +218,7 @@ class LookAhead:
 
     Two parts: the resume guard's automatic look-ahead (``guard``: next step, LR per group,
     loss scale, optimizer step, RNG fingerprint, next sample ids, ...; its keys and their
-    types are listed, and checked before a restore, in :mod:`ckptkit.signals.guard`), and the
+    types are listed, and checked before a restore, by :func:`lookahead_problems`), and the
     user's own keys (``mgr.save(ts, lookahead={...})``), which the drill compares.
     """
 
@@ -259,6 +262,117 @@ class LookAhead:
         if self.guard is not None:
             out[GUARD_KEY] = dict(self.guard)
         return out
+
+
+MAX_K = 1 << 16
+"""The most next sample ids a look-ahead records (a larger ``guard_k`` checks this many):
+a restore peeks that many, so a hostile ``k`` is refused instead of sizing an allocation."""
+
+
+def _la_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _la_real(v: Any) -> bool:
+    """A finite number the guard can compare as a float (an int past float's range is not):
+    the rule of the component validators (:func:`ckptkit.capture.is_real`, one layer up)."""
+    if isinstance(v, torch.Tensor):
+        return v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        number = float(v)
+    except OverflowError:
+        return False
+    return math.isfinite(number)
+
+
+def _la_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _la_k(v: Any) -> bool:
+    return _la_int(v) and 0 <= v <= MAX_K
+
+
+def _la_reals(v: Any) -> bool:
+    return isinstance(v, list) and all(_la_real(x) for x in v)
+
+
+def _la_ints(v: Any) -> bool:
+    return isinstance(v, list) and all(_la_int(x) for x in v)
+
+
+def _la_mappings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, Mapping) for x in v)
+
+
+_LOOKAHEAD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "k": (_la_k, f"an integer from 0 to {MAX_K}"),
+    "next_step": (_la_int, "an integer"),
+    "rng": (_la_str, "a string"),
+    "rng_v": (_la_int, "an integer"),
+    "rng_gaps": (_la_mappings, "a list of objects"),
+    "rng_at": (_la_str, "a string"),
+    "lr": (_la_reals, "a list of finite numbers"),
+    "opt_step": (_la_int, "an integer"),
+    "sched_epoch": (_la_int, "an integer"),
+    "loss_scale": (_la_real, "a finite number"),
+    "scale_growth": (_la_int, "an integer"),
+    "scaler": (_la_str, "a string"),
+    "sample_ids": (_la_ints, "a list of integers"),
+    "epoch": (_la_int, "an integer"),
+    "data_id": (_la_str, "a string"),
+    "probe_loss": (_la_real, "a finite number"),
+    "cursor_ahead": (lambda v: isinstance(v, bool), "true or false"),
+    "world_size": (_la_int, "an integer"),
+}
+"""Every look-ahead key the resume guard reads, with the type it reads it as
+(:func:`ckptkit.checkpoint.lookahead.compute` writes exactly these)."""
+
+
+def _plain_json(v: Any) -> bool:
+    """A value the tree decoder returns as it is (not a tagged object such as a tensor)."""
+    return not (isinstance(v, Mapping) and TAG in v)
+
+
+def lookahead_problems(saved: Any, tree: Any) -> list[str]:
+    """Return what the resume guard could not read in a checkpoint (empty: all of it).
+
+    The guard compares the restored run with the checkpoint's look-ahead record
+    (``saved``, the manifest's ``lookahead.guard``) and reads some values back from the
+    restored objects (``tree``: the scheduler's ``last_epoch``, every optimizer group's
+    ``lr``). Each of them is checked here, so that a checkpoint carrying a value of the
+    wrong type is refused by verify and by restore alike (``CK-S012``) before anything is
+    restored, instead of raising out of ``restore()`` once the live state was replaced.
+    (The resume guard reads it as ``ckptkit.signals.guard.problems``.)
+
+    Example:
+        >>> lookahead_problems({"k": "three", "next_step": 4}, {})
+        ["look-ahead 'k' is 'three', not an integer from 0 to 65536"]
+    """
+    out: list[str] = []
+    if saved is not None:
+        if not isinstance(saved, Mapping):
+            return [f"look-ahead record is a {type(saved).__name__}, not an object"]
+        for key, (ok, want) in _LOOKAHEAD_KEYS.items():
+            if key in saved and not ok(saved[key]):
+                out.append(f"look-ahead {key!r} is {_shown(saved[key])}, not {want}")
+    parts = tree if isinstance(tree, Mapping) else {}
+    sched = parts.get("scheduler")
+    sd = sched.get("state_dict") if isinstance(sched, Mapping) else None
+    if isinstance(sd, Mapping) and "last_epoch" in sd:
+        v = sd["last_epoch"]
+        if _plain_json(v) and not _la_int(v):
+            out.append(f"scheduler last_epoch is {_shown(v)}, not an integer")
+    opt = parts.get("optimizer")
+    osd = opt.get("state_dict") if isinstance(opt, Mapping) else None
+    groups = osd.get("param_groups") if isinstance(osd, Mapping) else None
+    for i, g in enumerate(groups if isinstance(groups, list) else []):
+        v = g.get("lr") if isinstance(g, Mapping) else None
+        if isinstance(g, Mapping) and "lr" in g and _plain_json(v) and not _la_real(v):
+            out.append(f"optimizer param group {i} lr is {_shown(v)}, not a finite number")
+    return out
 
 
 # --- recoveries --------------------------------------------------------------------------------
@@ -739,6 +853,7 @@ __all__ = [
     "GUARD_KEY",
     "HEALTH_LEVELS",
     "MAX_DIVERGENT",
+    "MAX_K",
     "REPLICA_POLICIES",
     "Divergence",
     "Health",
@@ -749,6 +864,7 @@ __all__ = [
     "ReplicaPolicy",
     "Replicas",
     "health_level",
+    "lookahead_problems",
     "recoveries_problems",
     "recovery_problems",
     "replica_problem",

@@ -36,6 +36,7 @@ from typing import Any
 from ckptkit import codes
 from ckptkit._repr import brief
 from ckptkit.capture.state import TrainState
+from ckptkit.checkpoint import lookahead as lookahead_mod
 from ckptkit.checkpoint import replicas
 from ckptkit.checkpoint.catalog import step_dir_name
 from ckptkit.checkpoint.commit import SPREAD, Stager, StateSave, commit
@@ -45,7 +46,6 @@ from ckptkit.format import manifest as mf
 from ckptkit.format import records
 from ckptkit.run import Run, retain
 from ckptkit.run.trajectory import Trajectory
-from ckptkit.signals import guard
 from ckptkit.signals.recovery import AutoRecovery
 from ckptkit.signals.stability import StabilityWatch
 from ckptkit.storage import codec
@@ -543,7 +543,7 @@ def signal_fields(
             # a rank's traffic does not grow with the world size, as in the commit.
             every = coll.gather(health)
             health = coll.broadcast(StabilityWatch.worst(every) if every is not None else None)
-    fields: dict[str, Any] = {"pins": pins, "lookahead": guard.lookahead(state, lookahead)}
+    fields: dict[str, Any] = {"pins": pins, "lookahead": lookahead_mod.lookahead(state, lookahead)}
     if health is not None:
         fields["health"] = dict(health)
     fields.update(recovery.on_save(step, health) if recovery is not None else {})

@@ -20,7 +20,6 @@ Cost: a look-ahead peeks the sampler (no data is loaded) and hashes the RNG stat
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
@@ -31,16 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import xxhash
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ckptkit import codes
-from ckptkit.capture import is_real, tree_fingerprint
+from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.resumable import loader_iterator
 from ckptkit.capture.state import TrainState
-from ckptkit.checkpoint import lookahead as lookahead_seam
-from ckptkit.format.records import LookAhead
-from ckptkit.format.tree import TAG
+from ckptkit.checkpoint.lookahead import DEFAULT_K as DEFAULT_K
+from ckptkit.checkpoint.lookahead import ProbeFn as ProbeFn
+from ckptkit.checkpoint.lookahead import compute as compute
+from ckptkit.checkpoint.lookahead import lookahead as lookahead
+from ckptkit.checkpoint.lookahead import lookahead_of as lookahead_of
+from ckptkit.checkpoint.lookahead import opt_step as _opt_step
+from ckptkit.checkpoint.lookahead import probe_loss as probe_loss
+from ckptkit.checkpoint.lookahead import rng_fingerprint as rng_fingerprint
+from ckptkit.format.records import MAX_K as MAX_K
+from ckptkit.format.records import lookahead_problems
 from ckptkit.signals import rngtrace
 from ckptkit.signals.observe import StepObserver, calling_scaler, scaler_state
 from ckptkit.verify.findings import CODES, Finding
@@ -50,17 +55,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckptkit")
 
+# The look-ahead a save records is computed in the checkpoint layer, where every writer calls
+# it (:mod:`ckptkit.checkpoint.lookahead`: ``compute``, ``lookahead``, ``lookahead_of``, ...,
+# imported above under the guard's names), and checked by its validator in the format layer,
+# where verify reads it too.
+problems = lookahead_problems
+"""What the resume guard could not read in a checkpoint
+(:func:`ckptkit.format.records.lookahead_problems`)."""
+
 SUBSCRIPTION_KEY = "resume-guard"
 """The key of the guard's :meth:`~ckptkit.Recorder.subscribe` subscription on a recorder."""
-DEFAULT_K = 8
 PROBE_RTOL = 1e-6
 """Relative tolerance of the probe loss (bitwise where the run is deterministic)."""
-
-MAX_K = 1 << 16
-"""The most next sample ids a look-ahead records (a larger ``guard_k`` checks this many):
-a restore peeks that many, so a hostile ``k`` is refused instead of sizing an allocation."""
-
-ProbeFn = Callable[[torch.nn.Module], Any]
 
 FOREIGN_STEPS = 16
 MAX_NAMED = 5
@@ -81,264 +87,6 @@ def _dispatch_first_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: An
         g._on_any_step(optimizer, args, kwargs)
 
 
-# --- what the guard reads from a checkpoint, checked before anything is restored -------------
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _real(v: Any) -> bool:
-    """A finite number the guard can compare as a float (an int past float's range is not):
-    the same rule as the component validators (:func:`ckptkit.capture.is_real`)."""
-    return is_real(v)
-
-
-def _str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _k(v: Any) -> bool:
-    return _int(v) and 0 <= v <= MAX_K
-
-
-def _reals(v: Any) -> bool:
-    return isinstance(v, list) and all(_real(x) for x in v)
-
-
-def _ints(v: Any) -> bool:
-    return isinstance(v, list) and all(_int(x) for x in v)
-
-
-def _mappings(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, Mapping) for x in v)
-
-
-_LOOKAHEAD: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "k": (_k, f"an integer from 0 to {MAX_K}"),
-    "next_step": (_int, "an integer"),
-    "rng": (_str, "a string"),
-    "rng_v": (_int, "an integer"),
-    "rng_gaps": (_mappings, "a list of objects"),
-    "rng_at": (_str, "a string"),
-    "lr": (_reals, "a list of finite numbers"),
-    "opt_step": (_int, "an integer"),
-    "sched_epoch": (_int, "an integer"),
-    "loss_scale": (_real, "a finite number"),
-    "scale_growth": (_int, "an integer"),
-    "scaler": (_str, "a string"),
-    "sample_ids": (_ints, "a list of integers"),
-    "epoch": (_int, "an integer"),
-    "data_id": (_str, "a string"),
-    "probe_loss": (_real, "a finite number"),
-    "cursor_ahead": (lambda v: isinstance(v, bool), "true or false"),
-    "world_size": (_int, "an integer"),
-}
-"""Every look-ahead key the guard reads, with the type it reads it as (:func:`compute`
-writes exactly these)."""
-
-
-def _plain_json(v: Any) -> bool:
-    """A value the tree decoder returns as it is (not a tagged object such as a tensor)."""
-    return not (isinstance(v, Mapping) and TAG in v)
-
-
-def problems(saved: Any, tree: Any) -> list[str]:
-    """Return what the resume guard could not read in a checkpoint (empty: all of it).
-
-    The guard compares the restored run with the checkpoint's look-ahead record
-    (``saved``, the manifest's ``lookahead.guard``) and reads some values back from the
-    restored objects (``tree``: the scheduler's ``last_epoch``, every optimizer group's
-    ``lr``). Each of them is checked here, so that a checkpoint carrying a value of the
-    wrong type is refused by verify and by restore alike (``CK-S012``) before anything is
-    restored, instead of raising out of ``restore()`` once the live state was replaced.
-
-    Example:
-        >>> problems({"k": "three", "next_step": 4}, {})
-        ["look-ahead 'k' is 'three', not an integer from 0 to 65536"]
-    """
-    out: list[str] = []
-    if saved is not None:
-        if not isinstance(saved, Mapping):
-            return [f"look-ahead record is a {type(saved).__name__}, not an object"]
-        for key, (ok, want) in _LOOKAHEAD.items():
-            if key in saved and not ok(saved[key]):
-                out.append(f"look-ahead {key!r} is {_shown(saved[key])}, not {want}")
-    parts = tree if isinstance(tree, Mapping) else {}
-    sched = parts.get("scheduler")
-    sd = sched.get("state_dict") if isinstance(sched, Mapping) else None
-    if isinstance(sd, Mapping) and "last_epoch" in sd:
-        v = sd["last_epoch"]
-        if _plain_json(v) and not _int(v):
-            out.append(f"scheduler last_epoch is {_shown(v)}, not an integer")
-    opt = parts.get("optimizer")
-    osd = opt.get("state_dict") if isinstance(opt, Mapping) else None
-    groups = osd.get("param_groups") if isinstance(osd, Mapping) else None
-    for i, g in enumerate(groups if isinstance(groups, list) else []):
-        v = g.get("lr") if isinstance(g, Mapping) else None
-        if isinstance(g, Mapping) and "lr" in g and _plain_json(v) and not _real(v):
-            out.append(f"optimizer param group {i} lr is {_shown(v)}, not a finite number")
-    return out
-
-
-def _shown(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-def _fp(data: bytes) -> str:
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-def rng_fingerprint() -> str:
-    """The v0.1 fingerprint of the global RNG states (checkpoints without ``rng_v``).
-
-    New look-aheads use :func:`ckptkit.signals.rngtrace.fingerprint` (``rng_v`` 2), the one the
-    step records carry.
-    """
-    parts = [
-        repr(random.getstate()).encode(),
-        np.random.get_state(legacy=True)[1].tobytes(),  # type: ignore[index]
-        torch.get_rng_state().numpy().tobytes(),
-    ]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        parts += [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
-    return _fp(b"|".join(parts))
-
-
-def _opt_step(opt: torch.optim.Optimizer) -> int | None:
-    steps = []
-    for st in opt.state.values():
-        s = st.get("step") if isinstance(st, dict) else None
-        if isinstance(s, torch.Tensor):
-            steps.append(int(s.item()))
-        elif isinstance(s, (int, float)):
-            steps.append(int(s))
-    return max(steps) if steps else 0
-
-
-def probe_loss(model: torch.nn.Module, probe: ProbeFn) -> float:
-    """Run ``probe(model)`` in eval mode without grad and return its loss as a float.
-
-    Train/eval mode is put back afterwards, so dropout state is untouched.
-    """
-    was = model.training
-    model.eval()
-    try:
-        # fork_rng: a probe that draws random numbers must not move the training streams.
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            out = probe(model)
-    finally:
-        model.train(was)
-    return float(out.item() if isinstance(out, torch.Tensor) else out)
-
-
-def lookahead(state: TrainState, user: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A save's look-ahead: the user's plus the automatic resume-guard one (``guard`` key).
-
-    Computed before capture, from the same instant: peeking the sampler and hashing the
-    RNG consume nothing. Per-rank facts (sample ids, RNG) are rank 0's.
-    """
-    la: dict[str, Any] | None = None
-    if state.guard_k > 0:
-        la = compute(state, k=min(state.guard_k, MAX_K), probe=state.probe)
-        la["world_size"] = state.parallel.world_size
-    return LookAhead(guard=la, user=dict(user or {})).to_dict()
-
-
-def lookahead_of(
-    state: TrainState | None = None,
-    *,
-    step: int | None = None,
-    model: torch.nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
-    sampler: Any = None,
-    data: Mapping[str, Any] | None = None,
-    user: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A save's look-ahead from a TrainState, or from whatever objects a writer has.
-
-    The one computation behind every save path: the manager and ``ckptkit.save`` of a
-    TrainState pass the state, a writer without one (the DCP writer: a state dict, the
-    step, maybe the optimizer and scheduler) passes what it has, and the look-ahead then
-    holds the facts those objects give (an RNG fingerprint always). Writers of the
-    checkpoint layer reach it through :func:`ckptkit.checkpoint.lookahead.record`.
-
-    Example:
-        >>> import torch
-        >>> m = torch.nn.Linear(2, 1)
-        >>> la = lookahead_of(step=9, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
-        >>> la["guard"]["next_step"], la["guard"]["lr"]
-        (10, [0.5])
-    """
-    if state is None:
-        state = TrainState(
-            model=model if model is not None else torch.nn.Module(),
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            sampler=sampler,
-            step=int(step or 0),
-            data=data,
-        )
-    elif step is not None and step != state.step:
-        state = copy.copy(state)
-        state.progress = copy.copy(state.progress)
-        state.step = int(step)
-    return lookahead(state, user)
-
-
-lookahead_seam.provide(lookahead_of)
-
-
-def compute(ts: TrainState, *, k: int = DEFAULT_K, probe: ProbeFn | None = None) -> dict[str, Any]:
-    """Return the look-ahead of ``ts``: what the next step will use.
-
-    Example:
-        >>> import torch, ckptkit
-        >>> m = torch.nn.Linear(2, 1)
-        >>> ts = ckptkit.TrainState(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1), step=3)
-        >>> la = compute(ts); la["next_step"], la["lr"]
-        (4, [0.1])
-    """
-    out: dict[str, Any] = {
-        "k": k,
-        "next_step": ts.step + 1,
-        "rng": rngtrace.fingerprint(),
-        "rng_v": rngtrace.FINGERPRINT_VERSION,
-    }
-    if ts.optimizer is not None:
-        out["lr"] = [float(g["lr"]) for g in ts.optimizer.param_groups]
-        out["opt_step"] = _opt_step(ts.optimizer)
-    if ts.scheduler is not None and hasattr(ts.scheduler, "last_epoch"):
-        out["sched_epoch"] = int(ts.scheduler.last_epoch)
-    obs = _observer(ts)
-    own = scaler_state(ts.scaler)
-    seen = scaler_state(obs.scaler) if obs is not None and ts.scaler is None else None
-    if own is not None or seen is not None:
-        scale, tracker = own or seen  # type: ignore[misc]
-        out["loss_scale"], out["scale_growth"] = scale, tracker
-        if own is None:
-            # Seen stepping the optimizer but not in the TrainState: not saved, so the
-            # resumed run starts a fresh one; checked at its first optimizer step.
-            out["scaler"] = "not in TrainState"
-    peek = getattr(ts.sampler, "next_indices", None)
-    if callable(peek):
-        out["sample_ids"] = [int(i) for i in peek(k)]
-        out["epoch"] = int(getattr(ts.sampler, "epoch", 0))
-    if getattr(ts.sampler, "counts_ahead", False) is True:
-        out["cursor_ahead"] = True
-    if ts.data:
-        out["data_id"] = tree_fingerprint(dict(ts.data))
-    if obs is not None and obs.point is not None:
-        out["rng_gaps"] = obs.gap_patterns()
-        out["rng_at"] = obs.point
-    if probe is not None:
-        out["probe_loss"] = probe_loss(ts.model, probe)
-    return out
-
-
 def shared_loader_generator(loader: Any) -> bool:
     """Whether ``loader`` (a StatefulDataLoader) shares its ``generator`` with its sampler.
 
@@ -354,11 +102,6 @@ def shared_loader_generator(loader: Any) -> bool:
     if gen is None or not hasattr(loader, "next_iter_state"):  # not a StatefulDataLoader
         return False
     return getattr(getattr(loader, "sampler", None), "generator", None) is gen
-
-
-def _observer(ts: TrainState) -> StepObserver | None:
-    obs = getattr(ts.recorder, "observer", None)
-    return obs if isinstance(obs, StepObserver) else None
 
 
 @dataclass

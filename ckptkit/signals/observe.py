@@ -52,6 +52,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.resumable import ResumableSampler
+from ckptkit.capture.scaler import scaler_state
+from ckptkit.checkpoint.lookahead import StepView
 from ckptkit.signals import rngtrace
 
 if TYPE_CHECKING:
@@ -108,21 +110,6 @@ def _install_global_hook() -> None:
     global _HOOK
     if _HOOK is None:
         _HOOK = register_optimizer_step_pre_hook(_dispatch)
-
-
-def scaler_state(scaler: Any) -> tuple[float, int] | None:
-    """``(scale, growth tracker)`` of an enabled GradScaler, else None.
-
-    Example:
-        >>> scaler_state(torch.amp.GradScaler("cpu", init_scale=8.0))
-        (8.0, 0)
-    """
-    if scaler is None or not callable(getattr(scaler, "is_enabled", None)):
-        return None
-    if not scaler.is_enabled():
-        return None
-    sd = scaler.state_dict()
-    return float(sd["scale"]), int(sd["_growth_tracker"])
 
 
 def calling_scaler() -> Any:
@@ -346,7 +333,7 @@ class CopySafeHook:
         return (_detached, ())
 
 
-class StepObserver:
+class StepObserver(StepView):
     """Watch one :class:`~ckptkit.TrainState`'s step and fill its record (see the module doc).
 
     Args:

@@ -15,6 +15,10 @@ and NumPy's legacy ``RandomState``): its serialized state holds the seed it was 
 with, the count of words ``left`` before the next twist, and the 624-word state, so it is
 replayed with Python's own ``random.Random``.
 
+The snapshot itself and its fingerprint (:class:`RngSnapshot`, :data:`FINGERPRINT_VERSION`)
+live in :mod:`ckptkit.capture.rng`, so that a save's look-ahead
+(:mod:`ckptkit.checkpoint.lookahead`) fingerprints the generators without this module.
+
 Example:
     >>> import torch
     >>> a = RngSnapshot.take()
@@ -26,8 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import array
-import ctypes
 import random
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,10 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 
-FINGERPRINT_VERSION = 2
-"""Version of :meth:`RngSnapshot.fingerprint` (1: the v0.1 ``repr``-based fingerprint)."""
+from ckptkit.capture.rng import FINGERPRINT_VERSION, NUMPY_STATE_BYTES, RngSnapshot
 
 _MT_N = 624
 _TORCH_HEAD = struct.Struct("<QiiQ")  # the_initial_seed, left, seeded, next
@@ -52,73 +52,6 @@ _SEED_LIMIT = 4 * _MT_N
 """Words replayed after a candidate seed (a re-seed is usually the last thing before step 1)."""
 
 
-@dataclass(frozen=True)
-class RngSnapshot:
-    """The state of every global generator of this process, as cheap copies.
-
-    ``take()`` costs about as much as one fingerprint (tens of microseconds): no hashing.
-    """
-
-    python: tuple[Any, ...]
-    """``random.getstate()``."""
-    numpy: bytes
-    """NumPy's global MT19937: its 624 key words and position, read straight from the
-    bit generator (``np.random.get_state()`` costs ~100x more; the cached second value of a
-    legacy Gaussian pair is not included)."""
-    torch_cpu: bytes
-    """``torch.get_rng_state()`` as bytes."""
-    cuda: tuple[bytes, ...] = ()
-    """One state per CUDA device, when CUDA is initialised."""
-
-    @classmethod
-    def take(cls) -> RngSnapshot:
-        """Snapshot the global generators now.
-
-        Example:
-            >>> RngSnapshot.take() == RngSnapshot.take()
-            True
-        """
-        cuda: tuple[bytes, ...] = ()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            cuda = tuple(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all())
-        return cls(
-            python=random.getstate(),
-            numpy=_numpy_raw(),
-            torch_cpu=torch.get_rng_state().numpy().tobytes(),
-            cuda=cuda,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RngSnapshot):
-            return NotImplemented
-        return (
-            self.python == other.python
-            and self.torch_cpu == other.torch_cpu
-            and self.cuda == other.cuda
-            and self.numpy == other.numpy
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def fingerprint(self) -> str:
-        """Return a 16-hex-digit digest of every generator's state (version 2).
-
-        Example:
-            >>> s = RngSnapshot.take()
-            >>> len(s.fingerprint()), s.fingerprint() == RngSnapshot.take().fingerprint()
-            (16, True)
-        """
-        h = xxhash.xxh3_64()
-        h.update(b"ckptkit.rng.v2|")
-        h.update(array.array("Q", self.python[1]).tobytes())
-        h.update(repr(self.python[2]).encode())
-        h.update(self.numpy)
-        h.update(self.torch_cpu)
-        for c in self.cuda:
-            h.update(c)
-        return h.hexdigest()
-
-
 def fingerprint() -> str:
     """Fingerprint the global generators now (see :meth:`RngSnapshot.fingerprint`).
 
@@ -127,16 +60,6 @@ def fingerprint() -> str:
         True
     """
     return RngSnapshot.take().fingerprint()
-
-
-_NP_STATE_BYTES = _MT_N * 4 + 4
-"""numpy's ``mt19937_state``: ``uint32_t key[624]; int pos;``."""
-
-
-def _numpy_raw() -> bytes:
-    """NumPy's global MT19937 key and position, copied from the C state (~1 us)."""
-    bitgen = np.random.mtrand._rand._bit_generator  # type: ignore[attr-defined]
-    return ctypes.string_at(bitgen.ctypes.state_address, _NP_STATE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -206,7 +129,7 @@ def _python_mt(state: tuple[Any, ...]) -> tuple[tuple[int, ...], int]:
 
 def _numpy_mt(state: bytes) -> tuple[tuple[int, ...], int]:
     words = tuple(np.frombuffer(state[: _MT_N * 4], dtype="<u4").tolist())
-    return words, int.from_bytes(state[_MT_N * 4 : _NP_STATE_BYTES], "little", signed=True)
+    return words, int.from_bytes(state[_MT_N * 4 : NUMPY_STATE_BYTES], "little", signed=True)
 
 
 def _seeded_python(seed: int) -> tuple[tuple[int, ...], int]:

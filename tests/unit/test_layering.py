@@ -62,13 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 the base modules at the top level and the package's own ``__init__`` (the api). A module
 may import from its own layer and the layers below."""
 
-ALLOWED_UP: dict[tuple[str, str], str] = {
-    ("ckptkit.verify.checks.consistency", "ckptkit.signals.guard"): (
-        "verify reads the resume guard's look-ahead record through guard.problems/GUARD_KEY; "
-        "the record and its check belong below verify (issue 24 item 5: typed look-ahead "
-        "records, SIGNALS' area), and then this edge goes"
-    ),
-}
+ALLOWED_UP: dict[tuple[str, str], str] = {}
 """Known upward imports (importer, imported) left in files other issue-24 work is rewriting,
 each with why it is there and what removes it. Nothing may be added here to pass a test."""
 

@@ -27,8 +27,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES
 from ckptkit.format.manifest import Manifest
-from ckptkit.format.records import GUARD_KEY, recoveries_problems
-from ckptkit.signals import guard
+from ckptkit.format.records import GUARD_KEY, lookahead_problems, recoveries_problems
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, INFO, WARNING, Finding, check
@@ -418,7 +417,7 @@ def guard_findings(man: Manifest) -> list[Finding]:
         ['CK-S012']
     """
     look = man.lookahead if isinstance(man.lookahead, Mapping) else {}
-    found = guard.problems(look.get(GUARD_KEY), man.tree)
+    found = lookahead_problems(look.get(GUARD_KEY), man.tree)
     return [CODES[codes.S012].finding("; ".join(found[:MAX_NAMED]))] if found else []
 
 

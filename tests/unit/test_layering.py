@@ -75,6 +75,11 @@ IS_LOCAL_LEFT: dict[str, str] = {}
 LAZY_OK = {
     # The CLI imports each command's machinery when the command runs (startup time).
     "ckptkit.cli",
+    "ckptkit.cli.shared",
+    "ckptkit.cli.checkpoint_cmds",
+    "ckptkit.cli.run_cmds",
+    "ckptkit.cli.drill_cmd",
+    "ckptkit.cli.watch_cmd",
     # The drill imports scipy (through its statistics) while the training runs it forked
     # are busy, instead of before them.
     "ckptkit.drill.runner",

@@ -7,7 +7,7 @@ checkpoint after the save step. Those hold state no step record shows, so a resu
 it (an EMA never saved, restarted from the current weights) passes every other check. This
 check lists what each run wrote there (:func:`written`) and judges each file the reference
 and the resumed run both wrote, at the same relative path, with the function that judges the
-final checkpoints (:func:`ckptkit.drill.compare.end_state`, over
+final checkpoints (:func:`ckptkit.drill.endstate.end_state`, over
 :func:`ckptkit.verify.statediff.diff`: native checkpoints, safetensors, torch files read with
 ``weights_only``, DCP, framework layouts). A file only one run wrote after the save step is
 a finding too.
@@ -57,7 +57,7 @@ class Judge(Protocol):
     """Judges one artefact as the end-state check judges the final checkpoints: the
     references' copies (None where a reference lacks it) against the resumed run's, within
     the drill's tolerance (bitwise where the run is; else within the noise the control
-    runs' copies measure). :func:`ckptkit.drill.compare.end_state` with the drill's
+    runs' copies measure). :func:`ckptkit.drill.endstate.end_state` with the drill's
     thresholds; ``roots`` lists the references', the resumed run's, then the controls'
     directories."""
 

@@ -37,83 +37,29 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any, Literal
 
-from ckptkit import codes
 from ckptkit.drill.compare import (
     CheckResult,
     Record,
-    RowEvidence,
     jsonable,
     same,
     samples,
     window,
 )
-from ckptkit.format.records import LookAhead
-
-Component = Literal[
-    "none",
-    "progress",
-    "hyperparameters",
-    "scheduler",
-    "scaler",
-    "data-version",
-    "sampler",
-    "rng",
-    "optimizer",
-    "model",
-    "unknown",
-]
-Confidence = Literal["high", "medium", "low"]
-
-HINTS: dict[str, str] = {
-    "none": "nothing to fix: the resume is exact",
-    "progress": "the step counter is not restored: pass step=/Progress to TrainState and "
-    "restore it (ckptkit.TrainState(..., step=...)); check 'ckptkit inspect CKPT' shows "
-    "the progress component",
-    "hyperparameters": "the resumed run uses other hyper-parameters (LR scaled by a constant): "
-    "compare the launch flags/config of both runs; restore the optimizer's param_groups "
-    "and the scheduler's base_lrs from the checkpoint instead of overriding them",
-    "scheduler": "the LR scheduler is not saved/restored (or is stepped a different number "
-    "of times): pass scheduler= to TrainState, restore it after the optimizer, and do not "
-    "step it during restore",
-    "scaler": "the AMP GradScaler is not saved/restored (or a new one is used after the "
-    "restore): pass scaler= to TrainState and keep using that scaler",
-    "data-version": "the same sample ids now have other content: the dataset or tokenizer "
-    "changed between save and resume; pin the data snapshot (TrainState(data={...}))",
-    "sampler": "the data order is not resumed: use a stateful sampler "
-    "(ckptkit.ResumableSampler or torchdata's StatefulDataLoader), pass it as sampler= "
-    "to TrainState, and do not rebuild, re-seed or reset it after the restore",
-    "rng": "the RNG state is not restored, is re-seeded after the restore, or something "
-    "draws from it between the restore and the first step (iter(DataLoader) without a "
-    "generator=): seed before restoring, give the DataLoader a generator= or iterate it "
-    "with ResumableSampler.batches(loader)",
-    "optimizer": "the optimizer state (Adam moments, step counts) is not restored: pass "
-    "optimizer= to TrainState and do not rebuild or clear the optimizer after restoring",
-    "model": "the loss differs while all step inputs are equal: model weights/buffers are "
-    "not fully restored, or randomness the records do not fingerprint (another generator, "
-    "a CUDA RNG) differs",
-    "unknown": "compare the differing fields in the report; docs/drills.md#triage lists "
-    "what each signal points to",
-}
-"""The triage playbook: what to look at for each component (docs/drills.md#triage)."""
-WEIGHTS_CHANGED_HINT = (
-    "the model's weights changed after mgr.restore() (the resume guard's CK-D092 names "
-    "them): load other weights (pretrained, a frozen part) and cast the model before the "
-    "restore, never after it"
+from ckptkit.drill.evidence import (
+    GUARD_COMPONENT,
+    Component,
+    Evidence,
+    continuity_rng_failed,
+    draws_fixed,
+    exposure_first_step,
+    guard_findings,
+    has_scaler,
+    schedule_restart,
 )
-"""The ``model`` fix when the guard saw the weights change after the restore."""
+from ckptkit.drill.exposure import RowEvidence
+from ckptkit.drill.hints import ACCUM_HINT, HINTS, WEIGHTS_CHANGED_HINT, WORKERS_HINT, extra_hint
 
-_GUARD_COMPONENT: dict[str, Component] = {
-    "progress": "progress",
-    "sampler": "sampler",
-    "scheduler": "scheduler",
-    "scaler": "scaler",
-    "optimizer": "optimizer",
-    "rng": "rng",
-    "model": "model",
-    "data": "data-version",
-    "fp8": "scaler",
-}
-"""Resume-guard finding components (and refusal components) as drill components."""
+Confidence = Literal["high", "medium", "low"]
 
 
 @dataclass
@@ -126,8 +72,8 @@ class Diagnosis:
     """
 
     component: Component | str
-    """A :data:`Component`, or the name of other state the end-state check found
-    different (an extra of the ``TrainState`` such as ``ema``, a foreign checkpoint's part)."""
+    """A :data:`~ckptkit.drill.evidence.Component`, or the name of other state the end-state
+    check found different (an extra of the ``TrainState`` such as ``ema``, a foreign checkpoint's part)."""
     confidence: Confidence
     evidence: list[str] = field(default_factory=list)
     hint: str = ""
@@ -160,120 +106,6 @@ def _hint(component: str, candidates: Sequence[str]) -> str:
     return HINTS.get(component, "")
 
 
-@dataclass
-class _Evidence:
-    """What the checks and the resumed records say, gathered once."""
-
-    fields: dict[str, dict[str, Any]]
-    at: list[str]
-    i0: int | None
-    step: Any
-    exposure: CheckResult | None
-    continuity: CheckResult | None
-    guard: dict[Component, list[str]]
-    """Resume-guard findings of the resumed run: drill component -> messages."""
-    rng_at: str | None
-    """Where the resumed records' RNG fingerprint was taken (``data``/``forward``), or None."""
-    data_declared: bool
-    compared: list[str]
-    saved: Record | None = None
-    """The reference's record of the save step (what both runs stood on at the save)."""
-    draws_fixed: bool = False
-    """The saving run drew the same from the global generators between every two steps
-    (one distinct ``rng_gaps`` pattern in the checkpoint's look-ahead): what a step's data
-    fetch draws does not depend on which batch it fetches."""
-    sampler_saved: bool | None = None
-    """Whether the checkpoint holds sampler / data-loader state (None: no facts)."""
-    content_hashed: bool = False
-    """The resumed records' sample ids carry content hashes (exposure can see content)."""
-    rows: RowEvidence | None = None
-    """The batch rows' evidence (the exposure check's ``detail["rows"]``), if recorded."""
-    scaler_in_run: bool = False
-    """A GradScaler (or a loss scale) is part of the run: records or checkpoint carry a scale."""
-    before: list[Record] = field(default_factory=list)
-    """The reference's records up to the save step, oldest first (the schedule's start)."""
-    ev: list[str] = field(default_factory=list)
-
-    def first(self, f: str) -> int | None:
-        return self.fields[f]["first_index"] if f in self.fields else None
-
-    @property
-    def ordinal(self) -> str:
-        return _ordinal((self.i0 or 0) + 1)
-
-    def rng_independent_of_data(self) -> bool:
-        """Whether an RNG difference at the first diverging step cannot come from the data.
-
-        The fingerprint is taken at a step's start: before the batch is fetched (``rng_at``
-        ``data``), or at the first forward, after the fetch (``forward``; also assumed when
-        the loop logs ``rng`` itself). After the fetch, a collate or ``__getitem__`` whose
-        draws depend on the batch (random masking over the padded length, a crop of a
-        variable-length sample) turns a data-order fault into an RNG difference: then the
-        RNG is independent of the data only when the saving run drew the same between every
-        two steps, or when the batch is recorded and equal where the RNG first differs.
-        """
-        if self.rng_at == "data" or self.draws_fixed:
-            return True
-        batch_first = self.first("batch_hash")
-        if "batch_hash" not in self.compared:
-            return False
-        return batch_first is None or batch_first > (self.i0 or 0)
-
-    def guard_decisive(self, comp: Component) -> bool:
-        """Whether the resume guard's finding on ``comp`` is evidence of its own.
-
-        The guard counts the draws between the restore and the first resumed step at the
-        same point as the records' RNG fingerprint, so a count that differs is no more
-        conclusive than the fingerprint (:meth:`rng_independent_of_data`); a generator
-        re-seeded after the restore is, whatever the data did, and so are restored streams
-        nothing drew from where the saving run's fetch always drew (the first batch came
-        from other streams: no data difference makes a fetch draw nothing).
-        """
-        if comp != "rng" or "rng" not in self.fields:
-            return True
-        if self.rng_independent_of_data():
-            return True
-        return any(_reseeded(m) or _fetched_elsewhere(m) for m in self.guard.get("rng", []))
-
-    def order_observed_same(self) -> str | None:
-        """What directly shows the resumed run got the same samples in the same order.
-
-        The sample ids of a clean exposure, or a data cursor equal at every step: observed,
-        not inferred. Rows (hashes of the augmented batch) only infer order, so a row the
-        reference saw elsewhere does not outweigh either. None: nothing observed it.
-        """
-        ran, moved, _ = self.exposure_counts()
-        if ran and not moved:
-            return "the same sample ids in the same order (exposure)"
-        if "cursor" in self.compared and "cursor" not in self.fields:
-            return "the data cursor is equal at every step"
-        return None
-
-    def guard_named(self) -> list[Component]:
-        """The components the resume guard names with evidence of its own: ``model`` only
-        for weights it saw change after the restore (a rebuilt model or a probe loss comes
-        with other components' faults too)."""
-        return [c for c in self.guard
-                if (c != "model" or self.weights_changed()) and self.guard_decisive(c)]
-
-    def weights_changed(self) -> bool:
-        """The resume guard saw model parameters change between the restore and the first
-        optimizer step (CK-D092): observed, not inferred from outputs."""
-        return any(m.startswith(codes.D092) for m in self.guard.get("model", []))
-
-    def exposure_counts(self) -> tuple[bool, int, int]:
-        """(exposure ran, samples moved, samples with changed content)."""
-        ex = self.exposure
-        if ex is None or ex.skipped or ex.detail.get("basis") == "rows":
-            return False, 0, 0  # no sample ids: the rows speak for themselves (_rows)
-        d = ex.detail
-        moved = int(d.get("replayed", 0)) + int(d.get("skipped", 0)) + int(d.get("unexpected", 0))
-        changed = int(d.get("content_changed", 0))
-        if not ex.ok and not moved and not changed:
-            moved = 1  # reordered
-        return True, moved, changed
-
-
 def diagnose(
     reference: Sequence[Record],
     resumed: Sequence[Record],
@@ -292,7 +124,7 @@ def diagnose(
             informational ones are ignored).
         start: the save step ``W``.
         stop: the last step ``W + N``.
-        facts: the checkpoint's facts (:func:`~ckptkit.drill.compare.checkpoint_facts`),
+        facts: the checkpoint's facts (:func:`~ckptkit.drill.continuity.checkpoint_facts`),
             for whether the run declared its data identity.
 
     Example:
@@ -317,22 +149,22 @@ def diagnose(
         return _refused(refusal)
     tw = by_name.get("twin")
     fields: dict[str, dict[str, Any]] = (tw.detail.get("fields") or {}) if tw else {}
-    e = _Evidence(
+    e = Evidence(
         fields=fields,
         at=[],
         i0=None,
         step=None,
         exposure=by_name.get("exposure"),
         continuity=by_name.get("continuity"),
-        guard=_guard_findings(resumed),
+        guard=guard_findings(resumed),
         rng_at=next((str(r["rng_at"]) for r in resumed if r.get("rng_at")), None),
         data_declared=bool((facts or {}).get("data_declared")),
         compared=list((tw.detail.get("compared") or []) if tw else []),
         saved=next((r for r in reference if r.get("step") == start), None),
-        draws_fixed=_draws_fixed(facts),
+        draws_fixed=draws_fixed(facts),
         sampler_saved=bool((facts or {}).get("sampler")) if facts is not None else None,
         content_hashed=any(h is not None for _, _, h in samples(resumed)),
-        scaler_in_run=_has_scaler(reference, resumed, facts),
+        scaler_in_run=has_scaler(reference, resumed, facts),
         before=[r for r in reference if isinstance(r.get("step"), int) and r["step"] <= start],
     )
     ex = by_name.get("exposure")
@@ -362,7 +194,7 @@ def diagnose(
     return _cite_moved(_decide(e, ref, res), by_name.get("end_state"))
 
 
-def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
+def _decide(e: Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
     f, at = e.fields, e.at
 
     def d(comp: Component, conf: Confidence, candidates: Sequence[str] = ()) -> Diagnosis:
@@ -385,7 +217,7 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
         return d("scaler", "high")
     data_or_rng = {"batch_hash", "cursor", "rng"} & set(at)
     ran, moved, changed = e.exposure_counts()
-    ex_first_step = _exposure_first_step(e)
+    ex_first_step = exposure_first_step(e)
     rows_first = e.rows is not None and e.rows.differing_steps > 0 and e.rows.first_step == e.step
     if data_or_rng or rows_first or (ran and (moved or changed) and ex_first_step):
         return _data_or_rng(e, ran, moved, changed)
@@ -418,7 +250,7 @@ def _decide(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagn
     return d("unknown", "low")
 
 
-def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis:
+def _data_or_rng(e: Evidence, ran: bool, moved: int, changed: int) -> Diagnosis:
     """The batch, the data cursor or the RNG differs first: sampler, data version or RNG."""
     at = set(e.at)
     rng_diff, batch_diff, cursor_diff = "rng" in at, "batch_hash" in at, "cursor" in at
@@ -480,12 +312,12 @@ def _data_or_rng(e: _Evidence, ran: bool, moved: int, changed: int) -> Diagnosis
 
 
 def _rng_or_data(
-    e: _Evidence, ran: bool, moved: int, changed: int, d: Callable[..., Diagnosis]
+    e: Evidence, ran: bool, moved: int, changed: int, d: Callable[..., Diagnosis]
 ) -> Diagnosis:
     """The RNG fingerprint differs first (the sample ids and the cursor did not settle it).
 
     ``rng`` at ``high`` needs an RNG difference the data cannot have caused
-    (:meth:`_Evidence.rng_independent_of_data`) or a re-seed the guard saw. Otherwise each
+    (:meth:`Evidence.rng_independent_of_data`) or a re-seed the guard saw. Otherwise each
     other candidate has to be excluded by evidence of its own: the sampler by the sample
     ids in the same order (exposure) or an equal data cursor, the data version by equal
     content hashes or a declared data identity the guard found unchanged. What is not
@@ -495,7 +327,7 @@ def _rng_or_data(
              "(after the batch was fetched)"}.get(e.rng_at or "", "at the start of the step")
     e.ev.append(f"RNG fingerprint differs at the {e.ordinal} resumed step (step {e.step}), "
                 f"taken {where}")
-    if _continuity_rng_failed(e):
+    if continuity_rng_failed(e):
         e.ev.append("the first resumed step's RNG differs from the look-ahead saved with "
                     "the checkpoint, while the reference's matches it")
     if e.rng_independent_of_data():
@@ -538,16 +370,9 @@ def _rng_or_data(
 
 WORKERS_RNG = "DataLoader workers' RNG (base seed)"
 """What a content fault of a loader with workers is named after (component ``rng``)."""
-_WORKERS_HINT = (
-    "the DataLoader's workers restart their random streams from a base seed drawn at every "
-    "iter(), so random augmentation in Dataset.__getitem__ with num_workers > 0 differs "
-    "after a resume while the main process's RNG is equal: make it a function of the sample "
-    "(a torch.Generator seeded by the index, and the epoch if it should vary), or augment "
-    "in the main process"
-)
 
 
-def _rows(e: _Evidence) -> Diagnosis | None:
+def _rows(e: Evidence) -> Diagnosis | None:
     """Name order or content from the batch rows when the first diverging step's rows differ.
 
     Rows the reference saw at other positions are the same data in another order: the
@@ -621,7 +446,7 @@ def _rows(e: _Evidence) -> Diagnosis | None:
         e.ev.append(f"{WORKERS_RNG}: the loader runs {rows.num_workers} workers and the main "
                     "process's RNG is equal, so random augmentation in the workers is the "
                     "likely source of the new rows")
-        return d("rng", "medium", ["rng", "data-version"], hint=f"{WORKERS_RNG}: {_WORKERS_HINT}")
+        return d("rng", "medium", ["rng", "data-version"], hint=f"{WORKERS_RNG}: {WORKERS_HINT}")
     if rows.num_workers == 0 and rng_known:
         e.ev.append("the loader runs no workers and the RNG is equal at every step: random "
                     "augmentation drew the same, so the data changed")
@@ -632,14 +457,14 @@ def _rows(e: _Evidence) -> Diagnosis | None:
                     "the resume guard found unchanged): the data version is ruled out; the main "
                     "process's RNG is equal, so randomness it does not hold changed the rows: "
                     "augmentation in DataLoader workers, or a generator of the script's own")
-        return d("rng", "medium", ["rng"], hint=f"{WORKERS_RNG}: {_WORKERS_HINT}")
+        return d("rng", "medium", ["rng"], hint=f"{WORKERS_RNG}: {WORKERS_HINT}")
     e.ev.append("the main process's RNG is equal and ckptkit does not see whether the loader "
                 "runs workers: new content (data version) and augmentation in workers that "
                 "restarted from a new base seed (rng) both fit")
     return d("unknown", "low", ["data-version", "rng"])
 
 
-def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
+def _opt_step(e: Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Diagnosis:
     f = e.fields["opt_step"]
     a, b = f["reference"], f["resumed"]
     e.ev.append(
@@ -666,7 +491,7 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
                             "only every few steps (gradient accumulation): the resumed run "
                             "steps it at other steps, so its place in the accumulation window "
                             "(the micro-step counter) was not restored")
-                return _confirm(e, Diagnosis("progress", "medium", e.ev, _ACCUM_HINT,
+                return _confirm(e, Diagnosis("progress", "medium", e.ev, ACCUM_HINT,
                                              step=e.step, fields=e.at,
                                              candidates=["progress", "optimizer"]))
             e.ev.append("the run has no GradScaler (no fp16 skip): one run stepped the "
@@ -678,14 +503,6 @@ def _opt_step(e: _Evidence, ref: Sequence[Record], res: Sequence[Record]) -> Dia
                                  fields=e.at))
 
 
-_ACCUM_HINT = (
-    "the gradient-accumulation counter (micro-batches since the last optimizer step) is not "
-    "saved or is reset on resume, so the optimizer steps at other micro-steps: keep it in the "
-    "TrainState (extra={'micro': ...}, with the gradients accumulated so far) or save only "
-    "right after an optimizer step -- " + HINTS["progress"]
-)
-
-
 def _accumulates(before: Sequence[Record], ref: Sequence[Record]) -> bool:
     """Whether the reference's optimizer step count stays put on some steps and moves on
     others with no loss scale to explain it (gradient accumulation)."""
@@ -693,17 +510,6 @@ def _accumulates(before: Sequence[Record], ref: Sequence[Record]) -> bool:
     steps = [b - a for a, b in pairwise(counts)
              if isinstance(a, int) and isinstance(b, int)]
     return 0 in steps and 1 in steps
-
-
-def _has_scaler(
-    reference: Sequence[Record], resumed: Sequence[Record], facts: Mapping[str, Any] | None
-) -> bool:
-    """Whether a GradScaler is part of the run: a loss scale in the records or the checkpoint."""
-    if any(r.get("loss_scale") is not None for r in (*reference, *resumed)):
-        return True
-    f = facts or {}
-    guard = LookAhead.of(f.get("lookahead")).guard or {}
-    return f.get("loss_scale") is not None or guard.get("loss_scale") is not None
 
 
 def _cite_moved(dg: Diagnosis, es: CheckResult | None) -> Diagnosis:
@@ -720,7 +526,7 @@ def _cite_moved(dg: Diagnosis, es: CheckResult | None) -> Diagnosis:
     return dg
 
 
-def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
+def _confirm(e: Evidence, dg: Diagnosis) -> Diagnosis:
     """Weigh the resume guard's findings against the records' verdict; an RNG named with
     the guard's own finding carries, in its fix, the generator and the call the guard saw."""
     dg = _weigh_guard(e, dg)
@@ -730,7 +536,7 @@ def _confirm(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     return dg
 
 
-def _weigh_guard(e: _Evidence, dg: Diagnosis) -> Diagnosis:
+def _weigh_guard(e: Evidence, dg: Diagnosis) -> Diagnosis:
     named = e.guard_named()
     for comp, msgs in e.guard.items():
         for m in msgs[:1]:
@@ -759,7 +565,7 @@ def _weigh_guard(e: _Evidence, dg: Diagnosis) -> Diagnosis:
     return dg
 
 
-def _without_twin(e: _Evidence) -> Diagnosis:
+def _without_twin(e: Evidence) -> Diagnosis:
     ran, moved, changed = e.exposure_counts()
     if ran and (moved or changed):
         comp: Component = "sampler" if moved else "data-version"
@@ -778,68 +584,12 @@ def _without_twin(e: _Evidence) -> Diagnosis:
 
 def _refused(check: CheckResult) -> Diagnosis:
     det = check.detail
-    comp: Component = _GUARD_COMPONENT.get(str(det.get("component")), "unknown")
+    comp: Component = GUARD_COMPONENT.get(str(det.get("component")), "unknown")
     ev = [f"ckptkit refused the resume at restore: {det.get('error')}: {det.get('message')}"]
     conf: Confidence = "high" if comp != "unknown" else "low"
     hint = (f"{det.get('message')} -- {HINTS[comp]}" if comp != "unknown"
             else str(det.get("message")))
     return Diagnosis(comp, conf, ev, hint, fields=["restore"])
-
-
-def _guard_findings(resumed: Sequence[Record]) -> dict[Component, list[str]]:
-    out: dict[Component, list[str]] = {}
-    for r in resumed:
-        for g in r.get("guard") or []:
-            if not isinstance(g, Mapping):
-                continue
-            comp = _GUARD_COMPONENT.get(str(g.get("component")))
-            if comp is not None:
-                out.setdefault(comp, []).append(f"{g.get('code')} {g.get('message')}")
-    return out
-
-
-def _reseeded(message: str) -> bool:
-    """Whether a guard RNG finding says a generator was re-seeded (not merely drew more).
-
-    The guard's finding carries its explanation only as text (``rngtrace.explain``): "torch
-    was re-seeded (torch.manual_seed(3))", "... re-seeded or its state replaced"; a CUDA
-    generator "re-seeded or drew" cannot be told from a draw, so it does not count.
-    """
-    return "re-seeded" in message and "re-seeded or drew" not in message
-
-
-def _fetched_elsewhere(message: str) -> bool:
-    """Whether a guard RNG finding says the restored streams drew nothing where the saving
-    run's data fetch always drew (the first batch came from other streams)."""
-    return "nothing drew from the restored" in message
-
-
-def _draws_fixed(facts: Mapping[str, Any] | None) -> bool:
-    """Whether the saving run drew the same between every two steps it observed.
-
-    The resume guard's look-ahead keeps the distinct draw patterns between a step's record
-    and the next step's start (``rng_gaps``, over the last few steps); one pattern means
-    the data fetch draws the same whatever the batch (none at all included).
-    """
-    guard = LookAhead.of((facts or {}).get("lookahead")).guard or {}
-    gaps = guard.get("rng_gaps")
-    return isinstance(gaps, list) and len(gaps) == 1
-
-
-def _continuity_rng_failed(e: _Evidence) -> bool:
-    co = e.continuity
-    if co is None:
-        return False
-    return any(i.get("what") == "rng" and not i.get("ok") for i in co.detail.get("items", []))
-
-
-def _exposure_first_step(e: _Evidence) -> bool:
-    """Whether the exposure's first difference lies in the first diverging step's batch."""
-    ex = e.exposure
-    if ex is None or ex.ok or ex.skipped:
-        return False
-    first = ex.detail.get("first_difference") or {}
-    return isinstance(first.get("position"), int)
 
 
 def _lr(
@@ -902,7 +652,7 @@ def _lr(
                          step=step, fields=sorted({*at, "opt_step"}),
                          candidates=["optimizer", "scheduler"])
     differ = [i for i, (a, b) in enumerate(pairs) if not same(a, b)]
-    restart = _schedule_restart(before, lr_res, differ)
+    restart = schedule_restart(before, lr_res, differ)
     if restart is not None:
         ev.append(restart)
         return Diagnosis("scheduler", "high", ev, HINTS["scheduler"], step=step, fields=at)
@@ -938,30 +688,6 @@ def _lr(
         step=step,
         fields=at,
     )
-
-
-def _schedule_restart(
-    before: Sequence[Record], lr_res: Sequence[Any], differ: Sequence[int]
-) -> str | None:
-    """Evidence that the schedule restarted at the resume, or None.
-
-    The resumed LRs that differ, from the first one on, are the LRs the reference used at
-    the first steps of the run (its warm-up): the scheduler stepping the resumed run stands
-    where a new one stands (built after the restore, or its state never loaded), whatever
-    it does once the warm-up is over (a constant LR after it rejoins the reference's).
-    """
-    if len(differ) < 2 or differ[0] != 0:
-        return None
-    head = [r.get("lr") for r in sorted(before, key=lambda r: r["step"])]
-    seg = list(lr_res[: differ[-1] + 1])
-    if len(head) < len(seg) or not all(isinstance(x, int | float) for x in seg):
-        return None
-    if not all(same(a, b) for a, b in zip(seg, head, strict=False)):
-        return None
-    return (f"the resumed LRs of its first {len(seg)} steps are the reference's LRs at the "
-            f"first {len(seg)} steps of the run ({', '.join(f'{x:.6g}' for x in seg[:4])}"
-            f"{', ...' if len(seg) > 4 else ''}): the schedule restarted at the resume (a "
-            "scheduler built after the restore, or its state not loaded)")
 
 
 _CONTINUITY_COMPONENT: dict[str, Component] = {
@@ -1009,7 +735,7 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
     unseen = list(es.detail.get("not_compared_state") or [])
     names = sorted(different, key=lambda n: (
         _END_STATE_ORDER.index(n) if n in _END_STATE_ORDER else len(_END_STATE_ORDER), n))
-    comps = [_GUARD_COMPONENT.get(n, n) for n in names]
+    comps = [GUARD_COMPONENT.get(n, n) for n in names]
     if not different:
         why = str(es.detail.get("reason") or "the final states could not be compared")
         return Diagnosis("unknown", "low", ["every step record agrees", why],
@@ -1021,29 +747,17 @@ def _from_end_state(es: CheckResult) -> Diagnosis:
     ev = [f"every step record agrees, yet {what} differ (compared {es.detail.get('mode')})"]
     ev += [f"{es.name.replace('_', ' ')}: {n}: {different[n].get('summary')}" for n in names]
     fields = [f"{es.name}:{n}" for n in names]
-    candidates = list(dict.fromkeys([*comps, *(_GUARD_COMPONENT.get(n, n) for n in unseen)]))
+    candidates = list(dict.fromkeys([*comps, *(GUARD_COMPONENT.get(n, n) for n in unseen)]))
     if unseen:
         ev.append(f"not compared, so not ruled out: {', '.join(unseen)}")
     if len(comps) == 1:
         comp = comps[0]
-        hint = HINTS.get(comp) or _extra_hint(comp)
+        hint = HINTS.get(comp) or extra_hint(comp)
         if not unseen:
             return Diagnosis(comp, "high", ev, hint, fields=fields)
         return Diagnosis(comp, "medium", ev, hint, fields=fields, candidates=candidates)
-    hint = " | ".join(f"{c}: {HINTS.get(c) or _extra_hint(c)}" for c in comps)
+    hint = " | ".join(f"{c}: {HINTS.get(c) or extra_hint(c)}" for c in comps)
     return Diagnosis("unknown", "low", ev, hint, fields=fields, candidates=candidates)
 
 
-def _extra_hint(name: str) -> str:
-    return (f"'{name}' is saved but not restored as it was (e.g. an EMA rebuilt from the "
-            "current weights after the restore): pass it to the TrainState (extra= or its "
-            "own component) and restore it from the checkpoint instead of re-creating it; "
-            "'ckptkit diff' of the two final checkpoints shows every tensor that differs")
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-__all__ = ["HINTS", "Component", "Diagnosis", "diagnose"]
+__all__ = ["Diagnosis", "diagnose"]

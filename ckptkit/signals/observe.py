@@ -240,7 +240,7 @@ def row_hashes(inputs: Any, *, limit: int = ROWS_LIMIT) -> list[str]:
     8 hex digits of xxh3-64, at most ``limit`` rows (the first ones). The drill matches
     them between two runs to tell a data-order fault (the same rows at other positions)
     from a content fault (rows never seen) without sample ids
-    (:func:`ckptkit.drill.compare.row_evidence`). Every recorder of rows calls this.
+    (:func:`ckptkit.drill.exposure.row_evidence`). Every recorder of rows calls this.
 
     Args:
         inputs: a tensor or a (nested, depth 2) list/tuple/dict of them and other values,
@@ -595,7 +595,7 @@ class StepObserver(StepView):
         Set by an integration (:attr:`num_workers`), else the state's sampler when it is a
         loader (a StatefulDataLoader), else the loader its ResumableSampler's
         ``batches()`` runs; None when none of them says. The drill names the workers'
-        RNG from it (:func:`ckptkit.drill.compare.row_evidence`).
+        RNG from it (:func:`ckptkit.drill.exposure.row_evidence`).
 
         Example:
             >>> import ckptkit

@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 
 import ckptkit
 from ckptkit.drill.artefacts import Judge, compare_artefacts, written
-from ckptkit.drill.compare import CheckResult, end_state
+from ckptkit.drill.compare import CheckResult
 from ckptkit.drill.diagnose import _from_end_state
+from ckptkit.drill.endstate import end_state
 
 
 def judge(references: Sequence[Path | None], resumed: Path | None, /, *,

@@ -10,16 +10,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ckptkit.drill.compare import (
-    CheckResult,
-    continuity,
-    exposure,
-    noise_floor,
-    same,
-    samples,
-    twin,
-)
-from ckptkit.drill.diagnose import HINTS, diagnose
+from ckptkit.drill.compare import CheckResult, same, samples, twin
+from ckptkit.drill.continuity import continuity
+from ckptkit.drill.diagnose import diagnose
+from ckptkit.drill.exposure import exposure
+from ckptkit.drill.hints import HINTS
+from ckptkit.drill.noisefloor import noise_floor
 
 W, N = 5, 5
 ROOT = Path(__file__).resolve().parents[3]

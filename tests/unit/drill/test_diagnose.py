@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptkit.drill.compare import CheckResult, exposure, twin
+from ckptkit.drill.compare import CheckResult, twin
 from ckptkit.drill.diagnose import diagnose
+from ckptkit.drill.exposure import exposure
 
 W, N = 4, 4
 

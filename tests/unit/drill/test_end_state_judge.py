@@ -2,7 +2,7 @@
 diagnosis may be when part of the final state could not be compared.
 
 Checkpoints are ``torch.save`` files and Trainer-shaped folders in tmp_path, compared by
-:func:`ckptkit.drill.compare.end_state` itself (no drill run: the integration tests drill
+:func:`ckptkit.drill.endstate.end_state` itself (no drill run: the integration tests drill
 whole scripts).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ckptkit.drill.compare import end_state
 from ckptkit.drill.diagnose import _from_end_state
+from ckptkit.drill.endstate import end_state
 
 
 class Blob:
@@ -82,7 +82,7 @@ def test_an_uncompared_optimizer_is_said_and_keeps_the_diagnosis_below_high(tmp_
 def test_lightning_loop_event_counters_are_not_state_but_completed_counters_are() -> None:
     """A Lightning resume from an end-of-epoch checkpoint leaves ``epoch_progress``'s
     ready/started one behind the uninterrupted run's (fresh-clone CI: a clean drill failed)."""
-    from ckptkit.drill.compare import EVENT_COUNTERS
+    from ckptkit.drill.endstate import EVENT_COUNTERS
 
     assert EVENT_COUNTERS.match("loops/fit_loop/epoch_progress/total/ready")
     assert EVENT_COUNTERS.match("loops/fit_loop/epoch_loop.batch_progress/current/started")

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptkit.drill.compare import continuity, exposure, twin
+from ckptkit.drill.compare import twin
+from ckptkit.drill.continuity import continuity
 from ckptkit.drill.diagnose import WORKERS_RNG, diagnose
+from ckptkit.drill.exposure import exposure
 
 W, N = 6, 6
 FWD = "forward"

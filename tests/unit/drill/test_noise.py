@@ -13,16 +13,9 @@ from pathlib import Path
 import torch
 
 import ckptkit
-from ckptkit.drill.compare import (
-    F32_EPS,
-    FLOOR_ULPS,
-    NoiseFloor,
-    control_noise,
-    differing_generators,
-    end_state,
-    noise_floor,
-    twin,
-)
+from ckptkit.drill.compare import F32_EPS, FLOOR_ULPS, NoiseFloor, twin
+from ckptkit.drill.endstate import end_state
+from ckptkit.drill.noisefloor import control_noise, differing_generators, noise_floor
 
 W, N = 4, 6
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ckptkit.cli.render.drill import _check_summary
-from ckptkit.drill.compare import exposure, row_evidence, twin
+from ckptkit.drill.compare import twin
 from ckptkit.drill.diagnose import WORKERS_RNG, diagnose
+from ckptkit.drill.exposure import exposure, row_evidence
 
 W, N = 4, 4
 

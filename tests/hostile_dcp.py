@@ -24,8 +24,7 @@ import torch
 
 import ckptkit.checkpoint.dcp
 from ckptkit import codes
-from ckptkit.storage import dcp_engine as store
-from ckptkit.storage import digest
+from ckptkit.storage import dcp_meta, digest
 
 MARKER = "PWNED"
 """A file no case may ever create beside the directory: its existence means pickled code ran."""
@@ -91,11 +90,11 @@ def recommit(d: Path) -> None:
 
 
 def metadata(d: Path) -> Any:
-    return store.loads_metadata((d / store.METADATA).read_bytes())
+    return dcp_meta.loads_metadata((d / dcp_meta.METADATA).read_bytes())
 
 
 def write_metadata(d: Path, md: Any) -> None:
-    (d / store.METADATA).write_bytes(pickle.dumps(md))
+    (d / dcp_meta.METADATA).write_bytes(pickle.dumps(md))
     recommit(d)
 
 

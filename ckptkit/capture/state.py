@@ -46,6 +46,7 @@ from ckptkit.format.ranks import (
     rank_of,
 )
 from ckptkit.storage import dcp_engine as dcp_store
+from ckptkit.storage import dcp_meta
 from ckptkit.storage.fs import Location
 
 log = logging.getLogger("ckptkit")
@@ -115,7 +116,7 @@ def manifests_to_read(root: mf.Manifest, rank: int) -> set[int] | None:
     states itself).
 
     With DCP storage the files a rank loads are known only once DCP has planned the load:
-    the load reads the rank manifests of those (:class:`ckptkit.storage.dcp_engine.Listed`), so
+    the load reads the rank manifests of those (:class:`ckptkit.storage.dcp_meta.Listed`), so
     they are not chosen here.
 
     Example:
@@ -176,7 +177,7 @@ def _restore_plan(root: mf.Manifest) -> _RestorePlan | None:
     if (own.get("dcp") or {}).get("keys"):
         if any(r.sizes is None for r in root.ranks):
             return None  # a root that does not record its files' sizes: the load needs them
-        prefix = dcp_store.DCP_DIR + "/"
+        prefix = dcp_meta.DCP_DIR + "/"
         dcp_only = {
             r.rank for r in root.ranks if r.files and all(p.startswith(prefix) for p in r.files)
         }
@@ -428,7 +429,7 @@ class TrainState:
         tree: dict[str, Any] = {}
         if dcp:
             keys = ["model"] + (["optimizer"] if self.optimizer is not None else [])
-            tree["dcp"] = {"dir": dcp_store.DCP_DIR, "keys": keys}
+            tree["dcp"] = {"dir": dcp_meta.DCP_DIR, "keys": keys}
         else:
             tree["model"] = self.model.state_dict()
         comps: dict[str, mf.Component] = {}

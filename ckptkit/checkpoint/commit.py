@@ -39,7 +39,7 @@ from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.ranks import PER_RANK, RANK_BUFFERS, RANK_STATE, RankManifest, RankRef, rank_key
 from ckptkit.storage import atomic, codec, fs
-from ckptkit.storage.dcp_engine import DCP_COMPONENT
+from ckptkit.storage.dcp_meta import DCP_COMPONENT
 from ckptkit.storage.fs import Location
 from ckptkit.storage.shards import (
     DEFAULT_SHARD_BYTES,

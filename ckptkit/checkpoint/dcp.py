@@ -13,7 +13,7 @@ or the wrappers :func:`save`, :func:`async_save` and :func:`load` (which also tu
 
 Writing. :class:`Writer` is DCP's own ``FileSystemWriter`` (its fsspec filesystem for a
 URL such as ``s3://``) whose filesystem hashes every stream as DCP writes it
-(:class:`ckptkit.storage.dcp_engine.HashingFileSystem`): each rank knows the xxh3-128 and size
+(:class:`ckptkit.storage.dcp_write.HashingFileSystem`): each rank knows the xxh3-128 and size
 of its ``.distcp`` files when the last byte is written, nothing is read back. The digests
 travel to the coordinator with DCP's own write results; after DCP has written
 ``.metadata``, the coordinator commits ``ckptkit-manifest.json`` (:data:`MANIFEST_NAME`)
@@ -57,7 +57,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format import signing
 from ckptkit.storage import dcp_engine as store
-from ckptkit.storage import fs
+from ckptkit.storage import dcp_errors, dcp_items, dcp_meta, dcp_write, fs
 from ckptkit.storage.fs import Location
 
 MANIFEST_NAME = mf.ADOPTED_SUFFIX
@@ -121,7 +121,7 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
     ) -> None:
         loc = fs.location(path)
         super().__init__(fs.url(loc), **kwargs)
-        self.path, self.hashing = store.hashing_filesystem(loc)
+        self.path, self.hashing = dcp_write.hashing_filesystem(loc)
         """DCP's filesystem (local or fsspec), hashing every file written (``digests``)."""
         self.fs = cast(Any, self.hashing)
         self.key = signing.resolve_key(key)
@@ -165,7 +165,7 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
         # without its manifest by a save that died as an uncommitted ckptkit.dcp save.
         meta = super().storage_meta()
         if meta is not None:
-            meta.modules = [*meta.modules, store.MARK]
+            meta.modules = [*meta.modules, dcp_meta.MARK]
         return meta
 
     def prepare_local_plan(self, plan: Any) -> Any:
@@ -214,7 +214,7 @@ class Writer(FileSystemWriter):  # type: ignore[misc]
                     )
                 files[name] = (wr.file_xxh3_128, wr.file_size)
         super().finish(metadata, results)
-        files[store.METADATA] = self.hashing.digests[store.METADATA]
+        files[dcp_meta.METADATA] = self.hashing.digests[dcp_meta.METADATA]
         self.manifest = commit(
             self.location, files, key=self.key, step=self.step, lookahead=self.lookahead
         )
@@ -314,7 +314,7 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
         return cast(Location, self._dir)
 
     @property
-    def listed(self) -> store.Listed:
+    def listed(self) -> dcp_meta.Listed:
         """The manifest's files (after DCP read the metadata), by name."""
         return self._listed
 
@@ -334,7 +334,7 @@ class Reader(_VerifyingReader):  # type: ignore[misc,valid-type]
             # the error itself stays here for :func:`load` (and any caller) to raise.
             self.refusal = e
             raise
-        self.manifest, self._metadata, self._listed = man, md, store.Listed.whole(listed)
+        self.manifest, self._metadata, self._listed = man, md, dcp_meta.Listed.whole(listed)
         return super().read_metadata(*args)
 
     @classmethod
@@ -353,7 +353,7 @@ def open_checked(
 
     The manifest (present: committed; signed with ``key`` when one is given), its file
     list, ``.metadata`` (listed, digest-checked, unpickled with the allow-list) and the
-    coverage of every item by a listed file (:func:`ckptkit.storage.dcp_engine.coverage`).
+    coverage of every item by a listed file (:func:`ckptkit.storage.dcp_items.coverage`).
 
     Returns:
         ``(manifest, .metadata, {file name: its entry})``.
@@ -363,8 +363,8 @@ def open_checked(
     """
     man = manifest_io.read_path(where / MANIFEST_NAME, key=key)
     listed = {fe.path: fe for fe in mf.adopted_files(man, path=MANIFEST_NAME)}
-    md = store.read_metadata_file(where / store.METADATA, listed.get(store.METADATA), rel=store.METADATA)
-    problems = store.coverage(md, listed, prefix="")
+    md = dcp_meta.read_metadata_file(where / dcp_meta.METADATA, listed.get(dcp_meta.METADATA), rel=dcp_meta.METADATA)
+    problems = dcp_items.coverage(md, listed, prefix="")
     if problems:
         raise problems[0]
     return man, md, listed
@@ -417,7 +417,7 @@ def check(path: str | os.PathLike[str], *, key: bytes | str | None = None) -> mf
     problems = [
         *read.file_problems,
         *read.problems,
-        *store.coverage(md, listed, prefix="", item_bytes=read.item_bytes),
+        *dcp_items.coverage(md, listed, prefix="", item_bytes=read.item_bytes),
     ]
     if problems:
         raise problems[0]
@@ -450,7 +450,7 @@ def save(
         3
     """
     writer = Writer(path, key=key, step=step, lookahead=lookahead, **writer_kwargs)
-    with store.translated("DCP save"), store.quiet():
+    with dcp_errors.translated("DCP save"), dcp_errors.quiet():
         _dcp.save(state_dict, storage_writer=writer, process_group=process_group)
     return writer.manifest
 
@@ -486,7 +486,7 @@ def async_save(
         4
     """
     writer = Writer(path, key=key, step=step, lookahead=lookahead, **writer_kwargs)
-    with store.translated("DCP async save"), store.quiet():
+    with dcp_errors.translated("DCP async save"), dcp_errors.quiet():
         return _dcp.async_save(state_dict, storage_writer=writer, process_group=process_group)
 
 
@@ -520,7 +520,7 @@ def load(
     """
     reader = Reader(path, key=key)
     try:
-        with store.translated("DCP load"), store.quiet():
+        with dcp_errors.translated("DCP load"), dcp_errors.quiet():
             _dcp.load(
                 state_dict,
                 storage_reader=reader,

@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - older torch: the stdlib tables it adap
 from ckptkit import codes
 from ckptkit.errors import CkptkitError, IntegrityError
 from ckptkit.format.dtypes import DTYPES
-from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import dcp_meta
 from ckptkit.storage import tensors as st
 
 ZIP_CHUNK = 1 << 20
@@ -588,7 +588,7 @@ def loads_dcp_metadata(data: bytes) -> tuple[Any, Problem | None]:
     if len(data) > MAX_PICKLE_BYTES:
         return None, Problem(codes.F108, f"{len(data)} bytes: absurdly large metadata")
     try:
-        return dcp.loads_metadata(data), None
+        return dcp_meta.loads_metadata(data), None
     except pickle.UnpicklingError as e:
         if "not allowed" in str(e):
             return None, Problem(codes.F103, f"{e}; not executed")

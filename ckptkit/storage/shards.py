@@ -30,8 +30,7 @@ from ckptkit.collective import Collective
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import codec, fs, remote, tensors
-from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import codec, dcp_meta, dcp_write, fs, remote, tensors
 from ckptkit.storage.fs import Location
 
 DEFAULT_SHARD_BYTES = 2 << 30
@@ -280,16 +279,18 @@ class DcpShards:
     process_group: Any = None
 
     def write(self, tmp: Location, coll: Collective) -> RankFiles:
-        hashed = dcp.save(self.state_dict, tmp, fsync=self.fsync, process_group=self.process_group)
+        hashed = dcp_write.save(
+            self.state_dict, tmp, fsync=self.fsync, process_group=self.process_group
+        )
         out = RankFiles()
-        for rel in dcp.files_of(tmp, coll.rank):
+        for rel in dcp_write.files_of(tmp, coll.rank):
             hexd, size = hashed[rel.split("/", 1)[1]]  # hashed on the way out, never read back
             out.files.append(
                 mf.FileEntry(
                     path=rel,
                     size=size,
                     xxh3_128=hexd,
-                    component=dcp.DCP_COMPONENT,
+                    component=dcp_meta.DCP_COMPONENT,
                     rank=coll.rank if coll.world_size > 1 else None,
                 )
             )

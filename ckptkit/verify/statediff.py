@@ -60,7 +60,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import digest as content_digest
 from ckptkit.format import manifest as mf
 from ckptkit.storage import dcp_engine as dcp_store
-from ckptkit.storage import digest, fs
+from ckptkit.storage import dcp_meta, digest, fs
 from ckptkit.storage.atomic import MANIFEST_NAME
 from ckptkit.verify.foreign.distcp import item_path
 from ckptkit.verify.foreign.loads import file_load
@@ -349,7 +349,7 @@ def _read(path: str | Path, *, key: bytes | None) -> _State:
         raise wrong
     if fs.kind(loc / MANIFEST_NAME) == "file":
         return _read_native(loc, key=key)
-    if fs.kind(loc / dcp_store.METADATA) == "file":
+    if fs.kind(loc / dcp_meta.METADATA) == "file":
         return _read_dcp_dir(loc, key=key)
     p = Path(str(path))
     if detect(p) is None:
@@ -371,8 +371,8 @@ def _read_native(loc: fs.Location, *, key: bytes | None) -> _State:
         return st
     if isinstance(tree.get("dcp"), Mapping):
         # TrainState(storage="dcp"): model and optimizer lie in dcp/, listed in the manifest.
-        md = dcp_store.read_metadata(loc, m)
-        st.parts.update(_dcp_parts(dcp_store.read_state(loc / dcp_store.DCP_DIR, md, dcp_store.entries(m)), md))
+        md = dcp_meta.read_metadata(loc, m)
+        st.parts.update(_dcp_parts(dcp_store.read_state(loc / dcp_meta.DCP_DIR, md, dcp_meta.entries(m)), md))
     for top, node in tree.items():
         if top == "dcp":
             continue
@@ -407,8 +407,8 @@ def _read_dcp_dir(loc: fs.Location, *, key: bytes | None) -> _State:
         p = Path(str(loc))
         report = _verified(p, key=key)
         listed = _listing(p)
-        md = dcp_store.read_metadata_file(
-            loc / dcp_store.METADATA, listed.get(dcp_store.METADATA), rel=dcp_store.METADATA
+        md = dcp_meta.read_metadata_file(
+            loc / dcp_meta.METADATA, listed.get(dcp_meta.METADATA), rel=dcp_meta.METADATA
         )
         st = _State(str(loc), "dcp", report.detected_step)
     st.parts.update(_dcp_parts(dcp_store.read_state(loc, md, listed, prefix=""), md))
@@ -421,7 +421,7 @@ def _listing(d: Path, *, prefix: str = "") -> dict[str, mf.FileEntry]:
     checkpoint, for the paths errors name)."""
     out: dict[str, mf.FileEntry] = {}
     for f in sorted(d.iterdir()):
-        if f.name == dcp_store.METADATA or f.name.endswith(".distcp"):
+        if f.name == dcp_meta.METADATA or f.name.endswith(".distcp"):
             hexd, size = digest.hash_file(f)
             out[f.name] = mf.FileEntry(path=f"{prefix}{f.name}", size=size, xxh3_128=hexd)
     return out
@@ -493,9 +493,9 @@ def _read_foreign(p: Path, *, key: bytes | None) -> _State:
         # Accelerate): its items by their own component names, placed under its folder.
         d = s.target / sub
         listed = _listing(d, prefix=f"{sub}/")
-        md = dcp_store.read_metadata_file(
-            fs.location(d / dcp_store.METADATA), listed.get(dcp_store.METADATA),
-            rel=f"{sub}/{dcp_store.METADATA}",
+        md = dcp_meta.read_metadata_file(
+            fs.location(d / dcp_meta.METADATA), listed.get(dcp_meta.METADATA),
+            rel=f"{sub}/{dcp_meta.METADATA}",
         )
         state = dcp_store.read_state(fs.location(d), md, listed, prefix=sub)
         for comp, leaves in _dcp_parts(state, md).items():
@@ -507,14 +507,14 @@ def _dcp_dirs(s: Scan) -> list[str]:
     """The folders inside a checkpoint folder that hold a DCP ``.metadata``."""
     return sorted({
         str(PurePosixPath(rel).parent) for rel in s.files
-        if PurePosixPath(rel).name == dcp_store.METADATA and "/" in rel
+        if PurePosixPath(rel).name == dcp_meta.METADATA and "/" in rel
     })
 
 
 def _in_dcp_dir(s: Scan, rel: str) -> bool:
     """Whether ``rel`` is a DCP file (read only item by item, never as one torch file)."""
     name = PurePosixPath(rel).name
-    return name == dcp_store.METADATA or name.endswith(".distcp")
+    return name == dcp_meta.METADATA or name.endswith(".distcp")
 
 
 def _claims(s: Scan) -> list[tuple[str, str]]:

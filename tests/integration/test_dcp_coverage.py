@@ -5,7 +5,7 @@ an item past the end of its shard (``CK-F106``), a shard the manifest does not l
 (``CK-F021``) or a non-tensor item that needs a global to unpickle (``CK-F023``). With such
 a checkpoint as the newest step (its manifest digest recomputed, as an attacker with no key
 can), ``ls --verify`` called every step verified, ``prune --keep-last 1`` deleted the older
-ones and restore found nothing. Both now ask ``ckptkit.storage.dcp_engine.coverage``; each test
+ones and restore found nothing. Both now ask ``ckptkit.storage.dcp_items.coverage``; each test
 runs both on one hostile step and asserts they agree, then restore loads the previous step
 bitwise.
 """
@@ -211,13 +211,13 @@ def test_verify_parses_the_metadata_once_and_restore_once_more(
     """``.metadata`` holds W x T chunks at scale (seconds per parse): a verify parses it once
     for every check that needs it, and a restore parses it once for its checks and once
     for the DCP load."""
-    from ckptkit.storage import dcp_engine as store
+    from ckptkit.storage import dcp_meta
     from ckptkit.verify.runner import verify_one
 
     run, saved = dcp_run
     parses: list[int] = []
-    real = store.loads_metadata
-    monkeypatch.setattr(store, "loads_metadata", lambda data: parses.append(len(data)) or real(data))
+    real = dcp_meta.loads_metadata
+    monkeypatch.setattr(dcp_meta, "loads_metadata", lambda data: parses.append(len(data)) or real(data))
     assert not verify_one(run / "step-00000030").errors
     assert len(parses) == 1
     parses.clear()

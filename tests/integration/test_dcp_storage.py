@@ -28,8 +28,7 @@ import ckptkit.checkpoint.lookahead
 from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format.digest import hexdigest_bytes
-from ckptkit.storage import dcp_engine as store
-from ckptkit.storage import digest
+from ckptkit.storage import dcp_write, digest
 
 KEY = b"a-key-of-sixteen-bytes-or-more"
 
@@ -49,7 +48,7 @@ def test_writer_hashes_in_the_same_pass_and_commits_the_manifest_last(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opened: list[str] = []
-    real = store.HashingFileSystem.create_stream
+    real = dcp_write.HashingFileSystem.create_stream
 
     def spy(self: Any, path: Any, mode: str) -> Any:
         opened.append(mode)
@@ -58,7 +57,7 @@ def test_writer_hashes_in_the_same_pass_and_commits_the_manifest_last(
     def no_read_back(*a: Any, **k: Any) -> Any:
         raise AssertionError("the writer read a file back to hash it")
 
-    monkeypatch.setattr(store.HashingFileSystem, "create_stream", spy)
+    monkeypatch.setattr(dcp_write.HashingFileSystem, "create_stream", spy)
     monkeypatch.setattr(digest, "hash_file", no_read_back)
     d = tmp_path / "step-7"
     with warnings.catch_warnings():

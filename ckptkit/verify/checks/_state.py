@@ -31,8 +31,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
-from ckptkit.storage import dcp_engine as dcp
-from ckptkit.storage import fs, remote, shards
+from ckptkit.storage import dcp_meta, fs, remote, shards
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
@@ -159,18 +158,18 @@ def manifest(ctx: CheckContext) -> mf.Manifest:
 
 
 def dcp_metadata(ctx: CheckContext) -> Any:
-    """The native checkpoint's DCP ``.metadata`` as :func:`ckptkit.storage.dcp_engine.read_metadata`
+    """The native checkpoint's DCP ``.metadata`` as :func:`ckptkit.storage.dcp_meta.read_metadata`
     returns it (listed, digest-checked, unpickled with the allow-list), or the error that
     refused it: read once per verify, for every check that needs it (at thousands of ranks
     it holds W x T chunks, and each parse costs seconds)."""
 
     def read() -> Any:
         try:
-            return dcp.read_metadata(ctx.root, manifest(ctx))
+            return dcp_meta.read_metadata(ctx.root, manifest(ctx))
         except CkptkitError as e:
             return e
         except OSError as e:  # unreadable now: the file scan reports it with its code
-            return codes.read_error(e, path=dcp.METADATA_REL)
+            return codes.read_error(e, path=dcp_meta.METADATA_REL)
 
     return ctx.memo("dcp.metadata", read)
 

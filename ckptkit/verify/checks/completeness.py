@@ -16,7 +16,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
 from ckptkit.storage import fs
-from ckptkit.storage.dcp_engine import DCP_DIR, METADATA
+from ckptkit.storage.dcp_meta import DCP_DIR, METADATA
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, WARNING, Finding, check

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from ckptkit import codes
 from ckptkit.codes import UNREADABLE
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import atomic, fs
-from ckptkit.storage import dcp_engine as dcp
+from ckptkit.storage import atomic, dcp_items, dcp_meta, fs
 from ckptkit.verify.checks import _state as st
 from ckptkit.verify.context import CheckContext
 from ckptkit.verify.findings import CODES, ERROR, Finding, check
@@ -183,7 +182,7 @@ def outside(ctx: CheckContext) -> Iterator[Finding]:
 
 
 # --- DCP storage ---------------------------------------------------------------------------
-# What the DCP reader refuses, verify refuses: both ask dcp.coverage, once per checkpoint
+# What the DCP reader refuses, verify refuses: both ask dcp_items.coverage, once per checkpoint
 # here, and each check below reports the problems of its own code.
 
 
@@ -200,32 +199,32 @@ def _dcp_coverage(ctx: CheckContext) -> list[CkptkitError]:
     m = ctx.manifest
     assert m is not None
     scans = ctx.scan_all()
-    scan = scans.get(dcp.METADATA_REL)
+    scan = scans.get(dcp_meta.METADATA_REL)
     if scan is None or scan.digest != scan.entry.xxh3_128:
         return []  # unlisted (CK-F021 below) or damaged (file findings): never parsed
     md = st.dcp_metadata(ctx)
     if isinstance(md, CkptkitError):
         return [md]
 
-    def proven_bytes(it: dcp.Item) -> bytes | None:
+    def proven_bytes(it: dcp_items.Item) -> bytes | None:
         s = scans.get(it.rel)
         if s is None or s.digest is None or s.digest != s.entry.xxh3_128:
             return None
         try:
-            return dcp.read_item(ctx.root, it)
+            return dcp_items.read_item(ctx.root, it)
         except OSError:
             return None  # read a moment ago; the load re-checks these bytes anyway
         except CkptkitError:
             return None  # swapped since the scan: the load refuses it with this finding
 
-    return dcp.coverage(md, dcp.entries(m), item_bytes=proven_bytes)
+    return dcp_items.coverage(md, dcp_meta.entries(m), item_bytes=proven_bytes)
 
 
 def _dcp_findings(ctx: CheckContext, code: str) -> Iterator[Finding]:
     for e in _dcp_problems(ctx):
         if e.code == code:
             yield CODES[code].finding(
-                e.what, path=str(e.path) if e.path is not None else dcp.METADATA_REL
+                e.what, path=str(e.path) if e.path is not None else dcp_meta.METADATA_REL
             )
 
 
@@ -235,12 +234,12 @@ def dcp_metadata_listed(ctx: CheckContext) -> Iterator[Finding]:
     m = ctx.manifest
     assert m is not None
     claims = isinstance(m.tree, dict) and isinstance(m.tree.get("dcp"), dict)
-    if claims and m.file(dcp.METADATA_REL) is None:
+    if claims and m.file(dcp_meta.METADATA_REL) is None:
         yield CODES[codes.F021].finding(
             "the state tree says model/optimizer are stored with DCP, but "
-            f"{dcp.METADATA_REL} is not listed: a load would have to read an "
+            f"{dcp_meta.METADATA_REL} is not listed: a load would have to read an "
             "unlisted file, and refuses to",
-            path=dcp.METADATA_REL,
+            path=dcp_meta.METADATA_REL,
         )
     yield from _dcp_findings(ctx, codes.F021)
 

@@ -32,7 +32,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import digest
 from ckptkit.format import manifest as mf
 from ckptkit.storage import dcp_engine as dcp
-from ckptkit.storage import fs
+from ckptkit.storage import dcp_items, dcp_meta, dcp_shard, fs
 from ckptkit.verify.foreign.scan import ADOPTED_SUFFIX, Scan
 from ckptkit.verify.foreign.structure import Lazy, TensorMeta
 from ckptkit.verify.foreign.torch_save import scan_tree
@@ -45,7 +45,7 @@ def scan(s: Scan) -> None:
 
     With an adopted manifest (``ckptkit adopt``'s, or the one :mod:`ckptkit.dcp` commits)
     the directory is read as ``ckptkit.dcp.check`` reads it: ``.metadata`` listed and
-    digest-checked (:func:`ckptkit.storage.dcp_engine.read_metadata_file`), coverage against the
+    digest-checked (:func:`ckptkit.storage.dcp_meta.read_metadata_file`), coverage against the
     manifest's list, every shard read once with each item parsed and held to its chunk
     (:func:`ckptkit.storage.dcp_engine.check_shards`); so verify, ``check`` and a load refuse the
     same directories with the same codes. Without one, coverage is held to the files
@@ -70,7 +70,7 @@ def scan(s: Scan) -> None:
     if md is None:
         return
     unmanifested = listing is None and not os.path.lexists(s.target / ADOPTED_SUFFIX)
-    if unmanifested and dcp.written_here(md):
+    if unmanifested and dcp_meta.written_here(md):
         s.add(
             codes.M001,
             f"written by ckptkit.dcp, but its manifest ({ADOPTED_SUFFIX}) is missing: the "
@@ -78,7 +78,7 @@ def scan(s: Scan) -> None:
             path=ADOPTED_SUFFIX,
         )
     try:
-        lay = dcp.layout(md, prefix="")
+        lay = dcp_items.layout(md, prefix="")
         sd_meta, planner = _walk(md)
     except (AttributeError, TypeError, ValueError, KeyError) as e:
         s.add(
@@ -93,14 +93,16 @@ def scan(s: Scan) -> None:
     # What .metadata asks a load to read, held to the manifest's list (or, with none, to
     # the files present): the one coverage rule of every DCP reader.
     files = (
-        dcp.Listed.whole(listing)
+        dcp_meta.Listed.whole(listing)
         if listing is not None
-        else dcp.Listed.directory({f: s.path(f).stat().st_size for f in s.files if s.readable(f)})
+        else dcp_meta.Listed.directory(
+            {f: s.path(f).stat().st_size for f in s.files if s.readable(f)}
+        )
     )
     bad_files = {
         ent.name
         for ent in entries
-        if dcp.entry_problem(ent, files.sizes, unlisted=files.unlisted) is not None
+        if dcp_items.entry_problem(ent, files.sizes, unlisted=files.unlisted) is not None
     }
     named = {ent.name for ent in entries}
     s.unrecognised(
@@ -108,7 +110,7 @@ def scan(s: Scan) -> None:
     )
 
     # The state dict's tree, with tensors known by metadata and small items read lazily.
-    first: dict[str, dcp.Item] = {}
+    first: dict[str, dcp_items.Item] = {}
     for ent in entries:
         first.setdefault(ent.fqn, ent)
     reader = _Reader(s, bad_files)
@@ -128,7 +130,7 @@ def scan(s: Scan) -> None:
     model_keys = _keys_of(s, "model")
     opt_keys = _keys_of(s, "optimizer")
 
-    def component(ent: dcp.Item) -> tuple[str | None, tuple[Any, ...]]:
+    def component(ent: dcp_items.Item) -> tuple[str | None, tuple[Any, ...]]:
         path = item_path(ent.fqn, planner)
         if _under(path, model_keys):
             return "model", path
@@ -138,18 +140,21 @@ def scan(s: Scan) -> None:
         # Each listed shard read once, as check reads it: its digest for the file check
         # (no second read), every tensor parsed and held to its chunk (and scanned for
         # NaN/Inf), every non-tensor item parsed once its shard's digest matched.
-        def scan_value(ent: dcp.Item, t: torch.Tensor) -> None:
+        def scan_value(ent: dcp_items.Item, t: torch.Tensor) -> None:
             comp, path = component(ent)
             if comp is not None and s.scan_values:
                 reader.scan(comp, path, t)
 
         read = dcp.check_shards(
-            fs.location(s.root), md, dcp.Listed.whole(listing), prefix="", on_tensor=scan_value
+            fs.location(s.root), md, dcp_meta.Listed.whole(listing), prefix="", on_tensor=scan_value
         )
         s.digests.update(read.digests)  # file problems: the file check reports them
-        found = [*read.problems, *dcp.coverage(md, files, prefix="", item_bytes=read.item_bytes)]
+        found = [
+            *read.problems,
+            *dcp_items.coverage(md, files, prefix="", item_bytes=read.item_bytes),
+        ]
     else:
-        found = dcp.coverage(md, files, prefix="")
+        found = dcp_items.coverage(md, files, prefix="")
     for problem in found:
         s.add(
             problem.code or codes.F108,
@@ -161,7 +166,7 @@ def scan(s: Scan) -> None:
 
     # Values: per-item CRCs and NaN/Inf in model/optimizer tensors, each shard read once
     # and hashed in the same pass.
-    wanted: dict[str, list[tuple[dcp.Item, str, tuple[Any, ...]]]] = {}
+    wanted: dict[str, list[tuple[dcp_items.Item, str, tuple[Any, ...]]]] = {}
     for ent in entries:
         if ent.name in bad_files:
             continue
@@ -177,13 +182,13 @@ def scan(s: Scan) -> None:
 
 
 def _metadata(s: Scan, listing: dict[str, mf.FileEntry] | None) -> Any:
-    """``.metadata``, unpickled with the allow-list and bounded (:func:`ckptkit.storage.dcp_engine.
+    """``.metadata``, unpickled with the allow-list and bounded (:func:`ckptkit.storage.dcp_meta.
     loads_metadata`): with an adopted ``listing``, only once it is listed and its digest
     matched, as every reader opens it. None (with a finding) when it cannot be used."""
     problem: safeload.Problem | None
     if listing is not None:
         try:
-            md = dcp.read_metadata_file(fs.location(s.path(META)), listing.get(META), rel=META)
+            md = dcp_meta.read_metadata_file(fs.location(s.path(META)), listing.get(META), rel=META)
         except CkptkitError as e:
             if e.code not in _FILE_CHECK:  # those the file check reports, once
                 s.add(e.code or codes.F108, e.what, path=META)
@@ -223,10 +228,10 @@ class _Reader:
         self._s = s
         self._bad = bad_files
 
-    def reader(self, ent: dcp.Item) -> Any:
+    def reader(self, ent: dcp_items.Item) -> Any:
         return lambda: self.read(ent, component="checkpoint", critical=False)
 
-    def read(self, ent: dcp.Item, *, component: str, critical: bool = True) -> Any:
+    def read(self, ent: dcp_items.Item, *, component: str, critical: bool = True) -> Any:
         s, rel, fqn = self._s, ent.rel, ent.fqn
         if ent.name in self._bad or ent.descriptors:
             raise ValueError("item not readable")
@@ -239,8 +244,8 @@ class _Reader:
             return None
         return self.parse(ent, blob, component=component, critical=critical)
 
-    def scan_shard(self, rel: str, todo: list[tuple[dcp.Item, str, tuple[Any, ...]]]) -> None:
-        """Read shard ``rel`` once, in file order (:class:`ckptkit.storage.dcp_engine.Shard`, the
+    def scan_shard(self, rel: str, todo: list[tuple[dcp_items.Item, str, tuple[Any, ...]]]) -> None:
+        """Read shard ``rel`` once, in file order (:class:`ckptkit.storage.dcp_shard.Shard`, the
         reader ``ckptkit.dcp`` loads and checks with): scan the values of ``todo``'s items
         for NaN/Inf as their bytes go by, and keep the file's digest (:attr:`Scan.digests`)
         for the adopted manifest's check, so no byte is read twice.
@@ -252,7 +257,7 @@ class _Reader:
         todo = sorted(todo, key=lambda t: (t[0].offset, t[0].length))
         done = 0
         try:
-            with dcp.open_shard(s.path(rel), rel=rel, expected_size=None) as shard:
+            with dcp_shard.open_shard(s.path(rel), rel=rel, expected_size=None) as shard:
                 for ent, comp, path in todo:
                     blob = bytearray(ent.length)
                     shard.read_into(ent.offset, memoryview(blob))
@@ -268,7 +273,9 @@ class _Reader:
         if isinstance(obj, torch.Tensor):
             self._s.scan_tensor(comp, "/".join(str(p) for p in path), obj)
 
-    def parse(self, ent: dcp.Item, blob: bytes, *, component: str, critical: bool = True) -> Any:
+    def parse(
+        self, ent: dcp_items.Item, blob: bytes, *, component: str, critical: bool = True
+    ) -> Any:
         """One item's bytes: zip CRCs checked, then ``torch.load(weights_only=True)``."""
         s, rel, fqn = self._s, ent.rel, ent.fqn
         if blob[:4] == b"PK\x03\x04":
@@ -323,7 +330,7 @@ class _Reader:
 
 def _walk(md: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the component scan needs from ``.metadata`` beyond its storage entries
-    (:func:`ckptkit.storage.dcp_engine.layout`, which checked the structure first).
+    (:func:`ckptkit.storage.dcp_items.layout`, which checked the structure first).
 
     Returns:
         ``({fqn: (shape, dtype) for a tensor, else None}, planner_data)``.

@@ -1,4 +1,4 @@
-"""``ckptkit.storage.dcp_engine.coverage``: each thing a DCP load refuses, as one finding code.
+"""``ckptkit.storage.dcp_items.coverage``: each thing a DCP load refuses, as one finding code.
 
 The reader raises the first problem before DCP plans a read and native verify reports
 each (``tests/integration/test_dcp_coverage.py`` runs both on hostile checkpoints); here
@@ -18,8 +18,7 @@ import torch
 
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
-from ckptkit.storage import dcp_engine as dcp
-from ckptkit.storage import digest
+from ckptkit.storage import dcp_items, dcp_meta, dcp_write, digest
 
 
 class _Payload:
@@ -32,12 +31,12 @@ def saved(tmp_path: Path) -> tuple[Path, Any, dict[str, mf.FileEntry]]:
     """A one-process DCP save of a tensor and a plain value, its metadata and listing."""
     import torch.distributed.checkpoint as dcp_api
 
-    dcp.save({"w": torch.arange(6.0), "extra": {"lr": 0.5}}, tmp_path, fsync=False)
-    d = tmp_path / dcp.DCP_DIR
+    dcp_write.save({"w": torch.arange(6.0), "extra": {"lr": 0.5}}, tmp_path, fsync=False)
+    d = tmp_path / dcp_meta.DCP_DIR
     listed = {}
     for p in d.iterdir():
         hexd, size = digest.hash_file(p)
-        listed[p.name] = mf.FileEntry(path=f"{dcp.DCP_DIR}/{p.name}", size=size, xxh3_128=hexd)
+        listed[p.name] = mf.FileEntry(path=f"{dcp_meta.DCP_DIR}/{p.name}", size=size, xxh3_128=hexd)
     md = dcp_api.FileSystemReader(str(d)).read_metadata()
     return tmp_path, md, listed
 
@@ -56,11 +55,11 @@ def test_an_intact_save_has_no_problem_and_its_values_parse(saved: Any) -> None:
     root, md, listed = saved
     read: list[str] = []
 
-    def item_bytes(it: dcp.Item) -> bytes:
+    def item_bytes(it: dcp_items.Item) -> bytes:
         read.append(it.fqn)
-        return dcp.read_item(root, it)
+        return dcp_items.read_item(root, it)
 
-    assert dcp.coverage(md, listed, item_bytes=item_bytes) == []
+    assert dcp_items.coverage(md, listed, item_bytes=item_bytes) == []
     assert read == ["extra.lr"]  # only non-tensor items are parsed
 
 
@@ -84,22 +83,22 @@ def test_a_hostile_storage_entry_is_refused_with_its_code(
     saved: Any, change: dict[str, Any], code: str
 ) -> None:
     _root, md, listed = saved
-    assert _codes(dcp.coverage(_replace(md, "w", **change), listed)) == [code]
+    assert _codes(dcp_items.coverage(_replace(md, "w", **change), listed)) == [code]
 
 
 def test_an_item_without_storage_is_refused(saved: Any) -> None:
     _root, md, listed = saved
     idx = next(k for k in md.storage_data if k.fqn == "w")
     del md.storage_data[idx]
-    problems = dcp.coverage(md, listed)
+    problems = dcp_items.coverage(md, listed)
     assert _codes(problems) == ["CK-F105"] and "w" in problems[0].what
 
 
 def test_metadata_of_another_structure_is_damage(saved: Any) -> None:
     _root, md, listed = saved
-    assert _codes(dcp.coverage(torch.Size([3]), listed)) == ["CK-F108"]
+    assert _codes(dcp_items.coverage(torch.Size([3]), listed)) == ["CK-F108"]
     md.storage_data = [1, 2]
-    assert _codes(dcp.coverage(md, listed)) == ["CK-F108"]
+    assert _codes(dcp_items.coverage(md, listed)) == ["CK-F108"]
 
 
 @pytest.mark.parametrize(
@@ -117,7 +116,7 @@ def test_a_non_tensor_item_parses_as_the_reader_parses_it(
         buf = io.BytesIO()
         torch.save({"lr": blob}, buf)
         data = buf.getvalue()
-    problems = dcp.coverage(md, listed, item_bytes=lambda it: data if it.byte_io else None)
+    problems = dcp_items.coverage(md, listed, item_bytes=lambda it: data if it.byte_io else None)
     assert _codes(problems) == [code], problems
     with pytest.raises(CkptkitError, match=code):  # the reader's own parse, the same verdict
-        dcp.load_byte_item(data, fqn="extra.lr", rel="dcp/x.distcp")
+        dcp_items.load_byte_item(data, fqn="extra.lr", rel="dcp/x.distcp")

@@ -1,4 +1,4 @@
-"""``ckptkit.storage.dcp_engine.Listed`` and who checks the shards a load did not read.
+"""``ckptkit.storage.dcp_meta.Listed`` and who checks the shards a load did not read.
 
 A restoring rank's manifest may hold the entries of some ranks only; the DCP load asks
 for the entry of each file its plan reads, and the rank manifest listing it is read then
@@ -16,17 +16,17 @@ import pytest
 
 from ckptkit.format import manifest as mf
 from ckptkit.storage import dcp_engine as dcp
-from ckptkit.storage import fs
+from ckptkit.storage import dcp_meta, fs
 
 
-def _listed(asked: list[str], writers: dict[str, int] | None) -> dcp.Listed:
-    names = [f"__{r}_0.distcp" for r in range(12)] + [dcp.METADATA]
+def _listed(asked: list[str], writers: dict[str, int] | None) -> dcp_meta.Listed:
+    names = [f"__{r}_0.distcp" for r in range(12)] + [dcp_meta.METADATA]
 
     def entry(name: str) -> mf.FileEntry:
         asked.append(name)
         return mf.FileEntry(f"dcp/{name}", 3, "0" * 32)
 
-    return dcp.Listed(dict.fromkeys(names, 3), entry, writers)
+    return dcp_meta.Listed(dict.fromkeys(names, 3), entry, writers)
 
 
 def test_sizes_need_no_entry_and_an_entry_is_asked_for_once_used() -> None:
@@ -45,7 +45,7 @@ def test_each_unread_shard_is_checked_by_its_writer_modulo_the_world(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, world: int
 ) -> None:
     checked: dict[int, list[str]] = {}
-    writers = {f"__{r}_0.distcp": r for r in range(12)} | {dcp.METADATA: 0}
+    writers = {f"__{r}_0.distcp": r for r in range(12)} | {dcp_meta.METADATA: 0}
     for rank in range(world):
         asked: list[str] = []
         mine = checked.setdefault(rank, [])

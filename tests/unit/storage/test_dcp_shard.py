@@ -18,11 +18,10 @@ from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format.digest import hexdigest_bytes
-from ckptkit.storage import dcp_engine as dcp
-from ckptkit.storage import fs
+from ckptkit.storage import dcp_shard, fs
 
 
-def _counting(data: bytes) -> tuple[dcp.Shard, list[int]]:
+def _counting(data: bytes) -> tuple[dcp_shard.Shard, list[int]]:
     """A shard over ``data`` that counts the bytes it reads from its source."""
     read: list[int] = [0]
 
@@ -32,7 +31,7 @@ def _counting(data: bytes) -> tuple[dcp.Shard, list[int]]:
         read[0] += n
         return n
 
-    return dcp.Shard(read_at, len(data), rel="__0_0.distcp"), read
+    return dcp_shard.Shard(read_at, len(data), rel="__0_0.distcp"), read
 
 
 def _entry(data: bytes) -> mf.FileEntry:
@@ -43,8 +42,8 @@ def _entry(data: bytes) -> mf.FileEntry:
 def test_any_read_order_gives_the_files_bytes_and_digest(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dcp, "SHARD_CHUNK", 4096)  # many chunks per read
-    monkeypatch.setattr(dcp, "READ_GAP", 512)
+    monkeypatch.setattr(dcp_shard, "SHARD_CHUNK", 4096)  # many chunks per read
+    monkeypatch.setattr(dcp_shard, "READ_GAP", 512)
     rng = random.Random(seed)
     data = rng.randbytes(200_000)
     shard, read = _counting(data)
@@ -94,7 +93,7 @@ def test_a_file_cut_short_while_it_is_read_is_refused_not_a_crash(tmp_path: Path
     p = tmp_path / "__0_0.distcp"
     data = os.urandom(1 << 20)
     p.write_bytes(data)
-    with dcp.open_shard(fs.location(p), rel=p.name, expected_size=len(data)) as shard:
+    with dcp_shard.open_shard(fs.location(p), rel=p.name, expected_size=len(data)) as shard:
         os.truncate(p, len(data) // 2)
         with pytest.raises(CkptkitError) as e:
             shard.read_into(0, memoryview(bytearray(len(data))))
@@ -106,7 +105,7 @@ def test_the_manifests_size_is_checked_before_any_read(tmp_path: Path) -> None:
     p.write_bytes(b"x" * 100)
     with (
         pytest.raises(CkptkitError) as e,
-        dcp.open_shard(fs.location(p), rel=p.name, expected_size=101),
+        dcp_shard.open_shard(fs.location(p), rel=p.name, expected_size=101),
     ):
         pass
     assert e.value.code == codes.F002

@@ -4,7 +4,7 @@ Saves a checkpoint of ``--mb`` MB in ``--files`` shard files (or reuses ``--path
 times, cold (page cache evicted with posix_fadvise DONTNEED) and warm:
 
 * ``verify(path, workers=N)`` for each N of ``--workers`` (threads: what ships);
-* the same per-file scan (``ckptkit.storage.tensors.scan_file``, what a worker runs) on a
+* the same per-file scan (``ckptkit.storage.tensors_scan.scan_file``, what a worker runs) on a
   process pool of the largest N: the alternative the threads were chosen over;
 * with ``--torchrun K``, ``torchrun --nproc-per-node K -m ckptkit verify --torchrun``
   (the report's own seconds, so the launch and the imports are not counted).
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import ckptkit
-from ckptkit.storage import tensors
+from ckptkit.storage import tensors_scan
 
 
 def _files(path: Path) -> list[Path]:
@@ -59,7 +59,7 @@ def make(path: Path, mb: int, files: int) -> None:
 
 
 def _scan(p: Path) -> str:
-    return tensors.scan_file(p, compression=None, raw_size=None, rel=p.name, values=True)[0]
+    return tensors_scan.scan_file(p, compression=None, raw_size=None, rel=p.name, values=True)[0]
 
 
 def timed(fn: Callable[[], object], path: Path, *, cold: bool, reps: int) -> float:

@@ -7,7 +7,9 @@ reading, and lets a restore read straight into existing tensors (no extra copy o
 the state in RAM), which ``safetensors.torch.load_file`` cannot do.
 
 This module is also the byte layout both transports share. The local one is here
-(:func:`write_file`, :func:`read_file`: file descriptors, ``preadv``, O_DIRECT); the
+(:func:`write_file`, :func:`read_file`: file descriptors, ``preadv``, O_DIRECT through
+:mod:`ckptkit.storage.tensors_direct`; verify's one read of a file is
+:mod:`ckptkit.storage.tensors_scan`); the
 object-store one, :mod:`ckptkit.storage.remote`, moves the same bytes through uploads
 and range requests and builds on these, which are public for that reason:
 
@@ -28,14 +30,10 @@ import contextlib
 import errno
 import io
 import json
-import math
-import mmap
 import os
-import queue
 import struct
-import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -44,9 +42,10 @@ import numpy as np
 import torch
 
 from ckptkit import codes
-from ckptkit.errors import CkptkitError, IntegrityError, UnsafeInputError
+from ckptkit.errors import CkptkitError
 from ckptkit.format.dtypes import DTYPES, HeaderEntry, dtype_name
 from ckptkit.storage import codec, digest, files
+from ckptkit.storage.tensors_direct import DirectSink, use_direct_io
 
 if TYPE_CHECKING:
     from ckptkit.format.manifest import FileEntry
@@ -221,107 +220,6 @@ def write_file(
     return Written(size=size, digest=hexd, raw_size=raw_size, header=entries)
 
 
-DIRECT_MIN_BYTES = 64 << 20
-"""Files at least this large are written with O_DIRECT (when the platform has it)."""
-DIRECT_ALIGN = 4096
-DIRECT_BUF = 4 << 20
-"""Bytes per ``O_DIRECT`` write request."""
-DIRECT_WRITERS = 1
-"""``O_DIRECT`` write requests in flight per file (each its own thread and buffer)."""
-DIRECT_BUFS = 3
-"""Aligned buffers per file: one filling, the rest queued or being written."""
-
-
-def use_direct_io(nbytes: int) -> bool:
-    """Whether to bypass the page cache for a file of ``nbytes``.
-
-    Buffered writes plus fsync ran at 0.4-0.5 GB/s on the benchmark machine against
-    2.2-2.7 GB/s for O_DIRECT, because the kernel must first find and zero page-cache
-    memory. ``CKPTKIT_DIRECT_IO=0`` turns it off, ``=1`` forces it for every size.
-    """
-    if not hasattr(os, "O_DIRECT"):
-        return False
-    mode = os.environ.get("CKPTKIT_DIRECT_IO", "auto")
-    if mode == "0":
-        return False
-    return mode == "1" or nbytes >= DIRECT_MIN_BYTES
-
-
-class _DirectSink:
-    """Copy bytes into page-aligned buffers; helper threads write full ones with O_DIRECT.
-
-    Each full buffer is written at its own file offset (``pwrite``), so up to
-    :data:`DIRECT_WRITERS` requests are in flight at once.
-    """
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        nbufs = max(DIRECT_BUFS, DIRECT_WRITERS + 2)
-        self.bufs = [mmap.mmap(-1, DIRECT_BUF) for _ in range(nbufs)]
-        self.free: queue.Queue[int] = queue.Queue()
-        for i in range(1, nbufs):
-            self.free.put(i)
-        self.pool = ThreadPoolExecutor(DIRECT_WRITERS, thread_name_prefix="ckptkit-odirect")
-        self.futs: list[Future[None]] = []
-        self.cur = 0
-        self.pos = 0
-        self.size = 0
-        self.offset = 0
-        """File offset of the current buffer's first byte."""
-
-    def write(self, mv: memoryview) -> None:
-        while len(mv):
-            n = min(len(mv), DIRECT_BUF - self.pos)
-            self.bufs[self.cur][self.pos : self.pos + n] = mv[:n]
-            self.pos += n
-            self.size += n
-            mv = mv[n:]
-            if self.pos == DIRECT_BUF:
-                self._submit(DIRECT_BUF)
-                self.cur = self.free.get()  # the writers always hand buffers back
-                self._raise_done()
-                self.pos = 0
-
-    def _submit(self, nbytes: int) -> None:
-        self.futs.append(self.pool.submit(self._write_buf, self.cur, nbytes, self.offset))
-        self.offset += nbytes
-
-    def _write_buf(self, idx: int, nbytes: int, offset: int) -> None:
-        mv = memoryview(self.bufs[idx])[:nbytes]
-        try:
-            done = 0
-            while done < nbytes:
-                done += os.pwrite(self.fd, mv[done:], offset + done)
-        finally:
-            mv.release()
-            self.free.put(idx)
-
-    def _raise_done(self) -> None:
-        keep = []
-        for f in self.futs:
-            if f.done():
-                f.result()  # raises the writer's OSError (ENOSPC ...) here
-            else:
-                keep.append(f)
-        self.futs = keep
-
-    def finish(self) -> None:
-        """Write the padded tail, wait for every write, cut the file to its true size."""
-        if self.pos:
-            padded = -(-self.pos // DIRECT_ALIGN) * DIRECT_ALIGN
-            self.bufs[self.cur][self.pos : padded] = bytes(padded - self.pos)
-            self._submit(padded)
-        for f in self.futs:
-            f.result()
-        self.futs = []
-        os.ftruncate(self.fd, self.size)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        for b in self.bufs:
-            b.close()
-
-
 def _write_direct(
     path: Path,
     head: bytes,
@@ -332,7 +230,7 @@ def _write_direct(
     fsync: bool,
 ) -> Written:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
-    sink = _DirectSink(fd)
+    sink = DirectSink(fd)
     try:
         with digest.PipelinedHasher() as hasher:
             stream_file(head, items, hasher, sink.write, on_bytes)
@@ -346,7 +244,7 @@ def _write_direct(
     return Written(size=sink.size, digest=hexd, raw_size=raw_size, header=entries)
 
 
-class _HashingReader(io.RawIOBase):
+class HashingReader(io.RawIOBase):
     """Wrap a raw file: every byte read is hashed (used under the zstd reader)."""
 
     def __init__(self, f: BinaryIO, hasher: digest.PipelinedHasher) -> None:
@@ -558,7 +456,7 @@ def read_file(
                     hexd = hasher.hexdigest()
         else:
             with digest.PipelinedHasher() as hasher:
-                hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
+                hr = HashingReader(f, hasher)  # type: ignore[arg-type]
                 buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
                 src = codec.LimitedReader(
                     buffered,  # type: ignore[arg-type]
@@ -811,173 +709,3 @@ def read_tensors(
                 on_bytes(got)
         out[key] = ret
     return out
-
-
-_NONFINITE_BITS: dict[torch.dtype, tuple[type[np.signedinteger[Any]], type[np.unsignedinteger[Any]], int]] = {
-    torch.float64: (np.int64, np.uint64, 0x7FF0_0000_0000_0000),
-    torch.float32: (np.int32, np.uint32, 0x7F80_0000),
-    torch.complex64: (np.int32, np.uint32, 0x7F80_0000),  # two float32 per element
-    torch.float16: (np.int16, np.uint16, 0x7C00),
-    torch.bfloat16: (np.int16, np.uint16, 0x7F80),
-    torch.float8_e5m2: (np.int8, np.uint8, 0x7C),
-    torch.float8_e4m3fn: (np.int8, np.uint8, 0x7F),  # NaN only (S.1111.111); no Inf
-}
-"""Sign-and-magnitude floats whose NaN/Inf are exactly the patterns with every exponent
-bit set: ``(signed view, unsigned view, smallest such pattern without the sign bit)``."""
-
-
-def nonfinite_bits(raw: memoryview, dt: torch.dtype) -> bool | None:
-    """Whether the ``dt`` values in ``raw`` hold a NaN or an Inf, read from their bits.
-
-    A value is NaN or Inf exactly when every exponent bit is set, so a positive one is
-    the signed integer view's maximum at or above ``pattern`` and a negative one the
-    unsigned view's maximum at or above ``sign | pattern``. Two integer ``max``
-    reductions answer it exactly (no overflow, unlike a sum), on the calling thread
-    (numpy never spreads a reduction over threads, and releases the GIL), without a
-    temporary. torch's reductions are used nowhere here on purpose: on a 2-core
-    machine their OpenMP pool waited on cores the reader threads held, and the value
-    scan fell to 1-2 GB/s (issue 27 item 5).
-
-    Returns None for a dtype this cannot read (the fnuz float8s put NaN at -0, e8m0 has
-    no sign bit): the caller checks those with torch.
-
-    Example:
-        >>> import torch
-        >>> x = torch.tensor([1.0, -float("inf")], dtype=torch.bfloat16)
-        >>> mv = memoryview(x.view(torch.uint8).numpy())
-        >>> nonfinite_bits(mv, torch.bfloat16), nonfinite_bits(mv[:2], torch.bfloat16)
-        (True, False)
-    """
-    spec = _NONFINITE_BITS.get(dt)
-    if spec is None:
-        return None
-    signed, unsigned, pattern = spec
-    if not len(raw):
-        return False
-    bits = 8 * np.dtype(signed).itemsize
-    if int(np.frombuffer(raw, dtype=signed).max()) >= pattern:
-        return True
-    return int(np.frombuffer(raw, dtype=unsigned).max()) >= (1 << (bits - 1)) | pattern
-
-
-class FiniteScan:
-    """Which floating tensors of an uncompressed file hold NaN/Inf, seen chunk by chunk.
-
-    Fed each chunk as the digest pass reads it: a tensor whose element boundaries cannot
-    straddle a chunk edge (its file offset is a multiple of its item size, which also
-    divides the chunk size) is checked piece by piece from its bits
-    (:func:`nonfinite_bits`; torch's ``aminmax`` for the few dtypes it cannot read); the
-    rest are left for a second look (``unchecked``).
-    """
-
-    def __init__(self, header: dict[str, HeaderEntry], base: int) -> None:
-        self.ranges: list[tuple[int, int, str, torch.dtype]] = []
-        self.unchecked: set[str] = set()
-        self.nonfinite: set[str] = set()
-        for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-            dt = DTYPES[e.dtype]
-            if not (dt.is_floating_point or dt.is_complex) or e.offsets[0] == e.offsets[1]:
-                continue
-            item = torch.empty((), dtype=dt).element_size()
-            start = base + e.offsets[0]
-            if start % item or digest.CHUNK % item:
-                self.unchecked.add(key)
-            else:
-                self.ranges.append((start, base + e.offsets[1], key, dt))
-
-    def feed(self, offset: int, chunk: memoryview) -> None:
-        end = offset + len(chunk)
-        for lo, hi, key, dt in self.ranges:
-            if hi <= offset or lo >= end or key in self.nonfinite:
-                continue
-            a, b = max(lo, offset) - offset, min(hi, end) - offset
-            bad = nonfinite_bits(chunk[a:b], dt)
-            if bad is None:
-                bad = _nonfinite_torch(chunk[a:b], dt)
-            if bad:
-                self.nonfinite.add(key)
-
-
-def _nonfinite_torch(raw: memoryview, dt: torch.dtype) -> bool:
-    """Whether ``raw`` holds a NaN/Inf ``dt`` value, by torch (dtypes without a bit rule)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a read-only chunk: the scan never writes
-        t = torch.frombuffer(raw, dtype=dt)
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        t = t.float()  # float8 has no CPU reductions; widening is exact
-    lo_v, hi_v = torch.aminmax(t)
-    return not (math.isfinite(float(lo_v)) and math.isfinite(float(hi_v)))
-
-
-def scan_file(
-    path: Path,
-    *,
-    compression: codec.Compression | None,
-    raw_size: int | None,
-    rel: str,
-    on_bytes: OnBytes | None = None,
-    values: bool = False,
-) -> tuple[str, int, dict[str, HeaderEntry] | None, tuple[str, str] | None, FiniteScan | None]:
-    """Hash a whole file and parse its header without keeping tensors (for verify).
-
-    Returns ``(digest, size, header or None, (code, message) of a header or
-    decompression error or None, value scan or None)``.
-    Errors about the header are returned, not raised, so a verify can report the digest
-    too. With ``values`` an uncompressed file's floating tensors are scanned for NaN/Inf
-    in the same single read.
-    """
-    if compression is None:
-        header: dict[str, HeaderEntry] | None = None
-        err: tuple[str, str] | None = None
-        finite: FiniteScan | None = None
-        with files.open_regular(path, code=codes.F022, rel=rel, symlink_code=codes.F009) as f:
-            try:
-                fsize = os.fstat(f.fileno()).st_size
-                n, raw = read_header_from(f, path=rel, file_size=fsize)
-                header = parse_header(raw, path=rel, data_len=fsize - 8 - n)
-                if values:
-                    finite = FiniteScan(header, 8 + n)
-            except (IntegrityError, UnsafeInputError) as e:
-                err = (e.code or codes.F004, e.what)
-            hexd, size = digest.hash_fd(
-                f.fileno(),
-                on_bytes=on_bytes,
-                on_chunk=finite.feed if finite is not None else None,
-                direct=use_direct_io(fsize),
-            )
-        return hexd, size, header, err, finite
-    with (
-        files.open_regular(path, code=codes.F022, rel=rel, symlink_code=codes.F009) as f,
-        digest.PipelinedHasher() as hasher,
-    ):
-        hr = _HashingReader(f, hasher)  # type: ignore[arg-type]
-        buffered = io.BufferedReader(hr, buffer_size=digest.CHUNK)
-        size = os.fstat(f.fileno()).st_size
-        err = None
-        header = None
-        try:
-            src = codec.LimitedReader(
-                buffered,  # type: ignore[arg-type]
-                limit=raw_size if raw_size is not None else 0,
-                path=rel,
-            )
-            n, raw = read_header_from(src, path=rel, file_size=raw_size)  # type: ignore[arg-type]
-            data_len = None if raw_size is None else raw_size - 8 - n
-            header = parse_header(raw, path=rel, data_len=data_len)
-            sink = bytearray(digest.CHUNK)
-            while True:
-                k = src.readinto(sink)
-                if not k:
-                    break
-                if on_bytes:
-                    on_bytes(k)
-            src.check_exhausted()
-            if raw_size is not None and src.produced != raw_size:
-                err = (codes.F008, f"decompresses to {src.produced} bytes, manifest says {raw_size}")
-        except (IntegrityError, UnsafeInputError) as e:
-            err = (e.code or codes.F004, e.what)
-        while buffered.read(digest.CHUNK):
-            pass
-        return hasher.hexdigest(), size, header, err, None

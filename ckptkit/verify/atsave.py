@@ -34,7 +34,7 @@ import torch
 from ckptkit import codes
 from ckptkit.codes import CODES, ERROR, WARNING, Finding, Severity
 from ckptkit.format import manifest as mf
-from ckptkit.storage import tensors as tensors_mod
+from ckptkit.storage import tensors_scan
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.checks._state import SCANNED, tensor_component
 from ckptkit.verify.context import CheckContext, FileScan
@@ -134,7 +134,7 @@ def _scans_from_memory(man: mf.Manifest, tensors: Mapping[str, torch.Tensor]) ->
         by_file.setdefault(te.file, []).append(te)
     out: dict[str, FileScan] = {}
     for fe in man.files:
-        finite = tensors_mod.FiniteScan({}, 0)
+        finite = tensors_scan.FiniteScan({}, 0)
         for te in by_file.get(fe.path, ()):
             if tensor_component(te.key) not in SCANNED or not te.dtype.startswith(("F", "BF", "C")):
                 continue

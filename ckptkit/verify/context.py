@@ -14,7 +14,7 @@ from ckptkit import codes
 from ckptkit.errors import CkptkitError, UnsafeInputError
 from ckptkit.format import manifest as mf
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import files, fs, remote, tensors
+from ckptkit.storage import files, fs, remote, tensors, tensors_scan
 from ckptkit.storage.fs import Location
 
 SCAN_WORKERS = 2
@@ -44,7 +44,7 @@ class FileScan:
     """Why the file could not be read (the message of :func:`ckptkit.codes.read_error`)."""
     io_error_code: str | None = None
     """``CK-F025`` when that read failure is not evidence of damage, else ``CK-F004``."""
-    finite: tensors.FiniteScan | None = None
+    finite: tensors_scan.FiniteScan | None = None
     """NaN/Inf seen in floating tensors during the digest pass (uncompressed files)."""
 
     @classmethod
@@ -193,7 +193,7 @@ class CheckContext:
 
     def _read_local(self, p: Path, fe: mf.FileEntry) -> FileScan:
         """Digest, safetensors header and NaN/Inf values of a listed file, in one read."""
-        hexd, size, header, err, finite = tensors.scan_file(
+        hexd, size, header, err, finite = tensors_scan.scan_file(
             p,
             compression=fe.compression,  # type: ignore[arg-type]
             raw_size=fe.raw_size,
@@ -223,7 +223,7 @@ class CheckContext:
                 return FileScan(fe, exists=True, size=size)
             header: dict[str, HeaderEntry] | None = None
             err: tuple[str, str] | None = None
-            finite: tensors.FiniteScan | None = None
+            finite: tensors_scan.FiniteScan | None = None
             if fe.compression is None and fe.path.endswith(".safetensors"):
                 try:
                     pre = fs.read_ranges(p, [(0, min(8, size))])[0]
@@ -234,7 +234,7 @@ class CheckContext:
                     raw = fs.read_ranges(p, [(8, 8 + n)])[0]
                     header = tensors.parse_header(raw, path=fe.path, data_len=size - 8 - n)
                     if self.options.get("scan_values", True) is not False:
-                        finite = tensors.FiniteScan(header, 8 + n)
+                        finite = tensors_scan.FiniteScan(header, 8 + n)
                 except CkptkitError as e:
                     err = (e.code or codes.F004, e.what)
             hexd, size = remote.hash_file(

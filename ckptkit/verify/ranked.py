@@ -30,7 +30,7 @@ from ckptkit.collective import Collective, TorchGroup
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import tensors
+from ckptkit.storage import tensors_scan
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext, FileScan
 
@@ -93,9 +93,9 @@ class ScanRecord:
 
     def scan(self, fe: mf.FileEntry, listed: Mapping[str, HeaderEntry]) -> FileScan:
         """The scan this record stands for, as rank 0's checks read it."""
-        finite: tensors.FiniteScan | None = None
+        finite: tensors_scan.FiniteScan | None = None
         if self.nonfinite is not None:
-            finite = tensors.FiniteScan({}, 0)  # the finished scan's verdicts, not its ranges
+            finite = tensors_scan.FiniteScan({}, 0)  # the finished scan's verdicts, not its ranges
             finite.nonfinite.update(self.nonfinite)
             finite.unchecked.update(self.unchecked)
         return FileScan(

@@ -12,7 +12,7 @@ import torch
 
 import ckptkit
 from ckptkit.errors import CkptkitError
-from ckptkit.storage import digest, tensors
+from ckptkit.storage import digest, tensors, tensors_direct, tensors_scan
 
 BIT_DTYPES = [
     torch.float16,
@@ -35,7 +35,7 @@ def test_bit_rule_agrees_with_torch_on_every_pattern(dt: torch.dtype) -> None:
     # every pattern once (int16 wraps past 0x7FFF into the negative half)
     patterns = torch.arange(n, dtype=torch.int32).to(torch.uint8 if width == 1 else torch.int16)
     expect = ~torch.isfinite(patterns.view(dt).float())
-    got = [tensors.nonfinite_bits(_raw(patterns[i : i + 1].view(dt)), dt) for i in range(n)]
+    got = [tensors_scan.nonfinite_bits(_raw(patterns[i : i + 1].view(dt)), dt) for i in range(n)]
     assert got == expect.tolist()
 
 
@@ -46,22 +46,22 @@ def test_bit_rule_on_wide_floats(dt: torch.dtype) -> None:
     real = torch.float32 if dt == torch.complex64 else dt
     info = torch.finfo(real)
     finite = torch.tensor([0.0, -0.0, info.max, -info.max, info.tiny, -info.tiny], dtype=real)
-    assert tensors.nonfinite_bits(_raw(finite.to(dt)), dt) is False
+    assert tensors_scan.nonfinite_bits(_raw(finite.to(dt)), dt) is False
     bad_values = [float("inf"), float("-inf"), float("nan")]
     neg_nan = torch.tensor([float("nan")], dtype=real).neg()
     for bad in [torch.tensor([v], dtype=real) for v in bad_values] + [neg_nan]:
         t = torch.cat([finite, bad]).to(dt)
-        assert tensors.nonfinite_bits(_raw(t), dt) is True, (dt, bad)
+        assert tensors_scan.nonfinite_bits(_raw(t), dt) is True, (dt, bad)
     # a NaN in the imaginary part only
     if dt == torch.complex64:
         z = torch.complex(torch.ones(3), torch.tensor([0.0, float("nan"), 0.0]))
-        assert tensors.nonfinite_bits(_raw(z), dt) is True
+        assert tensors_scan.nonfinite_bits(_raw(z), dt) is True
 
 
 def test_bit_rule_leaves_fnuz_to_torch() -> None:
     """The fnuz float8s keep NaN at the -0 pattern: no bit rule, the scan asks torch."""
-    assert tensors.nonfinite_bits(memoryview(b"\x80"), torch.float8_e4m3fnuz) is None
-    scan = tensors.FiniteScan({"x": tensors.HeaderEntry("F8_E4M3FNUZ", (2,), (0, 2))}, 0)
+    assert tensors_scan.nonfinite_bits(memoryview(b"\x80"), torch.float8_e4m3fnuz) is None
+    scan = tensors_scan.FiniteScan({"x": tensors.HeaderEntry("F8_E4M3FNUZ", (2,), (0, 2))}, 0)
     scan.feed(0, memoryview(b"\x00\x80"))
     assert scan.nonfinite == {"x"}
 
@@ -77,7 +77,7 @@ def test_scan_across_chunks_flags_only_the_bad_tensor() -> None:
         "good": tensors.HeaderEntry("F32", (good.numel(),), (0, good.numel() * 4)),
         "bad": tensors.HeaderEntry("F32", (bad.numel(),), (good.numel() * 4, data.numel() * 4)),
     }
-    scan = tensors.FiniteScan(hdr, 0)
+    scan = tensors_scan.FiniteScan(hdr, 0)
     raw = _raw(data)
     for off in range(0, len(raw), digest.CHUNK):
         scan.feed(off, raw[off : off + digest.CHUNK])
@@ -202,8 +202,8 @@ def test_direct_writes_in_flight_give_the_same_file(tmp_path: Path, monkeypatch,
     monkeypatch.setenv("CKPTKIT_DIRECT_IO", "0")
     a = tensors.write_file(tmp_path / "a.safetensors", items)
     monkeypatch.setenv("CKPTKIT_DIRECT_IO", "1")
-    monkeypatch.setattr(tensors, "DIRECT_BUF", 64 << 10)
-    monkeypatch.setattr(tensors, "DIRECT_WRITERS", writers)
+    monkeypatch.setattr(tensors_direct, "DIRECT_BUF", 64 << 10)
+    monkeypatch.setattr(tensors_direct, "DIRECT_WRITERS", writers)
     b = tensors.write_file(tmp_path / "b.safetensors", items)
     assert (a.size, a.digest) == (b.size, b.digest)
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()

@@ -207,7 +207,7 @@ def test_direct_io_writes_the_same_bytes(tmp_path: Path, monkeypatch, size: int)
 def test_direct_io_falls_back_when_unsupported(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import errno
 
-    from ckptkit.storage import tensors as st
+    from ckptkit.storage import tensors_direct
 
     real_open = os.open
 
@@ -221,7 +221,7 @@ def test_direct_io_falls_back_when_unsupported(tmp_path: Path, monkeypatch) -> N
     m = ckptkit.save({"w": torch.arange(1000)}, tmp_path / "c")
     assert ckptkit.load(tmp_path / "c")["w"].tolist() == list(range(1000))
     assert m.files[0].size == (tmp_path / "c" / m.files[0].path).stat().st_size
-    assert st.use_direct_io(1)
+    assert tensors_direct.use_direct_io(1)
 
 
 def test_second_writer_never_replaces_a_checkpoint_without_overwrite(tmp_path: Path) -> None:

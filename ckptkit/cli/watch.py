@@ -27,7 +27,8 @@ from typing import IO, Any, Literal
 from ckptkit.cli.render.text import PipeConsole
 from ckptkit.errors import CkptkitError
 from ckptkit.signals.recorder import parse_line
-from ckptkit.signals.stability import _RANK, Level, StabilityWatch, Verdict, not_judging, worse
+from ckptkit.signals.stability import StabilityWatch, not_judging
+from ckptkit.signals.verdicts import RANK, Level, Verdict, worse
 
 
 class JsonlFollower:
@@ -219,11 +220,11 @@ def follow(
             state.last_seen = time.time()
         if on_poll is not None:
             on_poll(state)
-        if exit_on != "never" and _RANK[state.worst] >= _RANK[exit_on]:
+        if exit_on != "never" and RANK[state.worst] >= RANK[exit_on]:
             return state, 1
         if max_idle is not None and time.time() - state.last_seen > max_idle:
             break
-    return state, 1 if exit_on != "never" and _RANK[state.worst] >= _RANK[exit_on] else 0
+    return state, 1 if exit_on != "never" and RANK[state.worst] >= RANK[exit_on] else 0
 
 
 def _polls(f: JsonlFollower, interval: float, once: bool) -> Iterator[list[dict[str, Any]]]:
@@ -236,7 +237,7 @@ def _polls(f: JsonlFollower, interval: float, once: bool) -> Iterator[list[dict[
 def _note(state: WatchState, v: Verdict, alert_file: str | os.PathLike[str] | None) -> None:
     prev = state.verdict.level if state.verdict else "ok"
     state.verdict = v
-    if _RANK[v.level] > _RANK[state.worst]:
+    if RANK[v.level] > RANK[state.worst]:
         state.worst, state.worst_step = v.level, v.step
     state.worst = worse(state.worst, v.level)
     if v.level != prev:

@@ -57,9 +57,10 @@ from ckptkit.run import Run, resume_target, retain
 from ckptkit.run.layout import step_unknown
 from ckptkit.run.layouts.hf import LAYOUTS, Kind, checkpoint_dirs, open_hf
 from ckptkit.signals import guard as guard_mod
+from ckptkit.signals.emergency import EmergencyPolicy
 from ckptkit.signals.observe import CopySafeHook
 from ckptkit.signals.recorder import Recorder
-from ckptkit.signals.stability import EmergencyPolicy, StabilityWatch
+from ckptkit.signals.stability import StabilityWatch
 from ckptkit.verify.findings import ERROR, Finding
 from ckptkit.verify.foreign.adopt import Adoption, Notes, adopted_path
 from ckptkit.verify.foreign.report import verify_foreign

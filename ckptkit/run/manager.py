@@ -40,13 +40,8 @@ from ckptkit.format import records, signing
 from ckptkit.run import NativeLayout, Run, retain, rotation, saving, trajectory
 from ckptkit.run.restore import restore_run
 from ckptkit.run.saving import SavePipeline, SaveStats
-from ckptkit.signals.recovery import (
-    AutoRecovery,
-    RecoveryEvent,
-    RecoveryPolicy,
-    emergency_checkpoint,
-)
-from ckptkit.signals.stability import EmergencyPolicy
+from ckptkit.signals.emergency import EmergencyPolicy, emergency_checkpoint
+from ckptkit.signals.recovery import AutoRecovery, RecoveryEvent, RecoveryPolicy
 from ckptkit.storage import codec, fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
@@ -340,7 +335,7 @@ class CheckpointManager:
 
         Call once per step after feeding the watch (``verdict`` defaults to
         ``self.watch.last``); with a process group on every rank (they agree to save). On the first ``warn`` of an episode (see
-        :class:`ckptkit.signals.stability.EmergencyPolicy`) the current state is saved and
+        :class:`ckptkit.signals.emergency.EmergencyPolicy`) the current state is saved and
         pinned, with the watch's snapshot as its health. If this state is saved already
         (``trajectory.holds``), that checkpoint is pinned instead.
 

@@ -28,7 +28,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from ckptkit._repr import brief
 from ckptkit.format import records
-from ckptkit.signals.stability import HINTS, NOT_JUDGED
+from ckptkit.signals.stability import HINTS
+from ckptkit.signals.verdicts import NOT_JUDGED
 
 Health = Literal["ok", "warn", "critical"]
 _BAD_HEALTH = frozenset({"warn", "critical"})

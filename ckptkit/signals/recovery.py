@@ -71,10 +71,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
 from ckptkit.capture.resumable import ResumableSampler
-from ckptkit.checkpoint.catalog import CheckpointInfo, step_dir_name
+from ckptkit.checkpoint.catalog import CheckpointInfo
 from ckptkit.collective import Collective, any_true, consensus, current
 from ckptkit.errors import CkptkitError
 from ckptkit.format.records import Health, Recoveries, Recovery
+from ckptkit.signals.emergency import EmergencyPolicy
 from ckptkit.signals.recovery_log import (
     LOG,
     LOG_VERSION,
@@ -83,7 +84,7 @@ from ckptkit.signals.recovery_log import (
     read_log,
     write_log,
 )
-from ckptkit.signals.stability import EmergencyPolicy, StabilityWatch
+from ckptkit.signals.stability import StabilityWatch
 from ckptkit.storage.fs import Location
 
 if TYPE_CHECKING:
@@ -746,47 +747,6 @@ class AutoRecovery:
         return [{**_brief(c), "moved_to": f"{ABANDONED}/{where}/{c.path.name}"} for c in moved]
 
 
-# --- the emergency checkpoint -------------------------------------------------------------------
-
-
-def emergency_checkpoint(host: Host, state: TrainState, verdict: Any = None) -> Location | None:
-    """Save and pin an emergency checkpoint when the stability verdict makes one due.
-
-    :meth:`CheckpointManager.observe <ckptkit.CheckpointManager.observe>`: collective with
-    several ranks (they agree to save when any rank's verdict is due). ``verdict`` defaults
-    to ``host.watch.last``; :class:`~ckptkit.signals.stability.EmergencyPolicy` (``host.emergency``)
-    says when one is due. A state the run holds saved already (``trajectory.holds``) is
-    pinned instead of saved again.
-
-    Returns:
-        The emergency checkpoint's directory, or None when nothing was saved.
-
-    Example:
-        >>> import tempfile, torch, ckptkit
-        >>> w = StabilityWatch()
-        >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=w)
-        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=3)
-        >>> emergency_checkpoint(mgr, ts) is None  # the watch has seen nothing wrong
-        True
-    """
-    v = verdict if verdict is not None else (host.watch.last if host.watch else None)
-    policy = host.emergency
-    due = v is not None and policy is not None and policy.should_save(v)
-    if policy is None or not any_true(current(), due):  # agreed: one rank may degrade alone
-        return None
-    host.wait()  # a save of this very step may still be settling
-    if host.trajectory.holds(state.step):
-        path = host.root / step_dir_name(state.step)
-        if current().rank == 0:  # the lock holder; holds() agreed on every rank
-            host.run.pin(path, policy.pin)
-    else:
-        path = host.save(state, pin=policy.pin)
-    policy.saved(state.step)
-    log.warning("ckptkit: emergency checkpoint %s (%s)", path.name,
-                v.summary() if v is not None else "another rank's watch warned")
-    return path
-
-
 # --- actions ------------------------------------------------------------------------------------
 
 _GROUP_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
@@ -894,7 +854,6 @@ __all__ = [
     "RecoveryEvent",
     "RecoveryPolicy",
     "describe",
-    "emergency_checkpoint",
     "iter_records",
     "read_log",
     "scale_lr",

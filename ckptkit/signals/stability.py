@@ -60,446 +60,48 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
 from ckptkit import codes
 from ckptkit._jsonval import encode_float
 from ckptkit.errors import CkptkitError
 from ckptkit.format.records import HEALTH_LEVELS, Health
+from ckptkit.signals.emergency import EmergencyPolicy
+from ckptkit.signals.track import Track
+from ckptkit.signals.verdicts import (
+    DEFAULT_SIGNALS,
+    LEVELS,
+    NOT_JUDGED,
+    RANK,
+    Level,
+    Signal,
+    SignalSpec,
+    Verdict,
+    worse,
+)
+from ckptkit.signals.watch_options import DEFAULT_OPTIONS, WatchOptions
+from ckptkit.signals.watch_state import (
+    STATE_VERSION,
+    ints,
+    level_of,
+    signal_of,
+    signal_row,
+    typed,
+)
 
 if TYPE_CHECKING:
     from ckptkit.signals.recorder import Logged, Recorder
 
-Level = Literal["ok", "warn", "critical"]
-LEVELS: tuple[Level, ...] = ("ok", "warn", "critical")
-_RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
-NOT_JUDGED = "not judged"
-"""The health recorded for a checkpoint saved while the watch could not judge the run yet
-(its warm-up, or no baseline window yet) and had seen nothing wrong: neither healthy nor
-unhealthy. ``ckptkit rollback`` and ``restore(healthy=True)`` do not take it as healthy."""
 _HEALTH_RANK: dict[str, int] = {lvl: i for i, lvl in enumerate(HEALTH_LEVELS)}
-_MAD_TO_SIGMA = 1.4826
-# Relative floor of a scale estimate (in log space: 0.1 %), so a constant series does not
-# give infinite z-scores for the first change in the last digit.
-_SCALE_FLOOR = 1e-3
-_LOG_FLOOR = 1e-30
-# A log-scale track holds levels log(max(x, _LOG_FLOOR)) of finite floats: nothing else.
-_LOG_RANGE = (math.log(_LOG_FLOOR), math.log(sys.float_info.max))
 log = logging.getLogger(__name__)
+_OPTION_NAMES = frozenset(f.name for f in fields(WatchOptions))
+"""The keyword arguments of :class:`StabilityWatch` that fill its :class:`WatchOptions`."""
 WATCH_KEY = "stability-watch"
 """The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
-
-
-def worse(a: Level, b: Level) -> Level:
-    """Return the more severe of two levels.
-
-    Example:
-        >>> worse("ok", "warn")
-        'warn'
-    """
-    return a if _RANK[a] >= _RANK[b] else b
-
-
-@dataclass(frozen=True)
-class SignalSpec:
-    """How one named scalar is watched."""
-
-    direction: Literal["up", "down", "both"] = "up"
-    """Which excursions are unhealthy: ``up`` (loss, grad norm), ``down`` (entropy), ``both``."""
-    log: bool = True
-    """Score ``log(value)``: scale-free, and multiplicative noise becomes additive."""
-    regression: bool = False
-    """Also compare the recent median with the best baseline median seen (loss-like metrics)."""
-    drift: bool = False
-    """Also compare the recent median with the lowest baseline median seen within
-    ``ref_horizon`` steps: catches a level that climbs for hundreds of steps, which the
-    lagging baseline absorbs (grad norm, max logit). Needs ``log=True``, ``direction="up"``."""
-    spread_drift: bool = False
-    """Also compare the recent step-to-step spread with the lower quartile of the baseline
-    spreads seen within ``ref_horizon`` steps: catches noise that widens for hundreds of
-    steps (grad norm). Needs ``log=True``, ``direction="up"``."""
-
-    def __post_init__(self) -> None:
-        if (self.drift or self.spread_drift) and (not self.log or self.direction != "up"):
-            raise ValueError(
-                "SignalSpec(drift=True / spread_drift=True) needs log=True and "
-                "direction='up': the drift tests compare ratios of a positive metric with "
-                "its lowest healthy level"
-            )
-
-
-DEFAULT_SIGNALS: dict[str, SignalSpec] = {
-    "loss": SignalSpec("up", log=True, regression=True),
-    "grad_norm": SignalSpec("up", log=True, drift=True, spread_drift=True),
-    "max_logit": SignalSpec("up", log=True, drift=True),
-    "attn_entropy": SignalSpec("down", log=False),
-}
-"""Metrics tracked by default. ``loss_scale`` is handled by the backoff test."""
-
-
-@dataclass(frozen=True)
-class Signal:
-    """One test that fired, with the number it computed and the threshold it crossed."""
-
-    name: str
-    """``<metric>.<test>``, e.g. ``grad_norm.zscore``."""
-    level: Level
-    """The level this test alone gives."""
-    statistic: float
-    """The computed statistic (z-score, ratio, backoff count, ...)."""
-    threshold: float
-    """The threshold it reached."""
-    detail: str
-    """One sentence for humans."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able dict (non-finite numbers as strings)."""
-        return {
-            "level": self.level,
-            "statistic": encode_float(self.statistic),
-            "threshold": encode_float(self.threshold),
-            "detail": self.detail,
-        }
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The classification of one step."""
-
-    level: Level
-    """The run's level: the worst active signal, or the latched level of the episode."""
-    signals: list[Signal]
-    """The signals behind the level (empty when ``ok``)."""
-    step: int
-    """The step classified."""
-
-    @property
-    def ok(self) -> bool:
-        """True when the level is ``ok``."""
-        return self.level == "ok"
-
-    def summary(self) -> str:
-        """One line: the level and the named signals.
-
-        Example:
-            >>> Verdict("ok", [], 3).summary()
-            'step 3: ok'
-        """
-        if not self.signals:
-            return f"step {self.step}: {self.level}"
-        why = "; ".join(f"{s.name} {s.level} ({s.detail})" for s in self.signals)
-        return f"step {self.step}: {self.level}: {why}"
-
-
-class _Track:
-    """Rolling windows and robust statistics of one metric."""
-
-    def __init__(self, name: str, spec: SignalSpec, watch: StabilityWatch) -> None:
-        self.name = name
-        self.spec = spec
-        n = watch.window + watch.recent
-        self.values: deque[float] = deque(maxlen=n)
-        self.diffs: deque[float] = deque(maxlen=n)
-        self.trig: deque[int] = deque(maxlen=watch.trigger_window)  # 0 none, 1 warn, 2 critical
-        self.n_warn = 0
-        self.n_crit = 0
-        self.since = 0  # updates since the last recompute
-        self.ready = False
-        self.med = self.sig = self.dsig_base = self.dsig_recent = self.med_recent = math.nan
-        self.best = math.inf
-        # References for the drift tests, one entry per recompute after the warm-up, over
-        # the last ref_horizon updates. Level: the lowest baseline median, a sliding minimum
-        # ((count, value) pairs with increasing values: the front is the minimum, each entry
-        # is pushed and popped once, O(1) amortised). Spread: the lower quartile of the
-        # baseline spreads (the minimum of noisy spread estimates is biased ~15 % low, which
-        # a ratio test cannot afford); O(ref_horizon / recompute_every) per recompute.
-        self.ref_level: deque[tuple[int, float]] = deque()
-        self.spreads: deque[float] = deque(maxlen=-(-watch.ref_horizon // watch.recompute_every))
-        self.spread_ref = math.nan
-        self.last = math.nan
-        self.z = 0.0
-        self.count = 0
-
-    _FLOATS = ("med", "sig", "dsig_base", "dsig_recent", "med_recent", "best", "spread_ref",
-               "last", "z")
-    _INTS = ("n_warn", "n_crit", "since", "count")
-
-    def state(self) -> dict[str, Any]:
-        """The windows and statistics (:meth:`StabilityWatch.state_dict`)."""
-        out: dict[str, Any] = {
-            "values": list(self.values),
-            "diffs": list(self.diffs),
-            "trig": list(self.trig),
-            "ready": self.ready,
-            "ref_level": [[c, v] for c, v in self.ref_level],
-            "spreads": list(self.spreads),
-        }
-        out.update({k: getattr(self, k) for k in self._INTS + self._FLOATS})
-        return out
-
-    def load(self, st: Mapping[str, Any], w: StabilityWatch) -> None:
-        """Take :meth:`state`'s values, each checked (they come from a checkpoint file)."""
-        self.values.extend(_floats(st, "values", self.values.maxlen))
-        self.diffs.extend(_floats(st, "diffs", self.diffs.maxlen))
-        trig = _ints(st, "trig", self.trig.maxlen)
-        if any(t not in (0, 1, 2) for t in trig):
-            raise ValueError("'trig' holds a value other than 0, 1 or 2")
-        self.trig.extend(trig)
-        self.ready = _typed(st, "ready", bool)
-        pairs = _typed(st, "ref_level", list)
-        if len(pairs) > w.ref_horizon:
-            raise ValueError(f"'ref_level' holds {len(pairs)} entries, more than ref_horizon")
-        for pair in pairs:
-            if not (isinstance(pair, list | tuple) and len(pair) == 2 and type(pair[0]) is int
-                    and type(pair[1]) is float):
-                raise ValueError("'ref_level' holds an entry that is not [count, level]")
-            self.ref_level.append((pair[0], pair[1]))
-        self.spreads.extend(_floats(st, "spreads", self.spreads.maxlen))
-        for k in self._INTS:
-            setattr(self, k, _typed(st, k, int))
-        for k in self._FLOATS:
-            setattr(self, k, _typed(st, k, float))
-        self._check()
-
-    def _check(self) -> None:
-        """Refuse what no watch writes and :meth:`push` could not survive (ValueError).
-
-        A watch's own state always holds these: finite levels (on a log scale, within the
-        logs of finite floats), changes that are numbers, spreads above zero
-        (:meth:`recompute` floors them), trigger counts that count the triggers. A zero
-        spread would divide by zero in the next :meth:`push`; a level past the float range
-        would overflow ``exp``.
-        """
-        lo, hi = _LOG_RANGE if self.spec.log else (-sys.float_info.max, sys.float_info.max)
-
-        def level(key: str, v: float, *, unset: float = math.nan) -> None:
-            if (math.isnan(unset) and math.isnan(v)) or v == unset:
-                return
-            if not lo <= v <= hi:
-                scale = "log-scale " if self.spec.log else ""
-                raise ValueError(f"{key!r} is {v!r}, not a finite {scale}level")
-
-        def spread(key: str, v: float, *, zero: bool = False) -> None:
-            if v < 0 or (v == 0 and not zero):  # NaN: not set
-                raise ValueError(f"{key!r} is {v!r}, not a spread above zero")
-
-        for v in self.values:
-            level("values", v)
-        for v in self.diffs:
-            # Two finite levels differ by a number (past the float range: inf); on a log
-            # scale by a finite one.
-            if math.isnan(v) or (self.spec.log and not math.isfinite(v)):
-                raise ValueError(f"'diffs' holds {v!r}, not a step-to-step change")
-        for _, v in self.ref_level:
-            level("ref_level", v)
-        for v in self.spreads:
-            if not v > 0:
-                raise ValueError(f"'spreads' holds {v!r}, not a spread above zero")
-        level("med", self.med)
-        level("med_recent", self.med_recent)
-        level("best", self.best, unset=math.inf)
-        spread("sig", self.sig)
-        spread("dsig_base", self.dsig_base)
-        spread("dsig_recent", self.dsig_recent, zero=True)
-        spread("spread_ref", self.spread_ref)
-        # A ready baseline may hold statistics that are not finite: recompute over levels
-        # near the float range overflows (inf - inf is NaN), and the watch writes that; a
-        # statistic that is not finite judges nothing (every test asks isfinite or
-        # compares), so it is taken as the watch took it.
-        if self.n_warn != sum(t >= 1 for t in self.trig) or self.n_crit != sum(
-            t >= 2 for t in self.trig
-        ):
-            raise ValueError("'n_warn'/'n_crit' do not count the triggers in 'trig'")
-        for k in ("since", "count"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"{k!r} is negative")
-
-    def transform(self, x: float) -> float:
-        return math.log(max(x, _LOG_FLOOR)) if self.spec.log else x
-
-    def recompute(self, w: StabilityWatch) -> None:
-        """Recompute the baseline and recent statistics: O(window + recent)."""
-        w.recomputes += 1
-        self.since = 0
-        # Levels past ±1e308 differ by inf, and inf - inf is NaN: a statistic that is not
-        # finite judges nothing (every test asks isfinite or compares), it never raises.
-        with np.errstate(invalid="ignore", over="ignore"):
-            self._recompute(w)
-
-    def _recompute(self, w: StabilityWatch) -> None:
-        n_recent = min(w.recent, len(self.values))
-        vals = np.fromiter(self.values, dtype=np.float64, count=len(self.values))
-        base = vals[: len(vals) - n_recent]
-        if len(base) < w.min_history:
-            self.ready = False
-            return
-        diffs = np.fromiter(self.diffs, dtype=np.float64, count=len(self.diffs))
-        dbase, drecent = diffs[: len(diffs) - n_recent], diffs[len(diffs) - n_recent :]
-        self.med = float(np.median(base))
-        floor = _SCALE_FLOOR * (1.0 if self.spec.log else max(abs(self.med), 1e-12))
-        self.sig = max(_MAD_TO_SIGMA * float(np.median(np.abs(base - self.med))), floor)
-        self.dsig_base = max(_mad_sigma(dbase), floor)
-        self.dsig_recent = _mad_sigma(drecent) if len(drecent) >= 8 else math.nan
-        recent = vals[len(vals) - n_recent :]
-        self.med_recent = float(np.median(recent)) if len(recent) else math.nan
-        self.best = min(self.best, self.med)
-        if (self.spec.drift or self.spec.spread_drift) and w.updates > w.warmup:
-            # References only from after the warm-up: early training is not a healthy
-            # level to come back to (logits grow, the grad norm settles).
-            _slide_min(self.ref_level, self.count, self.med, w.ref_horizon)
-            self.spreads.append(self.dsig_base)
-            self.spread_ref = float(np.percentile(np.fromiter(self.spreads, np.float64), 25))
-        self.ready = True
-
-    def push(self, x: float, w: StabilityWatch) -> list[Signal]:
-        """Score one finite value, then add it to the windows. Returns the signals it fires."""
-        self.count += 1
-        self.last = x
-        t = self.transform(x)
-        out: list[Signal] = []
-        trig = 0
-        armed = self.ready and w.updates > w.warmup
-        if self.ready:
-            z = (t - self.med) / self.sig
-            self.z = z
-            score = {"up": z, "down": -z, "both": abs(z)}[self.spec.direction]
-            trig = (2 if score >= w.z_critical else 1 if score >= w.z_warn else 0) if armed else 0
-        self._count_trigger(trig, w)
-        if armed and self.n_warn >= w.trigger_count:
-            crit = self.n_crit >= w.trigger_count
-            thr = w.z_critical if crit else w.z_warn
-            out.append(
-                Signal(
-                    f"{self.name}.zscore",
-                    "critical" if crit else "warn",
-                    self.z,
-                    thr,
-                    f"robust z {self.z:+.1f} (value {x:.4g}); {self.n_crit if crit else self.n_warn}"
-                    f" of the last {len(self.trig)} steps beyond {thr:g}",
-                )
-            )
-        if armed and math.isfinite(self.dsig_recent):
-            ratio = self.dsig_recent / self.dsig_base
-            if ratio >= w.std_ratio_warn:
-                crit = ratio >= w.std_ratio_critical
-                out.append(
-                    Signal(
-                        f"{self.name}.std_shift",
-                        "critical" if crit else "warn",
-                        ratio,
-                        w.std_ratio_critical if crit else w.std_ratio_warn,
-                        f"step-to-step spread of the last {w.recent} steps is {ratio:.1f}x "
-                        f"the baseline's",
-                    )
-                )
-        if armed and self.spec.regression and self.spec.log and math.isfinite(self.best):
-            ratio = _exp(self.med_recent - self.best)
-            if w.regress_warn is not None and ratio >= w.regress_warn:
-                crit = w.regress_critical is not None and ratio >= w.regress_critical
-                out.append(
-                    Signal(
-                        f"{self.name}.regression",
-                        "critical" if crit else "warn",
-                        ratio,
-                        (w.regress_critical if crit else w.regress_warn) or math.nan,
-                        f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x "
-                        f"the best baseline median {math.exp(self.best):.4g}",
-                    )
-                )
-        if armed and self.ref_level:
-            out.extend(self._drift(w))
-        if self.values:
-            self.diffs.append(t - self.values[-1])
-        self.values.append(t)
-        self.since += 1
-        if self.since >= w.recompute_every or (not self.ready and self.since >= 1):
-            # Before the baseline is ready, retry often (cheap: the windows are short);
-            # once ready, every recompute_every steps.
-            if self.ready or len(self.values) - min(w.recent, len(self.values)) >= w.min_history:
-                self.recompute(w)
-            else:
-                self.since = 0
-        return out
-
-    def _drift(self, w: StabilityWatch) -> list[Signal]:
-        """Level and spread against the healthiest baselines of the last ``ref_horizon`` steps."""
-        out: list[Signal] = []
-        ref = self.ref_level[0][1]
-        ratio = _exp(self.med_recent - ref)
-        if self.spec.drift and w.drift_warn is not None and ratio >= w.drift_warn:
-            crit = w.drift_critical is not None and ratio >= w.drift_critical
-            out.append(
-                Signal(
-                    f"{self.name}.drift",
-                    "critical" if crit else "warn",
-                    ratio,
-                    (w.drift_critical if crit else w.drift_warn) or math.nan,
-                    f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x the lowest "
-                    f"baseline median {math.exp(ref):.4g} of the last {w.ref_horizon} steps",
-                )
-            )
-        if self.spec.spread_drift and w.spread_warn is not None and math.isfinite(self.dsig_recent):
-            sratio = self.dsig_recent / self.spread_ref
-            if sratio >= w.spread_warn:
-                crit = w.spread_critical is not None and sratio >= w.spread_critical
-                out.append(
-                    Signal(
-                        f"{self.name}.spread_drift",
-                        "critical" if crit else "warn",
-                        sratio,
-                        (w.spread_critical if crit else w.spread_warn) or math.nan,
-                        f"step-to-step spread of the last {w.recent} steps is {sratio:.1f}x the "
-                        f"lower quartile of the baseline spreads of the last {w.ref_horizon} "
-                        "steps",
-                    )
-                )
-        return out
-
-    def _count_trigger(self, trig: int, w: StabilityWatch) -> None:
-        if len(self.trig) == self.trig.maxlen:
-            old = self.trig[0]
-            self.n_warn -= old >= 1
-            self.n_crit -= old >= 2
-        self.trig.append(trig)
-        self.n_warn += trig >= 1
-        self.n_crit += trig >= 2
-
-    def stats(self) -> dict[str, Any]:
-        back = (lambda v: math.exp(v)) if self.spec.log else (lambda v: v)
-        ready = self.ready
-        return {
-            "count": self.count,
-            "last": encode_float(self.last),
-            "baseline_median": encode_float(back(self.med)) if ready else None,
-            "baseline_sigma": encode_float(self.sig) if ready else None,
-            "recent_median": encode_float(back(self.med_recent)) if ready else None,
-            "z": encode_float(self.z) if ready else None,
-            "std_ratio": encode_float(self.dsig_recent / self.dsig_base)
-            if ready and math.isfinite(self.dsig_recent)
-            else None,
-            "triggers": self.n_warn,
-            "log": self.spec.log,
-            **(self._drift_stats() if self.spec.drift or self.spec.spread_drift else {}),
-        }
-
-    def _drift_stats(self) -> dict[str, Any]:
-        if not (self.ready and self.ref_level):
-            return {"reference_median": None, "drift_ratio": None, "spread_drift_ratio": None}
-        ref, sref = self.ref_level[0][1], self.spread_ref
-        return {
-            "reference_median": encode_float(math.exp(ref)),
-            "drift_ratio": encode_float(_exp(self.med_recent - ref)),
-            "spread_drift_ratio": encode_float(self.dsig_recent / sref)
-            if math.isfinite(self.dsig_recent)
-            else None,
-        }
 
 
 class StabilityWatch:
@@ -549,6 +151,10 @@ class StabilityWatch:
         check_nonfinite: NaN/Inf in any numeric scalar is ``critical`` (default True).
         ignore: metric names never looked at (default: ``lr``, ``tokens``, ``epoch``,
             ``opt_step``, ``time``).
+        options: all of the above but ``signals`` and ``extra`` in one
+            :class:`~ckptkit.signals.watch_options.WatchOptions` (the keywords fill one
+            when it is not given; passing both, with a keyword other than its default, is
+            a TypeError).
 
     Example:
         >>> import random
@@ -593,54 +199,50 @@ class StabilityWatch:
         clear_after: int = 200,
         check_nonfinite: bool = True,
         ignore: Iterable[str] = ("lr", "tokens", "epoch", "opt_step", "time"),
+        options: WatchOptions | None = None,
     ) -> None:
-        if window < 8 or recent < 8:
-            raise ValueError(
-                f"StabilityWatch: window and recent must be >= 8, got {window}, {recent}"
-            )
-        if not 1 <= trigger_count <= trigger_window:
-            raise ValueError("StabilityWatch: need 1 <= trigger_count <= trigger_window")
-        if z_critical < z_warn or std_ratio_critical < std_ratio_warn:
-            raise ValueError("StabilityWatch: critical thresholds must not be below warn ones")
-        for lo, hi in ((drift_warn, drift_critical), (spread_warn, spread_critical)):
-            if lo is not None and (lo <= 1.0 or (hi is not None and hi < lo)):
-                raise ValueError(
-                    "StabilityWatch: drift/spread thresholds are ratios > 1, critical >= warn"
+        given = {k: v for k, v in locals().items() if k in _OPTION_NAMES}
+        if options is None:
+            options = WatchOptions(**given)
+        else:
+            mixed = sorted(k for k, v in given.items() if v != getattr(DEFAULT_OPTIONS, k))
+            if mixed:
+                raise TypeError(
+                    "StabilityWatch: pass the thresholds either as options= or as keywords, "
+                    f"not both (got options= and {', '.join(mixed)})"
                 )
-        ref_horizon = 4 * window if ref_horizon is None else ref_horizon
-        if ref_horizon < window:
-            raise ValueError(
-                f"StabilityWatch: ref_horizon ({ref_horizon}) must be >= window ({window})"
-            )
+        o = self.options = options
+        """The windows and thresholds this watch was built with (as given: None where derived)."""
         self.specs: dict[str, SignalSpec] = dict(DEFAULT_SIGNALS if signals is None else signals)
         for name in extra:
             self.specs.setdefault(name, SignalSpec("both", log=False))
+        window = o.window
         self.window = window
-        self.recent = recent
-        self.recompute_every = recompute_every or max(1, window // 16)
-        self.min_history = window // 2 if min_history is None else max(8, min_history)
-        self.warmup = warmup
-        self.z_warn = z_warn
-        self.z_critical = z_critical
-        self.trigger_count = trigger_count
-        self.trigger_window = trigger_window
-        self.std_ratio_warn = std_ratio_warn
-        self.std_ratio_critical = std_ratio_critical
-        self.regress_warn = regress_warn
-        self.regress_critical = regress_critical
-        self.drift_warn = drift_warn
-        self.drift_critical = drift_critical
-        self.spread_warn = spread_warn
-        self.spread_critical = spread_critical
-        self.ref_horizon = ref_horizon
-        self.loss_scale_key = loss_scale_key
-        self.backoff_warn = backoff_warn
-        self.backoff_critical = backoff_critical
-        self.backoff_window = backoff_window
-        self.min_loss_scale = min_loss_scale
-        self.clear_after = clear_after
-        self.check_nonfinite = check_nonfinite
-        self.ignore = frozenset(ignore)
+        self.recent = o.recent
+        self.recompute_every = o.recompute_every or max(1, window // 16)
+        self.min_history = window // 2 if o.min_history is None else max(8, o.min_history)
+        self.warmup = o.warmup
+        self.z_warn = o.z_warn
+        self.z_critical = o.z_critical
+        self.trigger_count = o.trigger_count
+        self.trigger_window = o.trigger_window
+        self.std_ratio_warn = o.std_ratio_warn
+        self.std_ratio_critical = o.std_ratio_critical
+        self.regress_warn = o.regress_warn
+        self.regress_critical = o.regress_critical
+        self.drift_warn = o.drift_warn
+        self.drift_critical = o.drift_critical
+        self.spread_warn = o.spread_warn
+        self.spread_critical = o.spread_critical
+        self.ref_horizon = 4 * window if o.ref_horizon is None else o.ref_horizon
+        self.loss_scale_key = o.loss_scale_key
+        self.backoff_warn = o.backoff_warn
+        self.backoff_critical = o.backoff_critical
+        self.backoff_window = o.backoff_window
+        self.min_loss_scale = o.min_loss_scale
+        self.clear_after = o.clear_after
+        self.check_nonfinite = o.check_nonfinite
+        self.ignore = frozenset(o.ignore)
         self.listeners: list[Callable[[Verdict], None]] = []
         """Called with every verdict (e.g. ``CheckpointManager.observe``)."""
         self.reset()
@@ -654,7 +256,7 @@ class StabilityWatch:
             >>> w.reset(); w.level
             'ok'
         """
-        self.tracks: dict[str, _Track] = {}
+        self.tracks: dict[str, Track] = {}
         self.recomputes = 0
         """How many full window recomputations ran (the O(1) amortised check counts these)."""
         self.updates = 0
@@ -692,7 +294,7 @@ class StabilityWatch:
             True
         """
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "params": self.params(),
             "updates": self.updates,
             "recomputes": self.recomputes,
@@ -700,11 +302,11 @@ class StabilityWatch:
             "episode_level": self.episode_level,
             "episode_start": self.episode_start,
             "first_warn_step": self.first_warn_step,
-            "episode_signals": [_signal_row(s) for s in self.episode_signals.values()],
+            "episode_signals": [signal_row(s) for s in self.episode_signals.values()],
             "last": None if self.last is None else {
                 "level": self.last.level,
                 "step": self.last.step,
-                "signals": [_signal_row(s) for s in self.last.signals],
+                "signals": [signal_row(s) for s in self.last.signals],
             },
             "quiet": self.quiet,
             "scale_last": self._scale_last,
@@ -770,8 +372,8 @@ class StabilityWatch:
             StateError: ``CK-S030``, the state is malformed.
         """
         try:
-            if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
-                raise ValueError(f"not a watch state of version {_STATE_VERSION}")
+            if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+                raise ValueError(f"not a watch state of version {STATE_VERSION}")
             if state["params"] != self.params():
                 return None
             fresh = StabilityWatch.__new__(StabilityWatch)
@@ -787,41 +389,41 @@ class StabilityWatch:
 
     def _load(self, st: Mapping[str, Any]) -> None:
         """Fill a reset watch from a checked :meth:`state_dict` (raises ValueError)."""
-        self.updates = _typed(st, "updates", int)
-        self.recomputes = _typed(st, "recomputes", int)
-        self.level = _level(st, "level")
-        self.episode_level = _level(st, "episode_level")
-        self.episode_start = _typed(st, "episode_start", int, none=True)
-        self.first_warn_step = _typed(st, "first_warn_step", int, none=True)
+        self.updates = typed(st, "updates", int)
+        self.recomputes = typed(st, "recomputes", int)
+        self.level = level_of(st, "level")
+        self.episode_level = level_of(st, "episode_level")
+        self.episode_start = typed(st, "episode_start", int, none=True)
+        self.first_warn_step = typed(st, "first_warn_step", int, none=True)
         self.episode_signals = {
-            sig.name: sig for sig in map(_signal, _typed(st, "episode_signals", list))
+            sig.name: sig for sig in map(signal_of, typed(st, "episode_signals", list))
         }
-        last = _typed(st, "last", Mapping, none=True)
+        last = typed(st, "last", Mapping, none=True)
         if last is not None:
-            self.last = Verdict(_level(last, "level"),
-                                [_signal(r) for r in _typed(last, "signals", list)],
-                                _typed(last, "step", int))
-        self.quiet = _typed(st, "quiet", int)
-        self._scale_last = _typed(st, "scale_last", float, none=True)
+            self.last = Verdict(level_of(last, "level"),
+                                [signal_of(r) for r in typed(last, "signals", list)],
+                                typed(last, "step", int))
+        self.quiet = typed(st, "quiet", int)
+        self._scale_last = typed(st, "scale_last", float, none=True)
         if self._scale_last is not None and not math.isfinite(self._scale_last):
             raise ValueError(f"'scale_last' is {self._scale_last!r}, not a finite loss scale")
         for k in ("updates", "recomputes", "quiet"):
             if getattr(self, k) < 0:
                 raise ValueError(f"{k!r} is negative")
-        self._backoffs = deque(_ints(st, "backoffs", None))
-        self._scale_grew_at = _typed(st, "scale_grew_at", int, none=True)
-        nonfinite = _typed(st, "nonfinite", Mapping)
+        self._backoffs = deque(ints(st, "backoffs", None))
+        self._scale_grew_at = typed(st, "scale_grew_at", int, none=True)
+        nonfinite = typed(st, "nonfinite", Mapping)
         if not all(isinstance(k, str) and type(v) is int for k, v in nonfinite.items()):
             raise ValueError("'nonfinite' is not a map of names to counts")
         self._nonfinite = dict(nonfinite)
-        tracks = _typed(st, "tracks", Mapping)
+        tracks = typed(st, "tracks", Mapping)
         for name in tracks:
             spec = self.specs.get(name)
             if spec is None:
                 raise ValueError(f"a window of {name!r}, a metric this watch does not track")
-            tr = self.tracks[name] = _Track(name, spec, self)
+            tr = self.tracks[name] = Track(name, spec, self)
             try:
-                tr.load(_typed(tracks, name, Mapping), self)
+                tr.load(typed(tracks, name, Mapping), self)
             except (KeyError, TypeError, ValueError) as e:
                 why = f"{e.args[0]!r} is missing" if isinstance(e, KeyError) else str(e)
                 raise ValueError(f"the window of {name!r}: {why}") from None
@@ -867,7 +469,7 @@ class StabilityWatch:
                 continue
             tr = self.tracks.get(name)
             if tr is None:
-                tr = self.tracks[name] = _Track(name, spec, self)
+                tr = self.tracks[name] = Track(name, spec, self)
             fired.extend(tr.push(x, self))
         return self._decide(step, fired)
 
@@ -941,7 +543,7 @@ class StabilityWatch:
             self.episode_level = worse(self.episode_level, active)
             for s in fired:
                 old = self.episode_signals.get(s.name)
-                if old is None or _RANK[s.level] >= _RANK[old.level]:
+                if old is None or RANK[s.level] >= RANK[old.level]:
                     self.episode_signals[s.name] = s
             self.quiet = 0
         elif self.episode_level != "ok":
@@ -1166,67 +768,6 @@ def not_judging(w: StabilityWatch) -> str | None:
     return None
 
 
-# --- emergency checkpoints --------------------------------------------------------------------
-
-
-@dataclass
-class EmergencyPolicy:
-    """When the checkpoint manager saves and pins an emergency checkpoint.
-
-    On the first step of an episode that reaches ``on`` (default ``warn``, so also
-    ``critical``), at most once per ``min_interval_steps``. Pure bookkeeping, no I/O:
-    :meth:`CheckpointManager.observe` asks :meth:`should_save` and calls :meth:`saved`.
-
-    Example:
-        >>> p = EmergencyPolicy(min_interval_steps=100)
-        >>> p.should_save(Verdict("warn", [], 10)), p.saved(10)
-        (True, None)
-        >>> p.should_save(Verdict("ok", [], 11)), p.should_save(Verdict("warn", [], 50))
-        (False, False)
-    """
-
-    enabled: bool = True
-    """False: never save an emergency checkpoint."""
-    min_interval_steps: int = 500
-    """Rate limit: steps between two emergency saves."""
-    pin: str = "emergency"
-    """Pin label of the emergency checkpoint (rotation never deletes a pinned one)."""
-    on: Level = "warn"
-    """The lowest level that triggers a save."""
-    last_saved_step: int | None = None
-    """Step of the last emergency save."""
-    _prev: Level = field(default="ok", repr=False)
-
-    def should_save(self, verdict: Verdict) -> bool:
-        """Return True when this verdict starts an episode that deserves an emergency save."""
-        prev, self._prev = self._prev, verdict.level
-        if not self.enabled or _RANK[verdict.level] < _RANK[self.on]:
-            return False
-        if _RANK[prev] >= _RANK[self.on]:
-            return False  # not the first step of the episode
-        return (
-            self.last_saved_step is None
-            or verdict.step - self.last_saved_step >= self.min_interval_steps
-        )
-
-    def saved(self, step: int) -> None:
-        """Record that an emergency checkpoint was saved at ``step``."""
-        self.last_saved_step = step
-
-    def rewind(self, step: int) -> None:
-        """Forget what happened after ``step`` (the run was rolled back to it).
-
-        The next warning starts a new episode, and a save after ``step`` no longer
-        rate-limits the next one.
-
-        Example:
-            >>> p = EmergencyPolicy(); _ = p.should_save(Verdict("warn", [], 80)); p.saved(80)
-            >>> p.rewind(50); p.last_saved_step, p.should_save(Verdict("warn", [], 60))
-            (None, True)
-        """
-        self._prev = "ok"
-        if self.last_saved_step is not None and self.last_saved_step > step:
-            self.last_saved_step = None
 
 
 # --- rollback ---------------------------------------------------------------------------------
@@ -1249,95 +790,6 @@ HINTS: dict[str, str] = {
     "nonfinite": "a NaN/Inf appeared: find the first non-finite step in the metrics file and "
     "replay that batch with anomaly detection on",
 }
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def _slide_min(q: deque[tuple[int, float]], at: int, value: float, horizon: int) -> None:
-    """Push ``(at, value)`` on a sliding-minimum deque and drop entries older than ``horizon``."""
-    while q and q[-1][1] >= value:
-        q.pop()  # never the minimum again: a newer entry is at least as low
-    q.append((at, value))
-    while q[0][0] <= at - horizon:
-        q.popleft()
-
-
-def _exp(x: float) -> float:
-    """``exp(x)``, ``inf`` past the float range: a ratio of two log-scale levels can be past
-    it (a loss of 1e300 after one of 1e-30), and a ratio that large is simply critical."""
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return math.inf
-
-
-def _mad_sigma(a: np.ndarray) -> float:
-    if len(a) == 0:
-        return math.nan
-    return _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
-
-
-_STATE_VERSION = 1
-"""The layout of :meth:`StabilityWatch.state_dict`."""
-
-
-def _typed(st: Mapping[str, Any], key: str, kind: Any, *, none: bool = False) -> Any:
-    """``st[key]``, checked by :func:`_as`."""
-    return _as(st[key], kind, repr(key), none=none)
-
-
-def _as(v: Any, kind: Any, what: str, *, none: bool = False) -> Any:
-    """``v``, which must be a ``kind`` (or None with ``none``): an int where a float is
-    expected is taken as that float; a bool is never a number."""
-    if v is None and none:
-        return None
-    if kind is float and type(v) is int:
-        if abs(v) > sys.float_info.max:
-            raise ValueError(f"{what} is {v}, past every float")
-        return float(v)
-    name = getattr(kind, "__name__", str(kind))
-    if (isinstance(v, bool) and kind is not bool) or not isinstance(v, kind):
-        raise ValueError(f"{what} is a {type(v).__name__}, not a {name}")
-    return v
-
-
-def _floats(st: Mapping[str, Any], key: str, most: int | None) -> list[float]:
-    return [_as(v, float, f"a value of {key!r}") for v in _bounded(st, key, most)]
-
-
-def _ints(st: Mapping[str, Any], key: str, most: int | None) -> list[int]:
-    return [_as(v, int, f"a value of {key!r}") for v in _bounded(st, key, most)]
-
-
-def _bounded(st: Mapping[str, Any], key: str, most: int | None) -> list[Any]:
-    vals: list[Any] = _typed(st, key, list)
-    if most is not None and len(vals) > most:
-        raise ValueError(f"{key!r} holds {len(vals)} values, more than its window's {most}")
-    return vals
-
-
-def _level(st: Mapping[str, Any], key: str) -> Level:
-    v = st[key]
-    if v not in _RANK:
-        raise ValueError(f"{key!r} is {v!r}, not one of {', '.join(LEVELS)}")
-    return v  # type: ignore[no-any-return]
-
-
-def _signal_row(s: Signal) -> list[Any]:
-    return [s.name, s.level, s.statistic, s.threshold, s.detail]
-
-
-def _signal(row: Any) -> Signal:
-    if not (isinstance(row, list | tuple) and len(row) == 5):
-        raise ValueError("a signal is not [name, level, statistic, threshold, detail]")
-    name, level, stat, threshold, detail = row
-    if not (isinstance(name, str) and isinstance(detail, str)):
-        raise ValueError("a signal's name or detail is not a string")
-    for x in (stat, threshold):
-        if isinstance(x, bool) or not isinstance(x, int | float):
-            raise ValueError(f"signal {name!r} has a statistic or threshold that is not a number")
-    return Signal(name, _level({"level": level}, "level"), stat, threshold, detail)
 
 
 def _scalar(v: Any) -> float | None:
@@ -1364,6 +816,7 @@ __all__ = [
     "SignalSpec",
     "StabilityWatch",
     "Verdict",
+    "WatchOptions",
     "not_judging",
     "worse",
 ]

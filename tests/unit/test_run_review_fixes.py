@@ -29,7 +29,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.run import Run
 from ckptkit.run.layouts.hf import open_hf
 from ckptkit.run.layouts.lightning import LightningLayout
-from ckptkit.signals import recovery
+from ckptkit.signals import emergency
 from ckptkit.verify.foreign.adopt import adopted_path
 
 KEY = b"k" * 32
@@ -120,11 +120,11 @@ def _host(tmp_path: Path) -> Any:
 def test_only_rank_zero_pins_an_emergency_checkpoint_the_run_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rank: int, pins: list[tuple[str, str]]
 ) -> None:
-    monkeypatch.setattr(recovery, "current", lambda: SimpleNamespace(rank=rank, world=2))
-    monkeypatch.setattr(recovery, "any_true", lambda coll, due: True)  # the ranks agreed
+    monkeypatch.setattr(emergency, "current", lambda: SimpleNamespace(rank=rank, world=2))
+    monkeypatch.setattr(emergency, "any_true", lambda coll, due: True)  # the ranks agreed
     host = _host(tmp_path)
     verdict = SimpleNamespace(summary=lambda: "loss spike")
-    path = recovery.emergency_checkpoint(host, SimpleNamespace(step=7), verdict=verdict)
+    path = emergency.emergency_checkpoint(host, SimpleNamespace(step=7), verdict=verdict)
     assert path is not None and Path(str(path)).name == "step-00000007"  # every rank names it
     assert host.run.pinned == pins
 

@@ -10,15 +10,11 @@ import numpy as np
 import pytest
 
 from ckptkit.run import rotation
+from ckptkit.signals.emergency import EmergencyPolicy
 from ckptkit.signals.recorder import Recorder
-from ckptkit.signals.stability import (
-    HINTS,
-    EmergencyPolicy,
-    SignalSpec,
-    StabilityWatch,
-    Verdict,
-    worse,
-)
+from ckptkit.signals.stability import HINTS, StabilityWatch
+from ckptkit.signals.verdicts import SignalSpec, Verdict, worse
+from ckptkit.signals.watch_options import WatchOptions
 
 
 def _heavy(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
@@ -423,3 +419,15 @@ def test_drift_signals_get_their_rollback_hints_and_are_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "stability.md").read_text()
     for name in ("<metric>.drift", "<metric>.spread_drift", "drift_warn", "spread_warn"):
         assert f"`{name}`" in doc, name
+
+
+def test_watch_options_are_the_keywords_in_one_object() -> None:
+    kw = {"window": 64, "recent": 16, "z_warn": 5.0, "regress_warn": None, "ignore": ["lr"]}
+    by_kw, by_opts = StabilityWatch(**kw), StabilityWatch(options=WatchOptions(**kw))
+    assert by_kw.params() == by_opts.params() and by_kw.ignore == by_opts.ignore
+    assert by_kw.options == by_opts.options
+    assert StabilityWatch().options == WatchOptions()
+    with pytest.raises(TypeError, match="z_warn"):
+        StabilityWatch(options=WatchOptions(), z_warn=5.0)
+    with pytest.raises(ValueError, match="ref_horizon"):
+        WatchOptions(window=256, ref_horizon=100)

@@ -24,7 +24,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ckptkit.drill.runner import DrillConfig, cleanup, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.runner import cleanup, run_drill
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "integration" / "noisy_script.py"
 

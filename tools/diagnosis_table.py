@@ -147,7 +147,8 @@ def run_matrix(
     timeout: float = 180,
 ) -> list[Row]:
     """Drill every (script, fault, logging level) cell; one row each."""
-    from ckptkit.drill.runner import DrillConfig, cleanup, run_drill
+    from ckptkit.drill.config import DrillConfig
+    from ckptkit.drill.runner import cleanup, run_drill
     from ckptkit.errors import DrillError
 
     rows: list[Row] = []

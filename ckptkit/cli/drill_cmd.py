@@ -18,7 +18,8 @@ from ckptkit.cli.shared import Where, edge, out_file
 from ckptkit.errors import CkptkitError
 
 if TYPE_CHECKING:
-    from ckptkit.drill.runner import DrillConfig, DrillReport
+    from ckptkit.drill.config import DrillConfig
+    from ckptkit.drill.report import DrillReport
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -149,7 +150,7 @@ def drill(
         ckptkit drill -W 10 -N 10 -- python -m ckptkit.examples.tiny_lm --steps 40
         ckptkit drill --config drills/tiny_lm.toml --json drill.json --junit drill.xml
     """
-    from ckptkit.drill.runner import DrillReport
+    from ckptkit.drill.report import DrillReport
 
     reports = _Reports(json_file=json_file, junit_file=junit_file, plot_file=plot_file,
                        quiet=quiet)
@@ -188,12 +189,12 @@ def drill(
 def drill_config(
     config_file: Path | None, *, noise_factor: float | None = None, **given: Any
 ) -> DrillConfig:
-    """The drill the options describe, as the one :class:`~ckptkit.drill.runner.DrillConfig`
+    """The drill the options describe, as the one :class:`~ckptkit.drill.config.DrillConfig`
     the TOML file and the Python API use.
 
-    ``given``: :class:`~ckptkit.drill.runner.DrillConfig` fields; None means not given.
+    ``given``: :class:`~ckptkit.drill.config.DrillConfig` fields; None means not given.
     With ``config_file`` (``--config``), the file's values under the ones given
-    (:func:`~ckptkit.drill.runner.load_config`), else the ones given over the defaults;
+    (:func:`~ckptkit.drill.config.load_config`), else the ones given over the defaults;
     ``noise_factor`` (``--noise-factor``) goes over the file's ``thresholds``.
 
     Raises:
@@ -206,7 +207,7 @@ def drill_config(
         >>> cfg.steps_before, cfg.repeat, dict(cfg.thresholds)
         (5, 1, {'noise_factor': 3.0})
     """
-    from ckptkit.drill.runner import DrillConfig, load_config
+    from ckptkit.drill.config import DrillConfig, load_config
 
     thresholds = {"noise_factor": noise_factor} if noise_factor is not None else None
     if config_file is not None:

@@ -12,7 +12,7 @@ sets), so no code change is needed beyond using ``CheckpointManager`` and ``Reco
    (:mod:`ckptkit.drill.launch`), so a drill takes little more than the reference run;
    **controls** (``max(1, R)``) restore the same checkpoint beside it: matching it bitwise,
    they show the run is deterministic; differing, they measure the noise from ``W`` that the
-   resumed run is held to (:func:`ckptkit.drill.compare.control_noise`), with one more
+   resumed run is held to (:func:`ckptkit.drill.noisefloor.control_noise`), with one more
    control run after them when only one ran (:data:`NOISY_CONTROLS`);
 3. the checks of :mod:`ckptkit.drill.compare` (and the informational window check of
    :mod:`ckptkit.drill.stats`), then :func:`ckptkit.drill.diagnose.diagnose`.
@@ -29,27 +29,32 @@ order of floating-point reductions and so gives last-bit differences.
 
 from __future__ import annotations
 
-import itertools
-import json
-import math
 import os
-import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ckptkit import errors
 from ckptkit.checkpoint import manifest_io
-from ckptkit.checkpoint.catalog import step_dir_name
-from ckptkit.drill import artefacts, compare, diagnose, launch
-from ckptkit.errors import CkptkitError, DrillError
-from ckptkit.format import manifest as mf
+from ckptkit.drill import (
+    artefacts,
+    compare,
+    diagnose,
+    endstate,
+    launch,
+    noisefloor,
+    process,
+    snapshots,
+)
+from ckptkit.drill import continuity as continuity_check
+from ckptkit.drill import exposure as exposure_check
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.overhead import drill_overhead
+from ckptkit.drill.report import DrillReport, Role, RunResult
+from ckptkit.errors import DrillError
 from ckptkit.integrations.drill_env import (
     ENV_CKPT_DIR,
     ENV_DEVICE,
@@ -61,214 +66,15 @@ from ckptkit.integrations.drill_env import (
     ENV_THREADS,
     ENV_VARS,
 )
-from ckptkit.run import directory as runs
-from ckptkit.signals.recorder import ENV_METRICS, read_jsonl
-from ckptkit.storage import atomic, fs
-from ckptkit.verify.findings import CODES
-from ckptkit.verify.foreign.adopted import adopted_path
+from ckptkit.signals.recorder import ENV_METRICS
+from ckptkit.storage import fs
 
-SCHEMA_VERSION = 2
-"""Version of the JSON report (``schemas/drill-report.schema.json``)."""
 POLL_S = 0.02
 """How often running processes and the reference's checkpoint directory are polled."""
 
-TAIL_LINES = 20
 NOISY_CONTROLS = 2
 """Controls a drill runs once the first shows the run is not bitwise (``--repeat`` more:
 that many)."""
-"""How many last lines of each run's stdout/stderr the report keeps."""
-
-Role = Literal["reference", "resumed", "control"]
-
-
-@dataclass
-class DrillConfig:
-    """What to drill and how.
-
-    Example:
-        >>> cfg = DrillConfig(command=["python", "train.py"], steps_before=5, steps_after=5)
-        >>> cfg.repeat, cfg.threads
-        (1, 1)
-    """
-
-    command: Sequence[str]
-    """The training command (argv list)."""
-    steps_before: int = 10
-    """``W``: steps from the start (or from ``from_ckpt``) to the save."""
-    steps_after: int = 10
-    """``N``: steps after the save, run by both the reference and the resumed run."""
-    from_ckpt: Path | str | None = None
-    """Start the reference from this checkpoint instead of from scratch."""
-    repeat: int = 1
-    """Fresh reference runs; with 2 or more the drill also reports whether the script
-    reproduces itself from scratch (and names a generator it does not seed). The drill
-    also runs ``max(1, repeat)`` control restores of the step-``W`` checkpoint: the noise
-    the resumed run is held to is measured from there, never from the fresh starts."""
-    threads: int = 1
-    """Intra-op threads, pinned identically in every run."""
-    device: str = "cpu"
-    """Passed to the script as ``CKPTKIT_DEVICE``."""
-    pass_device: bool = False
-    """Also append ``--device DEVICE`` to the command."""
-    workdir: Path | None = None
-    """Where the runs write (default: a temporary directory)."""
-    keep: bool = False
-    """Keep the workdir even when the drill passes (it is always kept on failure)."""
-    isolate: bool = False
-    """Run each process in its own directory (for scripts that write relative paths)."""
-    timeout: float | None = None
-    """Seconds each process may run."""
-    thresholds: Mapping[str, float] = field(default_factory=dict)
-    """Overrides: ``noise_factor``, per-field absolute tolerances, window thresholds."""
-    env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment variables for every run."""
-    launch: launch.Method = "auto"
-    """``fork`` this interpreter for each run where possible (``auto``), or ``spawn``."""
-
-
-@dataclass
-class RunResult:
-    """One process of the drill."""
-
-    role: Role
-    index: int
-    argv: list[str]
-    returncode: int
-    wall_s: float
-    records: list[dict[str, Any]]
-    run_dir: Path
-    ckpt_dir: Path
-    metrics_path: Path
-    stdout_tail: list[str]
-    stderr_tail: list[str]
-    launched_at: float
-    ended_at: float
-    summary: dict[str, Any] | None = None
-    """The last JSON object the script printed on stdout (e.g. ``param_hash``), if any."""
-    method: str = "spawn"
-    """How the process was started: ``fork`` or ``spawn``."""
-    warm_s: float = 0.0
-    """Seconds the drill process spent importing for this run before forking it."""
-
-    def to_dict(self) -> dict[str, Any]:
-        steps = [r.get("step") for r in self.records]
-        return {
-            "role": self.role,
-            "index": self.index,
-            "argv": list(self.argv),
-            "method": self.method,
-            "returncode": self.returncode,
-            "wall_s": round(self.wall_s, 3),
-            "records": len(self.records),
-            "first_step": steps[0] if steps else None,
-            "last_step": steps[-1] if steps else None,
-            "ckpt_dir": str(self.ckpt_dir),
-            "metrics": str(self.metrics_path),
-            "summary": self.summary,
-            "stdout_tail": self.stdout_tail,
-            "stderr_tail": self.stderr_tail,
-        }
-
-
-@dataclass
-class DrillReport:
-    """Everything the drill found; renderers in :mod:`ckptkit.cli.render.drill` print it.
-
-    A drill that could not run has ``error`` set (exit 2) and whatever it had gathered.
-    """
-
-    ok: bool
-    command: list[str]
-    config: dict[str, Any]
-    checks: list[compare.CheckResult]
-    diagnosis: diagnose.Diagnosis
-    runs: list[RunResult]
-    overhead: dict[str, Any]
-    noise: compare.NoiseFloor
-    checkpoint: Path | None
-    workdir: Path | None
-    workdir_kept: bool = True
-    plot: Path | None = None
-    error: dict[str, Any] | None = None
-    """Why the drill could not run: ``reason``, ``hint``, ``path``, ``stage``."""
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every non-informational check passed, 1 when one failed, 2: no drill."""
-        if self.error is not None:
-            return 2
-        return 0 if self.ok else 1
-
-    @property
-    def reference(self) -> RunResult:
-        return next(r for r in self.runs if r.role == "reference")
-
-    @property
-    def resumed(self) -> RunResult:
-        return next(r for r in self.runs if r.role == "resumed")
-
-    @classmethod
-    def failure(
-        cls,
-        error: CkptkitError | str,
-        *,
-        command: Sequence[str] = (),
-        config: Mapping[str, Any] | None = None,
-        runs: Sequence[RunResult] = (),
-        workdir: Path | None = None,
-        stage: str = "setup",
-        total_s: float = 0.0,
-    ) -> DrillReport:
-        """The report of a drill that could not run (exit 2), with the reason.
-
-        Example:
-            >>> r = DrillReport.failure("no training command given", stage="config")
-            >>> r.exit_code, r.to_dict()["error"]["reason"]
-            (2, 'no training command given')
-        """
-        if isinstance(error, CkptkitError):
-            err = {"reason": error.what, "hint": error.hint, "path": str(error.path)
-                   if error.path else None}
-        else:
-            err = {"reason": str(error), "hint": None, "path": None}
-        return cls(
-            ok=False,
-            command=list(command),
-            config=dict(config or {}),
-            checks=[],
-            diagnosis=diagnose.Diagnosis(
-                "unknown", "low", [f"the drill could not run: {err['reason']}"],
-                "fix what the reason says, then drill again",
-            ),
-            runs=list(runs),
-            overhead={"total_s": _r(total_s), "training_s": 0.0, "overhead_s": _r(total_s)},
-            noise=compare.NoiseFloor(runs=max(1, sum(r.role == "reference" for r in runs))),
-            checkpoint=None,
-            workdir=workdir,
-            error={**err, "stage": stage},
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON report (``schemas/drill-report.schema.json``)."""
-        return compare.jsonable(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "ok": self.ok,
-                "exit_code": self.exit_code,
-                "error": self.error,
-                "command": self.command,
-                "config": self.config,
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-                "workdir": str(self.workdir) if self.workdir and self.workdir_kept else None,
-                "checks": [c.to_dict() for c in self.checks],
-                "diagnosis": self.diagnosis.to_dict(),
-                "noise_floor": self.noise.to_dict(),
-                "runs": [r.to_dict() for r in self.runs],
-                "overhead": self.overhead,
-                "plot": str(self.plot) if self.plot else None,
-            }
-        )
-
 
 # ------------------------------------------------------------------------------- running
 
@@ -342,17 +148,6 @@ def _config_dict(config: DrillConfig, start: int) -> dict[str, Any]:
     }
 
 
-@dataclass
-class _Running:
-    role: Role
-    index: int
-    spec: launch.Launch
-    proc: launch.Proc
-    run_dir: Path
-    ckpt_dir: Path
-    metrics: Path
-
-
 def _drill(
     config: DrillConfig,
     say: Callable[[str], None],
@@ -372,8 +167,8 @@ def _drill(
         loc = fs.location(config.from_ckpt)
         ref_env[ENV_RESUME_FROM] = str(fs.resolved(loc))
     waiting = list(range(config.repeat))
-    running: list[_Running] = []
-    started: list[_Running] = []
+    running: list[process.Running] = []
+    started: list[process.Running] = []
     polls = 0
     done: dict[tuple[str, int], RunResult] = {}
     ckpt: Path | None = None
@@ -397,13 +192,13 @@ def _drill(
                 # reads manifests, so it runs once a second and once the reference ended.
                 polls += 1
                 thorough = polls % 50 == 0 or ("reference", 0) in done
-                ckpt = (_committed(config, ref0, save_at, workdir, thorough,
+                ckpt = (snapshots.committed(config, ref0, save_at, workdir, thorough,
                                    ended=("reference", 0) in done) if ref0 else None)
                 if ckpt is None and ("reference", 0) in done:
                     ref = done[("reference", 0)]
                     raise DrillError(
                         f"no checkpoint for step {save_at} appeared in {ref.ckpt_dir}"
-                        + _tail_text(ref),
+                        + process.tail_text(ref),
                         path=ref.ckpt_dir,
                         hint=f"make the script save after step ${ENV_SAVE_AT} into "
                         f"${ENV_CKPT_DIR} (see docs/drills.md)",
@@ -430,15 +225,15 @@ def _drill(
                 if rc is None:
                     continue
                 running.remove(r)
-                res = _result(r, rc)
+                res = process.result(r, rc)
                 done[(r.role, r.index)] = res
                 runs.append(res)
                 if r.role == "control":
                     continue  # a control that failed measures nothing; it never stops a drill
                 if r.role == "reference" and rc != 0:
-                    raise _crash(res, timed_out=timed_out, stop_at=stop_at)
+                    raise process.crash(res, timed_out=timed_out, stop_at=stop_at)
                 if r.role == "reference":
-                    _expect_steps(res, first=start + 1, last=stop_at)
+                    process.expect_steps(res, first=start + 1, last=stop_at)
             if running or waiting or not resumed_started:
                 time.sleep(POLL_S)
     finally:
@@ -450,26 +245,26 @@ def _drill(
     ran_controls = [v for k, v in sorted(done.items()) if k[0] == "control"]
     runs[:] = [*refs, resumed, *ran_controls]
     stage[0] = "resumed"
-    refusal = _refusal(resumed)
+    refusal = process.refusal(resumed)
     timed_out = resumed.returncode == -9 and config.timeout is not None
-    late = None if refusal is not None or timed_out else _failed_after_last_step(resumed, stop_at)
+    late = None if refusal is not None or timed_out else process.failed_after_last_step(resumed, stop_at)
     if resumed.returncode != 0 and refusal is None and late is None:
-        raise _crash(resumed, timed_out=timed_out, stop_at=stop_at)
+        raise process.crash(resumed, timed_out=timed_out, stop_at=stop_at)
     if refusal is None and not resumed.records:
         raise DrillError(
-            "the resumed run wrote no metrics records" + _tail_text(resumed),
+            "the resumed run wrote no metrics records" + process.tail_text(resumed),
             path=resumed.metrics_path,
             hint=f"log every step with ckptkit.Recorder (it writes to ${ENV_METRICS})",
         )
     stage[0] = "compare"
 
     t_stats = time.time()
-    facts = compare.checkpoint_facts(ckpt)
-    noise = compare.noise_floor(
+    facts = continuity_check.checkpoint_facts(ckpt)
+    noise = noisefloor.noise_floor(
         [r.records for r in refs],
         start=save_at,
         stop=stop_at,
-        finals=[_final_hash(r) for r in refs],
+        finals=[process.final_hash(r) for r in refs],
     )
     if "rng" in noise.noisy:
         noise.generators = _generators(refs, save_at)
@@ -485,7 +280,7 @@ def _drill(
             controls = _usable(ran_controls, resumed, save_at, stop_at)
             measured = _control_noise(noise, resumed, controls, save_at, stop_at)
         noise = measured
-    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
+    ctl_finals = [snapshots.final_checkpoint(c, stop_at) for c in controls]
     ref = refs[0]
     twin = compare.twin(
         ref.records,
@@ -494,15 +289,15 @@ def _drill(
         stop=stop_at,
         noise=noise,
         thresholds=config.thresholds,
-        final=(_final_hash(ref), _final_hash(resumed)),
+        final=(process.final_hash(ref), process.final_hash(resumed)),
     )
-    exposure = compare.exposure(ref.records, resumed.records, start=save_at, stop=stop_at)
-    continuity = compare.continuity(
+    exposure = exposure_check.exposure(ref.records, resumed.records, start=save_at, stop=stop_at)
+    continuity = continuity_check.continuity(
         facts, resumed.records, reference=ref.records, save_step=save_at
     )
-    end_state = compare.end_state(
-        [_final_checkpoint(r, stop_at) for r in refs],
-        _final_checkpoint(resumed, stop_at) if refusal is None and late is None else None,
+    end_state = endstate.end_state(
+        [snapshots.final_checkpoint(r, stop_at) for r in refs],
+        snapshots.final_checkpoint(resumed, stop_at) if refusal is None and late is None else None,
         roots=[str(r.ckpt_dir) for r in (*refs, resumed, *controls)],
         thresholds=config.thresholds,
         resumed_failed=late,
@@ -520,7 +315,7 @@ def _drill(
                              facts=facts)
     stats_s = time.time() - t_stats
     ok = all(c.ok for c in checks if not c.informational)
-    overhead = _overhead(refs, resumed, save_at=save_at, stats_s=stats_s, total_s=time.time() - t0)
+    overhead = drill_overhead(refs, resumed, save_at=save_at, stats_s=stats_s, total_s=time.time() - t0)
     keep = config.keep or not ok or not own_tmp
     return DrillReport(
         ok=ok,
@@ -547,11 +342,11 @@ def _artefacts(
 
     def judge(references: Sequence[Path | None], res: Path | None, /, *,
               roots: Sequence[str], controls: Sequence[Path | None]) -> compare.CheckResult:
-        return compare.end_state(references, res, roots=roots, thresholds=config.thresholds,
+        return endstate.end_state(references, res, roots=roots, thresholds=config.thresholds,
                                  controls=controls)
 
     finals = [f for r in (*refs, *([resumed] if resumed else []), *controls)
-              if (f := _final_checkpoint(r, stop_at)) is not None]
+              if (f := snapshots.final_checkpoint(r, stop_at)) is not None]
     return artefacts.compare_artefacts(
         [r.ckpt_dir for r in refs], resumed.ckpt_dir if resumed else None, judge=judge,
         saved_at=artefacts.modified(ckpt), save_step=stop_at - config.steps_after, skip=finals,
@@ -570,7 +365,7 @@ def _control_snapshots(config: DrillConfig, ckpt: Path, workdir: Path) -> list[P
         try:
             if dst.exists():
                 shutil.rmtree(dst)
-            shutil.copytree(ckpt.parent, dst, copy_function=_link_or_copy)
+            shutil.copytree(ckpt.parent, dst, copy_function=snapshots.link_or_copy)
         except (OSError, shutil.Error):
             break  # no control: the drill measures nothing and stays as without one
         out.append(dst / ckpt.name)
@@ -580,7 +375,7 @@ def _control_snapshots(config: DrillConfig, ckpt: Path, workdir: Path) -> list[P
 def _start_controls(
     config: DrillConfig, snaps: Sequence[Path], save_at: int, stop_at: int, workdir: Path,
     say: Callable[[str], None],
-) -> list[_Running]:
+) -> list[process.Running]:
     """Start ``max(1, repeat)`` control runs: more restores of the step-``W`` checkpoint, in
     new processes, to the stop step (with their final save).
 
@@ -602,7 +397,7 @@ def _start_controls(
 
 
 def _launch_control(config: DrillConfig, index: int, snap: Path, stop_at: int, workdir: Path
-                    ) -> _Running:
+                    ) -> process.Running:
     """One control: a resumed run, for the script, from its own copy of the snapshot."""
     return _launch(config, "control", index,
                    {ENV_RESUME_FROM: str(snap.resolve()), ENV_STOP_AT: str(stop_at),
@@ -612,12 +407,12 @@ def _launch_control(config: DrillConfig, index: int, snap: Path, stop_at: int, w
 def _control_noise(base: compare.NoiseFloor, resumed: RunResult, controls: Sequence[RunResult],
                    save_at: int, stop_at: int) -> compare.NoiseFloor:
     """The noise the controls measure around the resumed run (records and final states)."""
-    res_final = _final_checkpoint(resumed, stop_at)
-    ctl_finals = [_final_checkpoint(c, stop_at) for c in controls]
-    return compare.control_noise(
+    res_final = snapshots.final_checkpoint(resumed, stop_at)
+    ctl_finals = [snapshots.final_checkpoint(c, stop_at) for c in controls]
+    return noisefloor.control_noise(
         base, resumed.records, [c.records for c in controls], start=save_at, stop=stop_at,
-        finals=(_final_hash(resumed), [_final_hash(c) for c in controls]),
-        states=[compare.states_differ(res_final, f, roots=(str(resumed.ckpt_dir),
+        finals=(process.final_hash(resumed), [process.final_hash(c) for c in controls]),
+        states=[noisefloor.states_differ(res_final, f, roots=(str(resumed.ckpt_dir),
                                                            str(c.ckpt_dir)))
                 for c, f in zip(controls, ctl_finals, strict=True)
                 if res_final is not None and f is not None],
@@ -640,7 +435,7 @@ def _more_controls(
         f"{snaps[0].name} to measure its noise")
     running = [_launch_control(config, first + i, snap, stop_at, workdir)
                for i, snap in enumerate(snaps)]
-    return [_result(r, r.proc.wait(config.timeout)) for r in running]
+    return [process.result(r, r.proc.wait(config.timeout)) for r in running]
 
 
 def _usable(controls: Sequence[RunResult], resumed: RunResult, save_at: int, stop_at: int
@@ -658,13 +453,13 @@ def _usable(controls: Sequence[RunResult], resumed: RunResult, save_at: int, sto
 def _generators(refs: Sequence[RunResult], save_at: int) -> list[dict[str, str]]:
     """The generators the fresh references' step-``W`` checkpoints disagree on (the script
     does not seed them), or [] when there is one reference or a checkpoint is gone."""
-    found = [find_checkpoint(r.ckpt_dir, save_at) for r in refs]
+    found = [snapshots.find_checkpoint(r.ckpt_dir, save_at) for r in refs]
     if len(found) < 2 or found[0] is None:
         return []
     out: list[dict[str, str]] = []
     for other in found[1:]:
         if other is not None:
-            out += [g for g in compare.differing_generators(found[0], other) if g not in out]
+            out += [g for g in noisefloor.differing_generators(found[0], other) if g not in out]
     return out
 
 
@@ -673,105 +468,9 @@ def _import_statistics() -> None:
     import ckptkit.drill.stats  # noqa: F401
 
 
-def _committed(
-    config: DrillConfig,
-    ref0: _Running,
-    save_at: int,
-    workdir: Path,
-    thorough: bool,
-    *,
-    ended: bool = False,
-) -> Path | None:
-    """The reference's step-W checkpoint once committed, as a private snapshot (or None).
-
-    The snapshot hard-links the files (copies across file systems) into the drill's own
-    directory: the reference keeps running and may rotate its checkpoint away. Without
-    ``thorough`` only the manager's own ``step-NNNNNNNN`` directory is looked for.
-    """
-    direct = ref0.ckpt_dir / step_dir_name(save_at)
-    if (direct / mf.MANIFEST_NAME).is_file():
-        found: Path | None = direct
-    elif not thorough:
-        return None
-    else:
-        found = find_checkpoint(ref0.ckpt_dir, save_at)
-    if found is None and thorough:
-        snap = _framework_snapshot(ref0.ckpt_dir, save_at, workdir, ended=ended)
-        if snap is not None:
-            return snap
-    if found is None and config.isolate:
-        # A script that ignores $CKPTKIT_CKPT_DIR writes under its own run directory.
-        hits = sorted(
-            p for p in ref0.run_dir.rglob(step_dir_name(save_at))
-            if (p / mf.MANIFEST_NAME).is_file()
-        )
-        found = hits[0] if hits else None
-    if found is None:
-        return None
-    # Named by its step, so the resumed run restores it as that step of a run directory.
-    dst = workdir / "checkpoint" / step_dir_name(save_at)
-    if dst.exists():
-        shutil.rmtree(dst)
-    try:
-        shutil.copytree(found, dst, copy_function=_link_or_copy)
-    except (OSError, shutil.Error):
-        shutil.rmtree(dst, ignore_errors=True)
-        return None  # caught mid-rotation or mid-write: look again at the next poll
-    if not (dst / mf.MANIFEST_NAME).is_file():
-        return None
-    return dst
-
-
-def _framework_snapshot(ckpt_dir: Path, save_at: int, workdir: Path, *, ended: bool) -> Path | None:
-    """A framework's step-W checkpoint (a Trainer ``checkpoint-N``, a Lightning ``.ckpt``),
-    found through its run layout (:func:`ckptkit.run.directory.open_run`), as a private snapshot.
-
-    Only a ``verified`` one (adopted by the integration: digests and component table
-    beside it) is taken while the reference runs; once it has ended, a ``committed`` one
-    too (the drill then says it is not adopted when it resumes). The snapshot keeps the
-    framework's name (and a single file's adopted manifest beside it).
-    """
-    if not ckpt_dir.is_dir():
-        return None
-    run = runs.open_run(ckpt_dir)
-    try:
-        if run.layout == "ckptkit":
-            return None
-        good = ("verified", "committed") if ended else ("verified",)
-        hits = [c for c in run.checkpoints() if c.step == save_at and c.status in good]
-    finally:
-        run.close()
-    if not hits:
-        return None
-    src = Path(str(max(hits, key=lambda c: c.status == "verified").path))
-    dst = workdir / "checkpoint" / src.name
-    try:
-        if dst.parent.exists():
-            shutil.rmtree(dst.parent)
-        dst.parent.mkdir(parents=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, copy_function=_link_or_copy)
-        else:
-            _link_or_copy(str(src), str(dst))
-            side = adopted_path(src)
-            if side.is_file():
-                _link_or_copy(str(side), str(adopted_path(dst)))
-    except (OSError, shutil.Error):
-        shutil.rmtree(dst.parent, ignore_errors=True)
-        return None  # caught mid-rotation or mid-write: look again at the next poll
-    return dst
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _launch(
     config: DrillConfig, role: Role, index: int, contract: Mapping[str, str], workdir: Path
-) -> _Running:
+) -> process.Running:
     name = role if role == "resumed" else f"{role}-{index}"
     run_dir = workdir / name
     if run_dir.exists():
@@ -822,7 +521,7 @@ def _launch(
         ) from None
     except ValueError as e:
         raise DrillError(str(e), hint="use --launch auto or spawn") from None
-    return _Running(role, index, spec, proc, run_dir, ckpt_dir, metrics)
+    return process.Running(role, index, spec, proc, run_dir, ckpt_dir, metrics)
 
 
 def _run_one(
@@ -831,108 +530,10 @@ def _run_one(
     """Run one process to its end (killed after ``config.timeout``); raise if it failed."""
     r = _launch(config, role, index, contract, workdir)
     rc = r.proc.wait(config.timeout)
-    res = _result(r, rc)
+    res = process.result(r, rc)
     if rc != 0:
-        raise _crash(res, timed_out=rc == -9 and config.timeout is not None)
+        raise process.crash(res, timed_out=rc == -9 and config.timeout is not None)
     return res
-
-
-def _result(r: _Running, rc: int) -> RunResult:
-    ended = time.time()
-    stdout = r.spec.stdout.read_text(errors="replace").splitlines()
-    stderr = r.spec.stderr.read_text(errors="replace").splitlines()
-    records = read_jsonl(r.metrics) if r.metrics.exists() else []
-    return RunResult(
-        role=r.role,
-        index=r.index,
-        argv=r.spec.argv,
-        returncode=rc,
-        wall_s=ended - r.proc.launched_at,
-        records=records,
-        run_dir=r.run_dir,
-        ckpt_dir=r.ckpt_dir,
-        metrics_path=r.metrics,
-        stdout_tail=stdout[-TAIL_LINES:],
-        stderr_tail=stderr[-TAIL_LINES:],
-        launched_at=r.proc.launched_at,
-        ended_at=ended,
-        summary=_last_json(stdout),
-        method=r.proc.method,
-        warm_s=r.proc.warm_s,
-    )
-
-
-def _failed_after_last_step(run: RunResult, stop_at: int) -> str | None:
-    """Why ``run`` exited with an error after it recorded its stop step, or None.
-
-    A run that trained and recorded every step and then failed in its final save (the
-    state it reached cannot be saved: NaN weights under ``on_inconsistent="raise"``, a
-    full disk) is a comparable run whose end state is missing, not a crash that stops the
-    drill: its records are compared and the failed final save fails ``end_state``.
-    """
-    if run.returncode == 0 or not run.records:
-        return None
-    last = run.records[-1].get("step")
-    if last != stop_at:
-        return None
-    return f"the resumed run recorded step {stop_at}, then exited with status " \
-        f"{run.returncode} before its final checkpoint was saved" + _tail_text(run)
-
-
-def _crash(run: RunResult, *, timed_out: bool, stop_at: int | None = None) -> DrillError:
-    name = f"{run.role}-{run.index}" if run.role == "reference" else run.role
-    why = "timed out" if timed_out else f"exited with status {run.returncode}"
-    hint = "fix the script so it runs to the stop step, then drill again"
-    if stop_at is not None and run.records and run.records[-1].get("step") == stop_at:
-        # It trained to the end: what failed is its final save or the process's exit.
-        why = (f"recorded its stop step {stop_at}, then {why}: it failed on its way out "
-               "(its final save or the interpreter's shutdown), not in training")
-        hint = ("make the script end cleanly after its last step (under torchrun with gloo, "
-                "a process group a DDP model still holds at exit can hang or abort a rank "
-                "in its teardown, pytorch/pytorch#179291: once everything is written, end "
-                "the process with ckptkit.collective.leave(0)), then drill again")
-    return DrillError(f"the {name} run {why}" + _tail_text(run), path=run.run_dir, hint=hint)
-
-
-_CK_ERROR = re.compile(r"^(?:ckptkit\.errors\.)?(\w+Error): (.*)$")
-_COMPONENT_WORDS = ("scaler", "sampler", "scheduler", "optimizer", "rng", "fp8", "progress",
-                    "model", "data", "parallel")
-
-
-def _refusal(resumed: RunResult) -> compare.CheckResult | None:
-    """A ``restore`` check when ckptkit refused the resume (the run died on a ckptkit error
-    before its first step), else None."""
-    if resumed.returncode == 0 or resumed.records:
-        return None
-    for line in reversed(resumed.stderr_tail):
-        m = _CK_ERROR.match(line.strip())
-        if not m or not line.strip().startswith("ckptkit.errors."):
-            continue
-        cls = getattr(errors, m.group(1), None)
-        if not (isinstance(cls, type) and issubclass(cls, CkptkitError)):
-            continue
-        message = m.group(2)
-        code = re.match(r"(CK-[A-Z]\d{3})\b", message)
-        component = None
-        if code and code.group(1) in CODES and CODES[code.group(1)].component != "checkpoint":
-            component = CODES[code.group(1)].component
-        else:  # a code about the run as a whole (CK-R010): the message names the part
-            low = message.lower()
-            component = next((w for w in _COMPONENT_WORDS if w in low), None)
-        return compare.CheckResult(
-            name="restore",
-            ok=False,
-            statistic=1,
-            threshold=0,
-            detail={
-                "error": m.group(1),
-                "code": code.group(1) if code else None,
-                "message": message,
-                "component": component,
-                "summary": f"ckptkit refused the resume: {m.group(1)}: {message}",
-            },
-        )
-    return None
 
 
 def cleanup(report: DrillReport) -> None:
@@ -945,55 +546,6 @@ def cleanup(report: DrillReport) -> None:
     """
     if not report.workdir_kept and report.workdir is not None:
         shutil.rmtree(report.workdir, ignore_errors=True)
-
-
-def find_checkpoint(ckpt_dir: Path, step: int) -> Path | None:
-    """Return the committed checkpoint of ``step`` under ``ckpt_dir`` (or None).
-
-    Looks for the manager's ``step-NNNNNNNN`` directory first, then any directory (up to
-    two levels down, or ``ckpt_dir`` itself) whose manifest records ``step``.
-
-    Example:
-        >>> find_checkpoint(Path("/nonexistent"), 10) is None
-        True
-    """
-    if not ckpt_dir.is_dir():
-        return None
-    direct = ckpt_dir / step_dir_name(step)
-    if (direct / mf.MANIFEST_NAME).is_file():
-        return direct
-    candidates = [ckpt_dir, *ckpt_dir.glob("*"), *ckpt_dir.glob("*/*")]
-    for c in candidates:
-        if atomic.is_temporary(c):
-            continue  # a save still in progress (or one that was interrupted)
-        if c.is_dir() and not c.is_symlink() and (c / mf.MANIFEST_NAME).is_file():
-            try:
-                if manifest_io.read(c).step == step:
-                    return c
-            except CkptkitError:
-                continue
-    return None
-
-
-def _final_checkpoint(run: RunResult, stop_at: int) -> Path | None:
-    """The checkpoint ``run`` saved after the stop step (``CKPTKIT_DRILL_SAVE_FINAL``), in
-    place (the run has ended: nothing rotates it away now), or None when it saved none:
-    the manager's ``step-NNNNNNNN``, or a framework's (Trainer ``checkpoint-N``,
-    Lightning ``.ckpt``) found through its run layout."""
-    found = find_checkpoint(run.ckpt_dir, stop_at)
-    if found is not None or not run.ckpt_dir.is_dir():
-        return found
-    layout = runs.open_run(run.ckpt_dir)
-    try:
-        if layout.layout == "ckptkit":
-            return None
-        hits = [c for c in layout.checkpoints()
-                if c.step == stop_at and c.status in ("verified", "committed")]
-    finally:
-        layout.close()
-    if not hits:
-        return None
-    return Path(str(max(hits, key=lambda c: c.status == "verified").path))
 
 
 def _start_step(from_ckpt: Path | str | None) -> int:
@@ -1013,64 +565,11 @@ def _start_step(from_ckpt: Path | str | None) -> int:
     )
 
 
-def _expect_steps(run: RunResult, *, first: int, last: int) -> None:
-    if not run.records:
-        raise DrillError(
-            f"the {run.role} run wrote no metrics records" + _tail_text(run),
-            path=run.metrics_path,
-            hint=f"log every step with ckptkit.Recorder (it writes to ${ENV_METRICS})",
-        )
-    got = run.records[0].get("step")
-    if got != first:
-        raise DrillError(
-            f"the {run.role} run started at step {got}, expected {first}: it did not start "
-            "where the drill asked (did it restore a checkpoint from its own directory?)",
-            path=run.run_dir,
-            hint=f"make the script save into ${ENV_CKPT_DIR} (each run gets an empty one) or "
-            "run the drill with --isolate",
-        )
-    if run.records[-1].get("step") != last:
-        raise DrillError(
-            f"the {run.role} run stopped at step {run.records[-1].get('step')}, expected {last}",
-            path=run.run_dir,
-            hint=f"make the script stop after step ${ENV_STOP_AT}",
-        )
-
-
 def _absolutize(arg: str, here: Path) -> str:
     if arg.startswith("-") or os.path.isabs(arg):
         return arg
     p = here / arg
     return str(p) if p.exists() else arg
-
-
-def _last_json(lines: Sequence[str]) -> dict[str, Any] | None:
-    for line in reversed(lines):
-        s = line.strip()
-        if s.startswith("{") and s.endswith("}"):
-            try:
-                obj = json.loads(s)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None
-
-
-def _final_hash(run: RunResult) -> str | None:
-    for rec in reversed(run.records):
-        if "param_hash" in rec:
-            return str(rec["param_hash"])
-    if run.summary and "param_hash" in run.summary:
-        return str(run.summary["param_hash"])
-    return None
-
-
-def _tail_text(run: RunResult) -> str:
-    lines = (run.stderr_tail or run.stdout_tail)[-8:]
-    if not lines:
-        return ""
-    return "; last output:\n  " + "\n  ".join(lines) + "\n"
 
 
 def _window(
@@ -1099,240 +598,11 @@ def _window(
     )
 
 
-# ------------------------------------------------------------------------------- overhead
-
-
-def _timing(run: RunResult, *, save_at: int | None) -> dict[str, Any]:
-    """Split one run's wall time into start-up, training, save and tear-down.
-
-    From the record timestamps: the median gap between consecutive records is one step;
-    the time before the first record beyond one step is start-up (imports, setup,
-    restore); the excess of the gap after the save step is the save. ``intervals`` are the
-    wall-clock spans the run spent training (the save cut out).
-    """
-    times = [float(r["time"]) for r in run.records if isinstance(r.get("time"), int | float)]
-    steps = [r.get("step") for r in run.records]
-    if not times:
-        return {"startup_s": run.wall_s, "train_s": 0.0, "save_s": 0.0, "teardown_s": 0.0,
-                "intervals": []}
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    step_s = statistics.median(gaps) if gaps else 0.0
-    save_s = 0.0
-    intervals = [(times[0] - step_s, times[-1])]
-    if save_at is not None and save_at in steps:
-        i = steps.index(save_at)
-        if i + 1 < len(times):
-            save_s = max(0.0, times[i + 1] - times[i] - step_s)
-            intervals = [(times[0] - step_s, times[i]), (times[i] + save_s, times[-1])]
-    startup = max(0.0, times[0] - run.launched_at - step_s)
-    train = max(0.0, times[-1] - times[0] + step_s - save_s)
-    return {
-        "startup_s": startup,
-        "train_s": train,
-        "save_s": save_s,
-        "teardown_s": max(0.0, run.ended_at - times[-1]),
-        "step_s": step_s,
-        "intervals": intervals,
-    }
-
-
-def _union(intervals: Sequence[tuple[float, float]]) -> float:
-    """Total length covered by the intervals (overlaps counted once)."""
-    total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _overhead(
-    refs: list[RunResult], resumed: RunResult, *, save_at: int, stats_s: float, total_s: float
-) -> dict[str, Any]:
-    ref_t = [_timing(r, save_at=save_at) for r in refs]
-    res_t = _timing(resumed, save_at=None)
-    busy = sum(t["train_s"] for t in ref_t) + res_t["train_s"]
-    # Runs overlap (the resumed one starts once the checkpoint commits): the drill's
-    # training time is the wall-clock time during which at least one run trained.
-    train = _union([iv for t in (*ref_t, res_t) for iv in t["intervals"]])
-    startup = sum(t["startup_s"] for t in ref_t) + res_t["startup_s"]
-    save = sum(t["save_s"] for t in ref_t)
-    # The resumed start-up minus a fresh start-up is the restore (same imports and setup).
-    restore = max(0.0, res_t["startup_s"] - ref_t[0]["startup_s"])
-    teardown = sum(t["teardown_s"] for t in ref_t) + res_t["teardown_s"]
-    overhead = max(0.0, total_s - train)
-    return {
-        "total_s": _r(total_s),
-        "training_s": _r(train),
-        "training_process_s": _r(busy),
-        "warmup_s": _r(sum(r.warm_s for r in (*refs, resumed))),
-        "process_start_s": _r(startup - restore),
-        "save_s": _r(save),
-        "restore_s": _r(restore),
-        "teardown_s": _r(teardown),
-        "statistics_s": _r(stats_s),
-        "overhead_s": _r(overhead),
-        "overhead_fraction": _r(overhead / total_s) if total_s > 0 else None,
-        "overhead_vs_training": _r(overhead / train) if train > 0 else None,
-        "step_s": _r(ref_t[0].get("step_s", 0.0)),
-        "launch": sorted({r.method for r in (*refs, resumed)}),
-        "method": "estimated from record timestamps: training is the wall-clock time during "
-        "which at least one run trained (runs overlap); warm-up is the drill process "
-        "importing what the forked runs need (torch._dynamo ...); start-up is the time to "
-        "the first record after the launch less one step (imports and setup of each run); "
-        "restore is the resumed start-up less the fresh one; save is the excess of the gap "
-        "after the save step; overhead is the total less training",
-    }
-
-
-def _r(x: float) -> float:
-    return round(x, 4) if math.isfinite(x) else x
-
-
-CONFIG_KEYS = frozenset(
-    {
-        "command",
-        "steps_before",
-        "steps_after",
-        "device",
-        "threads",
-        "repeat",
-        "thresholds",
-        "pass_device",
-        "isolate",
-        "timeout",
-        "env",
-        "from_ckpt",
-        "launch",
-    }
-)
-"""Keys a drill TOML file may set (at top level or under ``[drill]``)."""
-
-
-def load_config(path: str | Path, **overrides: Any) -> DrillConfig:
-    """Read a drill TOML file (e.g. ``drills/tiny_lm.toml``); non-None overrides win.
-
-    Raises:
-        DrillError: the file is not valid TOML, has unknown keys, no command, or a value
-            of the wrong type (integers for steps/repeat/threads, a number for
-            ``timeout``, tables of strings for ``env`` and of numbers for ``thresholds``).
-
-    Example:
-        >>> import tempfile
-        >>> p = Path(tempfile.mkdtemp()) / "d.toml"
-        >>> _ = p.write_text('command = ["python", "train.py"]\\nsteps_before = 4\\n')
-        >>> cfg = load_config(p, steps_after=3)
-        >>> cfg.command, cfg.steps_before, cfg.steps_after
-        (['python', 'train.py'], 4, 3)
-    """
-    import tomllib
-
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise DrillError(f"not valid TOML: {e}", path=path, hint="fix the drill file") from None
-    if isinstance(data.get("drill"), dict):
-        data = data["drill"]
-    unknown = sorted(set(data) - CONFIG_KEYS)
-    if unknown:
-        raise DrillError(
-            f"unknown keys {unknown}", path=path, hint=f"use only {sorted(CONFIG_KEYS)}"
-        )
-    values: dict[str, Any] = {**data, **{k: v for k, v in overrides.items() if v is not None}}
-    command = values.get("command")
-    if isinstance(command, str):
-        import shlex
-
-        command = shlex.split(command)
-    if (
-        not command
-        or not isinstance(command, list | tuple)
-        or not all(isinstance(a, str) for a in command)
-    ):
-        raise DrillError(
-            "no command (a list of strings) given",
-            path=path,
-            hint='command = ["python", "-m", "my.train"]',
-        )
-    values["command"] = command
-    _check_types(values, path)
-    if values.get("from_ckpt") is not None:
-        values["from_ckpt"] = Path(values["from_ckpt"])
-    try:
-        return DrillConfig(**values)
-    except TypeError as e:
-        raise DrillError(str(e), path=path, hint="check the drill file's keys") from None
-
-
-_INT_KEYS = {"steps_before": 10, "steps_after": 10, "repeat": 2, "threads": 1}
-"""Integer keys of a drill file, with an example value for the hint."""
-
-
-def _check_types(values: Mapping[str, Any], path: Path) -> None:
-    """Raise a DrillError naming the key when a drill file value has the wrong type."""
-
-    def bad(key: str, want: str, example: str) -> DrillError:
-        got = values[key]
-        return DrillError(
-            f"{key} = {got!r} ({type(got).__name__}) must be {want}",
-            path=path,
-            hint=f"write it as {example}",
-        )
-
-    for key, example in _INT_KEYS.items():
-        v = values.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise bad(key, "an integer", f"{key} = {example}")
-    for key in ("device", "from_ckpt"):
-        v = values.get(key)
-        if v is not None and not isinstance(v, str | os.PathLike):
-            raise bad(
-                key, "a string", f'{key} = "{"cpu" if key == "device" else "ckpt/step-00000010"}"'
-            )
-    if values.get("launch") is not None and values["launch"] not in ("auto", "fork", "spawn"):
-        raise bad("launch", "one of auto, fork, spawn", 'launch = "auto"')
-    for key in ("pass_device", "isolate"):
-        v = values.get(key)
-        if v is not None and not isinstance(v, bool):
-            raise bad(key, "true or false", f"{key} = true")
-    timeout = values.get("timeout")
-    if timeout is not None and not _is_number(timeout):
-        raise bad("timeout", "a number of seconds", "timeout = 600")
-    if not _table_of(values.get("env"), lambda v: isinstance(v, str)):
-        raise bad("env", "a table of string values", '[env] (or [drill.env]) NAME = "1"')
-    if not _table_of(values.get("thresholds"), _is_number):
-        raise bad(
-            "thresholds",
-            "a table of numbers",
-            "[thresholds] (or [drill.thresholds]) noise_factor = 4.0",
-        )
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _table_of(table: Any, ok: Callable[[Any], bool]) -> bool:
-    """Whether ``table`` is absent, or a mapping of string keys to values ``ok`` accepts."""
-    if table is None:
-        return True
-    if not isinstance(table, Mapping):
-        return False
-    return all(isinstance(k, str) and ok(v) for k, v in table.items())
-
-
 __all__ = [
     "ENV_CKPT_DIR",
     "ENV_DEVICE",
     "ENV_ROLE",
     "ENV_THREADS",
-    "DrillConfig",
-    "DrillReport",
-    "RunResult",
     "cleanup",
-    "find_checkpoint",
-    "load_config",
     "run_drill",
 ]

@@ -162,9 +162,11 @@ def test_config_file_drill_passes_with_json_on_stdout(tmp_path: Path) -> None:
 
 def _passing_report(tmp_path: Path) -> object:
     """A passed drill's report built from synthetic records (no training runs)."""
-    from ckptkit.drill.compare import NoiseFloor, continuity, exposure, twin
+    from ckptkit.drill.compare import NoiseFloor, twin
+    from ckptkit.drill.continuity import continuity
     from ckptkit.drill.diagnose import Diagnosis
-    from ckptkit.drill.runner import DrillReport, RunResult
+    from ckptkit.drill.exposure import exposure
+    from ckptkit.drill.report import DrillReport, RunResult
 
     recs = [{"step": s, "loss": 1.0 / s, "time": float(s)} for s in range(1, 5)]
 

@@ -58,9 +58,11 @@ def test_drill_lower_case_w_is_a_usage_error_naming_the_option_meant(tmp_path: P
 
 def _report(tmp_path: Path, *, ok: bool) -> object:
     """A drill report from synthetic records (no training runs): resumed equal or not."""
-    from ckptkit.drill.compare import NoiseFloor, continuity, exposure, twin
+    from ckptkit.drill.compare import NoiseFloor, twin
+    from ckptkit.drill.continuity import continuity
     from ckptkit.drill.diagnose import Diagnosis
-    from ckptkit.drill.runner import DrillReport, RunResult
+    from ckptkit.drill.exposure import exposure
+    from ckptkit.drill.report import DrillReport, RunResult
 
     ref = [{"step": s, "loss": 1.0 / s, "time": float(s)} for s in range(1, 5)]
     res = [dict(r, loss=r["loss"] * (1 if ok else 2)) for r in ref[2:]]

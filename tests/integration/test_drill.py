@@ -13,7 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, cleanup, find_checkpoint, load_config, run_drill
+from ckptkit.drill.config import DrillConfig, load_config
+from ckptkit.drill.runner import cleanup, run_drill
+from ckptkit.drill.snapshots import find_checkpoint
 from ckptkit.errors import DrillError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from ckptkit.drill.config import DrillConfig
 from ckptkit.drill.diagnose import WORKERS_RNG
-from ckptkit.drill.runner import DrillConfig, run_drill
+from ckptkit.drill.runner import run_drill
 
 SCRIPT = str(Path(__file__).with_name("rows_script.py"))
 

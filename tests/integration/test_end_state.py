@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, DrillReport, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.report import DrillReport
+from ckptkit.drill.runner import run_drill
 
 HERE = Path(__file__).parent
 PLAIN = HERE / "end_state_script.py"

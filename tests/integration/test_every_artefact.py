@@ -18,7 +18,9 @@ import jsonschema
 import pytest
 
 from ckptkit.cli.render import drill as render
-from ckptkit.drill.runner import DrillConfig, DrillReport, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.report import DrillReport
+from ckptkit.drill.runner import run_drill
 
 SCRIPT = Path(__file__).parent / "ema_export_script.py"
 SCHEMA = json.loads(

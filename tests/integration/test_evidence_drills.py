@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, cleanup, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.runner import cleanup, run_drill
 
 SCRIPT = Path(__file__).with_name("char_script.py")
 W = N = 6

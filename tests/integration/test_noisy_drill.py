@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, DrillReport, cleanup, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.report import DrillReport
+from ckptkit.drill.runner import cleanup, run_drill
 
 SCRIPT = Path(__file__).with_name("noisy_script.py")
 W, N = 6, 6

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, cleanup, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.runner import cleanup, run_drill
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Drill report output: a rich terminal summary, JSON, JUnit XML and a loss/grad-norm plot.
 
-Each renderer takes a :class:`~ckptkit.drill.runner.DrillReport`; the JSON conforms to
+Each renderer takes a :class:`~ckptkit.drill.report.DrillReport`; the JSON conforms to
 ``schemas/drill-report.schema.json``.
 """
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from ckptkit.drill.runner import DrillReport
+    from ckptkit.drill.report import DrillReport
 
 
 def _console(out: TextIO) -> Console:

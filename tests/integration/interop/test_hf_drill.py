@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from ckptkit.drill.runner import DrillConfig, DrillReport, run_drill
+from ckptkit.drill.config import DrillConfig
+from ckptkit.drill.report import DrillReport
+from ckptkit.drill.runner import run_drill
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

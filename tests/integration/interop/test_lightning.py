@@ -19,7 +19,8 @@ import torch
 
 L = pytest.importorskip("lightning")
 
-from ckptkit.drill.runner import DrillConfig, run_drill  # noqa: E402
+from ckptkit.drill.config import DrillConfig  # noqa: E402
+from ckptkit.drill.runner import run_drill  # noqa: E402
 from ckptkit.errors import IntegrityError, NotWritableError  # noqa: E402
 from ckptkit.integrations.lightning import (  # noqa: E402
     CkptkitCallback,

@@ -252,7 +252,8 @@ def _trainer_recipe() -> str:
 
 
 def test_the_documented_trainer_recipe_resumes_exactly_with_two_workers(tmp_path: Path) -> None:
-    from ckptkit.drill.runner import DrillConfig, run_drill
+    from ckptkit.drill.config import DrillConfig
+    from ckptkit.drill.runner import run_drill
 
     recipe = _trainer_recipe()
     assert LOADER_LINE in recipe, "the recipe's DataLoader line changed: update this test"

@@ -17,8 +17,8 @@ import torch
 
 from ckptkit.checkpoint.catalog import CheckpointInfo, Status
 from ckptkit.codes import Finding
-from ckptkit.drill.compare import checkpoint_facts
-from ckptkit.drill.runner import _framework_snapshot
+from ckptkit.drill.continuity import checkpoint_facts
+from ckptkit.drill.snapshots import _framework_snapshot
 from ckptkit.run import directory as runs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.foreign.adopt import Notes, adopt_checkpoint, adopted_path

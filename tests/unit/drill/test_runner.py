@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ckptkit.drill import runner
-from ckptkit.drill.runner import DrillConfig, load_config
+from ckptkit.drill.config import DrillConfig, load_config
 from ckptkit.errors import DrillError
 from ckptkit.integrations.drill_env import ENV_VARS
 

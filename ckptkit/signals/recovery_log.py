@@ -128,9 +128,9 @@ def describe(record: Mapping[str, Any] | Recovery) -> str:
     lr, clip, skip = (acts.get(k) or {} for k in ("lr", "clip", "skip"))
     done = []
     if lr.get("factor") is not None:
-        done.append(f"LR x{lr.get('scale', 1.0):g}" if lr.get("applied", True) else "LR unchanged")
+        done.append(f"LR x{_scale(lr)}" if lr.get("applied", True) else "LR unchanged")
     if clip.get("factor") is not None:
-        done.append(f"clip norm x{clip.get('scale', 1.0):g}")
+        done.append(f"clip norm x{_scale(clip)}")
     if skip.get("status") == "applied":
         done.append(
             f"skipped {skip.get('samples')} samples (steps {skip.get('from_step')}-"
@@ -162,3 +162,15 @@ def iter_records(root: str | Location) -> Iterator[dict[str, Any]]:
 
 
 __all__ = ["LOG", "LOG_VERSION", "describe", "iter_records", "read_log", "write_log"]
+
+
+def _scale(action: Mapping[str, Any]) -> str:
+    """An action's recorded scale for the text, ``?`` where the log holds no number there
+    (a hand-edited or damaged log is described, never raised from).
+
+    Example:
+        >>> _scale({"scale": 0.3}), _scale({"scale": None}), _scale({})
+        ('0.3', '?', '1')
+    """
+    v = action.get("scale", 1.0)
+    return f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else "?"

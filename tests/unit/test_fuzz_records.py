@@ -232,3 +232,15 @@ def test_restore_skips_a_checkpoint_whose_data_skip_is_malformed(tmp_path: Path)
                                    recovery=RecoveryPolicy(), background_verify=False) as mgr:
         res = mgr.restore(ckptkit.TrainState(model=model, step=0))
     assert res is not None and res.step == 1
+
+
+def test_a_recovery_whose_scale_is_not_a_number_is_described_not_raised_from() -> None:
+    """What hypothesis found: ``actions.lr.scale`` null in a hand-edited log raised a
+    TypeError from the text (``f"{None:g}"``)."""
+    from ckptkit.signals.recovery_log import describe
+
+    text = describe({"n": 1, "detected_at": 5, "level": "warn", "signals": [],
+                     "restored": {"checkpoint": "step-00000004"},
+                     "actions": {"lr": {"factor": 0.5, "scale": None},
+                                 "clip": {"factor": 0.5, "scale": "x"}}})
+    assert "LR x?" in text and "clip norm x?" in text

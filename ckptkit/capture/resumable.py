@@ -31,6 +31,12 @@ _LOADER_FRAMES = 8
 """Frames walked up from a pass's start to the DataLoader iterator asking for it."""
 
 
+ORDER_SALT = "ckptkit" + ".sampler"
+"""Part of every epoch's order (with the seed and the epoch): saved runs resume into the
+order it gave them, so it never changes. It is the module's name when the order was
+defined, not a module path (written in two parts so that no rename rewrites it)."""
+
+
 def loader_iterator(frame: Any = None) -> Any:
     """The ``torch.utils.data`` DataLoader iterator a caller up the stack is, if any.
 
@@ -322,7 +328,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             return self._order_cache[1]
         gen = torch.Generator()
         gen.manual_seed(
-            xxhash.xxh3_64_intdigest(f"ckptkit.capture.resumable:{self.seed}:{self.epoch}".encode())
+            xxhash.xxh3_64_intdigest(f"{ORDER_SALT}:{self.seed}:{self.epoch}".encode())
         )
         n = self.data_len
         order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)

@@ -432,3 +432,14 @@ def test_next_indices_start_at_the_first_index_in_flight(restored: bool) -> None
             s = _in_flight(n, fetched, delivered, restored=restored)
             assert s.next_indices(k) == _received_next(n, delivered, k), (fetched, delivered)
             assert s.state_dict()["position"] == delivered
+
+
+def test_the_order_of_a_seed_and_epoch_never_changes() -> None:
+    """Saved runs resume into the order a seed and an epoch gave them, so the order is part
+    of the format: these are the orders ckptkit 0.3 gave (a module move once rewrote the
+    salt of the order's generator, and a version-1 checkpoint resumed into other samples)."""
+    s = ResumableSampler(12, seed=1)
+    assert list(s) == [2, 9, 1, 8, 0, 7, 3, 5, 4, 11, 10, 6]
+    s.set_epoch(3)
+    assert list(s) == [3, 6, 5, 9, 2, 4, 7, 10, 11, 0, 8, 1]
+    assert list(ResumableSampler(10, seed=7, rank=1, world_size=2)) == [3, 0, 2, 8, 4]

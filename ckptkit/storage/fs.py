@@ -22,7 +22,9 @@ through the functions here:
 * what a checkpoint may not hold: :func:`escapes` (a symlink, or a path resolving outside
   it: never, on an object store) and :func:`walk_entries` (every entry but a directory);
 * :func:`resolved` (a location for another process) and :func:`local_path` (the
-  :class:`~pathlib.Path`, for what exists only on a POSIX filesystem).
+  :class:`~pathlib.Path`, for what exists only on a POSIX filesystem), or
+  :func:`require_local` (that Path, or an error naming the remote location and the fix);
+* :func:`reads_back_cheaply`: whether a save can read its own files back.
 
 This module and the rest of :mod:`ckptkit.storage` are the only code that asks
 :func:`is_local`; the layers above call the function that does what they need
@@ -137,6 +139,55 @@ def local_path(p: Location) -> Path | None:
         (PosixPath('/tmp/run'), None)
     """
     return _lp(p) if is_local(p) else None
+
+
+def require_local(x: str | os.PathLike[str] | Location, *, needs: str) -> Path:
+    """The local :class:`Path` that ``x`` names; an error naming it when it is remote.
+
+    For code that works on local files only (a framework's layout, a foreign format's
+    reader, adopting a foreign checkpoint) and has no object-store counterpart: it is never
+    handed a bogus relative path made of a URL (``s3:/bucket/run``).
+
+    Args:
+        x: a path, a URL or a location.
+        needs: what works on local files only, as the message names it (``"adopting a
+            foreign checkpoint"``).
+
+    Raises:
+        CkptkitError: ``x`` is in an object store (the message names it and the fix), or is
+            a URL :func:`location` refuses.
+
+    Example:
+        >>> require_local("/tmp/run", needs="reading a framework's run")
+        PosixPath('/tmp/run')
+        >>> require_local("memory://bucket/run", needs="reading a framework's run")
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.CkptkitError: memory://bucket/run: reading a framework's run works on a local filesystem only, not on an object store. Fix: ...
+    """
+    loc = location(x)
+    local = local_path(loc)
+    if local is None:
+        raise CkptkitError(
+            f"{needs} works on a local filesystem only, not on an object store",
+            path=url(loc),
+            hint=f"copy it to a local directory first (e.g. 'aws s3 sync {url(loc)} DIR' or "
+            "fsspec's get(recursive=True)) and pass that directory",
+        )
+    return local
+
+
+def reads_back_cheaply(p: Location) -> bool:
+    """Whether files just written under ``p`` can be read back cheaply (a local disk: yes;
+    an object store: every read is a request over the network).
+
+    A save asks this before it reads its own files back (to count what a value scan found).
+
+    Example:
+        >>> reads_back_cheaply(location("/tmp/run")), reads_back_cheaply(location("memory://b/run"))
+        (True, False)
+    """
+    return is_local(p)
 
 
 def resolved(p: Location) -> Location:
@@ -839,12 +890,14 @@ __all__ = [
     "read_ranges_into",
     "read_small",
     "read_tagged",
+    "reads_back_cheaply",
     "remove_dir_aside",
     "remove_file",
     "remove_if_match",
     "remove_tree",
     "replace_bytes",
     "replace_if_match",
+    "require_local",
     "resolved",
     "size",
     "sync_dir",

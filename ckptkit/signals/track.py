@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -234,18 +234,14 @@ class Track:
                 )
         if armed and self.spec.regression and self.spec.log and math.isfinite(self.best):
             ratio = _exp(self.med_recent - self.best)
-            if w.regress_warn is not None and ratio >= w.regress_warn:
-                crit = w.regress_critical is not None and ratio >= w.regress_critical
-                out.append(
-                    Signal(
-                        f"{self.name}.regression",
-                        "critical" if crit else "warn",
-                        ratio,
-                        (w.regress_critical if crit else w.regress_warn) or math.nan,
-                        f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x "
-                        f"the best baseline median {math.exp(self.best):.4g}",
-                    )
-                )
+            out += _graded(
+                f"{self.name}.regression",
+                ratio,
+                w.regress_warn,
+                w.regress_critical,
+                lambda: f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x "
+                f"the best baseline median {math.exp(self.best):.4g}",
+            )
         if armed and self.ref_level:
             out.extend(self._drift(w))
         if self.values:
@@ -266,33 +262,25 @@ class Track:
         out: list[Signal] = []
         ref = self.ref_level[0][1]
         ratio = _exp(self.med_recent - ref)
-        if self.spec.drift and w.drift_warn is not None and ratio >= w.drift_warn:
-            crit = w.drift_critical is not None and ratio >= w.drift_critical
-            out.append(
-                Signal(
-                    f"{self.name}.drift",
-                    "critical" if crit else "warn",
-                    ratio,
-                    (w.drift_critical if crit else w.drift_warn) or math.nan,
-                    f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x the lowest "
-                    f"baseline median {math.exp(ref):.4g} of the last {w.ref_horizon} steps",
-                )
+        if self.spec.drift:
+            out += _graded(
+                f"{self.name}.drift",
+                ratio,
+                w.drift_warn,
+                w.drift_critical,
+                lambda: f"recent median {math.exp(self.med_recent):.4g} is {ratio:.2f}x the lowest "
+                f"baseline median {math.exp(ref):.4g} of the last {w.ref_horizon} steps",
             )
         if self.spec.spread_drift and w.spread_warn is not None and math.isfinite(self.dsig_recent):
             sratio = self.dsig_recent / self.spread_ref
-            if sratio >= w.spread_warn:
-                crit = w.spread_critical is not None and sratio >= w.spread_critical
-                out.append(
-                    Signal(
-                        f"{self.name}.spread_drift",
-                        "critical" if crit else "warn",
-                        sratio,
-                        (w.spread_critical if crit else w.spread_warn) or math.nan,
-                        f"step-to-step spread of the last {w.recent} steps is {sratio:.1f}x the "
-                        f"lower quartile of the baseline spreads of the last {w.ref_horizon} "
-                        "steps",
-                    )
-                )
+            out += _graded(
+                f"{self.name}.spread_drift",
+                sratio,
+                w.spread_warn,
+                w.spread_critical,
+                lambda: f"step-to-step spread of the last {w.recent} steps is {sratio:.1f}x the "
+                f"lower quartile of the baseline spreads of the last {w.ref_horizon} steps",
+            )
         return out
 
     def _count_trigger(self, trig: int, w: StabilityWatch) -> None:
@@ -342,6 +330,26 @@ def _slide_min(q: deque[tuple[int, float]], at: int, value: float, horizon: int)
     q.append((at, value))
     while q[0][0] <= at - horizon:
         q.popleft()
+
+
+def _graded(
+    name: str, ratio: float, warn: float | None, critical: float | None, detail: Callable[[], str]
+) -> list[Signal]:
+    """The signal of a ratio test with optional thresholds: ``warn`` from ``warn`` on,
+    ``critical`` from ``critical`` on (None: that level is off); ``detail`` is only
+    formatted when it fires."""
+    if warn is None or ratio < warn:
+        return []
+    crit = critical is not None and ratio >= critical
+    return [
+        Signal(
+            name,
+            "critical" if crit else "warn",
+            ratio,
+            (critical if crit else warn) or math.nan,
+            detail(),
+        )
+    ]
 
 
 def _exp(x: float) -> float:

@@ -66,7 +66,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ckptkit import codes
@@ -172,17 +172,11 @@ class RecoveryPolicy:
             )
 
     def describe(self) -> dict[str, Any]:
-        """Return the policy as recorded with each recovery (JSON-able)."""
-        return {
-            "critical": self.critical,
-            "warn_steps": self.warn_steps,
-            "lr_factor": self.lr_factor,
-            "clip_factor": self.clip_factor,
-            "skip": self.skip,
-            "callback": getattr(self.callback, "__qualname__", None) if self.callback else None,
-            "max_recoveries": self.max_recoveries,
-            "min_steps_between": self.min_steps_between,
-        }
+        """Return the policy as recorded with each recovery (JSON-able): its fields in
+        order but ``max_recorded_ids``, the callback by its qualified name."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "max_recorded_ids"}
+        out["callback"] = getattr(self.callback, "__qualname__", None) if self.callback else None
+        return out
 
 
 @dataclass(frozen=True)

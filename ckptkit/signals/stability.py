@@ -63,7 +63,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from ckptkit import codes
@@ -100,6 +100,10 @@ _HEALTH_RANK: dict[str, int] = {lvl: i for i, lvl in enumerate(HEALTH_LEVELS)}
 log = logging.getLogger(__name__)
 _OPTION_NAMES = frozenset(f.name for f in fields(WatchOptions))
 """The keyword arguments of :class:`StabilityWatch` that fill its :class:`WatchOptions`."""
+_PARAMS = tuple(
+    f.name for f in fields(WatchOptions) if f.name not in ("loss_scale_key", "check_nonfinite", "ignore")
+)
+"""The options :meth:`StabilityWatch.params` records, in field order, as the watch derived them."""
 WATCH_KEY = "stability-watch"
 """The key of a watch's :meth:`~ckptkit.Recorder.subscribe` subscription on its recorder."""
 
@@ -708,41 +712,9 @@ class StabilityWatch:
 
     def params(self) -> dict[str, Any]:
         """Return the thresholds in effect (recorded with every snapshot)."""
-        return {
-            "window": self.window,
-            "recent": self.recent,
-            "recompute_every": self.recompute_every,
-            "min_history": self.min_history,
-            "warmup": self.warmup,
-            "z_warn": self.z_warn,
-            "z_critical": self.z_critical,
-            "trigger_count": self.trigger_count,
-            "trigger_window": self.trigger_window,
-            "std_ratio_warn": self.std_ratio_warn,
-            "std_ratio_critical": self.std_ratio_critical,
-            "regress_warn": self.regress_warn,
-            "regress_critical": self.regress_critical,
-            "drift_warn": self.drift_warn,
-            "drift_critical": self.drift_critical,
-            "spread_warn": self.spread_warn,
-            "spread_critical": self.spread_critical,
-            "ref_horizon": self.ref_horizon,
-            "backoff_warn": self.backoff_warn,
-            "backoff_critical": self.backoff_critical,
-            "backoff_window": self.backoff_window,
-            "min_loss_scale": self.min_loss_scale,
-            "clear_after": self.clear_after,
-            "signals": {
-                k: {
-                    "direction": v.direction,
-                    "log": v.log,
-                    "regression": v.regression,
-                    "drift": v.drift,
-                    "spread_drift": v.spread_drift,
-                }
-                for k, v in sorted(self.specs.items())
-            },
-        }
+        out = {name: getattr(self, name) for name in _PARAMS}
+        out["signals"] = {k: asdict(v) for k, v in sorted(self.specs.items())}
+        return out
 
 
 def not_judging(w: StabilityWatch) -> str | None:

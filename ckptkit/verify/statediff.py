@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -142,18 +142,12 @@ class TensorDiff:
     dtype_b: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "status": self.status,
-            "equal": self.equal,
-            "bitwise": self.bitwise,
-            "max_abs": _num(self.max_abs),
-            "rel_l2": _num(self.rel_l2),
-            "shape_a": list(self.shape_a) if self.shape_a is not None else None,
-            "shape_b": list(self.shape_b) if self.shape_b is not None else None,
-            "dtype_a": self.dtype_a,
-            "dtype_b": self.dtype_b,
-        }
+        """The JSON form: the fields in order, non-finite numbers as strings, shapes as lists."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(max_abs=_num(self.max_abs), rel_l2=_num(self.rel_l2))
+        for key in ("shape_a", "shape_b"):
+            out[key] = list(out[key]) if out[key] is not None else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -168,8 +162,7 @@ class ValueDiff:
     b: Any
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "status": self.status, "equal": self.equal,
-                "a": self.a, "b": self.b}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -351,7 +344,7 @@ def _read(path: str | Path, *, key: bytes | None) -> _State:
         return _read_native(loc, key=key)
     if fs.kind(loc / dcp_meta.METADATA) == "file":
         return _read_dcp_dir(loc, key=key)
-    p = Path(str(path))
+    p = fs.require_local(loc, needs="reading a foreign checkpoint")
     if detect(p) is None:
         raise CkptkitError(
             "not a checkpoint ckptkit can read (no manifest.json, no foreign layout detected)",
@@ -404,7 +397,7 @@ def _read_dcp_dir(loc: fs.Location, *, key: bytes | None) -> _State:
         man, md, listed = open_checked(loc, key=key)
         st = _State(str(loc), "dcp", man.step)
     else:
-        p = Path(str(loc))
+        p = fs.require_local(loc, needs="reading a DCP directory without a ckptkit manifest")
         report = _verified(p, key=key)
         listed = _listing(p)
         md = dcp_meta.read_metadata_file(

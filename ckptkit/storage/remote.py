@@ -56,14 +56,7 @@ def write_file(
                 size = tensors.stream_file(head, items, hasher, up.write, on_bytes)
             else:
                 sink = _HashingSink(up, hasher)
-                with codec.compressor().stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
-                    zw.write(head)
-                    for _, t in items:
-                        mv = tensors.tensor_bytes(tensors.host_contiguous(t))
-                        for i in range(0, len(mv), digest.CHUNK):
-                            zw.write(mv[i : i + digest.CHUNK])
-                            if on_bytes:
-                                on_bytes(min(digest.CHUNK, len(mv) - i))
+                tensors.compress_file(head, items, sink, raw_size, on_bytes)
                 size = sink.size
             hexd = hasher.hexdigest()
         up.close()
@@ -130,13 +123,7 @@ def read_file(
         size = fs.size(loc)  # one request: exists, and its size
     except FileNotFoundError:
         raise codes.error(codes.F001, "file listed in the manifest is missing", path=rel) from None
-    if size != expected.size:
-        raise codes.error(
-            codes.F002,
-            f"size is {size} bytes, the manifest records {expected.size} "
-            f"({'truncated' if size < expected.size else 'grown'})",
-            path=rel,
-        )
+    expected.check_size(size)
     targets = targets or {}
     if expected.compression is not None:
         return _read_compressed(loc, expected, wanted, targets, on_bytes)
@@ -183,13 +170,7 @@ def read_file(
             plan.add(start, mv)
     plan.add_gap_to(size)
     plan.run(loc, rel)
-    hexd = str(h.hexdigest())
-    if hexd != expected.digest:
-        raise codes.error(
-            codes.F003,
-            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
-            path=rel,
-        )
+    expected.check_digest(str(h.hexdigest()))
     return out
 
 
@@ -284,13 +265,7 @@ def _read_compressed(
     got = fs.read_into(loc, raw)
     if got != expected.size:
         raise codes.error(codes.F002, f"read {got} of {expected.size} bytes", path=rel)
-    hexd = fmt_digest.hexdigest_bytes(memoryview(raw))
-    if hexd != expected.digest:
-        raise codes.error(
-            codes.F003,
-            f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
-            path=rel,
-        )
+    expected.check_digest(fmt_digest.hexdigest_bytes(memoryview(raw)))
     src = codec.LimitedReader(
         io.BytesIO(raw),  # type: ignore[arg-type]
         limit=expected.raw_size if expected.raw_size is not None else 0,

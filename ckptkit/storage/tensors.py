@@ -16,6 +16,9 @@ and range requests and builds on these, which are public for that reason:
 * :func:`build_header` / :func:`parse_header` / :func:`check_header`: the header, and
   the check that it says what the manifest says;
 * :func:`stream_file`: the header then every tensor's bytes, hashed, to any writer;
+  :func:`compress_file`: the same bytes through zstd, to any hashing sink;
+* :class:`Expected` and its :meth:`~Expected.check_size` / :meth:`~Expected.check_digest`:
+  what the manifest says of a file, and the refusals when the bytes disagree;
 * :func:`host_contiguous` and :func:`tensor_bytes`: a tensor's bytes, zero-copy when it
   can be;
 * :func:`destination`: where a read tensor's bytes go (the caller's own tensor, when it
@@ -139,6 +142,33 @@ def stream_file(
     return size
 
 
+def compress_file(
+    head: bytes,
+    items: Sequence[tuple[str, torch.Tensor]],
+    sink: Any,
+    raw_size: int,
+    on_bytes: OnBytes | None,
+) -> None:
+    """zstd-compress the header then every tensor's bytes into ``sink``, in chunks.
+
+    Args:
+        head: the encoded header (:func:`build_header`).
+        items: the tensors, in the header's order.
+        sink: a writable (``write(data) -> int``) that hashes, stores and counts what it is
+            given: the compressed bytes.
+        raw_size: the uncompressed size, recorded in the zstd frame.
+        on_bytes: progress, called with each uncompressed chunk's size.
+    """
+    with codec.compressor().stream_writer(sink, size=raw_size, closefd=False) as zw:
+        zw.write(head)
+        for _, t in items:
+            mv = tensor_bytes(host_contiguous(t))
+            for i in range(0, len(mv), digest.CHUNK):
+                zw.write(mv[i : i + digest.CHUNK])
+                if on_bytes:
+                    on_bytes(min(digest.CHUNK, len(mv) - i))
+
+
 class _FdSink:
     """A write target that hashes and writes every byte, for zstd's stream writer."""
 
@@ -202,15 +232,7 @@ def write_file(
                 size = stream_file(head, items, hasher, lambda c: _write_all(fd, c), on_bytes)
             else:
                 sink = _FdSink(fd, hasher)
-                cctx = codec.compressor()
-                with cctx.stream_writer(sink, size=raw_size, closefd=False) as zw:  # type: ignore[arg-type]
-                    zw.write(head)
-                    for _, t in items:
-                        mv = tensor_bytes(host_contiguous(t))
-                        for i in range(0, len(mv), digest.CHUNK):
-                            zw.write(mv[i : i + digest.CHUNK])
-                            if on_bytes:
-                                on_bytes(min(digest.CHUNK, len(mv) - i))
+                compress_file(head, items, sink, raw_size, on_bytes)
                 size = sink.size
             hexd = hasher.hexdigest()
         if fsync:
@@ -389,6 +411,39 @@ class Expected:
             raw_size=entry.raw_size,
         )
 
+    def check_size(self, size: int) -> None:
+        """Refuse a file whose size is not the one the manifest records.
+
+        Raises:
+            IntegrityError: ``CK-F002``, saying whether it was truncated or grew.
+
+        Example:
+            >>> Expected("a.safetensors", 10, "0" * 32).check_size(8)
+            Traceback (most recent call last):
+            ...
+            ckptkit.errors.IntegrityError: CK-F002 a.safetensors: size is 8 bytes, the manifest records 10 (truncated)...
+        """
+        if size != self.size:
+            raise codes.error(
+                codes.F002,
+                f"size is {size} bytes, the manifest records {self.size} "
+                f"({'truncated' if size < self.size else 'grown'})",
+                path=self.rel,
+            )
+
+    def check_digest(self, hexd: str) -> None:
+        """Refuse bytes whose xxh3-128 ``hexd`` is not the digest the manifest records.
+
+        Raises:
+            IntegrityError: ``CK-F003``.
+        """
+        if hexd != self.digest:
+            raise codes.error(
+                codes.F003,
+                f"digest mismatch (expected {self.digest[:12]}…, got {hexd[:12]}…)",
+                path=self.rel,
+            )
+
 
 def read_file(
     path: Path,
@@ -426,13 +481,7 @@ def read_file(
         raise codes.read_error(e, path=rel) from None
     try:
         size = os.fstat(f.fileno()).st_size
-        if size != expected.size:
-            raise codes.error(
-                codes.F002,
-                f"size is {size} bytes, the manifest records {expected.size} "
-                f"({'truncated' if size < expected.size else 'grown'})",
-                path=rel,
-            )
+        expected.check_size(size)
         if expected.compression is None:
             # The header is parsed from a plain read, then the whole file (header again
             # included) streams through the one read pipeline, which hashes every byte
@@ -473,12 +522,7 @@ def read_file(
                 while buffered.read(digest.CHUNK):  # trailing bytes count in the digest
                     pass
                 hexd = hasher.hexdigest()
-        if hexd != expected.digest:
-            raise codes.error(
-                codes.F003,
-                f"digest mismatch (expected {expected.digest[:12]}…, got {hexd[:12]}…)",
-                path=rel,
-            )
+        expected.check_digest(hexd)
         return out
     except CkptkitError:
         raise

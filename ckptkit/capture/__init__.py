@@ -175,6 +175,33 @@ def typed_snapshot(state: Any) -> tuple[Mapping[str, Any] | None, list[str]]:
     return state, []
 
 
+def refuse_type(what: str, obj: object, state: Mapping[str, Any], *, or_else: str | None = None) -> None:
+    """Raise when a typed snapshot (see :func:`typed_snapshot`) is of another class than ``obj``.
+
+    Args:
+        what: the component (``"optimizer"``, ``"scheduler"``).
+        obj: the object the snapshot is restored into.
+        state: the snapshot, its ``type`` already checked to be a class name.
+        or_else: the other fix the hint offers, besides building the saved class.
+
+    Raises:
+        StateError: naming both classes.
+
+    Example:
+        >>> refuse_type("scheduler", 3, {"type": "StepLR"})
+        Traceback (most recent call last):
+        ...
+        ckptkit.errors.StateError: scheduler state is from a StepLR, the scheduler is a int...
+    """
+    kind = type(obj).__name__
+    if state["type"] != kind:
+        hint = f"build a {state['type']} as in the saved run"
+        raise StateError(
+            f"{what} state is from a {state['type']}, the {what} is a {kind}",
+            hint=hint if or_else is None else f"{hint}, or {or_else}",
+        )
+
+
 MAX_LISTED = 5
 """Problems named in one refusal; the rest are counted."""
 
@@ -265,6 +292,7 @@ __all__ = [
     "is_int",
     "is_real",
     "refuse",
+    "refuse_type",
     "show",
     "tree_fingerprint",
 ]

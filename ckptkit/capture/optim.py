@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import INT64_MAX, check_tree, is_int, is_real, refuse, show, typed_snapshot
+from ckptkit.capture import (
+    INT64_MAX,
+    check_tree,
+    is_int,
+    is_real,
+    refuse,
+    refuse_type,
+    show,
+    typed_snapshot,
+)
 from ckptkit.errors import StateError
 
 # Hyper-parameters of torch's optimizers and what their step functions need them to be.
@@ -131,12 +140,7 @@ def restore(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
         >>> restore(torch.optim.SGD(model.parameters(), lr=0.5), snap)
     """
     refuse("optimizer", problems(state))
-    kind = type(optimizer).__name__
-    if state["type"] != kind:
-        raise StateError(
-            f"optimizer state is from a {state['type']}, the optimizer is a {kind}",
-            hint=f"build a {state['type']} as in the saved run, or start the optimizer fresh",
-        )
+    refuse_type("optimizer", optimizer, state, or_else="start the optimizer fresh")
     saved_shapes = state["param_shapes"]
     saved_names = state.get("param_names")
     groups = optimizer.param_groups

@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree, is_int, is_real, refuse, show, typed_snapshot
-from ckptkit.errors import StateError
+from ckptkit.capture import check_tree, is_int, is_real, refuse, refuse_type, show, typed_snapshot
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
 
@@ -69,12 +68,7 @@ def restore(scheduler: Scheduler, state: Mapping[str, Any]) -> None:
         >>> restore(sched, capture(sched))
     """
     refuse("scheduler", problems(state))
-    kind = type(scheduler).__name__
-    if state["type"] != kind:
-        raise StateError(
-            f"scheduler state is from a {state['type']}, the scheduler is a {kind}",
-            hint=f"build a {state['type']} as in the saved run",
-        )
+    refuse_type("scheduler", scheduler, state)
     scheduler.load_state_dict(copy.deepcopy(dict(state["state_dict"])))
 
 

@@ -60,11 +60,11 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from types import TracebackType
 from typing import Any
 
 from ckptkit.errors import LockHeldError
 from ckptkit.storage import fs, proc
+from ckptkit.storage.held import Held
 
 LOCK_NAME = ".ckptkit.lock"
 log = logging.getLogger("ckptkit")
@@ -211,7 +211,7 @@ def why_take_over(
     return f"it belongs to job {job.name}, which this process restarts (same {job.source})"
 
 
-class LeaseLock:
+class LeaseLock(Held):
     """The run lock of a remote run directory (see the module docstring).
 
     Args:
@@ -263,18 +263,6 @@ class LeaseLock:
     @property
     def locked(self) -> bool:
         return self.lease is not None
-
-    def __enter__(self) -> LeaseLock:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
     def acquire(self) -> Lease:
         """Take the lease, waiting up to ``timeout`` seconds; take over one that may be

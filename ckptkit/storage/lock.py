@@ -43,13 +43,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol
 
 from ckptkit import codes
 from ckptkit.errors import LockHeldError, UnsafeInputError
 from ckptkit.storage import files, fs
 from ckptkit.storage.fs import Location
+from ckptkit.storage.held import Held
 from ckptkit.storage.lease import SAME_PROCESS_FIX, LeaseLock
 from ckptkit.storage.proc import collect_own_garbage, note_waiting
 from ckptkit.storage.proc import pid_alive as _pid_alive
@@ -109,7 +109,7 @@ def read_lock_info(root: str | os.PathLike[str]) -> LockInfo | None:
         return None  # not a regular file: it names nobody
 
 
-class RunLock:
+class RunLock(Held):
     """Exclusive lock on a run directory: one writer at a time.
 
     Args:
@@ -160,18 +160,6 @@ class RunLock:
         """
         if self.info is None:
             raise LockHeldError("this process does not hold the run lock", path=self.path)
-
-    def __enter__(self) -> RunLock:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
     def acquire(self) -> LockInfo:
         """Take the lock, waiting up to ``timeout`` seconds.

@@ -291,10 +291,15 @@ class SavePipeline:
             bg = self._background(coll)
             snap = snap.staged(self._stager)
             snap.process_group = getattr(bg, "group", None)
-            self._start(
-                step,
-                lambda: self._commit_and_settle(snap, bg, final, overwrite, stats, t0, check),
-            )
+
+            def commit_and_settle() -> None:
+                man = self._commit(snap, bg, final, overwrite, stats, check)
+                if man is not None:
+                    self._settle(final, man, stats, t0)
+                if stats.replicas is not None and not stats.replicas.agree:
+                    self._diverged = (final, snap.step, stats.replicas)
+
+            self._start(step, commit_and_settle)
             stats.blocked = time.perf_counter() - t0
             self.last = stats
             return final
@@ -406,22 +411,6 @@ class SavePipeline:
                 final.name,
                 "; ".join(f"{f.code} {f.message}" for f in errors[:3]),
             )
-
-    def _commit_and_settle(
-        self,
-        snap: StateSave,
-        coll: Collective,
-        final: Location,
-        overwrite: bool,
-        stats: SaveStats,
-        t0: float,
-        check: bool = False,
-    ) -> None:
-        man = self._commit(snap, coll, final, overwrite, stats, check)
-        if man is not None:
-            self._settle(final, man, stats, t0)
-        if stats.replicas is not None and not stats.replicas.agree:
-            self._diverged = (final, snap.step, stats.replicas)
 
     def _on_replicas(self, final: Location, step: int, rec: records.Replicas | None) -> None:
         """Every rank, once the checkpoint is committed: act on replicas that disagreed.

@@ -165,6 +165,21 @@ def _find_seed(
     return None
 
 
+def _moved(
+    generator: str,
+    now: tuple[tuple[int, ...], int],
+    words: int | None,
+    seeded: Any,
+    candidates: Iterable[int],
+) -> Draws:
+    """How ``generator`` reached ``now``: by drawing ``words``, else (None) by a re-seed with
+    one of ``candidates`` (see :class:`Draws`), else replaced."""
+    if words is not None:
+        return Draws(generator, words)
+    hit = _find_seed(now, seeded, candidates)
+    return Draws(generator, None, *(hit or (None, None)))
+
+
 def draws_between(
     before: RngSnapshot,
     after: RngSnapshot,
@@ -200,27 +215,15 @@ def draws_between(
         d = None
         if b_seed == t_seed:  # manual_seed() rewrites the recorded seed: same seed, same stream
             d = _mt_distance((b_words, b_idx), (t_words, t_idx), limit)
-        if d is not None:
-            out["torch"] = Draws("torch", d)
-        else:
-            hit = _find_seed((t_words, t_idx), _seeded_torch, [t_seed])
-            out["torch"] = Draws("torch", None, *(hit or (None, None)))
+        out["torch"] = _moved("torch", (t_words, t_idx), d, _seeded_torch, [t_seed])
     if before.python != after.python:
         now = _python_mt(after.python)
         d = _mt_distance(_python_mt(before.python), now, limit)
-        if d is not None:
-            out["python"] = Draws("python", d)
-        else:
-            hit = _find_seed(now, _seeded_python, cands)
-            out["python"] = Draws("python", None, *(hit or (None, None)))
+        out["python"] = _moved("python", now, d, _seeded_python, cands)
     if before.numpy != after.numpy:
         now = _numpy_mt(after.numpy)
         d = _mt_distance(_numpy_mt(before.numpy), now, limit)
-        if d is not None:
-            out["numpy"] = Draws("numpy", d)
-        else:
-            hit = _find_seed(now, _seeded_numpy, cands)
-            out["numpy"] = Draws("numpy", None, *(hit or (None, None)))
+        out["numpy"] = _moved("numpy", now, d, _seeded_numpy, cands)
     if before.cuda != after.cuda:
         out["cuda"] = Draws("cuda", None)
     return out

@@ -120,27 +120,6 @@ def is_int(value: Any, *, lo: int = 0, hi: int = INT64_MAX) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
-def is_real(value: Any, *, finite: bool = True) -> bool:
-    """Whether ``value`` is a number a float can hold (an int, a float or a 0-d tensor).
-
-    A JSON int of any magnitude parses; one past a float's range is not a number any
-    training code can use (``float(10**400)`` raises).
-
-    Example:
-        >>> is_real(0.1), is_real(10**400), is_real("1"), is_real(float("inf"), finite=False)
-        (True, False, False, True)
-    """
-    if isinstance(value, torch.Tensor):
-        return value.dim() == 0 and not value.is_complex() and value.dtype != torch.bool
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        number = float(value)
-    except OverflowError:
-        return False
-    return math.isfinite(number) or not finite
-
-
 def show(value: Any) -> str:
     """A short repr of a saved value for a problem message (a huge int stays readable).
 
@@ -290,7 +269,6 @@ __all__ = [
     "MAX_LISTED",
     "check_tree",
     "is_int",
-    "is_real",
     "refuse",
     "refuse_type",
     "show",

@@ -20,13 +20,13 @@ from ckptkit.capture import (
     INT64_MAX,
     check_tree,
     is_int,
-    is_real,
     refuse,
     refuse_type,
     show,
     typed_snapshot,
 )
 from ckptkit.errors import StateError
+from ckptkit.format.numbers import is_real
 
 # Hyper-parameters of torch's optimizers and what their step functions need them to be.
 # Others (a custom optimizer's) are left alone: only their container is checked.

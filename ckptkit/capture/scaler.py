@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree, is_int, is_real, refuse, show
+from ckptkit.capture import check_tree, is_int, refuse, show
 from ckptkit.errors import StateError
+from ckptkit.format.numbers import is_real
 
 _CONFIG_KEYS = ("growth_factor", "backoff_factor", "growth_interval")
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree, is_int, is_real, refuse, refuse_type, show, typed_snapshot
+from ckptkit.capture import check_tree, is_int, refuse, refuse_type, show, typed_snapshot
+from ckptkit.format.numbers import is_real
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
 

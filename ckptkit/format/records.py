@@ -21,8 +21,9 @@ such an entry out and names it); the manifest's JSON Schema for ``replicas`` (ev
 manifest read applies it); :func:`lookahead_problems` for the look-ahead
 (``CK-S012``; verify, restore and the integrations' guards). A record that passes its validator never raises in a reader.
 
-A format-layer module: it imports only the code registry, torch (a look-ahead's number
-may be a 0-d tensor) and the tree's tag, so every layer can read the records.
+A format-layer module: it imports only the code registry, the number rule
+(:mod:`ckptkit.format.numbers`: a look-ahead's number may be a 0-d tensor) and the tree's
+tag, so every layer can read the records.
 
 Example:
     >>> h = Health.of({"level": "warn", "signals": {"loss.z": {"detail": "spike"}}})
@@ -38,9 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
-
 from ckptkit import codes
+from ckptkit.format.numbers import is_real
 from ckptkit.format.tree import TAG
 
 HealthLevel = Literal["ok", "not judged", "warn", "critical"]
@@ -273,20 +273,6 @@ def _la_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _la_real(v: Any) -> bool:
-    """A finite number the guard can compare as a float (an int past float's range is not):
-    the rule of the component validators (:func:`ckptkit.capture.is_real`, one layer up)."""
-    if isinstance(v, torch.Tensor):
-        return v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return False
-    try:
-        number = float(v)
-    except OverflowError:
-        return False
-    return math.isfinite(number)
-
-
 def _la_str(v: Any) -> bool:
     return isinstance(v, str)
 
@@ -296,7 +282,7 @@ def _la_k(v: Any) -> bool:
 
 
 def _la_reals(v: Any) -> bool:
-    return isinstance(v, list) and all(_la_real(x) for x in v)
+    return isinstance(v, list) and all(is_real(x) for x in v)
 
 
 def _la_ints(v: Any) -> bool:
@@ -317,13 +303,13 @@ _LOOKAHEAD_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lr": (_la_reals, "a list of finite numbers"),
     "opt_step": (_la_int, "an integer"),
     "sched_epoch": (_la_int, "an integer"),
-    "loss_scale": (_la_real, "a finite number"),
+    "loss_scale": (is_real, "a finite number"),
     "scale_growth": (_la_int, "an integer"),
     "scaler": (_la_str, "a string"),
     "sample_ids": (_la_ints, "a list of integers"),
     "epoch": (_la_int, "an integer"),
     "data_id": (_la_str, "a string"),
-    "probe_loss": (_la_real, "a finite number"),
+    "probe_loss": (is_real, "a finite number"),
     "cursor_ahead": (lambda v: isinstance(v, bool), "true or false"),
     "world_size": (_la_int, "an integer"),
 }
@@ -370,7 +356,7 @@ def lookahead_problems(saved: Any, tree: Any) -> list[str]:
     groups = osd.get("param_groups") if isinstance(osd, Mapping) else None
     for i, g in enumerate(groups if isinstance(groups, list) else []):
         v = g.get("lr") if isinstance(g, Mapping) else None
-        if isinstance(g, Mapping) and "lr" in g and _plain_json(v) and not _la_real(v):
+        if isinstance(g, Mapping) and "lr" in g and _plain_json(v) and not is_real(v):
             out.append(f"optimizer param group {i} lr is {_shown(v)}, not a finite number")
     return out
 

@@ -28,17 +28,9 @@ EXPECTS: tuple[Expect, ...] = ("weights", "training")
 TRAINING_REQUIRED: tuple[str, ...] = ("model", "optimizer", "progress")
 """Components a training checkpoint must hold whatever wrote it (spec §1, "always")."""
 
-RESUME_STATE: tuple[str, ...] = (
-    "model",
-    "optimizer",
-    "scheduler",
-    "scaler",
-    "fp8",
-    "rng",
-    "sampler",
-    "progress",
-)
-"""Components that are state a resume loads (the rest describe the run)."""
+RESUME_STATE: tuple[str, ...] = mf.COMPONENTS[: mf.COMPONENTS.index("progress") + 1]
+"""Components that are state a resume loads: the manifest's, in table order, up to
+``progress`` (the rest describe the run)."""
 
 How = Literal["recorded", "found", "inferred"]
 

@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 
 from ckptkit import codes
-from ckptkit.verify.foreign.scan import Scan, scaler_summary, scheduler_summary
-from ckptkit.verify.foreign.structure import as_int, optimizer_shape, recognise
+from ckptkit.verify.foreign.scan import Scan
+from ckptkit.verify.foreign.structure import as_int, recognise
 
 _MODEL = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin)$")
 _OPT = re.compile(r"^optimizer(_\d+)?\.bin$")
@@ -41,10 +41,7 @@ def scan(s: Scan) -> None:
     opts = [f for f in s.files if _OPT.match(f)]
     used |= set(opts)
     for f in opts:
-        obj = s.load(f, component="optimizer")
-        if isinstance(obj, Mapping) and optimizer_shape(obj) is not None:
-            s.present("optimizer", [f])
-            s.optimizer_state(obj, file=f)
+        s.optimizer_file(f)
     s.absent(
         "optimizer",
         "no optimizer.bin: load_state restores no optimizer, so training continues with "
@@ -53,15 +50,11 @@ def scan(s: Scan) -> None:
 
     for f in (f for f in s.files if _SCHED.match(f)):
         used.add(f)
-        sch = s.load(f, component="scheduler")
-        if isinstance(sch, Mapping):
-            s.present("scheduler", [f], summary=scheduler_summary(sch))
+        s.scheduler_file(f)
 
     if s.has("scaler.pt"):
         used.add("scaler.pt")
-        sc = s.load("scaler.pt", component="scaler")
-        if sc is not None:
-            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
+        s.scaler_file("scaler.pt")
 
     for f in (f for f in s.files if _SAMPLER.match(f)):
         used.add(f)
@@ -97,12 +90,7 @@ def scan(s: Scan) -> None:
                 micro = as_int(obj.get("step"))
     if ok:
         s.present("rng", ok, summary={"ranks": len(ok)})
-        s.present(
-            "parallel",
-            rng,
-            summary={"world_size": len(rng)},
-            evidence="world size counted from the per-process RNG files",
-        )
+        s.world_from_rng(rng)
         if micro is not None:
             # Micro-steps (accumulate calls), not optimizer steps: not the checks' "step".
             s.present("progress", [f"{ok[0]}:step"], summary={"micro_steps": micro})

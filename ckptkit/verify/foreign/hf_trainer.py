@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from ckptkit import codes
 from ckptkit.verify.findings import WARNING
-from ckptkit.verify.foreign.scan import Scan, scaler_summary, scheduler_summary
-from ckptkit.verify.foreign.structure import as_int, optimizer_shape
+from ckptkit.verify.foreign.scan import Scan
+from ckptkit.verify.foreign.structure import as_int
 
 WEIGHT_PATTERNS = (
     "model.safetensors",
@@ -99,10 +98,7 @@ def scan(s: Scan) -> None:
     opt_files = [f for f in ("optimizer.pt", "optimizer.bin") if s.has(f)]
     used |= set(opt_files)
     for f in opt_files:
-        obj = s.load(f, component="optimizer")
-        if isinstance(obj, Mapping) and optimizer_shape(obj) is not None:
-            s.present("optimizer", [f])
-            s.optimizer_state(obj, file=f)
+        if s.optimizer_file(f):
             break
     s.absent(
         "optimizer",
@@ -114,9 +110,7 @@ def scan(s: Scan) -> None:
     # scheduler: the Trainer loads optimizer and scheduler only as a pair
     if s.has("scheduler.pt"):
         used.add("scheduler.pt")
-        sch = s.load("scheduler.pt", component="scheduler")
-        if isinstance(sch, Mapping):
-            s.present("scheduler", ["scheduler.pt"], summary=scheduler_summary(sch))
+        s.scheduler_file("scheduler.pt")
     s.require(
         "scheduler",
         "no scheduler.pt: the Trainer loads the optimizer and scheduler only as a pair, so "
@@ -126,9 +120,7 @@ def scan(s: Scan) -> None:
     # scaler (fp16 AMP only)
     if s.has("scaler.pt"):
         used.add("scaler.pt")
-        sc = s.load("scaler.pt", component="scaler")
-        if sc is not None:
-            s.present("scaler", ["scaler.pt"], summary=scaler_summary(sc))
+        s.scaler_file("scaler.pt")
 
     # rng, one file per process
     rng = [f for f in s.files if _RNG.match(f)]
@@ -136,12 +128,7 @@ def scan(s: Scan) -> None:
     ok = [f for f in rng if s.load(f, component="rng") is not None]
     if ok:
         s.present("rng", ok, summary={"files": len(ok)})
-        s.present(
-            "parallel",
-            rng,
-            summary={"world_size": len(rng)},
-            evidence="world size counted from the per-process RNG files",
-        )
+        s.world_from_rng(rng)
     s.absent(
         "rng",
         "no rng_state.pth: the Trainer logs one INFO line and resumes on fresh RNG streams "

@@ -43,6 +43,7 @@ from ckptkit.verify.foreign.structure import (
     as_int,
     is_tensor,
     join,
+    optimizer_shape,
     shape_of,
     value,
 )
@@ -386,6 +387,40 @@ class Scan:
         for k, v in (summary or {}).items():
             row.summary.setdefault(k, v)
         row.found.append((how, evidence))
+
+    def optimizer_file(self, rel: str) -> bool:
+        """Record ``optimizer`` from the file ``rel`` when it holds an optimizer state dict;
+        return whether it did."""
+        obj = self.load(rel, component="optimizer")
+        if isinstance(obj, Mapping) and optimizer_shape(obj) is not None:
+            self.present("optimizer", [rel])
+            self.optimizer_state(obj, file=rel)
+            return True
+        return False
+
+    def scheduler_file(self, rel: str) -> None:
+        """Record ``scheduler`` from the LR scheduler state file ``rel`` when it holds a
+        state dict."""
+        sch = self.load(rel, component="scheduler")
+        if isinstance(sch, Mapping):
+            self.present("scheduler", [rel], summary=scheduler_summary(sch))
+
+    def scaler_file(self, rel: str) -> None:
+        """Record ``scaler`` from the GradScaler state file ``rel`` (the ``scaler.pt`` of a
+        Trainer or an Accelerate folder, fp16 AMP only) when it loads."""
+        sc = self.load(rel, component="scaler")
+        if sc is not None:
+            self.present("scaler", [rel], summary=scaler_summary(sc))
+
+    def world_from_rng(self, rng: list[str]) -> None:
+        """Record ``parallel`` from the per-process RNG files ``rng``: one file per process,
+        so their count is the world size."""
+        self.present(
+            "parallel",
+            rng,
+            summary={"world_size": len(rng)},
+            evidence="world size counted from the per-process RNG files",
+        )
 
     def absent(self, name: str, reason: str) -> None:
         """Say what the component's absence means for this tool (kept if it stays absent)."""

@@ -34,6 +34,13 @@ from ckptkit.capture import scheduler as scheduler_capture
 from ckptkit.capture.fit import fit_report
 from ckptkit.capture.parallel import ParallelConfig
 from ckptkit.capture.progress import Progress
+from ckptkit.capture.session import (
+    ProbeFn,
+    SessionGuard,
+    SessionRecorder,
+    TrainingSession,
+    session_of,
+)
 from ckptkit.collective import Collective, Solo
 from ckptkit.errors import StateError
 from ckptkit.format import manifest as mf
@@ -240,7 +247,7 @@ class RestoreResult:
     notes: list[str] = field(default_factory=list)
     manifest: mf.Manifest | None = None
     path: Location | None = None
-    guard: Any = None
+    guard: SessionGuard | None = None
     """The :class:`~ckptkit.signals.guard.ResumeGuard` checking this resume (its ``findings``)."""
     proven: bool = True
     """Every byte of the checkpoint was verified by some rank of the restore. False when
@@ -301,7 +308,11 @@ class TrainState:
         probe: ``probe(model) -> loss`` on a fixed batch; run in eval mode without grad at
             every save and after every restore (resume guard: weights are what was saved).
         guard_k: how many next sample ids and first steps the resume guard checks
-            (0 turns the guard off).
+            (0 turns the guard off; default 8).
+        session: what watches the run, as one object
+            (:class:`~ckptkit.capture.session.TrainingSession`): its recorder, probe,
+            ``guard_k`` and the resume guard a restore starts. ``recorder``, ``probe`` and
+            ``guard_k`` build one; pass either those or ``session``.
         storage: how model and optimizer tensors are stored: ``"tensors"`` (safetensors
             files written by ckptkit), ``"dcp"`` (``torch.distributed.checkpoint``, which
             reshards on load at another world size), or ``"auto"`` (DCP when any parameter
@@ -330,10 +341,11 @@ class TrainState:
         parallel: ParallelConfig | None = None,
         data: Mapping[str, Any] | None = None,
         numpy_generators: Mapping[str, np.random.Generator] | None = None,
-        recorder: Any = None,
+        recorder: SessionRecorder | None = None,
         extra: Mapping[str, Any] | None = None,
-        probe: Callable[[torch.nn.Module], Any] | None = None,
-        guard_k: int = 8,
+        probe: ProbeFn | None = None,
+        guard_k: int | None = None,
+        session: TrainingSession | None = None,
         storage: Literal["auto", "tensors", "dcp"] = "auto",
     ) -> None:
         if not isinstance(model, torch.nn.Module):
@@ -352,16 +364,47 @@ class TrainState:
         self.parallel = parallel or ParallelConfig.from_env()
         self.data = dict(data) if data is not None else None
         self.numpy_generators = dict(numpy_generators or {})
-        self.recorder = recorder
+        self.session = session_of(session, recorder=recorder, probe=probe, guard_k=guard_k)
+        """What watches the run: recorder, probe, guard settings and the live guard."""
         self.extra = dict(extra) if extra is not None else None
-        self.probe = probe
-        self.guard_k = int(guard_k)
         if storage not in ("auto", "tensors", "dcp"):
             raise ValueError(f"storage must be 'auto', 'tensors' or 'dcp', not {storage!r}")
         self.storage = storage
-        bind = getattr(recorder, "bind", None)
+        bind = getattr(self.session.recorder, "bind", None)
         if callable(bind):
             bind(self)
+
+    @property
+    def recorder(self) -> SessionRecorder | None:
+        """The session's recorder (``session.recorder``)."""
+        return self.session.recorder
+
+    @recorder.setter
+    def recorder(self, value: SessionRecorder | None) -> None:
+        self.session.recorder = value
+
+    @property
+    def probe(self) -> ProbeFn | None:
+        """The session's probe (``session.probe``)."""
+        return self.session.probe
+
+    @probe.setter
+    def probe(self, value: ProbeFn | None) -> None:
+        self.session.probe = value
+
+    @property
+    def guard_k(self) -> int:
+        """The session's ``guard_k``: how many steps the resume guard checks (0: off)."""
+        return self.session.guard_k
+
+    @guard_k.setter
+    def guard_k(self, value: int) -> None:
+        self.session.guard_k = value
+
+    @property
+    def guard(self) -> SessionGuard | None:
+        """The resume guard the last restore started (``session.guard``; None before)."""
+        return self.session.guard
 
     @property
     def uses_dcp(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -27,14 +27,9 @@ import xxhash
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.rng import FINGERPRINT_VERSION, RngSnapshot
 from ckptkit.capture.scaler import scaler_state
+from ckptkit.capture.session import DEFAULT_K, ProbeFn
 from ckptkit.capture.state import TrainState
 from ckptkit.format.records import MAX_K, LookAhead
-
-DEFAULT_K = 8
-"""Next sample ids a look-ahead records unless the ``TrainState`` says otherwise."""
-
-ProbeFn = Callable[[torch.nn.Module], Any]
-"""A probe: ``probe(model)`` returns the loss of a fixed batch."""
 
 
 class StepView:
@@ -268,8 +263,6 @@ def record(
 
 
 __all__ = [
-    "DEFAULT_K",
-    "ProbeFn",
     "StepView",
     "compute",
     "lookahead",

@@ -176,6 +176,7 @@ def restore_candidate(
             )
         else:
             result.guard = rg
+            state.session.guard = rg  # the run keeps it as ts.guard
             guard_mod.attach(state.recorder, rg)
             rg.watch(state)  # the first resumed step, with or without a Recorder
     try:

@@ -35,9 +35,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ckptkit import codes
 from ckptkit.capture import tree_fingerprint
 from ckptkit.capture.resumable import loader_iterator
+from ckptkit.capture.session import DEFAULT_K as DEFAULT_K
+from ckptkit.capture.session import ProbeFn as ProbeFn
 from ckptkit.capture.state import TrainState
-from ckptkit.checkpoint.lookahead import DEFAULT_K as DEFAULT_K
-from ckptkit.checkpoint.lookahead import ProbeFn as ProbeFn
 from ckptkit.checkpoint.lookahead import compute as compute
 from ckptkit.checkpoint.lookahead import lookahead as lookahead
 from ckptkit.checkpoint.lookahead import lookahead_of as lookahead_of

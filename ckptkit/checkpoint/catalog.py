@@ -69,7 +69,6 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from ckptkit import codes
@@ -782,7 +781,7 @@ class Catalog:
         root = fs.local_path(self.root)
         assert root is not None  # a store with renames is a local disk
         for left in atomic.leftovers(self.root):
-            p = Path(str(left))
+            p = fs.require_local(left, needs="cleaning up after an interrupted save")
             if atomic.OLD_SUFFIX in p.name:
                 final = root / p.name.split(atomic.OLD_SUFFIX, 1)[0]
                 if not final.exists() and whole(p):

@@ -22,6 +22,7 @@ from ckptkit.checkpoint.catalog import step_of
 from ckptkit.checkpoint.detect import FORMATS, detect
 from ckptkit.errors import CkptkitError, IncompleteCheckpointError
 from ckptkit.format.manifest import ADOPTED_SUFFIX
+from ckptkit.storage import fs
 from ckptkit.storage.atomic import MANIFEST_NAME, is_temporary
 
 MAX_LISTED = 3
@@ -47,10 +48,9 @@ def not_a_checkpoint(
         >>> not_a_checkpoint(run + "/step-00000010") is None
         True
     """
-    text = str(path)
-    if "://" in text:
-        return None  # a URL (object store): the manifest reader says what is missing
-    p = Path(text)
+    p = fs.local_path(fs.location(path))
+    if p is None:
+        return None  # an object store: the manifest reader says what is missing
     if not os.path.lexists(p):
         return missing(p)
     if p.is_file():
@@ -148,10 +148,9 @@ def not_a_run(
         >>> not_a_run(top + "/exp1/ckpt") is None
         True
     """
-    text = str(path)
-    if "://" in text:
-        return None
-    p = Path(text)
+    p = fs.local_path(fs.location(path))
+    if p is None:
+        return None  # an object store: the store answers for itself
     if not os.path.lexists(p):
         return missing(p)
     if checkpoint_ok and (not p.is_dir() or os.path.lexists(p / MANIFEST_NAME) or detect(p)):

@@ -135,7 +135,10 @@ def _adopt_targets(path: Path, fmt: str | None) -> list[Path]:
     run = open_run(path)
     try:
         if run.layout != "ckptkit":
-            return [Path(str(c.path)) for c in sorted(run.checkpoints(), key=lambda c: c.step)]
+            return [
+                fs.require_local(c.path, needs="adopting a checkpoint")
+                for c in sorted(run.checkpoints(), key=lambda c: c.step)
+            ]
     finally:
         run.close()
     found = [c for c in sorted(path.iterdir()) if not c.is_symlink() and detect(c) is not None]

@@ -19,7 +19,7 @@ from ckptkit.drill.report import RunResult
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.run import directory as runs
-from ckptkit.storage import atomic
+from ckptkit.storage import atomic, fs
 from ckptkit.verify.foreign.adopted import adopted_path
 
 
@@ -93,7 +93,7 @@ def _framework_snapshot(ckpt_dir: Path, save_at: int, workdir: Path, *, ended: b
         run.close()
     if not hits:
         return None
-    src = Path(str(max(hits, key=lambda c: c.status == "verified").path))
+    src = fs.require_local(max(hits, key=lambda c: c.status == "verified").path, needs="a drill")
     dst = workdir / "checkpoint" / src.name
     try:
         if dst.parent.exists():
@@ -165,7 +165,7 @@ def final_checkpoint(run: RunResult, stop_at: int) -> Path | None:
         layout.close()
     if not hits:
         return None
-    return Path(str(max(hits, key=lambda c: c.status == "verified").path))
+    return fs.require_local(max(hits, key=lambda c: c.status == "verified").path, needs="a drill")
 
 
 __all__ = ["committed", "final_checkpoint", "find_checkpoint", "link_or_copy"]

@@ -183,19 +183,20 @@ def _pick(root: Path, layout: Kind, run: Run | None = None) -> tuple[Path, int] 
     Raises:
         CkptkitError: the newest complete checkpoint's step is unknown (the fix named).
     """
-    chosen = resume_target(root, LAYOUTS[layout](), run=run)
+    strategy = LAYOUTS[layout]()
+    chosen = resume_target(root, strategy, run=run)
     if chosen.info is None:
         if chosen.passed:
             log.warning("ckptkit: no checkpoint of %s verifies: starting fresh", root)
         return None
-    return Path(str(chosen.info.path)), chosen.info.step
+    return strategy.local(chosen.info.path), chosen.info.step
 
 
 def _drill_target(drill: DrillEnv, layout: Kind) -> Path | None:
     """The checkpoint the drill asks to resume from (verified; raises when it fails)."""
     if drill.resume_from is None:
         return None
-    p = Path(str(drill.resume_from))
+    p = LAYOUTS[layout]().local(drill.resume_from)
     check_resumable(p, layout)
     return p
 

@@ -415,7 +415,7 @@ class CheckpointManager(TitanCheckpointManager):
         needed = sorted(k for k in self.states if k != MODEL and k not in self.exclude_from_loading)
         if not needed:
             return None
-        if holds_any(Path(str(info.path)), needed) is not False:
+        if holds_any(TorchtitanLayout().local(info.path), needed) is not False:
             return None
         return (
             "holds the model only (torchtitan's last_save_model_only): a full-state "

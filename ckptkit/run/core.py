@@ -44,7 +44,6 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from ckptkit import codes, crashpoints
 from ckptkit.checkpoint.catalog import UNUSABLE, Catalog, CheckpointInfo, Status
@@ -544,7 +543,8 @@ class Run:
         nothing trustworthy, least of all the step to sign again."""
         self.fence()
         if step is None:
-            step = recorded_step(Path(str(path)), key=self.key)
+            local = fs.require_local(path, needs="adopting a checkpoint")
+            step = recorded_step(local, key=self.key)
         if step is None:
             step = self.step_of(path)
         if step is None and getattr(self.strategy, "needs_step", False):
@@ -610,7 +610,8 @@ class Run:
         if self.strategy.adopts:
             # The framework just wrote these files: digests recorded for what was here
             # before describe other bytes.
-            adopted_path(Path(str(path))).unlink(missing_ok=True)
+            local = fs.require_local(path, needs="adopting a checkpoint")
+            adopted_path(local).unlink(missing_ok=True)
             out.adoption = self._adopt(path, step=step, notes=notes, force=force, expect=expect)
             crashpoints.reached("settle.adopted")
             out.outcome = self._record_adoption(path, out.adoption)
@@ -698,7 +699,7 @@ class Run:
         Needs the writer lock.
         """
         self.fence()
-        adopted_path(Path(str(path))).unlink(missing_ok=True)
+        adopted_path(fs.require_local(path, needs="adopting a checkpoint")).unlink(missing_ok=True)
 
     def discard(self, path: Location) -> bool:
         """Delete the one checkpoint at ``path`` a framework asks to remove (Lightning's
@@ -709,7 +710,7 @@ class Run:
         """
         self.fence()
         loc = fs.location(path)
-        listed = any(Path(str(c.path)) == Path(str(loc)) for c in self.checkpoints())
+        listed = any(c.path == loc for c in self.checkpoints())
         if not listed:
             gone = self.strategy.remove(self.root, loc)
             self.catalog.forget([loc.name])

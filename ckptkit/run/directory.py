@@ -357,7 +357,7 @@ def adopt(
     """
     loc = fs.location(path)
     run = framework_run(loc.parent, readonly=False, lazy=True, key=key)
-    if isinstance(run, Run) and any(Path(str(c.path)) == Path(str(loc)) for c in run.checkpoints()):
+    if isinstance(run, Run) and any(c.path == loc for c in run.checkpoints()):
         try:
             return run.adopt(loc, step=step, force=force, expect=expect)
         finally:
@@ -365,7 +365,8 @@ def adopt(
     if run is not None:
         run.close()
     return adopt_checkpoint(
-        Path(str(loc)), fmt, force=force, expect=expect, notes=Notes(step=step),
+        fs.require_local(loc, needs="adopting a foreign checkpoint"), fmt, force=force,
+        expect=expect, notes=Notes(step=step),
         key=signing.resolve_key(key),
     )
 

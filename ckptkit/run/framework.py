@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
 from ckptkit.run.layout import Checked
+from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.findings import ERROR
 from ckptkit.verify.foreign.adopt import Adoption, Notes, adopt_checkpoint
@@ -39,6 +40,20 @@ class FrameworkLayout(ABC):
         at ``path``: the layout's name; None: detected from its files."""
         return self.name
 
+    def local(self, path: Location) -> Path:
+        """The local file or folder ``path`` names: a framework writes to a local disk, and
+        its files are read there.
+
+        Raises:
+            CkptkitError: ``path`` is in an object store (the message names it and the fix).
+
+        Example:
+            >>> from ckptkit.run.layouts.hf import TrainerLayout
+            >>> TrainerLayout().local(fs.location("/tmp/out/checkpoint-5"))
+            PosixPath('/tmp/out/checkpoint-5')
+        """
+        return fs.require_local(path, needs=f"the {self.name} layout")
+
     @abstractmethod
     def identity(self, path: Location, catalog: Catalog) -> str | None:
         """What a verify record of ``path`` is keyed by (see :class:`ckptkit.run.Layout`)."""
@@ -46,7 +61,7 @@ class FrameworkLayout(ABC):
     def verify(
         self, path: Location, catalog: Catalog, *, key: bytes | None, scan_values: bool = True
     ) -> Checked:
-        rep = verify_foreign(Path(str(path)), self.format_of(path), expect=self.expect, key=key)
+        rep = verify_foreign(self.local(path), self.format_of(path), expect=self.expect, key=key)
         return Checked(
             errors=[f for f in rep.findings if f.severity is ERROR],
             ident=self.identity(path, catalog),
@@ -62,7 +77,7 @@ class FrameworkLayout(ABC):
         expect: Expect | None = None,
     ) -> Adoption:
         return adopt_checkpoint(
-            Path(str(path)), self.format_of(path), force=force, expect=expect or self.expect, notes=notes,
+            self.local(path), self.format_of(path), force=force, expect=expect or self.expect, notes=notes,
             key=key,
         )
 

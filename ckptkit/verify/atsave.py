@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -34,7 +33,7 @@ import torch
 from ckptkit import codes
 from ckptkit.codes import CODES, ERROR, WARNING, Finding, Severity
 from ckptkit.format import manifest as mf
-from ckptkit.storage import tensors_scan
+from ckptkit.storage import fs, tensors_scan
 from ckptkit.verify import checks as _checks  # noqa: F401  (registers every check)
 from ckptkit.verify.checks._state import SCANNED, tensor_component
 from ckptkit.verify.context import CheckContext, FileScan
@@ -88,7 +87,7 @@ def check_before_commit(
         raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {policy!r}")
     local = scans_in_memory(root)
     ctx = CheckContext(
-        root=Path(str(root)),
+        root=fs.location(root),
         manifest=man,
         options={"scan_values": local},
         _scans=_scans_from_memory(man, tensors) if local else {},
@@ -110,15 +109,15 @@ def check_before_commit(
 def scans_in_memory(root: Any) -> bool:
     """Return whether :func:`check_before_commit` scans tensor values for a checkpoint at ``root``.
 
-    It does for a local directory, where the written files can be read back to count the
-    NaN/Inf of a tensor found non-finite; on an object store the values are left to the
-    read-back verify. The save asks this before it lets that verify check digests only.
+    It does where the written files can be read back cheaply (a local directory) to count
+    the NaN/Inf of a tensor found non-finite; on an object store the values are left to
+    the read-back verify. The save asks this before it lets that verify check digests only.
 
     Example:
-        >>> scans_in_memory(Path("/tmp/run/step-00000001")), scans_in_memory("s3://b/run")
+        >>> scans_in_memory("/tmp/run/step-00000001"), scans_in_memory("memory://b/run")
         (True, False)
     """
-    return isinstance(root, Path) or "://" not in str(root)
+    return fs.reads_back_cheaply(fs.location(root))
 
 
 def _scans_from_memory(man: mf.Manifest, tensors: Mapping[str, torch.Tensor]) -> dict[str, FileScan]:

@@ -52,7 +52,7 @@ def describe(
         and not os.path.lexists(local / MANIFEST_NAME)
         and detect(local) is not None
     ):
-        return describe_foreign(Path(str(loc)), format)
+        return describe_foreign(fs.require_local(loc, needs="reading a foreign checkpoint"), format)
     wrong = not_a_checkpoint(path, foreign_ok=True)
     if wrong is not None:
         raise wrong

@@ -169,10 +169,10 @@ class _HFLayout(FrameworkLayout):
 
     def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
         """``(number in the name, folder)`` of every checkpoint folder, by number."""
-        return checkpoint_dirs(Path(str(root)), self.kind)
+        return checkpoint_dirs(self.local(root), self.kind)
 
     def meta(self, root: Location) -> Location:
-        return fs.location(meta_dir(Path(str(root)), self.kind))
+        return fs.location(meta_dir(self.local(root), self.kind))
 
     def checkpoints(self, root: Location, catalog: Catalog, index: Index) -> builtins.list[CheckpointInfo]:
         raw_rec, raw_pins = index.get("verified"), index.get("pins")
@@ -277,14 +277,14 @@ class _HFLayout(FrameworkLayout):
         """How to resume from ``info`` in the framework's own terms."""
 
     def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
-        p = Path(str(path))
+        p = self.local(path)
         man = None
         with contextlib.suppress(CkptkitError, OSError):
             man = load_adopted(p, key=catalog.key)  # another key's step is no step
         return self._step(p, man, catalog, index)
 
     def identity(self, path: Location, catalog: Catalog) -> str | None:
-        p = Path(str(path))
+        p = self.local(path)
         if not p.is_dir():
             return None
         with contextlib.suppress(CkptkitError, OSError):

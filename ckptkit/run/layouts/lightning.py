@@ -144,7 +144,7 @@ class LightningLayout(FrameworkLayout):
         records: Mapping[str, Any] = raw_rec if isinstance(raw_rec, dict) else {}
         pins: Mapping[str, Any] = raw_pins if isinstance(raw_pins, dict) else {}
         by_step: dict[int, list[CheckpointInfo]] = {}
-        for f in ckpt_files(Path(str(root))):
+        for f in ckpt_files(self.local(root)):
             try:
                 info = self._info(f, catalog, records.get(f.name), pins.get(f.name))
             except FileNotFoundError:
@@ -161,21 +161,21 @@ class LightningLayout(FrameworkLayout):
         return sorted(out, key=lambda c: c.step)
 
     def step_of(self, path: Location, catalog: Catalog, index: Index) -> int | None:
-        f = Path(str(path))
+        f = self.local(path)
         man, _bad, _ = _read_adopted(f, catalog.key)  # another key's step is no step
         return self._step(f, man)
 
     def identity(self, path: Location, catalog: Catalog) -> str | None:
         """The adopted manifest's digest, else the file's identity (inode, size, mtime);
         None when the file is gone."""
-        f = Path(str(path))
+        f = self.local(path)
         man, _bad, _ = _read_adopted(f, None)
         return _identity(f, man)
 
     def remove(self, root: Location, path: Location) -> bool:
         """Delete one file and its adopted manifest (the file first: a lone manifest is a
         leftover, never a checkpoint); False when it was gone."""
-        p = Path(str(path))
+        p = self.local(path)
         try:
             p.unlink()
             gone = True
@@ -189,7 +189,7 @@ class LightningLayout(FrameworkLayout):
 
     def leftovers(self, root: Location) -> builtins.list[Location]:
         """Adopted manifests whose file is gone, and half-written ones."""
-        d = Path(str(root))
+        d = self.local(root)
         out: list[Location] = []
         try:
             names = os.listdir(d)

@@ -169,7 +169,7 @@ class TorchtitanLayout(_HFLayout):
     expect: Expect | None = None  # inferred per step: a full step is training state, a model-only one weights
 
     def entries(self, root: Location) -> builtins.list[tuple[int, Path]]:
-        return step_dirs(Path(str(root)))
+        return step_dirs(self.local(root))
 
     def meta(self, root: Location) -> Location:
         return root
@@ -182,7 +182,7 @@ class TorchtitanLayout(_HFLayout):
         return METADATA
 
     def format_of(self, path: Location) -> str | None:
-        return foreign_format(Path(str(path))) or "dcp"
+        return foreign_format(self.local(path)) or "dcp"
 
     def _step(self, p: Path, man: Manifest | None, catalog: Catalog, index: Index) -> int | None:
         m = STEP_RE.match(p.name)
@@ -199,7 +199,7 @@ class TorchtitanLayout(_HFLayout):
         return fs.remove_dir_aside(path, marker=ADOPTED_SUFFIX, aside=f"{atomic.TMP_SUFFIX}.del-")
 
     def resume_hint(self, info: CheckpointInfo) -> str:
-        if info.step > 0 and holds_any(Path(str(info.path)), TRAINING_STATES) is False:
+        if info.step > 0 and holds_any(self.local(info.path), TRAINING_STATES) is False:
             return (
                 f"none: step-{info.step} holds the model only (last_save_model_only), which "
                 "torchtitan cannot resume training from; to start a new run from its "

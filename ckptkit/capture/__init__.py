@@ -135,6 +135,33 @@ def show(value: Any) -> str:
     return _short(value)
 
 
+def as_float(value: Any) -> float | None:
+    """A saved number as a float for a summary (a tensor read with ``item()``); None when
+    it is not a number.
+
+    Example:
+        >>> as_float(torch.tensor(0.5)), as_float(3), as_float(True), as_float("1")
+        (0.5, 3.0, None, None)
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def as_floats(values: Any) -> list[float | None] | None:
+    """:func:`as_float` of every item of a list or tuple; None when ``values`` is neither.
+
+    Example:
+        >>> as_floats((0.1, "x")), as_floats(0.1)
+        ([0.1, None], None)
+    """
+    if not isinstance(values, list | tuple):
+        return None
+    return [as_float(v) for v in values]
+
+
 def typed_snapshot(state: Any) -> tuple[Mapping[str, Any] | None, list[str]]:
     """The checks every ``{"type": ..., "state_dict": ...}`` snapshot (optimizer, scheduler)
     starts with: ``(state, problems of its type)``, or ``(None, [why])`` when it is not an
@@ -267,6 +294,8 @@ def _feed(h: xxhash.xxh3_64, node: Any) -> None:
 __all__ = [
     "INT64_MAX",
     "MAX_LISTED",
+    "as_float",
+    "as_floats",
     "check_tree",
     "is_int",
     "refuse",

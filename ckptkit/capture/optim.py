@@ -18,6 +18,8 @@ import torch
 
 from ckptkit.capture import (
     INT64_MAX,
+    as_float,
+    as_floats,
     check_tree,
     is_int,
     refuse,
@@ -357,9 +359,9 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "type": state["type"],
         "num_param_groups": len(groups),
-        "lrs": [_number(g.get("lr")) for g in groups],
-        "betas": [_number_list(g.get("betas")) for g in groups],
-        "weight_decays": [_number(g.get("weight_decay")) for g in groups],
+        "lrs": [as_float(g.get("lr")) for g in groups],
+        "betas": [as_floats(g.get("betas")) for g in groups],
+        "weight_decays": [as_float(g.get("weight_decay")) for g in groups],
         "num_params": num_params,
         "num_params_with_state": with_state,
         "num_params_without_state": num_params - with_state,
@@ -385,26 +387,12 @@ def _name(names: list[list[str]] | None, gi: int, pi: int) -> str:
     return f"#{pi} of group {gi}"
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
 def _step(value: Any) -> float | int | None:
-    number = _number(value)
+    number = as_float(value)
     # Adam keeps step as a float tensor; integral steps read better (and compare) as ints.
     if number is not None and math.isfinite(number) and number.is_integer():
         return int(number)
     return number
-
-
-def _number_list(value: Any) -> list[float | None] | None:
-    if isinstance(value, list | tuple):
-        return [_number(v) for v in value]
-    return None
 
 
 __all__ = ["capture", "problems", "restore", "summary"]

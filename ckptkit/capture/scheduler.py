@@ -15,7 +15,16 @@ from typing import Any
 
 import torch
 
-from ckptkit.capture import check_tree, is_int, refuse, refuse_type, show, typed_snapshot
+from ckptkit.capture import (
+    as_float,
+    as_floats,
+    check_tree,
+    is_int,
+    refuse,
+    refuse_type,
+    show,
+    typed_snapshot,
+)
 from ckptkit.format.numbers import is_real
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -170,27 +179,13 @@ def summary(state: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "type": state["type"],
         "last_epoch": sd.get("last_epoch"),
-        "last_lr": _floats(sd.get("_last_lr")),
-        "base_lrs": _floats(sd.get("base_lrs")),
+        "last_lr": as_floats(sd.get("_last_lr")),
+        "base_lrs": as_floats(sd.get("base_lrs")),
     }
     for key in ("best", "num_bad_epochs"):
         if key in sd:
-            out[key] = _float(sd[key])
+            out[key] = as_float(sd[key])
     return out
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _floats(values: Any) -> list[float | None] | None:
-    if not isinstance(values, list | tuple):
-        return None
-    return [_float(v) for v in values]
 
 
 __all__ = ["Scheduler", "capture", "problems", "restore", "summary"]

@@ -98,26 +98,27 @@ exposure of each rank::
 
 At the end the script prints one JSON line: ``final_step``, ``final_loss``, ``param_hash``
 (xxh3-64 over every parameter and buffer), ``resumed_from``, ``fault`` and ``seconds``.
+
+This module is the script (its arguments and its training loop); the rest of the example
+has a module each: :mod:`~ckptkit.examples.tiny_lm_data` (corpus and batches),
+:mod:`~ckptkit.examples.tiny_lm_model`, :mod:`~ckptkit.examples.tiny_lm_schedule`,
+:mod:`~ckptkit.examples.tiny_lm_faults` and :mod:`~ckptkit.examples.tiny_lm_runs` (run
+directories and what the script says about a resume).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import copy
-import itertools
 import json
 import math
 import os
-import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import xxhash
@@ -126,258 +127,30 @@ from torch import nn
 import ckptkit
 from ckptkit.capture.rng import fingerprint
 from ckptkit.collective import leave
-from ckptkit.format.records import Health
+from ckptkit.examples.tiny_lm_data import (
+    PAD,
+    Corpus,
+    collate,
+    corpus_id,
+    make_corpus,
+    next_batch,
+    peek_batch,
+)
+from ckptkit.examples.tiny_lm_faults import FAULTS, INSTABILITIES, inject_fault
+from ckptkit.examples.tiny_lm_model import TinyLM, param_hash, set_seed
+from ckptkit.examples.tiny_lm_runs import RUNS, recovery_summary, run_dir, say_resumed, skipped
+from ckptkit.examples.tiny_lm_schedule import lr_spike, warmup_cosine
 from ckptkit.integrations.drill_env import DrillEnv
 from ckptkit.signals.observe import row_hashes
 from ckptkit.signals.recovery import RecoveryPolicy
 from ckptkit.signals.recovery import describe as describe_recovery
 from ckptkit.signals.stability import StabilityWatch
 
-PAD = 0
-"""Padding token id; real tokens are 1..vocab-1."""
-
-FAULT_COMPONENTS = {
-    "none": "none",
-    "no-rng": "rng",
-    "no-sampler": "sampler",
-    "sampler-reshuffle": "sampler",
-    "no-scheduler": "scheduler",
-    "sched-off-by-one": "scheduler",
-    "no-moments": "optimizer",
-    "no-scaler": "scaler",
-    "step-reset": "progress",
-    "data-version": "data-version",
-    "lr-changed": "hyperparameters",
-}
-"""Each ``--fault`` and the component a drill should name for it."""
-FAULTS = tuple(FAULT_COMPONENTS)
-"""The resume faults (applied at a restore; a drill should name their component)."""
-INSTABILITIES = ("lr-spike",)
-"""Faults that are no resume bug but an instability induced during training (see
-:func:`lr_spike`): for the stability watch and the automatic recovery, not for drills."""
 SPIKE_STEPS = 1500
 """``--steps`` when ``--fault lr-spike`` comes without it: room for the watch's warm-up, a
 build-up of a few hundred steps, the collapse and the recovery."""
 TAIL = 50
 """Steps averaged into ``final_loss_avg`` (one batch's loss is too noisy to compare runs)."""
-RUNS = "runs/tiny_lm"
-"""Where runs without ``--ckpt-dir`` go: one ``run-NNN`` directory per invocation."""
-
-
-# --- data ------------------------------------------------------------------------------------
-
-
-def make_corpus(
-    num: int, *, seed: int, version: str, vocab: int = 256, min_len: int = 8, max_len: int = 64
-) -> list[torch.Tensor]:
-    """Generate ``num`` token sequences from a sparse first-order Markov chain.
-
-    The chain (each token has four likely successors) depends only on ``seed``, so the loss
-    falls well below ``log(vocab)``; the sampled sequences and their lengths depend on
-    ``(seed, version)``, so another data version is another snapshot of the same language.
-    """
-    chain = np.random.default_rng(xxhash.xxh3_64_intdigest(f"tiny_lm.chain:{seed}".encode()))
-    succ = chain.integers(1, vocab, size=(vocab, 4))
-    cum = np.cumsum(chain.dirichlet(np.ones(4), size=vocab), axis=1)
-    rng = np.random.default_rng(xxhash.xxh3_64_intdigest(f"tiny_lm.data:{seed}:{version}".encode()))
-    lengths = rng.integers(min_len, max_len + 1, size=num)
-    tokens = np.empty((num, max_len), dtype=np.int64)
-    tokens[:, 0] = rng.integers(1, vocab, size=num)
-    for t in range(1, max_len):
-        prev = tokens[:, t - 1]
-        k = (rng.random(num)[:, None] > cum[prev]).sum(axis=1).clip(max=3)
-        tokens[:, t] = succ[prev, k]
-    return [torch.from_numpy(tokens[i, : lengths[i]].copy()) for i in range(num)]
-
-
-class Corpus(Sequence[torch.Tensor]):
-    """The token sequences, indexable, with a content hash per sample (``sample_hash``).
-
-    A :class:`~ckptkit.ResumableSampler` built on it records each sample's hash next to
-    its id, so a drill sees "same ids, other content" even when the script logs only loss.
-    """
-
-    def __init__(self, data: list[torch.Tensor]) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
-        return self.data[i]
-
-    def sample_hash(self, i: int) -> str:
-        """xxh3-64 of sample ``i``'s tokens (8 hex digits)."""
-        return xxhash.xxh3_64_hexdigest(self.data[i].numpy().tobytes())[:8]
-
-
-def corpus_id(corpus: Sequence[torch.Tensor]) -> str:
-    """Content hash of a corpus (the data snapshot id recorded in checkpoints)."""
-    h = xxhash.xxh3_64()
-    for seq in corpus:
-        h.update(len(seq).to_bytes(4, "little"))
-        h.update(seq.numpy().tobytes())
-    return h.hexdigest()
-
-
-def collate(seqs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad a batch; return (inputs, targets) with padded targets set to -100."""
-    width = max(len(s) for s in seqs)
-    batch = torch.full((len(seqs), width), PAD, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        batch[i, : len(s)] = s
-    targets = batch[:, 1:].clone()
-    targets[targets == PAD] = -100
-    return batch[:, :-1].contiguous(), targets
-
-
-def next_batch(sampler: ckptkit.ResumableSampler, batch_size: int) -> list[int]:
-    """Take the next batch of indices, starting the next epoch when this one is done.
-
-    The last batch of an epoch may be short; the epoch rolls over *before* a batch is
-    drawn, so a checkpoint taken at the end of an epoch resumes into the next one.
-    """
-    if sampler.position >= len(sampler):
-        sampler.set_epoch(sampler.epoch + 1)
-    return list(itertools.islice(iter(sampler), batch_size))
-
-
-def peek_batch(sampler: ckptkit.ResumableSampler, batch_size: int) -> tuple[int, list[int]]:
-    """The (epoch, indices) :func:`next_batch` will return next, without advancing."""
-    if sampler.position >= len(sampler):
-        probe = copy.deepcopy(sampler)
-        probe.set_epoch(sampler.epoch + 1)
-        return probe.epoch, probe.next_indices(batch_size)
-    return sampler.epoch, sampler.next_indices(batch_size)
-
-
-# --- model -----------------------------------------------------------------------------------
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and an MLP, with dropout."""
-
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        att = self.drop(att.masked_fill(causal, float("-inf")).softmax(-1))
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.drop(self.proj(y))
-        return x + self.drop(self.mlp(self.ln2(x)))
-
-
-class TinyLM(nn.Module):
-    """A small GPT-style causal LM with learned positions and tied input/output embeddings."""
-
-    def __init__(
-        self,
-        *,
-        vocab: int = 256,
-        dim: int = 64,
-        heads: int = 4,
-        layers: int = 2,
-        max_len: int = 64,
-        dropout: float = 0.1,
-    ) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(max_len, dim)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.head.weight = self.tok.weight
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(module: nn.Module) -> None:
-        # GPT-2 style: small weights keep tied-embedding logits near uniform at step 0.
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.tok(idx) + self.pos(pos))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
-
-
-def param_hash(model: nn.Module) -> str:
-    """xxh3-64 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
-    h = xxhash.xxh3_64()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-# --- schedule --------------------------------------------------------------------------------
-
-
-def lr_spike(
-    start: int, ramp: int, peak: float, base: Callable[[int], float], *, hold: int | None = None
-) -> Callable[[int], float]:
-    """``base`` times a multiplier that climbs geometrically from 1 to ``peak`` over ``ramp``
-    steps from ``start`` and stays there (for ``hold`` steps, then back to 1; None: to the
-    end): a peak LR set past the stable edge.
-
-    An instability that builds up (the gradient norm's level and spread climb, then the
-    loss), then diverges. It lives in the schedule,
-    as the real mistake does, so a recovery that scales the scheduler's base LRs
-    (:func:`ckptkit.signals.recovery.scale_lr`) brings the LR back under the edge for good.
-
-    Example:
-        >>> f = lr_spike(100, 200, 16.0, lambda s: 1.0)
-        >>> f(99), f(200), f(300), f(900)
-        (1.0, 4.0, 16.0, 16.0)
-    """
-
-    def factor(step: int) -> float:
-        if hold is not None and step >= start + ramp + hold:
-            return base(step)
-        x = min(max(step - start, 0) / max(ramp, 1), 1.0)
-        return base(step) * peak**x
-
-    return factor
-
-
-def warmup_cosine(warmup: int, total: int, min_ratio: float = 0.1) -> Callable[[int], float]:
-    """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-# --- the script ------------------------------------------------------------------------------
-
-
-def set_seed(seed: int) -> None:
-    """Seed every generator the script draws from."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def rng_fingerprint(device: torch.device) -> str:
@@ -754,83 +527,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def run_dir(*, resume: bool, world: int = 1) -> str:
-    """The checkpoint directory of a run started without ``--ckpt-dir``.
-
-    A new ``runs/tiny_lm/run-NNN/ckpt`` per invocation (the next free number), or with
-    ``resume`` the newest existing one. Rank 0 decides; the other ranks take its answer.
-    """
-    choice: list[str | None] = [None]
-    if world == 1 or torch.distributed.get_rank() == 0:
-        runs = sorted(
-            (p for p in Path(RUNS).glob("run-*") if p.name[4:].isdigit()),
-            key=lambda p: int(p.name[4:]),
-        )
-        if resume and runs:
-            path = runs[-1] / "ckpt"
-            print(f"tiny_lm: --resume: continuing {path}", file=sys.stderr)
-        else:
-            n = int(runs[-1].name[4:]) + 1 if runs else 1
-            path = Path(RUNS) / f"run-{n:03d}" / "ckpt"
-            path.mkdir(parents=True)
-            why = " (--resume: no earlier run)" if resume else ""
-            print(
-                f"tiny_lm: new run{why}, checkpoints in {path} (continue it with "
-                f"--ckpt-dir {path}, or --resume for the newest run)",
-                file=sys.stderr,
-            )
-        choice = [str(path)]
-    if world > 1:
-        torch.distributed.broadcast_object_list(choice, src=0)
-    assert choice[0] is not None
-    return choice[0]
-
-
-def say_resumed(restored: Any, stop: int) -> None:
-    """Say which checkpoint the run continues, and what about it is not ordinary."""
-    print(f"tiny_lm: resumed from {restored.path} at step {restored.step}", file=sys.stderr)
-    health = Health.of(restored.manifest.health if restored.manifest is not None else None)
-    if health is not None and health.level not in (None, "ok"):
-        level = health.level
-        signals = ", ".join(sorted(health.signal_names)) or "no signal named"
-        print(
-            f"tiny_lm: warning: that checkpoint's recorded health is {level} ({signals}); "
-            f"'ckptkit rollback {Path(str(restored.path)).parent}' names the newest healthy "
-            "one, or start a new run without --ckpt-dir",
-            file=sys.stderr,
-        )
-    if restored.step >= stop:
-        print(
-            f"tiny_lm: step {restored.step} already reached the {stop} steps asked for: "
-            "nothing to train (raise --steps, or start a new run without --ckpt-dir)",
-            file=sys.stderr,
-        )
-
-
-def recovery_summary(record: Any) -> dict[str, Any]:
-    """The numbers of one automatic recovery the summary line reports."""
-    trig = record["trigger"]
-    return {
-        "n": record["n"],
-        "first_warning": trig["first_warning_step"],
-        "detected_at": record["detected_at"],
-        "level": trig["level"],
-        "signals": sorted(trig["signals"]),
-        "restored": record["restored"]["step"],
-        "lr_scale": record["actions"]["lr"]["scale"],
-        "detect_to_resume_s": record["timing"]["detect_to_resume_s"],
-    }
-
-
-def skipped(mgr: ckptkit.CheckpointManager, n: int) -> int | None:
-    """Samples recovery ``n`` skipped (None while the skip is not applied yet)."""
-    for r in mgr.recovery.history if mgr.recovery is not None else ():
-        if r.get("n") == n:
-            skip = r.get("actions", {}).get("skip", {})
-            return skip.get("samples") if skip.get("status") == "applied" else None
-    return None
-
-
 def init_ddp(args: argparse.Namespace, device: torch.device) -> tuple[int, int]:
     """Join the process group torchrun describes (``WORLD_SIZE`` > 1) or ``--ddp`` asks for.
 
@@ -884,57 +580,6 @@ def lookahead(
         "sample_ids": [i for r in ranks for i in r["ids"]],
         "epoch": epoch,
     }
-
-
-def inject_fault(
-    fault: str,
-    args: argparse.Namespace,
-    ts: ckptkit.TrainState,
-    *,
-    corpus: Corpus,
-    sampler: ckptkit.ResumableSampler,
-    opt: torch.optim.Optimizer,
-    sched: torch.optim.lr_scheduler.LambdaLR,
-) -> tuple[Corpus, ckptkit.ResumableSampler]:
-    """Apply one classic resume bug after a restore; return the (corpus, sampler) to use.
-
-    Faults that leave a component out of the TrainState (``no-sampler``, ``no-scheduler``,
-    ``no-scaler``) already happened at construction; the others are done here.
-    """
-    if fault == "no-rng":
-        set_seed(args.seed)  # the classic: seeding after loading the checkpoint
-    elif fault == "sampler-reshuffle":
-        other = ckptkit.ResumableSampler(
-            sampler.data_len,
-            seed=sampler.seed + 1,
-            shuffle=True,
-            lengths=sampler.lengths,
-            bucket_size=sampler.bucket_size,
-            batch_size=sampler.batch_size,
-        )
-        other.load_state_dict({**sampler.state_dict(), "seed": other.seed})
-        sampler = other
-    elif fault == "sched-off-by-one":
-        sched.last_epoch -= 1
-    elif fault == "no-moments":
-        opt.state.clear()
-    elif fault == "step-reset":
-        ts.step = 0
-    elif fault == "data-version":
-        # Same ids, other content: the dataset object the sampler reads is refilled.
-        corpus.data = make_corpus(
-            args.num_seqs,
-            seed=args.data_seed,
-            version=f"{args.data_version}+changed",
-            vocab=args.vocab,
-            max_len=args.max_len,
-        )
-    elif fault == "lr-changed":
-        for group in opt.param_groups:
-            group["lr"] *= 1.1
-            group["initial_lr"] *= 1.1
-        sched.base_lrs = [lr * 1.1 for lr in sched.base_lrs]
-    return corpus, sampler
 
 
 if __name__ == "__main__":

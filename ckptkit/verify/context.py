@@ -47,6 +47,13 @@ class FileScan:
     finite: tensors_scan.FiniteScan | None = None
     """NaN/Inf seen in floating tensors during the digest pass (uncompressed files)."""
 
+    def finding(self, code: str, message: str, *, hint: str | None = None) -> codes.Finding:
+        """A finding of ``code`` about this file: its path, and the component it holds
+        (``checkpoint`` for a file of several)."""
+        return codes.CODES[code].finding(
+            message, path=self.entry.path, component=self.entry.component or "checkpoint", hint=hint
+        )
+
     @classmethod
     def unreadable(cls, fe: mf.FileEntry, exc: BaseException) -> FileScan:
         """The scan of a listed file whose read failed: damage or not, the classifier says

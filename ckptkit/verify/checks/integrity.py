@@ -54,11 +54,7 @@ def file_missing(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if not s.exists:
             who = f" (written by rank {s.entry.rank})" if s.entry.rank is not None else ""
-            yield CODES[codes.F001].finding(
-                f"file listed in the manifest is missing{who}",
-                path=s.entry.path,
-                component=s.entry.component or "checkpoint",
-            )
+            yield s.finding(codes.F001, f"file listed in the manifest is missing{who}")
 
 
 @check(codes.F002, needs=("files",))
@@ -66,10 +62,8 @@ def file_size(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.exists and s.size is not None and s.size != s.entry.size:
             how = "truncated" if s.size < s.entry.size else "grown"
-            yield CODES[codes.F002].finding(
-                f"size is {s.size} bytes, the manifest records {s.entry.size} ({how})",
-                path=s.entry.path,
-                component=s.entry.component or "checkpoint",
+            yield s.finding(
+                codes.F002, f"size is {s.size} bytes, the manifest records {s.entry.size} ({how})"
             )
 
 
@@ -77,10 +71,9 @@ def file_size(ctx: CheckContext) -> Iterator[Finding]:
 def file_digest(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.digest is not None and s.size == s.entry.size and s.digest != s.entry.xxh3_128:
-            yield CODES[codes.F003].finding(
+            yield s.finding(
+                codes.F003,
                 f"digest mismatch (expected {s.entry.xxh3_128[:12]}…, got {s.digest[:12]}…)",
-                path=s.entry.path,
-                component=s.entry.component or "checkpoint",
             )
 
 
@@ -88,15 +81,10 @@ def file_digest(ctx: CheckContext) -> Iterator[Finding]:
 def file_header(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.header_error is not None and s.header_error_code != codes.F008:
-            yield CODES[codes.F004].finding(
-                s.header_error, path=s.entry.path, component=s.entry.component or "checkpoint"
-            )
+            yield s.finding(codes.F004, s.header_error)
         if s.io_error is not None and s.io_error_code != UNREADABLE:
-            yield CODES[codes.F004].finding(
-                s.io_error,
-                path=s.entry.path,
-                component=s.entry.component or "checkpoint",
-                hint="check permissions and the disk, then verify again",
+            yield s.finding(
+                codes.F004, s.io_error, hint="check permissions and the disk, then verify again"
             )
 
 
@@ -110,9 +98,7 @@ def unreadable_now(ctx: CheckContext) -> Iterator[Finding]:
         return
     for s in ctx.scan_all().values():
         if s.io_error is not None and s.io_error_code == UNREADABLE:
-            yield CODES[UNREADABLE].finding(
-                s.io_error, path=s.entry.path, component=s.entry.component or "checkpoint"
-            )
+            yield s.finding(UNREADABLE, s.io_error)
 
 
 @check(codes.F005)
@@ -244,48 +230,36 @@ def dcp_metadata_listed(ctx: CheckContext) -> Iterator[Finding]:
     yield from _dcp_findings(ctx, codes.F021)
 
 
-@check(codes.F023)
-def dcp_metadata_safe(ctx: CheckContext) -> Iterator[Finding]:
-    """The DCP metadata and its non-tensor items unpickle without any other global."""
-    yield from _dcp_findings(ctx, codes.F023)
+_DCP_CHECKS = (
+    (codes.F023, "dcp_metadata_safe",
+     "The DCP metadata and its non-tensor items unpickle without any other global."),
+    (codes.F105, "dcp_items_stored", "Every item of the DCP state dict has a storage entry."),
+    (codes.F106, "dcp_items_inside", "Every DCP item's byte range lies inside its shard."),
+    (codes.F026, "dcp_chunks_fit",
+     "Every DCP tensor chunk lies inside its tensor, and its storage entry holds its bytes."),
+    (codes.F027, "dcp_metadata_bounded", "The DCP metadata declares no more chunks than its size allows."),
+    (codes.F108, "dcp_readable",
+     "The DCP metadata and its non-tensor items parse (damage, unexpected structure)."),
+)
+"""The checks of the codes the one reading of the DCP metadata reports (code, name, what
+the check holds), in registration (and run) order."""
 
 
-@check(codes.F105)
-def dcp_items_stored(ctx: CheckContext) -> Iterator[Finding]:
-    """Every item of the DCP state dict has a storage entry."""
-    yield from _dcp_findings(ctx, codes.F105)
+def _dcp_check(code: str, name: str, doc: str) -> None:
+    @check(code)
+    def _fn(ctx: CheckContext) -> Iterator[Finding]:
+        yield from _dcp_findings(ctx, code)
+
+    _fn.__name__ = name
+    _fn.__doc__ = doc
 
 
-@check(codes.F106)
-def dcp_items_inside(ctx: CheckContext) -> Iterator[Finding]:
-    """Every DCP item's byte range lies inside its shard."""
-    yield from _dcp_findings(ctx, codes.F106)
-
-
-@check(codes.F026)
-def dcp_chunks_fit(ctx: CheckContext) -> Iterator[Finding]:
-    """Every DCP tensor chunk lies inside its tensor, and its storage entry holds its bytes."""
-    yield from _dcp_findings(ctx, codes.F026)
-
-
-@check(codes.F027)
-def dcp_metadata_bounded(ctx: CheckContext) -> Iterator[Finding]:
-    """The DCP metadata declares no more chunks than its size allows."""
-    yield from _dcp_findings(ctx, codes.F027)
-
-
-@check(codes.F108)
-def dcp_readable(ctx: CheckContext) -> Iterator[Finding]:
-    """The DCP metadata and its non-tensor items parse (damage, unexpected structure)."""
-    yield from _dcp_findings(ctx, codes.F108)
+for _code, _name, _doc in _DCP_CHECKS:
+    _dcp_check(_code, _name, _doc)
 
 
 @check(codes.F022, needs=("files",))
 def not_regular(ctx: CheckContext) -> Iterator[Finding]:
     for s in ctx.scan_all().values():
         if s.not_regular is not None:
-            yield CODES[codes.F022].finding(
-                f"is {s.not_regular}, not a regular file; it was not opened",
-                path=s.entry.path,
-                component=s.entry.component or "checkpoint",
-            )
+            yield s.finding(codes.F022, f"is {s.not_regular}, not a regular file; it was not opened")

@@ -33,18 +33,19 @@ test: setup
 	$(BIN)/mypy ckptkit
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=20 --doctest-modules tests ckptkit
 
-# The fast lane for development (a few minutes): lint, unit and CLI tests, docstring examples,
-# the documented blocks, and one case of each heavy area (tests/conftest.py SMOKE).
+# The fast lane for development (a few minutes): lint, the in-process tests of every layer,
+# the CLI tests, docstring examples, the documented blocks, and one case of each heavy area
+# (tests/conftest.py SMOKE; the rest of the `integration`-marked tests run in make test).
 check: setup
 	$(BIN)/ruff check ckptkit tests benchmarks tools
 	$(BIN)/mypy ckptkit
-	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow" tests/unit tests/cli tests/docs ckptkit
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/integration
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules -m "not slow and not integration" tests ckptkit
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests
 
 # The crash matrix alone (make test runs it too): every framework x store x kill point of a
 # save, each restart compared bitwise with an uninterrupted run (docs/testing.md).
 crash-matrix: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration/test_crash_matrix.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integrations/test_crash_matrix.py
 
 lint: setup
 	$(BIN)/ruff check ckptkit tests benchmarks tools

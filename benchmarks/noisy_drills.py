@@ -1,6 +1,6 @@
 """Clean and faulty drills of a script whose runs are not bitwise: false fails and catches.
 
-Runs ``tests/integration/noisy_script.py`` (GPU-like gradient noise from an OS-seeded
+Runs ``tests/scripts/noisy_script.py`` (GPU-like gradient noise from an OS-seeded
 stream) through ``ckptkit drill`` many times per setting and prints, per setting: passes,
 the diagnosis of each failure, the median wall time, and the twin tolerance on the loss
 against the resumed run's own largest deviation from the reference (how tight it is).

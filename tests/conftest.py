@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,20 +23,28 @@ settings.register_profile(
 )
 settings.load_profile("ckptkit")
 
-collect_ignore_glob = ["integration/interop/scripts/*.py", "crash_scripts/*.py"]
-"""Training scripts the framework tests run as ``python SCRIPT`` (Trainer, Accelerate,
-Lightning, the crash matrix's): they train at import, so ``--doctest-modules`` must not import them (it trained
-a model into the working directory at collection, and two pytest workers raced for its
-lock)."""
+pytest_plugins = ["framework_checkpoints"]
+"""The foreign checkpoints (Trainer, Accelerate, Lightning, DCP) written once per session."""
+
+sys.path[:0] = [str(Path(__file__).parent / "ranks"), str(Path(__file__).parent / "scripts")]
+"""The gloo workers and their launcher (tests/ranks/) and the training scripts (tests/scripts/),
+imported by name by the tests of every layer (``from _launch import launch``,
+``from preempt_script import digest``)."""
+
+collect_ignore_glob = ["scripts/*.py", "crash_scripts/*.py", "ranks/*.py"]
+"""Training scripts the tests run as ``python SCRIPT`` (drills, Trainer, Accelerate,
+Lightning, the crash matrix's) and the gloo workers torchrun starts: some train at import,
+so ``--doctest-modules`` must not import them (it trained a model into the working directory
+at collection, and two pytest workers raced for its lock)."""
 
 SMOKE = (
-    "tests/integration/distributed/test_commit_matrix.py::test_commit_matrix[tensors-gloo2-sync]",
-    "tests/integration/test_crash_points.py::test_stop_at_a_named_point[local-sync-commit.renamed]",
-    "tests/integration/test_drill.py::test_clean_tiny_lm_drill_passes_bitwise",
-    "tests/integration/test_object_store.py::test_round_trip_bitwise_in_a_fresh_process",
-    "tests/integration/interop/test_lightning.py::"
+    "tests/checkpoint/test_commit_matrix.py::test_commit_matrix[tensors-gloo2-sync]",
+    "tests/checkpoint/test_crash_points.py::test_stop_at_a_named_point[local-sync-commit.renamed]",
+    "tests/drill/test_drill.py::test_clean_tiny_lm_drill_passes_bitwise",
+    "tests/storage/test_object_store.py::test_round_trip_bitwise_in_a_fresh_process",
+    "tests/integrations/test_lightning.py::"
     "test_a_clean_drill_passes_bitwise_across_an_epoch_boundary[trainer]",
-    "tests/integration/interop/test_hf_drill.py::test_clean_drills_pass_bitwise[trainer-mid-epoch]",
+    "tests/integrations/test_hf_drill.py::test_clean_drills_pass_bitwise[trainer-mid-epoch]",
 )
 """One case of each heavy area, for the fast lane (``make check`` runs ``-m smoke`` on
 tests/integration): a gloo world-2 commit, a crash point, a drill, an S3 round trip and a

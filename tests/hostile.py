@@ -165,7 +165,7 @@ HOSTILE_TREES: dict[str, Any] = {
     "missing-field": {"$t": "tuple"},
 }
 """Malformed tagged values of the manifest's tree (format/tree.py's encoding): each is
-``CK-M009`` for verify, load and inspect alike (tests/unit/test_hostile_manifest.py)."""
+``CK-M009`` for verify, load and inspect alike (tests/verify/test_hostile_manifest.py)."""
 
 
 def _scheduler_value(field: str, value: Any) -> Damage:

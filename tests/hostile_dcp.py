@@ -1,6 +1,6 @@
 """The catalogue of hostile ``ckptkit.dcp`` directories: every way the suite damages or
 forges a directory written by :func:`ckptkit.dcp.save`, in one place, so one test
-(tests/integration/test_dcp_agreement.py) can ask ``ckptkit verify``, ``ckptkit.dcp.check``
+(tests/checkpoint/test_dcp_agreement.py) can ask ``ckptkit verify``, ``ckptkit.dcp.check``
 and ``ckptkit.dcp.load`` about each and check that they agree, with the same code.
 
 A damage is ``damage(directory)``. Damages that rewrite ``.metadata`` or a shard commit a

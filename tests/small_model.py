@@ -1,8 +1,8 @@
 """The tests' tiny model and a trained state of it, importable by helper modules.
 
 Not in ``conftest.py``: a helper (``damaged_run.py``) that imported ``conftest`` got
-whichever ``conftest`` module was imported first (``tests/integration/interop`` has its
-own), so a run of those files together failed to collect.
+whichever ``conftest`` module was imported first (a subfolder may have its own), so a run of
+those files together failed to collect.
 """
 
 from __future__ import annotations

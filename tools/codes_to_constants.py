@@ -21,7 +21,7 @@ The rewrite works on tokens, guided by the syntax tree, never by a regex over so
 docstring, part of an implicit concatenation, inside ``Literal[...]``) and whether the
 module's ``codes`` name is shadowed where the token sits. Only whole tokens are replaced,
 so formatting, comments and every other byte stay as they were. Anything it will not
-rewrite is listed with the reason; ``tests/unit/test_codes_by_constant.py`` fails while
+rewrite is listed with the reason; ``tests/test_codes_by_constant.py`` fails while
 such a literal remains.
 
 Usage (from the repository root, with the project's venv)::
@@ -116,7 +116,7 @@ def constants_block(codes: list[str]) -> str:
     lines = [
         BEGIN,
         "# One constant per registered code, named by the code without ``CK-`` (see the module",
-        "# docstring); tests/unit/test_codes_by_constant.py keeps this block and the registry",
+        "# docstring); tests/test_codes_by_constant.py keeps this block and the registry",
         "# in sync. Regenerate after adding a code: python tools/codes_to_constants.py",
         "",
     ]

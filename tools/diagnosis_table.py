@@ -10,19 +10,19 @@ Scripts (each with its own faults and the component each breaks):
 
 * ``tiny_lm``: the bundled ``python -m ckptkit.examples.tiny_lm`` (causal LM, AdamW,
   ``ResumableSampler`` read by the loop, no augmentation, declares its data identity);
-* ``aug_script``: ``tests/integration/aug_script.py`` (augmentation on the global RNGs in
+* ``aug_script``: ``tests/scripts/aug_script.py`` (augmentation on the global RNGs in
   ``__getitem__``, its own stateful sampler, SGD-Nesterov, fp16 GradScaler);
-* ``busy_trainer``: ``tests/integration/scripts/busy_trainer.py`` (sequence classifier,
+* ``busy_trainer``: ``tests/scripts/busy_trainer.py`` (sequence classifier,
   epoch loop over ``sampler.batches(loader)``, batch-dependent token masking in the
   ``collate_fn`` on the global RNG, Adam + exponential LR);
-* ``char_script``: ``tests/integration/char_script.py`` (char-level LM, its own
+* ``char_script``: ``tests/scripts/char_script.py`` (char-level LM, its own
   length-bucketing batch sampler, token noise per character in ``__getitem__`` on the global
   RNG with 0 or 2 workers, gradient accumulation kept in ``extra``, no GradScaler, a
   warm-up ``LambdaLR``), written from issue 37's description, not from the bundled scripts;
-* ``ema_export``: ``tests/integration/ema_export_script.py`` (a regression MLP with Adam,
+* ``ema_export``: ``tests/scripts/ema_export_script.py`` (a regression MLP with Adam,
   an EMA kept as a second module and exported, with the final weights, into the checkpoint
   directory at the end; its fault keeps the EMA out of the ``TrainState``);
-* ``noisy_script``: ``tests/integration/noisy_script.py`` at ``--eps 1e-5`` (GPU-like
+* ``noisy_script``: ``tests/scripts/noisy_script.py`` at ``--eps 1e-5`` (GPU-like
   gradient noise from an OS-seeded stream, so no two runs are bitwise: the drill's
   statistical mode; weight-only faults: a layer restored one step stale, every weight
   rounded through bfloat16 after the restore).
@@ -37,7 +37,7 @@ python tools/diagnosis_table.py --check --rows rows.json   # is the docs table t
 ```
 
 ``--check`` changes nothing and exits 1 when docs/drills.md's table is not the one the rows
-give (tests/integration/test_diagnosis_table.py runs it on the rows it measured). Re-run the
+give (tests/drill/test_diagnosis_table.py runs it on the rows it measured). Re-run the
 tool after changing the diagnosis, a script or a drill check.
 """
 
@@ -116,7 +116,7 @@ def _faults_of(path: Path) -> dict[str, str]:
 
 def scripts() -> dict[str, Script]:
     """The scripts of the table, by name."""
-    from ckptkit.examples.tiny_lm import FAULT_COMPONENTS
+    from ckptkit.examples.tiny_lm_faults import FAULT_COMPONENTS
 
     py = sys.executable
     aug = SCRIPTS_DIR / "aug_script.py"

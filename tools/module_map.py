@@ -1,5 +1,5 @@
 """Write the module map of docs/architecture.md from the code: every module of ckptkit, by
-layer (the order tests/unit/test_layering.py enforces), with its line count and the first
+layer (the order tests/test_layering.py enforces), with its line count and the first
 paragraph of its docstring.
 
 Run it after adding, moving or growing a module: ``python tools/module_map.py``

@@ -1,4 +1,4 @@
-"""What every crash-matrix training script shares (tests/integration/test_crash_matrix.py).
+"""What every crash-matrix training script shares (tests/integrations/test_crash_matrix.py).
 
 A script is a user's training loop (native, Trainer, Accelerate, Lightning, Fabric) with the
 documented ckptkit lines, plus four calls into this module, none of which changes what the

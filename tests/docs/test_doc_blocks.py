@@ -208,7 +208,7 @@ FOREIGN = textwrap.dedent('''\
 def foreign_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Trainer, Lightning, Accelerate and DCP checkpoints written by the real clients."""
     root = tmp_path_factory.mktemp("docs-foreign")
-    scripts = ROOT / "tests/integration/interop/scripts"
+    scripts = ROOT / "tests/scripts"
     proc = subprocess.run([sys.executable, "-c", FOREIGN, str(scripts)], cwd=root,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CKPTKIT_NO_PROGRESS": "1"})

@@ -46,8 +46,8 @@ SMOKE = (
     "test_a_clean_drill_passes_bitwise_across_an_epoch_boundary[trainer]",
     "tests/integrations/test_hf_drill.py::test_clean_drills_pass_bitwise[trainer-mid-epoch]",
 )
-"""One case of each heavy area, for the fast lane (``make check`` runs ``-m smoke`` on
-tests/integration): a gloo world-2 commit, a crash point, a drill, an S3 round trip and a
+"""One case of each heavy area, for the fast lane (``make check`` runs ``-m smoke`` after the
+in-process tests): a gloo world-2 commit, a crash point, a drill, an S3 round trip and a
 framework drill of each family. The whole suite (``make test``) runs them all."""
 
 

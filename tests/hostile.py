@@ -1,5 +1,5 @@
 """The catalogue of hostile checkpoints: every way the suite damages or forges the newest
-checkpoint of a native run, in one place, so one audit (tests/integration/
+checkpoint of a native run, in one place, so one audit (tests/verify/
 test_verdict_audit.py) can ask verify, ls, prune and restore about each and check that
 they agree.
 

@@ -171,8 +171,8 @@ def require_local(x: str | os.PathLike[str] | Location, *, needs: str) -> Path:
         raise CkptkitError(
             f"{needs} works on a local filesystem only, not on an object store",
             path=url(loc),
-            hint=f"copy it to a local directory first (e.g. 'aws s3 sync {url(loc)} DIR' or "
-            "fsspec's get(recursive=True)) and pass that directory",
+            hint=f"copy it to a local directory first (fsspec's get('{url(loc)}', DIR, "
+            "recursive=True); for s3://, 'aws s3 sync URL DIR') and pass that directory",
         )
     return local
 

@@ -33,7 +33,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
@@ -63,6 +63,7 @@ from ckptkit.format.validation import (
     check_digest,
     check_listing,
     check_schema,
+    nesting_error,
     strict_json,
     too_deep,
 )
@@ -166,24 +167,19 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, f: Mapping[str, Any]) -> FileEntry:
-        """Build from an already validated JSON object."""
-        return cls(
-            path=f["path"],
-            size=f["size"],
-            xxh3_128=f["xxh3_128"],
-            compression=f.get("compression"),
-            raw_size=f.get("raw_size"),
-            component=f.get("component"),
-            rank=f.get("rank"),
-        )
+        """Build from an already validated JSON object (a field with a default may be absent)."""
+        given: dict[str, Any] = {
+            x.name: f[x.name] if x.default is MISSING else f.get(x.name) for x in fields(cls)
+        }
+        return cls(**given)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "size": self.size, "xxh3_128": self.xxh3_128}
-        for k in ("compression", "raw_size", "component", "rank"):
-            v = getattr(self, k)
-            if v is not None:
-                out[k] = v
-        return out
+        """The JSON object: every field without a default, the others when not None."""
+        return {
+            x.name: getattr(self, x.name)
+            for x in fields(self)
+            if x.default is MISSING or getattr(self, x.name) is not None
+        }
 
 
 @dataclass(frozen=True)
@@ -793,12 +789,7 @@ def _parse(
     check_schema(obj, path)
     where = too_deep(obj)
     if where is not None:
-        raise UnsafeInputError(
-            f"'{where}' nests deeper than {tree.MAX_NESTING} levels",
-            path=path,
-            code=codes.M006,
-            hint=UNSAFE_HINT,
-        )
+        raise nesting_error(where, tree.MAX_NESTING, path)
     check_digest(obj, path, key)
     read: frozenset[int] | None = None
     elsewhere: Callable[[str], bool] | None = None

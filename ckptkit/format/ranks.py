@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 import jsonschema_rs
 
 from ckptkit import codes
-from ckptkit.errors import ManifestError, UnsafeInputError
+from ckptkit.errors import ManifestError
 from ckptkit.format import digest, signing, tree
 from ckptkit.format.signing import Signature
 from ckptkit.format.validation import (
-    UNSAFE_HINT,
     canonical,
     check_digest,
     check_schema,
+    nesting_error,
     schema,
     strict_json,
 )
@@ -394,12 +394,7 @@ def rank_part(data: bytes, ref: RankRef, step: Any, key: bytes | None, path: str
     check_schema(obj, path, _rank_validator())
     for head in PER_RANK:
         if tree.nesting_exceeds(obj.get(head), tree.MAX_NESTING - 2):  # at tree/<head>/rankN
-            raise UnsafeInputError(
-                f"'{head}' nests deeper than {tree.MAX_NESTING - 2} levels",
-                path=path,
-                code=codes.M006,
-                hint=UNSAFE_HINT,
-            )
+            raise nesting_error(head, tree.MAX_NESTING - 2, path)
     check_digest(obj, path, key)
     if obj["rank"] != ref.rank or obj["step"] != step:
         raise ManifestError(

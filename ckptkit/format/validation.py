@@ -246,6 +246,19 @@ def too_deep(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def nesting_error(where: str, limit: int, path: str) -> UnsafeInputError:
+    """The ``CK-M006`` refusal of a manifest whose part ``where`` nests deeper than ``limit``
+    levels (:func:`too_deep`, and a rank manifest's per-rank parts).
+
+    Example:
+        >>> print(nesting_error("user", 64, "step-1/manifest.json"))
+        CK-M006 step-1/manifest.json: 'user' nests deeper than 64 levels...
+    """
+    return UnsafeInputError(
+        f"'{where}' nests deeper than {limit} levels", path=path, code=codes.M006, hint=UNSAFE_HINT
+    )
+
+
 def _check_signature(obj: Mapping[str, Any], canon: bytes, key: bytes, path: str) -> None:
     raw = obj.get("signature")
     why = signing.check(canon, Signature.from_dict(raw) if raw is not None else None, key)

@@ -204,6 +204,17 @@ def lookahead_of(
     step, maybe the optimizer and scheduler) passes what it has, and the look-ahead then
     holds the facts those objects give (an RNG fingerprint always).
 
+    Args:
+        state: a :class:`~ckptkit.TrainState` (then the other objects are taken from it).
+        step: the step the checkpoint holds (the next step is ``step + 1``).
+        model, optimizer, scheduler, scaler, sampler: the live objects, any of them.
+        data: the declared data identity.
+        user: the script's own look-ahead keys (``mgr.save(ts, lookahead={...})``).
+
+    Returns:
+        ``{"guard": {...}, "user": {...}}`` as :class:`ckptkit.format.records.LookAhead` writes
+        it: the manifest ``lookahead`` field.
+
     Example:
         >>> m = torch.nn.Linear(2, 1)
         >>> la = lookahead_of(step=9, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
@@ -227,39 +238,9 @@ def lookahead_of(
     return lookahead(state, user)
 
 
-def record(
-    state: TrainState | None = None,
-    *,
-    step: int | None = None,
-    model: torch.nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
-    sampler: Any = None,
-    data: Mapping[str, Any] | None = None,
-    user: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The manifest ``lookahead`` field of a save, from what the writer has.
-
-    Args:
-        state: a :class:`~ckptkit.TrainState` (then the other objects are taken from it).
-        step: the step the checkpoint holds (the next step is ``step + 1``).
-        model, optimizer, scheduler, scaler, sampler: the live objects, any of them.
-        data: the declared data identity.
-        user: the script's own look-ahead keys (``mgr.save(ts, lookahead={...})``).
-
-    Returns:
-        ``{"guard": {...}, "user": {...}}`` as :class:`ckptkit.format.records.LookAhead` writes
-        it (:func:`lookahead_of`).
-
-    Example:
-        >>> m = torch.nn.Linear(2, 1)
-        >>> la = record(step=3, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
-        >>> la["guard"]["next_step"], la["guard"]["lr"]
-        (4, [0.1])
-    """
-    return lookahead_of(state, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        scaler=scaler, sampler=sampler, data=data, user=user)
+record = lookahead_of
+"""The manifest ``lookahead`` field of a save, from what the writer has: :func:`lookahead_of`
+under the name the writers and docs/dcp.md use (``lookahead.record(step=..., optimizer=...)``)."""
 
 
 __all__ = [

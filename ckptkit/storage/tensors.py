@@ -369,13 +369,7 @@ def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[
 
 def _read_exact(f: Any, n: int) -> bytes:
     buf = bytearray(n)
-    mv = memoryview(buf)
-    got = 0
-    while got < n:
-        k = f.readinto(mv[got:])
-        if not k:
-            break
-        got += k
+    got = _readinto_exact(f, memoryview(buf))
     return bytes(buf[:got])
 
 

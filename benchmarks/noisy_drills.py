@@ -27,7 +27,7 @@ from typing import Any
 from ckptkit.drill.config import DrillConfig
 from ckptkit.drill.runner import cleanup, run_drill
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "integration" / "noisy_script.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "scripts" / "noisy_script.py"
 
 
 def one(eps: float, repeat: int, fault: str, w: int, n: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ HEADER = (
 
 def _layering() -> ModuleType:
     """The layer table lives with the test that enforces it."""
-    path = REPO / "tests" / "unit" / "test_layering.py"
+    path = REPO / "tests" / "test_layering.py"
     spec = importlib.util.spec_from_file_location("_layering", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -80,7 +80,7 @@ Accelerate ``random_states_*.pkl``), ``torch.__version__`` (a ``str`` subclass) 
 bytes inside are never unpickled). None of these runs user code; every other global stays
 refused and is reported.
 
-It holds every framework's list (``tests/unit/test_foreign_loads.py``), so ckptkit reads
+It holds every framework's list (``tests/checkpoint/test_foreign_loads.py``), so ckptkit reads
 whatever a framework's load accepts; a file a resume loads is then held to that load's
 narrower list as well (:func:`ckptkit.verify.foreign.loads.refused_by_load`).
 """

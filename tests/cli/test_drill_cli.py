@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from ckptkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tests" / "integration" / "drill_script.py"
+SCRIPT = ROOT / "tests" / "scripts" / "drill_script.py"
 
 
 def invoke(*args: str) -> object:

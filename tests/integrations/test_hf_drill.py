@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("torchdata")
 
-SCRIPTS = Path(__file__).with_name("scripts")
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 TRAINER = [sys.executable, str(SCRIPTS / "hf_trainer_train.py"), "--steps", "30"]
 ACCEL = [sys.executable, str(SCRIPTS / "hf_accelerate_train.py"), "--steps", "30"]
 CLASSIFIER = [sys.executable, str(SCRIPTS / "hf_trainer_classifier.py")]

@@ -19,7 +19,7 @@ therefore depends on who loads it and how:
 
 One rule, then: a file that needs code is an error when a resume loads it, info when none
 does. :data:`LOADS` records, per layout, which files a resume loads and how, with the
-framework source the fact was read from (``tests/unit/test_foreign_loads.py`` checks each
+framework source the fact was read from (``tests/checkpoint/test_foreign_loads.py`` checks each
 quoted call against the installed framework, so the table cannot silently go stale); every
 reader reaches the verdict through :func:`needs_code_verdict`.
 

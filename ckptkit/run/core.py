@@ -52,7 +52,7 @@ from ckptkit.collective import current
 from ckptkit.errors import LockHeldError, NotWritableError
 from ckptkit.format import signing
 from ckptkit.run import retain, rotation
-from ckptkit.run.layout import Checked, Layout, step_unknown
+from ckptkit.run.layout import AdoptRequest, Checked, Layout, step_unknown
 from ckptkit.signals.recovery import ABANDONED
 from ckptkit.storage import atomic, fs
 from ckptkit.storage.fs import Location
@@ -550,8 +550,10 @@ class Run:
         if step is None and getattr(self.strategy, "needs_step", False):
             raise step_unknown(path)
         return self.strategy.adopt(
-            path, notes=replace(notes or Notes(), step=step), key=self.key, force=force,
-            expect=expect,
+            path,
+            AdoptRequest(
+                notes=replace(notes or Notes(), step=step), key=self.key, force=force, expect=expect,
+            ),
         )
 
     def _record_adoption(self, path: Location, a: Adoption) -> codes.Outcome | None:

@@ -12,11 +12,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
-from ckptkit.run.layout import Checked
+from ckptkit.run.layout import AdoptRequest, Checked
 from ckptkit.storage import fs
 from ckptkit.storage.fs import Location
 from ckptkit.verify.findings import ERROR
-from ckptkit.verify.foreign.adopt import Adoption, Notes, adopt_checkpoint
+from ckptkit.verify.foreign.adopt import Adoption, adopt_checkpoint
 from ckptkit.verify.foreign.report import verify_foreign
 from ckptkit.verify.view import Expect
 
@@ -67,18 +67,10 @@ class FrameworkLayout(ABC):
             ident=self.identity(path, catalog),
         )
 
-    def adopt(
-        self,
-        path: Location,
-        *,
-        notes: Notes,
-        key: bytes | None,
-        force: bool = False,
-        expect: Expect | None = None,
-    ) -> Adoption:
+    def adopt(self, path: Location, request: AdoptRequest) -> Adoption:
         return adopt_checkpoint(
-            self.local(path), self.format_of(path), force=force, expect=expect or self.expect, notes=notes,
-            key=key,
+            self.local(path), self.format_of(path), force=request.force,
+            expect=request.expect or self.expect, notes=request.notes, key=request.key,
         )
 
 

@@ -38,6 +38,21 @@ Index = Mapping[str, Any]
 """The run index as read (:meth:`ckptkit.checkpoint.catalog.Catalog.index`)."""
 
 
+@dataclass(frozen=True)
+class AdoptRequest:
+    """What :meth:`Layout.adopt` is asked to do, built once by
+    :meth:`ckptkit.run.core.Run.adopt`."""
+
+    notes: Notes
+    """What the adopted manifest records (the step among them)."""
+    key: bytes | None
+    """The run's key that signs the adopted manifest (None: unsigned)."""
+    force: bool = False
+    """Adopt again over an existing adopted manifest."""
+    expect: Expect | None = None
+    """What the checkpoint must hold (None: the layout's own expectation)."""
+
+
 @dataclass
 class Checked:
     """What a layout's verify of one checkpoint found."""
@@ -91,16 +106,8 @@ class Layout(Protocol):
         """Verify one checkpoint from its bytes (its adopted manifest checked under ``key``)."""
         ...
 
-    def adopt(
-        self,
-        path: Location,
-        *,
-        notes: Notes,
-        key: bytes | None,
-        force: bool = False,
-        expect: Expect | None = None,
-    ) -> Adoption:
-        """Verify ``path`` and record its digests beside it, signed with ``key``."""
+    def adopt(self, path: Location, request: AdoptRequest) -> Adoption:
+        """Verify ``path`` and record its digests beside it, signed with ``request.key``."""
         ...
 
     def remove(self, root: Location, path: Location) -> bool:
@@ -161,4 +168,4 @@ def step_unknown(
     return CkptkitError(what, path=path, hint=hint)
 
 
-__all__ = ["Checked", "Index", "Layout", "step_unknown", "step_unknown_fix"]
+__all__ = ["AdoptRequest", "Checked", "Index", "Layout", "step_unknown", "step_unknown_fix"]

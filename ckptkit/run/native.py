@@ -13,12 +13,11 @@ from dataclasses import replace
 
 from ckptkit.checkpoint.catalog import Catalog, CheckpointInfo
 from ckptkit.errors import CkptkitError
-from ckptkit.run.layout import Checked, Index
+from ckptkit.run.layout import AdoptRequest, Checked, Index
 from ckptkit.storage.fs import Location
 from ckptkit.verify import atsave
-from ckptkit.verify.foreign.adopt import Adoption, Notes
+from ckptkit.verify.foreign.adopt import Adoption
 from ckptkit.verify.runner import verify_one
-from ckptkit.verify.view import Expect
 
 
 class NativeLayout:
@@ -70,15 +69,7 @@ class NativeLayout:
             ident=rep.manifest.digest if rep.manifest is not None else None,
         )
 
-    def adopt(
-        self,
-        path: Location,
-        *,
-        notes: Notes,
-        key: bytes | None,
-        force: bool = False,
-        expect: Expect | None = None,
-    ) -> Adoption:
+    def adopt(self, path: Location, request: AdoptRequest) -> Adoption:
         raise CkptkitError(
             "a native checkpoint is never adopted: its commit wrote its manifest",
             path=path,

@@ -343,14 +343,8 @@ class CheckpointManager:
             The emergency checkpoint's directory, or None when nothing was saved.
 
         Example:
-            >>> import tempfile, torch, ckptkit
-            >>> from ckptkit.signals.stability import StabilityWatch
-            >>> w = StabilityWatch()
-            >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=w)
-            >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=7)
-            >>> _ = w.update(7, loss=float("nan"))
-            >>> mgr.observe(ts).name, mgr.list()[0].pins
-            ('step-00000007', ('emergency',))
+            The one of :func:`~ckptkit.signals.emergency.emergency_checkpoint`, which this
+            method is.
         """
         return emergency_checkpoint(self, state, verdict)
 

@@ -100,9 +100,12 @@ def emergency_checkpoint(host: Host, state: TrainState, verdict: Any = None) -> 
         >>> from ckptkit.signals.stability import StabilityWatch
         >>> w = StabilityWatch()
         >>> mgr = ckptkit.CheckpointManager(tempfile.mkdtemp(), watch=w)
-        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=3)
-        >>> emergency_checkpoint(mgr, ts) is None  # the watch has seen nothing wrong
+        >>> ts = ckptkit.TrainState(model=torch.nn.Linear(2, 2), step=7)
+        >>> mgr.observe(ts) is None  # the watch has seen nothing wrong
         True
+        >>> _ = w.update(7, loss=float("nan"))
+        >>> mgr.observe(ts).name, mgr.list()[0].pins
+        ('step-00000007', ('emergency',))
     """
     v = verdict if verdict is not None else (host.watch.last if host.watch else None)
     policy = host.emergency

@@ -20,7 +20,7 @@ import torch
 from ckptkit import codes
 from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
-from ckptkit.storage import fs
+from ckptkit.storage import fs, transfer
 from ckptkit.storage.dcp_meta import DCP_DIR, METADATA, Listed
 from ckptkit.storage.dcp_shard import open_regular
 from ckptkit.storage.fs import Location
@@ -275,7 +275,7 @@ def read_item(root: Location, it: Item) -> bytes:
     """
     path = root / it.rel
     if not fs.is_local(path):
-        return fs.read_ranges(path, [(it.offset, it.offset + it.length)])[0]
+        return transfer.read_ranges(path, [(it.offset, it.offset + it.length)])[0]
     with open_regular(path, rel=it.rel) as f:
         f.seek(it.offset)
         return f.read(it.length)

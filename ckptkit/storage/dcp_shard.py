@@ -16,7 +16,7 @@ from typing import IO, Any, cast
 from ckptkit import codes
 from ckptkit.format import digest
 from ckptkit.format import manifest as mf
-from ckptkit.storage import files, fs
+from ckptkit.storage import files, fs, transfer
 from ckptkit.storage.fs import Location
 
 
@@ -212,7 +212,7 @@ def open_shard(path: Location, *, rel: str, expected_size: int | None) -> Iterat
         _check_size(size, expected_size, rel)
         buf = bytearray(size)
         try:
-            got = fs.read_into(path, buf) if size else 0
+            got = transfer.read_into(path, buf) if size else 0
         except OSError as e:
             raise codes.read_error(e, path=rel) from None
         if got != size:

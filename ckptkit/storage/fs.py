@@ -7,9 +7,9 @@ Code that lists, stats and reads through the pathlib API works on both; the few
 operations whose meaning differs between a POSIX filesystem and an object store go
 through the functions here:
 
-* writing a file: :func:`open_writer` (local: the caller keeps its own O_DIRECT/fsync
-  path; remote: a streamed upload, multipart for large files);
-* reading ranges: :func:`read_ranges` (remote: parallel range requests);
+* a remote file's bytes in bulk (a streamed upload or download, parallel ranges) move
+  through :mod:`ckptkit.storage.transfer` (local: the callers keep their own
+  O_DIRECT/fsync path);
 * small files that must change atomically (``latest``, the run index):
   :func:`replace_bytes` (local: temp file, fsync, rename; remote: one PUT, which object
   stores apply atomically), read back with :func:`read_small` (local: a regular file only,
@@ -44,9 +44,9 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from upath import UPath
 
@@ -316,7 +316,7 @@ def kind(p: Location, *, fresh: bool = False) -> Kind | None:
         if st.S_ISDIR(mode):
             return "dir"
         return "other"
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     if fresh:
         fs.invalidate_cache(path)
     try:
@@ -331,7 +331,7 @@ def size(p: Location) -> int:
     """Size in bytes of the file at ``p``."""
     if is_local(p):
         return os.stat(_lp(p)).st_size
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     return int(fs.info(path)["size"])
 
 
@@ -339,7 +339,7 @@ def mtime(p: Location) -> float:
     """Modification time of ``p`` (Unix seconds; 0.0 when the store does not say)."""
     if is_local(p):
         return os.stat(_lp(p)).st_mtime
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     info = fs.info(path)
     for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
         v = info.get(key)
@@ -358,7 +358,7 @@ def fingerprint(p: Location) -> tuple[Any, ...] | None:
         except OSError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     try:
         info = fs.info(path)
     except (FileNotFoundError, OSError):
@@ -377,7 +377,7 @@ def walk_files(root: Location) -> Iterator[tuple[str, int]]:
                 with contextlib.suppress(FileNotFoundError):
                     yield os.path.relpath(full, base).replace(os.sep, "/"), os.lstat(full).st_size
         return
-    fs, prefix = _fs(root)
+    fs, prefix = remote_fs(root)
     try:
         found = fs.find(prefix, detail=True)
     except FileNotFoundError:
@@ -394,7 +394,7 @@ def remove_tree(p: Location) -> None:
 
         shutil.rmtree(_lp(p), ignore_errors=True)
         return
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     with contextlib.suppress(FileNotFoundError):
         fs.rm(path, recursive=True)
 
@@ -410,8 +410,8 @@ def copy_tree(src: Location, dst: Location) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(_lp(src / rel), target)
             continue
-        fs, s = _fs(src / rel)
-        _, d = _fs(dst / rel)
+        fs, s = remote_fs(src / rel)
+        _, d = remote_fs(dst / rel)
         fs.copy(s, d)
 
 
@@ -421,7 +421,7 @@ def remove_file(p: Location) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_lp(p))
         return
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     with contextlib.suppress(FileNotFoundError):
         fs.rm_file(path)
 
@@ -434,7 +434,7 @@ def replace_bytes(target: Location, data: bytes) -> None:
     object, never a mix).
     """
     if not is_local(target):
-        fs, path = _fs(target)
+        fs, path = remote_fs(target)
         fs.pipe_file(path, data)
         return
     local = _lp(target)
@@ -469,7 +469,7 @@ def put_if_absent(target: Location, data: bytes) -> bool:
         finally:
             os.close(fd)
         return True
-    fs, path = _fs(target)
+    fs, path = remote_fs(target)
     try:
         fs.pipe_file(path, data, mode="create")
     except FileExistsError:
@@ -504,8 +504,8 @@ def read_tagged(p: Location, limit: int) -> tuple[bytes, str] | None:
         (b'one', None)
     """
     if not is_local(p):
-        fs, path = _fs(p)
-        if _is_s3(fs):
+        fs, path = remote_fs(p)
+        if is_s3(fs):
             return _s3_get_tagged(fs, path, limit)
     try:
         data = read_small(p, limit)
@@ -535,8 +535,8 @@ def replace_if_match(p: Location, data: bytes, tag: str) -> str | None:
         True
     """
     if not is_local(p):
-        fs, path = _fs(p)
-        if _is_s3(fs):
+        fs, path = remote_fs(p)
+        if is_s3(fs):
             with contextlib.suppress(_NoConditionalWrites):
                 return _s3_put_if_match(fs, path, data, tag)
     now = read_tagged(p, max(len(data), 64 << 10))
@@ -559,8 +559,8 @@ def remove_if_match(p: Location, tag: str) -> bool:
         (False, True)
     """
     if not is_local(p):
-        fs, path = _fs(p)
-        if _is_s3(fs):
+        fs, path = remote_fs(p)
+        if is_s3(fs):
             with contextlib.suppress(_NoConditionalWrites):
                 return _s3_delete_if_match(fs, path, tag)
     now = read_tagged(p, 64 << 10)
@@ -576,7 +576,8 @@ def _content_tag(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _is_s3(fs: Any) -> bool:
+def is_s3(fs: Any) -> bool:
+    """Whether ``fs`` is s3fs's filesystem (which lets a request carry S3's own headers)."""
     return type(fs).__name__ == "S3FileSystem" and hasattr(fs, "_call_s3")
 
 
@@ -702,7 +703,7 @@ def read_small(
                 chunks.append(b)
                 n += len(b)
             return b"".join(chunks)
-    fs, path = _fs(p)
+    fs, path = remote_fs(p)
     return bytes(fs.cat_file(path, start=0, end=limit + 1))
 
 
@@ -715,7 +716,7 @@ def write_new_file(p: Location, data: bytes, *, fsync: bool = True) -> None:
     object store that PUT is the commit of a manifest).
     """
     if not is_local(p):
-        fs, path = _fs(p)
+        fs, path = remote_fs(p)
         fs.pipe_file(path, data)
         return
     fd = os.open(_lp(p), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -771,101 +772,13 @@ def _run_file_fix(p: Location) -> str:
     )
 
 
-def open_writer(p: Location, *, block_size: int = 64 << 20) -> BinaryIO:
-    """A streamed upload to a remote ``p`` (multipart past ``block_size``).
-
-    Nothing is visible at ``p`` until the stream is closed successfully.
-    """
-    fs, path = _fs(p)
-    return fs.open(path, "wb", block_size=block_size)  # type: ignore[no-any-return]
-
-
-def read_into(p: Location, buf: bytearray | memoryview, *, block_size: int = 16 << 20) -> int:
-    """Read a whole remote file into ``buf`` (a streamed download); return bytes read."""
-    fs, path = _fs(p)
-    with fs.open(path, "rb", block_size=block_size) as f:
-        got = 0
-        mv = memoryview(buf)
-        while got < len(mv):
-            n = f.readinto(mv[got:])
-            if not n:
-                break
-            got += n
-        return got
-
-
-def read_ranges(p: Location, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-    """Bytes of ``[start, end)`` ranges of a remote file, requested in parallel."""
-    fs, path = _fs(p)
-    if not ranges:
-        return []
-    starts = [a for a, _ in ranges]
-    ends = [b for _, b in ranges]
-    out = fs.cat_ranges([path] * len(ranges), starts, ends)
-    bad = [o for o in out if isinstance(o, BaseException)]
-    if bad:
-        raise bad[0]
-    return [bytes(o) for o in out]
-
-
-def read_ranges_into(p: Location, segments: Sequence[tuple[int, memoryview]]) -> None:
-    """Fill each ``(offset, destination)`` from a remote file, the requests in parallel.
-
-    On S3 the response bodies stream straight into the destinations (no intermediate
-    object of the whole range); elsewhere each range is fetched, then copied.
-
-    Raises:
-        OSError: a range came back short (the object changed or was truncated).
-    """
-    if not segments:
-        return
-    fs, path = _fs(p)
-    if _is_s3(fs):
-        _s3_ranges_into(fs, path, segments)
-        return
-    got = read_ranges(p, [(off, off + len(dst)) for off, dst in segments])
-    for (off, dst), data in zip(segments, got, strict=True):
-        if len(data) != len(dst):
-            raise OSError(f"{path}: short read at byte {off} ({len(data)} of {len(dst)})")
-        dst[:] = data
-
-
-def _s3_ranges_into(fs: Any, path: str, segments: Sequence[tuple[int, memoryview]]) -> None:
-    import asyncio
-
-    from fsspec.asyn import sync
-
-    bucket, _, key = path.partition("/")
-
-    async def one(off: int, dst: memoryview) -> None:
-        resp = await fs._call_s3(
-            "get_object", Bucket=bucket, Key=key, Range=f"bytes={off}-{off + len(dst) - 1}"
-        )
-        body = resp["Body"]
-        try:
-            got = 0
-            while got < len(dst):
-                n = await body.readinto(dst[got : got + (1 << 20)])
-                if not n:
-                    break
-                got += n
-        finally:
-            body.close()
-        if got != len(dst):
-            raise OSError(f"{path}: short read at byte {off} ({got} of {len(dst)})")
-
-    async def everything() -> None:
-        await asyncio.gather(*(one(off, dst) for off, dst in segments))
-
-    sync(fs.loop, everything)
-
-
 def _lp(p: Location) -> Path:
     """``p`` as the local Path it is (callers checked :func:`is_local`)."""
     return p if isinstance(p, Path) and not isinstance(p, UPath) else Path(str(p))
 
 
-def _fs(p: Location) -> tuple[Any, str]:
+def remote_fs(p: Location) -> tuple[Any, str]:
+    """The fsspec filesystem of a remote ``p`` and the path within it."""
     assert isinstance(p, UPath), p
     return p.fs, p.path
 
@@ -878,19 +791,17 @@ __all__ = [
     "escapes",
     "fingerprint",
     "is_local",
+    "is_s3",
     "kind",
     "local_path",
     "location",
     "make_dirs",
     "mtime",
-    "open_writer",
     "put_if_absent",
-    "read_into",
-    "read_ranges",
-    "read_ranges_into",
     "read_small",
     "read_tagged",
     "reads_back_cheaply",
+    "remote_fs",
     "remove_dir_aside",
     "remove_file",
     "remove_if_match",

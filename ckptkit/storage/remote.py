@@ -26,7 +26,7 @@ import torch
 from ckptkit import codes
 from ckptkit.format import digest as fmt_digest
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import codec, digest, fs, tensors
+from ckptkit.storage import codec, digest, fs, tensors, transfer
 from ckptkit.storage.fs import Location
 from ckptkit.storage.upload import open_upload
 
@@ -96,7 +96,7 @@ def hash_file(
     todo = _ranges(0, size)
     for i in range(0, len(todo), RANGES_IN_FLIGHT):
         batch = todo[i : i + RANGES_IN_FLIGHT]
-        for (a, _b), data in zip(batch, fs.read_ranges(loc, batch), strict=True):
+        for (a, _b), data in zip(batch, transfer.read_ranges(loc, batch), strict=True):
             mv = memoryview(data)
             h.update(mv)
             if on_chunk is not None:
@@ -183,7 +183,7 @@ gaps between tensors) are fetched together in one range and copied out."""
 
 def _fill(loc: Location, segments: list[tuple[int, memoryview]], rel: str) -> None:
     try:
-        fs.read_ranges_into(loc, segments)
+        transfer.read_ranges_into(loc, segments)
     except Exception as e:  # s3fs lets some transport errors through unconverted
         if not isinstance(e, OSError) and not codes.transient(e):
             raise
@@ -262,7 +262,7 @@ def _read_compressed(
 ) -> dict[str, torch.Tensor]:
     rel = expected.rel
     raw = bytearray(expected.size)
-    got = fs.read_into(loc, raw)
+    got = transfer.read_into(loc, raw)
     if got != expected.size:
         raise codes.error(codes.F002, f"read {got} of {expected.size} bytes", path=rel)
     expected.check_digest(fmt_digest.hexdigest_bytes(memoryview(raw)))

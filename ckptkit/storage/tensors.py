@@ -49,6 +49,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format.dtypes import DTYPES, HeaderEntry, dtype_name
 from ckptkit.storage import codec, digest, files
 from ckptkit.storage.tensors_direct import DirectSink, use_direct_io
+from ckptkit.storage.transfer import readinto_exact
 
 if TYPE_CHECKING:
     from ckptkit.format.manifest import FileEntry
@@ -369,18 +370,8 @@ def read_header_from(f: BinaryIO, *, path: str, file_size: int | None) -> tuple[
 
 def _read_exact(f: Any, n: int) -> bytes:
     buf = bytearray(n)
-    got = _readinto_exact(f, memoryview(buf))
+    got = readinto_exact(f, memoryview(buf))
     return bytes(buf[:got])
-
-
-def _readinto_exact(f: Any, mv: memoryview) -> int:
-    got = 0
-    while got < len(mv):
-        k = f.readinto(mv[got:])
-        if not k:
-            break
-        got += k
-    return got
 
 
 @dataclass(frozen=True)
@@ -736,7 +727,7 @@ def read_tensors(
         mv = tensor_bytes(dest)
         for i in range(0, len(mv), digest.CHUNK):
             chunk = mv[i : i + digest.CHUNK]
-            got = _readinto_exact(src, chunk)
+            got = readinto_exact(src, chunk)
             if got < len(chunk):
                 raise codes.error(
                     codes.F002,

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ckptkit import crashpoints
-from ckptkit.storage import fs
+from ckptkit.storage import transfer
 from ckptkit.storage.fs import Location
 
 PART_SIZE = 50 << 20
@@ -54,7 +54,7 @@ def open_upload(
     f, path = loc.fs, loc.path  # type: ignore[union-attr]
     if type(f).__name__ == "S3FileSystem" and hasattr(f, "call_s3"):
         return MultipartUpload(f, path, part_size=part_size, concurrency=concurrency)
-    return _Buffered(fs.open_writer(loc, block_size=part_size))
+    return _Buffered(transfer.open_writer(loc, block_size=part_size))
 
 
 class _Buffered:

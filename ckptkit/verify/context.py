@@ -14,7 +14,7 @@ from ckptkit import codes
 from ckptkit.errors import CkptkitError, UnsafeInputError
 from ckptkit.format import manifest as mf
 from ckptkit.format.dtypes import HeaderEntry
-from ckptkit.storage import files, fs, remote, tensors, tensors_scan
+from ckptkit.storage import files, fs, remote, tensors, tensors_scan, transfer
 from ckptkit.storage.fs import Location
 
 SCAN_WORKERS = 2
@@ -233,12 +233,12 @@ class CheckContext:
             finite: tensors_scan.FiniteScan | None = None
             if fe.compression is None and fe.path.endswith(".safetensors"):
                 try:
-                    pre = fs.read_ranges(p, [(0, min(8, size))])[0]
+                    pre = transfer.read_ranges(p, [(0, min(8, size))])[0]
                     n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
                     if n < 0 or n > min(tensors.MAX_HEADER, size - 8):
                         raise codes.error(codes.F004, "safetensors header length is absurd or "
                                           "the file is truncated", path=fe.path)
-                    raw = fs.read_ranges(p, [(8, 8 + n)])[0]
+                    raw = transfer.read_ranges(p, [(8, 8 + n)])[0]
                     header = tensors.parse_header(raw, path=fe.path, data_len=size - 8 - n)
                     if self.options.get("scan_values", True) is not False:
                         finite = tensors_scan.FiniteScan(header, 8 + n)

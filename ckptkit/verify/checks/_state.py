@@ -31,7 +31,7 @@ from ckptkit.errors import CkptkitError
 from ckptkit.format import manifest as mf
 from ckptkit.format import tree as tree_mod
 from ckptkit.format.dtypes import DTYPES, HeaderEntry
-from ckptkit.storage import dcp_meta, fs, remote, shards
+from ckptkit.storage import dcp_meta, fs, remote, shards, transfer
 from ckptkit.storage import tensors as tensors_mod
 from ckptkit.storage.fs import Location
 from ckptkit.verify.context import CheckContext
@@ -473,11 +473,11 @@ def _remote(
                 if key in wanted and _floating(wanted[key].dtype):
                     yield key, count_nonfinite(key, t)
             return
-        n = int.from_bytes(fs.read_ranges(p, [(0, 8)])[0], "little")
+        n = int.from_bytes(transfer.read_ranges(p, [(0, 8)])[0], "little")
         base = 8 + n
         keys = [k for k, e in wanted.items() if _floating(e.dtype) and e.offsets[1] > e.offsets[0]]
         spans = [(base + wanted[k].offsets[0], base + wanted[k].offsets[1]) for k in keys]
-        for key, data in zip(keys, fs.read_ranges(p, spans), strict=True):
+        for key, data in zip(keys, transfer.read_ranges(p, spans), strict=True):
             dt = DTYPES[wanted[key].dtype]
             yield key, count_nonfinite(key, torch.frombuffer(bytearray(data), dtype=dt))
     except (CkptkitError, OSError, ValueError):

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptkit.cli.shared import Where, edge, out_file
+from ckptkit.cli.shared import F, Where, edge, out_file
 from ckptkit.errors import CkptkitError
 
 if TYPE_CHECKING:
     from ckptkit.drill.config import DrillConfig
     from ckptkit.drill.report import DrillReport
+
+
+def _count(*decls: str, help: str) -> Callable[[F], F]:
+    """A positive count option; not given (None), the drill file's value or the default
+    applies (:func:`drill_config`)."""
+    return click.option(*decls, type=click.IntRange(1), default=None, help=help)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -30,39 +37,20 @@ if TYPE_CHECKING:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Drill TOML file (e.g. drills/tiny_lm.toml); options given here win.",
 )
-@click.option(
-    "--steps-before",
-    "-W",
-    type=click.IntRange(1),
-    default=None,
-    help="Steps before the save (default 10).",
-)
-@click.option(
-    "--steps-after",
-    "-N",
-    type=click.IntRange(1),
-    default=None,
-    help="Steps after the save, compared (default 10).",
-)
+@_count("--steps-before", "-W", help="Steps before the save (default 10).")
+@_count("--steps-after", "-N", help="Steps after the save, compared (default 10).")
 @click.option(
     "--from",
     "from_ckpt",
     type=Where(),
     help="Start the reference from this checkpoint (a path or URL) instead of from scratch.",
 )
-@click.option(
+@_count(
     "--repeat",
-    type=click.IntRange(1),
-    default=None,
     help="Fresh reference runs, and control restores of the save (default 1); 2+ also "
     "reports whether the script reproduces itself from scratch.",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    default=None,
-    help="Threads pinned in every run (default 1).",
-)
+@_count("--threads", help="Threads pinned in every run (default 1).")
 @click.option("--device", default=None, help="Device for the script ($CKPTKIT_DEVICE).")
 @click.option(
     "--pass-device",

@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from ckptkit import codes
@@ -120,6 +120,7 @@ def _finish_background_work() -> None:
 threading._register_atexit(_finish_background_work)  # type: ignore[attr-defined]
 
 
+@dataclass(eq=False, repr=False)
 class SavePipeline:
     """Capture, commit and settle the saves of one run directory, one job in flight at most.
 
@@ -161,54 +162,41 @@ class SavePipeline:
         (['step-00000005'], 5)
     """
 
-    def __init__(
-        self,
-        root: Location,
-        *,
-        trajectory: Trajectory,
-        writer: Callable[[], None],
-        fence: Callable[[], None],
-        settle: Settle,
-        key: bytes | None = None,
-        compress: codec.Compression | None = None,
-        on_inconsistent: atsave.Policy = "raise",
-        background_verify: bool = True,
-        on_divergence: records.ReplicaPolicy = "raise",
-        replica_check_every: int = 1,
-        watch: StabilityWatch | None = None,
-    ) -> None:
-        if on_inconsistent not in atsave.POLICIES:
-            raise ValueError(f"on_inconsistent must be 'raise' or 'warn', not {on_inconsistent!r}")
-        if on_divergence not in records.REPLICA_POLICIES:
-            raise ValueError(f"on_divergence must be 'raise' or 'warn', not {on_divergence!r}")
-        every = replica_check_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+    root: Location
+    _: KW_ONLY
+    trajectory: Trajectory
+    writer: Callable[[], None]
+    fence: Callable[[], None]
+    settle: Settle
+    key: bytes | None = None
+    compress: codec.Compression | None = None
+    on_inconsistent: atsave.Policy = "raise"
+    background_verify: bool = True
+    on_divergence: records.ReplicaPolicy = "raise"
+    replica_check_every: int = 1
+    watch: StabilityWatch | None = None
+    _count: int = field(default=0, init=False)
+    """Saves started by this pipeline (the same on every rank: saves are collective)."""
+    _diverged: tuple[Location, int, records.Replicas] | None = field(default=None, init=False)
+    """What an async save's replica check found, acted on by the training thread at the
+    next :meth:`wait` (the watch is not thread-safe; the raise belongs to that thread)."""
+    last: SaveStats = field(default_factory=SaveStats, init=False)
+    """The timings of the last save that got past its capture (the background job
+    fills in the rest of them)."""
+    _job: _Job | None = field(default=None, init=False)
+    _stager: Stager = field(default_factory=Stager, init=False)
+    _bg_coll: Collective | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.on_inconsistent not in atsave.POLICIES:
             raise ValueError(
-                f"replica_check_every must be an int >= 0 (0: never), not {replica_check_every!r}"
+                f"on_inconsistent must be 'raise' or 'warn', not {self.on_inconsistent!r}"
             )
-        self.root = root
-        self.trajectory = trajectory
-        self._writer = writer
-        self._fence = fence
-        self._settle = settle
-        self.key = key
-        self.compress = compress
-        self.on_inconsistent: atsave.Policy = on_inconsistent
-        self.background_verify = background_verify
-        self.on_divergence: records.ReplicaPolicy = on_divergence
-        self.replica_check_every = replica_check_every
-        self.watch = watch
-        self._count = 0
-        """Saves started by this pipeline (the same on every rank: saves are collective)."""
-        self._diverged: tuple[Location, int, records.Replicas] | None = None
-        """What an async save's replica check found, acted on by the training thread at the
-        next :meth:`wait` (the watch is not thread-safe; the raise belongs to that thread)."""
-        self.last = SaveStats()
-        """The timings of the last save that got past its capture (the background job
-        fills in the rest of them)."""
-        self._job: _Job | None = None
-        self._stager = Stager()
-        self._bg_coll: Collective | None = None
+        if self.on_divergence not in records.REPLICA_POLICIES:
+            raise ValueError(f"on_divergence must be 'raise' or 'warn', not {self.on_divergence!r}")
+        every = self.replica_check_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"replica_check_every must be an int >= 0 (0: never), not {every!r}")
 
     # --- the background job ------------------------------------------------------------------
 
@@ -295,7 +283,7 @@ class SavePipeline:
             def commit_and_settle() -> None:
                 man = self._commit(snap, bg, final, overwrite, stats, check)
                 if man is not None:
-                    self._settle(final, man, stats, t0)
+                    self.settle(final, man, stats, t0)
                 if stats.replicas is not None and not stats.replicas.agree:
                     self._diverged = (final, snap.step, stats.replicas)
 
@@ -308,9 +296,9 @@ class SavePipeline:
         self.last = stats
         if man is not None:  # rank 0
             if self.background_verify:
-                self._start(step, lambda: self._settle(final, man, stats, t0))
+                self._start(step, lambda: self.settle(final, man, stats, t0))
             else:
-                self._settle(final, man, stats, t0)
+                self.settle(final, man, stats, t0)
         self._on_replicas(final, step, stats.replicas)
         return final
 
@@ -332,7 +320,7 @@ class SavePipeline:
             build=build,
             overwrite=overwrite,
             prepare=lambda: self._prepare(snap.step),
-            fence=self._fence,
+            fence=self.fence,
             key=self.key,
         )
         stats.write = time.perf_counter() - tw
@@ -343,7 +331,7 @@ class SavePipeline:
 
     def _prepare(self, step: int) -> None:
         """Rank 0, before a commit: the run lock, then a branch (:mod:`ckptkit.run.trajectory`)."""
-        self._writer()
+        self.writer()
         self.trajectory.branch(step)
 
     def _checked(

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ckptkit import codes
@@ -364,7 +366,12 @@ class CheckpointManager:
     ) -> rotation.RetentionPlan:
         """The retention plan for the run as it is now (nothing is deleted)."""
         self._join()
-        return self.run.plan(self._policy(keep_last, keep_every, max_bytes, delete_corrupt))
+        return self.run.plan(
+            self._policy(
+                keep_last=keep_last, keep_every=keep_every, max_bytes=max_bytes,
+                delete_corrupt=delete_corrupt,
+            )
+        )
 
     def prune(self, *, dry_run: bool = False, **policy: Any) -> rotation.RetentionPlan:
         """Apply the retention plan (or only return it with ``dry_run``).
@@ -387,21 +394,16 @@ class CheckpointManager:
         if dry_run:
             return self.plan(**policy)
         self.wait()
+        inspect.signature(self.plan).bind(**policy)  # plan's keywords only, as a dry run takes
         return self.run.prune(self._policy(**policy)).plan
 
-    def _policy(
-        self,
-        keep_last: int | None = None,
-        keep_every: int | None = None,
-        max_bytes: int | None = None,
-        delete_corrupt: bool = False,
-    ) -> retain.Policy:
-        return self.run.policy(
-            keep_last=self.keep_last if keep_last is None else keep_last,
-            keep_every=self.keep_every if keep_every is None else keep_every,
-            max_bytes=self.max_bytes if max_bytes is None else max_bytes,
-            delete_corrupt=delete_corrupt,
+    def _policy(self, **given: Any) -> retain.Policy:
+        """The run's policy under this manager's settings, those :meth:`plan` was given
+        (not None) winning."""
+        mine = self.run.policy(
+            keep_last=self.keep_last, keep_every=self.keep_every, max_bytes=self.max_bytes
         )
+        return replace(mine, **{k: v for k, v in given.items() if v is not None})
 
     # deleting by hand: only as the run's writer (the run itself is ``self.run``)
 

@@ -475,18 +475,15 @@ def read_file(
             header = parse_header(raw, path=rel, data_len=size - 8 - n)
             check_header(header, wanted, rel)
             head = struct.pack("<Q", n) + raw
-            if in_place(header, targets or {}):
-                out, hexd = _read_plain(
-                    f.fileno(), size, head, header, rel, targets or {}, on_bytes
-                )
+            sec = _Section(f.fileno(), head, header, rel, targets or {}, on_bytes)
+            if in_place(header, sec.targets):
+                out, hexd = _read_plain(sec, size)
             else:
                 # Fresh tensors: the kernel copies straight into them (their first-touch
                 # faults inside the read); a bounce buffer plus a copy measured slower.
                 with digest.PipelinedHasher() as hasher:
                     hasher.update(head)  # the very bytes parsed above
-                    out = _pread_tensors(
-                        f.fileno(), len(head), header, rel, targets or {}, on_bytes, hasher
-                    )
+                    out = _pread_tensors(sec, hasher)
                     hexd = hasher.hexdigest()
         else:
             with digest.PipelinedHasher() as hasher:
@@ -584,15 +581,20 @@ def in_place(header: dict[str, HeaderEntry], targets: dict[str, torch.Tensor]) -
     return True
 
 
-def _pread_tensors(
-    fd: int,
-    base: int,
-    header: dict[str, HeaderEntry],
-    rel: str,
-    targets: dict[str, torch.Tensor],
-    on_bytes: OnBytes | None,
-    hasher: digest.PipelinedHasher,
-) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class _Section:
+    """An uncompressed file's data section, its header parsed: what its two readers take."""
+
+    fd: int
+    head: bytes
+    """The length prefix and the header, the very bytes parsed (the section starts after)."""
+    header: dict[str, HeaderEntry]
+    rel: str
+    targets: dict[str, torch.Tensor]
+    on_bytes: OnBytes | None
+
+
+def _pread_tensors(sec: _Section, hasher: digest.PipelinedHasher) -> dict[str, torch.Tensor]:
     """Read an uncompressed data section with parallel ``preadv`` into the destinations.
 
     Reads run on :data:`READ_WORKERS` threads (the first touch of fresh memory is the
@@ -601,8 +603,9 @@ def _pread_tensors(
     """
     out: dict[str, torch.Tensor] = {}
     segs: list[tuple[int, memoryview, str]] = []
-    for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        ret, dest = destination(key, e, targets)
+    base = len(sec.head)
+    for key, e in sorted(sec.header.items(), key=lambda kv: kv[1].offsets[0]):
+        ret, dest = destination(key, e, sec.targets)
         out[key] = ret
         mv = tensor_bytes(dest)
         for i in range(0, len(mv), digest.CHUNK):
@@ -611,12 +614,12 @@ def _pread_tensors(
     def pread_into(off: int, mv: memoryview, key: str) -> None:
         got = 0
         while got < len(mv):
-            k = os.preadv(fd, [mv[got:]], off + got)
+            k = os.preadv(sec.fd, [mv[got:]], off + got)
             if k == 0:
                 raise codes.error(
                     codes.F002,
                     f"file ends inside tensor '{key}' (truncated)",
-                    path=rel,
+                    path=sec.rel,
                 )
             got += k
 
@@ -628,8 +631,8 @@ def _pread_tensors(
             for (_, mv, _), fut in zip(segs, futs, strict=True):
                 fut.result()
                 hasher.update(mv)
-                if on_bytes:
-                    on_bytes(len(mv))
+                if sec.on_bytes:
+                    sec.on_bytes(len(mv))
         except BaseException:
             for fut in futs:
                 fut.cancel()
@@ -637,22 +640,14 @@ def _pread_tensors(
     return out
 
 
-def _read_plain(
-    fd: int,
-    size: int,
-    head: bytes,
-    header: dict[str, HeaderEntry],
-    rel: str,
-    targets: dict[str, torch.Tensor],
-    on_bytes: OnBytes | None,
-) -> tuple[dict[str, torch.Tensor], str]:
+def _read_plain(sec: _Section, size: int) -> tuple[dict[str, torch.Tensor], str]:
     """Read an uncompressed file into its tensors through :func:`digest.hash_fd`.
 
     The file is read in whole chunks (``O_DIRECT`` for large files, like the writes); each
     reader thread copies its chunk's bytes into the destination tensors as soon as it
     lands (numpy copies release the GIL, so several run at once and the first touch of
     fresh tensor memory is paid in parallel), and the digest is computed over the same
-    chunks in file order. ``head`` (the length prefix and header already parsed) must be
+    chunks in file order. ``sec.head`` (the length prefix and header already parsed) must be
     what the digest pass read at the start of the file, or the parse was of other bytes.
 
     Returns ``(tensors by key, digest of every byte read)``.
@@ -664,9 +659,9 @@ def _read_plain(
     out: dict[str, torch.Tensor] = {}
     starts: list[int] = []
     dests: list[tuple[int, int, Any]] = []
-    base = len(head)
-    for key, e in sorted(header.items(), key=lambda kv: kv[1].offsets[0]):
-        ret, dest = destination(key, e, targets)
+    base = len(sec.head)
+    for key, e in sorted(sec.header.items(), key=lambda kv: kv[1].offsets[0]):
+        ret, dest = destination(key, e, sec.targets)
         out[key] = ret
         if e.offsets[1] > e.offsets[0]:
             starts.append(base + e.offsets[0])
@@ -684,19 +679,19 @@ def _read_plain(
             i += 1
 
     def same_head(off: int, chunk: memoryview) -> None:
-        if off < base and chunk[: base - off] != head[off : off + len(chunk)]:
+        if off < base and chunk[: base - off] != sec.head[off : off + len(chunk)]:
             raise codes.error(
-                codes.F003, "the file changed while being read (its header differs)", path=rel
+                codes.F003, "the file changed while being read (its header differs)", path=sec.rel
             )
-        if on_bytes:
-            on_bytes(len(chunk))
+        if sec.on_bytes:
+            sec.on_bytes(len(chunk))
 
     hexd, got = digest.hash_fd(
-        fd, on_chunk=same_head, scatter=scatter, direct=use_direct_io(size)
+        sec.fd, on_chunk=same_head, scatter=scatter, direct=use_direct_io(size)
     )
     if got < size:
         raise codes.error(
-            codes.F002, f"file ends at byte {got} of {size} while being read (truncated)", path=rel
+            codes.F002, f"file ends at byte {got} of {size} while being read (truncated)", path=sec.rel
         )
     return out, hexd
 

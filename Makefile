@@ -10,6 +10,12 @@ STAMP := $(VENV)/.ckptkit-installed
 # warmed zygotes and the shared tiny-LM runs are built once): most tests wait on their own
 # subprocesses or on I/O, so two workers keep both cores busy. XDIST= runs in one process.
 XDIST ?= -n 2 --dist loadfile
+# The suite starts hundreds of Python processes (drills, torchrun ranks, framework scripts):
+# let them cache bytecode. With PYTHONDONTWRITEBYTECODE set (as on our CI machines) a fresh
+# clone never got a .pyc, so every process compiled ckptkit from source (about 2.4 s of CPU
+# each) and each pytest worker re-rewrote every test module at collection (40 s instead of 12).
+# __pycache__/ is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test check lint bench clean crash-matrix
 

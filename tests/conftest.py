@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ]
         if gone:
             raise pytest.UsageError(f"tests/conftest.py SMOKE names tests that do not exist: {gone}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every temporary directory the tests and the processes they start make (a failed drill
+    keeps its runs for the user to read) goes under pytest's basetemp, which pytest prunes
+    (the last three sessions stay), instead of piling up in /tmp."""
+    tmp = tmp_path_factory.mktemp("tmpdir", numbered=False)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    yield tmp
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture

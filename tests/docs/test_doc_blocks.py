@@ -236,16 +236,42 @@ def _commands(b: Block) -> list[tuple[str, str]]:
     return out
 
 
-def _ckptkit(args: list[str], b: Block) -> tuple[int, str, str]:
+DRILL_FILES = ("--json", "--junit", "--plot")
+"""The options naming a file a drill writes: two documented drills that differ only there
+are one drill, written under both names."""
+_DRILLS: dict[tuple[str, ...], tuple[int, str, str, dict[str, bytes]]] = {}
+"""Each documented drill run in this pytest process, by its arguments (file names aside):
+the same drill documented on three pages runs once (a tiny-LM drill is deterministic)."""
+
+
+def _drill(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """Run ``ckptkit drill ARGS`` as its own process, as typed, or replay an identical one."""
+    files = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i] in DRILL_FILES}
+    key = tuple(a if i == 0 or args[i - 1] not in DRILL_FILES else "FILE"
+                for i, a in enumerate(args))
+    if key not in _DRILLS:
+        proc = subprocess.run([sys.executable, "-m", "ckptkit", *args], capture_output=True,
+                              text=True, timeout=900, cwd=cwd)
+        wrote = {opt: (cwd / name).read_bytes() for opt, name in files.items()
+                 if name != "-" and (cwd / name).is_file()}
+        _DRILLS[key] = (proc.returncode, proc.stdout, proc.stderr, wrote)
+    code, out, err, wrote = _DRILLS[key]
+    for opt, data in wrote.items():
+        dst = cwd / files[opt]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists():
+            dst.write_bytes(data)
+    return code, out, err
+
+
+def _ckptkit(args: list[str], b: Block, cwd: Path) -> tuple[int, str, str]:
     for rule in b.marks.get("add", []):
         cmd, _, arg = rule.partition(":")
         if args and args[0] == cmd:
             args = [*args, arg]
     if args and args[0] == "drill":
-        # A drill starts (or forks) training processes: run it as its own process, as typed.
-        proc = subprocess.run([sys.executable, "-m", "ckptkit", *args], capture_output=True,
-                              text=True, timeout=900)
-        return proc.returncode, proc.stdout, proc.stderr
+        # A drill starts (or forks) training processes: its own process, as typed.
+        return _drill(args, cwd)
     r = CliRunner().invoke(main, args, catch_exceptions=False)
     return r.exit_code, r.stdout, r.stderr
 
@@ -272,7 +298,7 @@ def _run_line(line: str, comment: str, b: Block, cwd: Path, monkeypatch: pytest.
     stages.append(cur)
     head, filters = stages[0], stages[1:]
     if head[0] == "ckptkit":
-        code, out, err = _ckptkit(head[1:], b)
+        code, out, err = _ckptkit(head[1:], b, cwd)
     elif head[0] == "python":
         proc = subprocess.run([sys.executable, *head[1:]], capture_output=True, text=True,
                               cwd=cwd, timeout=900)

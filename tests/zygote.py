@@ -13,8 +13,10 @@ session and memory, starting from a state in which nothing was saved or restored
 :meth:`Zygote.ckptkit` runs the CLI that way (``python -m ckptkit ARGS``); :func:`fresh_ckptkit`
 is the same run in a new interpreter, for what only a process start shows.
 
-Runs are started one at a time. The zygote stays single-threaded and never touches a
-process group or CUDA, so forking it is safe; where a run cannot be forked (see
+Several runs may be in flight at once (the ranks of a gloo world: ``tests/ranks/_launch.py``);
+the zygote answers each start with the child's pid and reaps a child when asked to wait for
+it. The zygote stays single-threaded and never touches a process group or CUDA, so forking
+it is safe; where a run cannot be forked (see
 :func:`ckptkit.drill.launch.can_fork`) it is started as a plain subprocess instead.
 """
 
@@ -43,13 +45,17 @@ _SERVER = textwrap.dedent(
         __import__(name)
     out = os.fdopen(os.dup(1), "w")  # the protocol's own stream: nothing else writes to it
     os.dup2(2, 1)
+    children = {}
     for line in sys.stdin:
         req = json.loads(line)
+        if "wait" in req:
+            print(json.dumps({"rc": children.pop(req["wait"]).wait()}), file=out, flush=True)
+            continue
         launch = Launch(req["argv"], req["env"], Path(req["cwd"]), Path(req["stdout"]),
                         Path(req["stderr"]))
         proc = start(launch)
+        children[proc.pid] = proc
         print(json.dumps({"pid": proc.pid}), file=out, flush=True)
-        print(json.dumps({"rc": proc.wait()}), file=out, flush=True)
     os._exit(0)  # stdin closed: done (an interpreter's tear-down with torch loaded takes seconds)
     """
 )
@@ -78,6 +84,7 @@ class Child:
     def wait(self, timeout: float = 300.0) -> Result:
         """Wait for the child to end; kill it (and its process group) at ``timeout``."""
         z = self._zygote
+        z._send({"wait": self.pid})
         try:
             rc = z._read(time.monotonic() + timeout)["rc"]
         except TimeoutError:
@@ -172,7 +179,6 @@ class Zygote:
         ``env`` is added to this process's environment at the time of the call, as
         ``subprocess`` would pass it; a key mapped to None is left out.
         """
-        assert self._proc.stdin is not None
         self._n += 1
         out = self.workdir / f"child-{self._n}.out"
         err = self.workdir / f"child-{self._n}.err"
@@ -187,10 +193,14 @@ class Zygote:
             "stdout": str(out),
             "stderr": str(err),
         }
-        self._proc.stdin.write((json.dumps(req) + "\n").encode())
-        self._proc.stdin.flush()
+        self._send(req)
         pid = self._read(time.monotonic() + 120)["pid"]
         return Child(self, pid, out, err)
+
+    def _send(self, req: dict[str, object]) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write((json.dumps(req) + "\n").encode())
+        self._proc.stdin.flush()
 
     def _read(self, deadline: float) -> dict[str, int]:
         """The next protocol line, read from the raw pipe (a buffered reader could hold a

@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid in smoke:
             item.add_marker(pytest.mark.smoke)
+    _heaviest_files_first(items)
     if config.getoption("markexpr") == "smoke":  # the fast lane: a renamed case must not vanish
         ids = {item.nodeid for item in items}
         files = {i.split("::")[0] for i in ids}
@@ -67,6 +68,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ]
         if gone:
             raise pytest.UsageError(f"tests/conftest.py SMOKE names tests that do not exist: {gone}")
+
+
+def _heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by weight, heaviest first: those holding a ``slow`` test, then those
+    marked ``integration``, then the in-process ones, each group in collection order.
+
+    ``make test`` hands whole files to two workers in this order (``--dist loadfile``), and a
+    heavy file handed out last kept one core busy for minutes after the other had finished.
+    """
+    rank: dict[str, int] = {}
+    for item in items:
+        where = item.nodeid.split("::")[0]
+        weight = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("integration") else 2
+        rank[where] = min(rank.get(where, 2), weight)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: in-file order kept
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -247,7 +247,8 @@ the same drill documented on three pages runs once (a tiny-LM drill is determini
 def _drill(args: list[str], cwd: Path) -> tuple[int, str, str]:
     """Run ``ckptkit drill ARGS`` as its own process, as typed, or replay an identical one."""
     files = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i] in DRILL_FILES}
-    key = tuple(a if i == 0 or args[i - 1] not in DRILL_FILES else "FILE"
+    # A file name is not part of what the drill does; "-" (the report on stdout) is.
+    key = tuple("FILE" if i and args[i - 1] in DRILL_FILES and a != "-" else a
                 for i, a in enumerate(args))
     if key not in _DRILLS:
         proc = subprocess.run([sys.executable, "-m", "ckptkit", *args], capture_output=True,

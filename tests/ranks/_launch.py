@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -70,8 +71,9 @@ def launch(
         try:
             res = child.wait(max(1.0, deadline - time.monotonic()))
         except TimeoutError as e:
-            for other in children[rank + 1:]:
-                os.killpg(other.pid, signal.SIGKILL)
+            for other in children[rank + 1:]:  # the world cannot finish without this rank
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(other.pid, signal.SIGKILL)
             print(f"rank {rank}: {e}", file=sys.stderr)
             codes.append(-signal.SIGKILL)
             continue
